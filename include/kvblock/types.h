@@ -1,0 +1,37 @@
+// Copyright 2026 The kvblock Authors.
+//
+// Vocabulary types shared by every layer of kvblock.
+//
+// A page id, a batch slot and a sequence id are distinct named aliases so that
+// no raw `int` crosses a layer boundary without saying what it is.
+//
+// Thread safety: plain values; nothing here has state.
+#ifndef KVBLOCK_TYPES_H_
+#define KVBLOCK_TYPES_H_
+
+#include <cstdint>
+
+namespace kvblock {
+
+// A physical K page of the pool: live ids are in [0, num_pages). The V page of
+// K page `p` is `p + num_pages` (derived only in the device table).
+using PageId = int32_t;
+inline constexpr PageId kNoPage = -1;
+
+// A row of the batched device page table, in [0, max_batch).
+using SlotId = int32_t;
+inline constexpr SlotId kNoSlot = -1;
+
+// A scheduler's name for one sequence (one sample / beam of a request).
+using SequenceId = int64_t;
+
+// A token id of the model's vocabulary.
+using TokenId = int32_t;
+
+// The caller's CUDA stream (`cudaStream_t`), nullptr for the default stream.
+// Kept opaque so that public headers compile without CUDA headers.
+using Stream = void*;
+
+}  // namespace kvblock
+
+#endif  // KVBLOCK_TYPES_H_

@@ -1,0 +1,46 @@
+// Copyright 2026 The kvblock Authors.
+//
+// Status assertions for Catch2 that print the status on failure.
+#ifndef KVBLOCK_TESTS_TEST_UTIL_H_
+#define KVBLOCK_TESTS_TEST_UTIL_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "catch.h"
+
+namespace kvblock::testing {
+
+inline const absl::Status& GetStatus(const absl::Status& status) {
+  return status;
+}
+template <typename T>
+const absl::Status& GetStatus(const absl::StatusOr<T>& status_or) {
+  return status_or.status();
+}
+
+}  // namespace kvblock::testing
+
+// REQUIRE that a Status or StatusOr is OK; prints it otherwise.
+#define REQUIRE_OK(expr)                                                   \
+  do {                                                                     \
+    const auto& kvblock_req_ok_ = (expr);                                  \
+    INFO(#expr << " -> " << ::kvblock::testing::GetStatus(kvblock_req_ok_) \
+                              .ToString());                                \
+    REQUIRE(::kvblock::testing::GetStatus(kvblock_req_ok_).ok());          \
+  } while (false)
+
+// REQUIRE that a Status or StatusOr failed with `code` (an absl::StatusCode
+// enumerator name such as kInvalidArgument).
+#define REQUIRE_STATUS_IS(expr, status_code)                                     \
+  do {                                                                    \
+    const auto& kvblock_req_st_ = (expr);                                 \
+    INFO(#expr << " -> "                                                  \
+               << ::kvblock::testing::GetStatus(kvblock_req_st_)          \
+                      .ToString());                                       \
+    REQUIRE(::kvblock::testing::GetStatus(kvblock_req_st_).code() ==      \
+            ::absl::StatusCode::status_code);                                    \
+  } while (false)
+
+#endif  // KVBLOCK_TESTS_TEST_UTIL_H_
