@@ -24,6 +24,7 @@ inline constexpr SlotId kNoSlot = -1;
 
 // A scheduler's name for one sequence (one sample / beam of a request).
 using SequenceId = int64_t;
+inline constexpr SequenceId kNoSequence = -1;
 
 // A token id of the model's vocabulary.
 using TokenId = int32_t;

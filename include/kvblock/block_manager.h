@@ -1,0 +1,304 @@
+// Copyright 2026 The kvblock Authors.
+//
+// BlockManager: the sequence-level API a serving scheduler calls. It owns the
+// BlockPool (with its prefix cache) and one SequenceBlockTable per live
+// sequence, addressed by the scheduler's SequenceId.
+//
+//   Admit    a prompt: whole-page prefix hits first (walking the prompt's hash
+//            chain until the first miss), then fresh pages; all or nothing.
+//            As in vLLM, when the whole prompt is cached its last page is
+//            recomputed (not taken from the cache) so the model has a token
+//            to run. Full prompt pages are registered in the prefix cache.
+//   Append   generated tokens: a new page when the last one is full; a
+//            copy-on-write when the last, partial page is shared with a fork.
+//            Every page that becomes full is registered in the prefix cache.
+//   Fork     a child that shares every page of its parent (beam search,
+//            parallel sampling); the shared partial page is copied on the
+//            first write of either.
+//   Free / Preempt a sequence: its pages are released tail first, so cached
+//            prefixes outlive their continuations in the LRU.
+//
+// Invariants (CheckInvariants): every page's refcount equals the number of
+// sequence tables that hold it; free, evictable and used pages partition the
+// pool; the prefix index and the LRU list agree (BlockPool's own checks).
+//
+// Transactions: between BeginStep() and CommitStep() every change is journaled
+// and RollbackStep() restores the manager and its pool bit-identically (same
+// refcounts, free-list order, LRU order, prefix index, tables, stats). The
+// journal is reserved up front: steps allocate no memory in steady state.
+//
+// Complexity: Append is O(1) per token plus one page hash per page that fills;
+// Admit is O(prompt pages) hashes and lookups; Fork, Free and Preempt are
+// O(pages of the sequence). Sequence state lives in a slab reserved for
+// `max_sequences`, so no call allocates in steady state.
+//
+// Every failing call leaves the manager unchanged (strong guarantee).
+//
+// Thread safety: thread-compatible; one scheduler thread owns a manager.
+// PlanAdmission and CanAdmit use internal scratch: not even const calls may
+// run concurrently.
+#ifndef KVBLOCK_BLOCK_MANAGER_H_
+#define KVBLOCK_BLOCK_MANAGER_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kvblock/block_hash.h"
+#include "kvblock/block_pool.h"
+#include "kvblock/config.h"
+#include "kvblock/sequence_table.h"
+#include "kvblock/types.h"
+
+namespace kvblock {
+
+struct BlockManagerOptions {
+  // Share full prompt and generated pages across sequences by hash.
+  bool enable_prefix_caching = true;
+  HashAlgorithm hash_algorithm = HashAlgorithm::kSha256;
+  // Admission leaves at least this many allocatable pages for the appends of
+  // running sequences (vLLM's watermark). Appends may use them.
+  int32_t watermark_pages = 0;
+  // Sequence slots reserved up front (0: 4 * max_batch). More sequences still
+  // work, at the cost of allocation.
+  int32_t max_sequences = 0;
+};
+
+// One copy-on-write the KV copy kernel must run before the next attention:
+// copy page `source` to page `destination` (K and V, every layer).
+struct PageCopy {
+  PageId source = kNoPage;
+  PageId destination = kNoPage;
+  friend bool operator==(const PageCopy&, const PageCopy&) = default;
+};
+
+// What admitting a prompt takes, computed without changing anything.
+struct AdmissionPlan {
+  int32_t hit_pages = 0;      // whole pages served from the prefix cache.
+  int64_t hit_tokens = 0;     // hit_pages * page_size.
+  int32_t revived_pages = 0;  // of the hits, pages now evictable.
+  int32_t new_pages = 0;      // fresh pages to allocate.
+  // Allocatable pages the admission consumes: revived + new.
+  int32_t pages_consumed() const { return revived_pages + new_pages; }
+};
+
+struct AppendResult {
+  int32_t new_pages = 0;          // pages allocated because one filled.
+  std::optional<PageCopy> copy;   // set when a shared last page was copied.
+};
+
+struct BlockManagerStats {
+  int64_t admitted = 0;           // Admit calls that succeeded.
+  int64_t forks = 0;
+  int64_t freed = 0;              // Free calls (finished sequences).
+  int64_t preemptions = 0;        // Preempt calls.
+  int64_t prompt_tokens = 0;      // tokens of admitted prompts.
+  int64_t prefix_hit_tokens = 0;  // of those, served from the cache.
+  int64_t appended_tokens = 0;    // tokens added by Append.
+  int64_t cow_copies = 0;
+  int64_t evictions = 0;          // cached pages reused for other content.
+  int32_t pages_in_use = 0;       // pages with refcount > 0.
+  int32_t peak_pages_in_use = 0;
+  friend bool operator==(const BlockManagerStats&,
+                         const BlockManagerStats&) = default;
+};
+
+// See BlockManager::Snapshot().
+struct BlockManagerSnapshot {
+  struct SequenceState {
+    SequenceId id = kNoSequence;
+    std::vector<PageId> pages;
+    int64_t num_tokens = 0;
+    BlockHash last_full_hash;
+    std::vector<TokenId> partial_tokens;
+    std::string cache_salt;
+    int64_t adapter_id = 0;
+    friend bool operator==(const SequenceState&,
+                           const SequenceState&) = default;
+  };
+  BlockPoolSnapshot pool;
+  std::vector<SequenceState> sequences;
+  BlockManagerStats stats;
+  friend bool operator==(const BlockManagerSnapshot&,
+                         const BlockManagerSnapshot&) = default;
+};
+
+class BlockManager {
+ public:
+  // InvalidArgument when `config` fails Validate() or an option is negative.
+  static absl::StatusOr<std::unique_ptr<BlockManager>> Create(
+      const PagedKvConfig& config, const BlockManagerOptions& options = {});
+
+  // What Admit would take now. InvalidArgument for an empty prompt;
+  // OutOfRange when the prompt needs more than max_pages_per_seq pages.
+  // Changes nothing.
+  absl::StatusOr<AdmissionPlan> PlanAdmission(
+      absl::Span<const TokenId> prompt, const HashExtraKeys& extra = {}) const;
+
+  // True when Admit would succeed now, watermark included.
+  bool CanAdmit(absl::Span<const TokenId> prompt,
+                const HashExtraKeys& extra = {}) const;
+
+  // Admits sequence `id` with `prompt`, taking prefix hits first. Errors:
+  // AlreadyExists for a live id; InvalidArgument / OutOfRange as
+  // PlanAdmission; ResourceExhausted when the pages (after eviction) would
+  // leave fewer than the watermark free. On error, nothing changes.
+  absl::StatusOr<AdmissionPlan> Admit(SequenceId id,
+                                      absl::Span<const TokenId> prompt,
+                                      const HashExtraKeys& extra = {});
+
+  // Appends `tokens` to sequence `id`. Errors: NotFound for an unknown id;
+  // OutOfRange past max_pages_per_seq pages; ResourceExhausted when the pool
+  // (after eviction) has too few pages. On error, nothing changes.
+  absl::StatusOr<AppendResult> Append(SequenceId id,
+                                      absl::Span<const TokenId> tokens);
+
+  // Makes `child` a copy of `parent` sharing every page. NotFound for an
+  // unknown parent; AlreadyExists for a live child. On error, nothing changes.
+  absl::Status Fork(SequenceId parent, SequenceId child);
+
+  // Releases a finished sequence's pages (tail first). NotFound if unknown.
+  absl::Status Free(SequenceId id);
+  // Same as Free for a sequence the scheduler evicts to recompute later;
+  // counted as a preemption. NotFound if unknown.
+  absl::Status Preempt(SequenceId id);
+
+  bool Contains(SequenceId id) const;
+  int32_t num_sequences() const;
+  // The sequence's physical pages in logical order (a view that stays valid
+  // until the sequence changes). NotFound if unknown.
+  absl::StatusOr<absl::Span<const PageId>> Pages(SequenceId id) const;
+  // Tokens the sequence holds (prompt + appended). NotFound if unknown.
+  absl::StatusOr<int64_t> NumTokens(SequenceId id) const;
+
+  // Drops every cached prefix; see BlockPool::ResetPrefixCache.
+  absl::Status ResetPrefixCache();
+
+  // Step transactions (used by BatchCommit). BeginStep starts journaling;
+  // CommitStep forgets the journal; RollbackStep undoes every change since
+  // BeginStep. FailedPrecondition when called out of order.
+  absl::Status BeginStep();
+  absl::Status CommitStep();
+  absl::Status RollbackStep();
+  bool in_step() const;
+
+  // Internal when any invariant of the header comment is broken.
+  absl::Status CheckInvariants() const;
+
+  // Counters since creation; pool-derived fields (evictions, CoW copies,
+  // pages in use, peak) are read from the pool.
+  BlockManagerStats stats() const;
+  const BlockPool& pool() const { return *pool_; }
+  const PagedKvConfig& config() const { return config_; }
+  const BlockManagerOptions& options() const { return options_; }
+
+  // The exact observable state: pool snapshot, every live sequence (sorted by
+  // id) and the stats. Two managers with equal snapshots behave the same.
+  // O(num_pages + pages of all sequences). For tests and debugging.
+  BlockManagerSnapshot Snapshot() const;
+
+ private:
+  struct Sequence {
+    Sequence(int32_t max_pages_per_seq, int32_t page_size);
+
+    SequenceId id = kNoSequence;
+    SequenceBlockTable table;
+    int64_t num_tokens = 0;
+    // Prefix-cache chain: the hash of the last full page (kRootBlockHash
+    // before the first) and the tokens of the partial last page, whose first
+    // `num_tokens % page_size` entries are live.
+    BlockHash last_full_hash = kRootBlockHash;
+    std::vector<TokenId> partial;
+    std::string cache_salt;
+    int64_t adapter_id = 0;
+  };
+
+  // One inverse change of a transaction.
+  struct UndoRecord {
+    enum class Op : uint8_t {
+      kCreated,  // `slot` got a new sequence (Admit, Fork).
+      kRemoved,  // `slot`'s sequence left (Free, Preempt); its pages are in
+                 // page_arena_[arena_offset, +count).
+      kChanged,  // `slot`'s sequence appended: the saved fields restore it;
+                 // its partial tokens are in token_arena_ when count > 0.
+    };
+    Op op = Op::kCreated;
+    int32_t slot = 0;
+    int32_t arena_offset = 0;
+    int32_t count = 0;
+    int64_t num_tokens = 0;
+    int32_t num_pages = 0;
+    PageId last_page = kNoPage;
+    BlockHash last_full_hash = kRootBlockHash;
+  };
+
+  // A nested transaction: the pool's savepoint and the manager's journal
+  // sizes and stats when it began.
+  struct Transaction {
+    BlockPool::Savepoint pool_savepoint;
+    size_t journal_size = 0;
+    size_t token_arena_size = 0;
+    size_t page_arena_size = 0;
+    BlockManagerStats stats;
+  };
+
+  BlockManager(const PagedKvConfig& config, const BlockManagerOptions& options,
+               std::unique_ptr<BlockPool> pool, BlockHasher hasher);
+
+  Transaction BeginTransaction();
+  void CommitTransaction(const Transaction& transaction);
+  void RollbackTransaction(const Transaction& transaction);
+  // Runs `change` in a transaction: kept when it returns OK, undone else.
+  template <typename Change>
+  absl::Status Transact(Change&& change);
+  void Undo(const UndoRecord& record);
+
+  // The slab slot of a live sequence, or nullptr.
+  Sequence* Find(SequenceId id);
+  const Sequence* Find(SequenceId id) const;
+  // A slab slot for new sequence `id` (journaled as kCreated).
+  int32_t CreateSequence(SequenceId id);
+  absl::Status Remove(SequenceId id, bool preempted);
+  // Prompt page hashes into chain_ (full pages only) and the plan.
+  absl::StatusOr<AdmissionPlan> Plan(absl::Span<const TokenId> prompt,
+                                     const HashExtraKeys& extra) const;
+  absl::Status AppendTokens(Sequence& sequence, absl::Span<const TokenId> tokens,
+                            AppendResult& result);
+
+  const PagedKvConfig config_;
+  const BlockManagerOptions options_;
+  std::unique_ptr<BlockPool> pool_;
+  // Scratch of the const planning calls (hence mutable; see Thread safety).
+  mutable BlockHasher hasher_;
+  mutable std::vector<BlockHash> chain_;
+  std::vector<PageId> page_scratch_;
+
+  // Sequence slab: stable addresses; free_slots_ is a LIFO of unused slots;
+  // slots removed inside an open transaction wait in pending_free_ until the
+  // outermost commit (their state is needed to undo the removal).
+  std::deque<Sequence> sequences_;
+  std::vector<int32_t> free_slots_;
+  std::vector<int32_t> pending_free_;
+  absl::flat_hash_map<SequenceId, int32_t> slot_of_;
+
+  // Journal of the open transactions (empty when none is open).
+  std::vector<UndoRecord> journal_;
+  std::vector<TokenId> token_arena_;
+  std::vector<PageId> page_arena_;
+  int32_t depth_ = 0;
+  std::optional<Transaction> step_;
+
+  // Manager-owned counters (pool-derived ones are filled in by stats()).
+  BlockManagerStats stats_;
+};
+
+}  // namespace kvblock
+
+#endif  // KVBLOCK_BLOCK_MANAGER_H_

@@ -1,0 +1,344 @@
+// Copyright 2026 The kvblock Authors.
+#include "kvblock/block_manager.h"
+
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "test_util.h"
+
+namespace kvblock {
+namespace {
+
+using Pages = std::vector<PageId>;
+
+PagedKvConfig Config(int32_t num_pages, int32_t page_size = 4,
+                     int32_t max_pages_per_seq = 8) {
+  PagedKvConfig config;
+  config.num_pages = num_pages;
+  config.page_size = page_size;
+  config.max_pages_per_seq = max_pages_per_seq;
+  config.max_batch = 4;
+  return config;
+}
+
+std::unique_ptr<BlockManager> MakeManager(const PagedKvConfig& config,
+                                          BlockManagerOptions options = {}) {
+  auto manager = BlockManager::Create(config, options);
+  REQUIRE_OK(manager);
+  return *std::move(manager);
+}
+
+// Tokens first, first + 1, ..., first + count - 1.
+std::vector<TokenId> Range(TokenId first, int count) {
+  std::vector<TokenId> tokens(count);
+  std::iota(tokens.begin(), tokens.end(), first);
+  return tokens;
+}
+
+std::vector<TokenId> Concat(std::vector<TokenId> a,
+                            const std::vector<TokenId>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+Pages PagesOf(const BlockManager& manager, SequenceId id) {
+  auto pages = manager.Pages(id);
+  REQUIRE_OK(pages);
+  return Pages(pages->begin(), pages->end());
+}
+
+AdmissionPlan AdmitOk(BlockManager& manager, SequenceId id,
+                      const std::vector<TokenId>& prompt,
+                      const HashExtraKeys& extra = {}) {
+  auto plan = manager.Admit(id, prompt, extra);
+  REQUIRE_OK(plan);
+  REQUIRE_OK(manager.CheckInvariants());
+  return *plan;
+}
+
+AppendResult AppendOk(BlockManager& manager, SequenceId id,
+                      const std::vector<TokenId>& tokens) {
+  auto result = manager.Append(id, tokens);
+  REQUIRE_OK(result);
+  REQUIRE_OK(manager.CheckInvariants());
+  return *result;
+}
+
+TEST_CASE("shared system prompt is served from the cache in whole pages") {
+  auto manager = MakeManager(Config(16));
+  const std::vector<TokenId> system = Range(1, 8);  // two full pages
+
+  const AdmissionPlan a = AdmitOk(*manager, 1, Concat(system, {100, 101, 102}));
+  REQUIRE(a.hit_pages == 0);
+  REQUIRE(a.new_pages == 3);
+  REQUIRE(PagesOf(*manager, 1) == Pages{0, 1, 2});
+
+  const AdmissionPlan b = AdmitOk(*manager, 2, Concat(system, {200, 201}));
+  REQUIRE(b.hit_pages == 2);
+  REQUIRE(b.hit_tokens == 8);
+  REQUIRE(b.revived_pages == 0);
+  REQUIRE(b.new_pages == 1);
+  REQUIRE(PagesOf(*manager, 2) == Pages{0, 1, 3});
+  REQUIRE(manager->pool().RefCount(0) == 2);
+  REQUIRE(manager->pool().RefCount(1) == 2);
+
+  SECTION("a prompt that is entirely cached recomputes its last page") {
+    const AdmissionPlan c = AdmitOk(*manager, 3, system);
+    REQUIRE(c.hit_pages == 1);
+    REQUIRE(c.new_pages == 1);
+    REQUIRE(PagesOf(*manager, 3) == Pages{0, 4});
+    // The recomputed page duplicates cached page 1, which stays the cached one.
+    REQUIRE(manager->pool().NumCached() == 2);
+    REQUIRE(manager->pool().Snapshot().cached[1].first == 1);
+  }
+  const BlockManagerStats stats = manager->stats();
+  REQUIRE(stats.prefix_hit_tokens >= 8);
+  REQUIRE(stats.prompt_tokens >= 21);
+}
+
+TEST_CASE("next chat turn hits the previous prompt and answer") {
+  auto manager = MakeManager(Config(16));
+  AdmitOk(*manager, 1, Range(1, 6));  // page 0 full, page 1 holds 5, 6
+  REQUIRE(PagesOf(*manager, 1) == Pages{0, 1});
+  const AppendResult answer = AppendOk(*manager, 1, Range(7, 6));  // 7..12
+  REQUIRE(answer.new_pages == 1);
+  REQUIRE_FALSE(answer.copy.has_value());
+  REQUIRE(PagesOf(*manager, 1) == Pages{0, 1, 2});
+  REQUIRE(manager->pool().NumCached() == 3);
+  REQUIRE_OK(manager->Free(1));
+  REQUIRE(manager->pool().NumEvictable() == 3);
+
+  const AdmissionPlan turn2 = AdmitOk(*manager, 2, Range(1, 14));
+  REQUIRE(turn2.hit_pages == 3);
+  REQUIRE(turn2.revived_pages == 3);
+  REQUIRE(turn2.hit_tokens == 12);
+  REQUIRE(PagesOf(*manager, 2) == Pages{0, 1, 2, 3});
+  REQUIRE(manager->pool().NumEvictable() == 0);
+}
+
+TEST_CASE("n-way fork shares pages and copies the partial page on write") {
+  auto manager = MakeManager(Config(16));
+  AdmitOk(*manager, 1, Range(1, 6));
+  for (SequenceId child : {2, 3, 4}) REQUIRE_OK(manager->Fork(1, child));
+  REQUIRE(manager->pool().RefCount(0) == 4);
+  REQUIRE(manager->pool().RefCount(1) == 4);
+  REQUIRE_OK(manager->CheckInvariants());
+
+  REQUIRE(AppendOk(*manager, 2, {7}).copy == PageCopy{1, 2});
+  REQUIRE(AppendOk(*manager, 3, {8}).copy == PageCopy{1, 3});
+  REQUIRE(AppendOk(*manager, 4, {9}).copy == PageCopy{1, 4});
+  // The last holder writes in place.
+  REQUIRE_FALSE(AppendOk(*manager, 1, {10}).copy.has_value());
+  REQUIRE(PagesOf(*manager, 1) == Pages{0, 1});
+  REQUIRE(PagesOf(*manager, 2) == Pages{0, 2});
+  REQUIRE(PagesOf(*manager, 3) == Pages{0, 3});
+  REQUIRE(PagesOf(*manager, 4) == Pages{0, 4});
+  REQUIRE(manager->stats().cow_copies == 3);
+  REQUIRE(manager->stats().forks == 3);
+  REQUIRE(manager->stats().pages_in_use == 5);
+}
+
+TEST_CASE("beam forked in the middle of a page diverges into own pages") {
+  auto manager = MakeManager(Config(16));
+  AdmitOk(*manager, 1, Range(1, 10));  // pages 0, 1 full; 2 holds 9, 10
+  REQUIRE_OK(manager->Fork(1, 2));
+  const AppendResult parent = AppendOk(*manager, 1, {11, 12});
+  REQUIRE(parent.copy == PageCopy{2, 3});
+  REQUIRE(parent.new_pages == 0);
+  const AppendResult child = AppendOk(*manager, 2, {21, 22, 23});
+  REQUIRE_FALSE(child.copy.has_value());
+  REQUIRE(child.new_pages == 1);
+  REQUIRE(PagesOf(*manager, 1) == Pages{0, 1, 3});
+  REQUIRE(PagesOf(*manager, 2) == Pages{0, 1, 2, 4});
+  // Both full third pages are cached, under different hashes.
+  REQUIRE(manager->pool().NumCached() == 4);
+
+  SECTION("a new request with the child's continuation hits the child's page") {
+    const AdmissionPlan plan =
+        AdmitOk(*manager, 3, Concat(Range(1, 10), {21, 22, 23, 24}));
+    REQUIRE(plan.hit_pages == 3);
+    REQUIRE(PagesOf(*manager, 3) == Pages{0, 1, 2, 5});
+  }
+}
+
+TEST_CASE("under memory pressure the continuation is evicted before the prefix") {
+  auto manager = MakeManager(Config(6, 4, 6));
+  AdmitOk(*manager, 1, Range(1, 9));  // pages 0, 1 cached; 2 partial
+  REQUIRE_OK(manager->Free(1));
+  REQUIRE(manager->pool().Snapshot().lru == Pages{1, 0});
+  REQUIRE(manager->pool().NumFree() == 6);
+
+  // Five pages: four plain free pages, then the LRU head (page 1) is evicted.
+  AdmitOk(*manager, 2, Range(100, 20));
+  REQUIRE(PagesOf(*manager, 2) == Pages{2, 3, 4, 5, 1});
+  REQUIRE(manager->stats().evictions == 1);
+
+  // The prefix page is still cached (and would be revived).
+  auto plan = manager->PlanAdmission(Concat(Range(1, 4), {50}));
+  REQUIRE_OK(plan);
+  REQUIRE(plan->hit_pages == 1);
+  REQUIRE(plan->revived_pages == 1);
+  REQUIRE(plan->new_pages == 1);
+  REQUIRE(plan->pages_consumed() == 2);
+  REQUIRE_FALSE(manager->CanAdmit(Concat(Range(1, 4), {50})));
+}
+
+TEST_CASE("a salted request never hits another salt's pages") {
+  auto manager = MakeManager(Config(16));
+  const std::vector<TokenId> prompt = Range(1, 9);
+  AdmitOk(*manager, 1, prompt, {.cache_salt = "tenant-a"});
+  const AdmissionPlan other = AdmitOk(*manager, 2, prompt, {.cache_salt = "tenant-b"});
+  REQUIRE(other.hit_pages == 0);
+  REQUIRE(PagesOf(*manager, 2) == Pages{3, 4, 5});
+  const AdmissionPlan adapter =
+      AdmitOk(*manager, 3, prompt, {.cache_salt = "tenant-a", .adapter_id = 7});
+  REQUIRE(adapter.hit_pages == 0);
+  const AdmissionPlan same = AdmitOk(*manager, 4, prompt, {.cache_salt = "tenant-a"});
+  REQUIRE(same.hit_pages == 2);
+  REQUIRE(PagesOf(*manager, 4) == Pages{0, 1, 9});
+}
+
+TEST_CASE("prefix caching can be turned off") {
+  auto manager = MakeManager(Config(16), {.enable_prefix_caching = false});
+  AdmitOk(*manager, 1, Range(1, 9));
+  const AdmissionPlan plan = AdmitOk(*manager, 2, Range(1, 9));
+  REQUIRE(plan.hit_pages == 0);
+  REQUIRE(manager->pool().NumCached() == 0);
+  REQUIRE_OK(manager->Free(1));
+  REQUIRE(manager->pool().NumEvictable() == 0);
+}
+
+TEST_CASE("admission plans and the watermark") {
+  auto manager = MakeManager(Config(8), {.watermark_pages = 2});
+  const std::vector<TokenId> prompt = Range(1, 20);  // 5 pages
+  auto plan = manager->PlanAdmission(prompt);
+  REQUIRE_OK(plan);
+  REQUIRE(plan->new_pages == 5);
+  REQUIRE(plan->pages_consumed() == 5);
+  REQUIRE(manager->CanAdmit(prompt));
+  AdmitOk(*manager, 1, prompt);
+  // 3 pages left, 2 kept: a 2-page prompt must wait, a 1-page one fits.
+  REQUIRE_FALSE(manager->CanAdmit(Range(50, 8)));
+  REQUIRE(manager->CanAdmit(Range(50, 4)));
+  // Appends may use the watermark.
+  AppendOk(*manager, 1, Range(21, 12));
+  REQUIRE(manager->pool().NumFree() == 0);
+}
+
+TEST_CASE("failing calls change nothing") {
+  auto manager = MakeManager(Config(4, 4, 4));
+  AdmitOk(*manager, 1, Range(1, 6));
+  REQUIRE_OK(manager->Fork(1, 2));  // 2 pages shared, 2 free
+  const BlockManagerSnapshot before = manager->Snapshot();
+
+  SECTION("admit") {
+    REQUIRE_STATUS_IS(manager->Admit(1, Range(1, 4)), kAlreadyExists);
+    REQUIRE_STATUS_IS(manager->Admit(3, {}), kInvalidArgument);
+    REQUIRE_STATUS_IS(manager->Admit(3, Range(1, 17)), kOutOfRange);
+    REQUIRE_STATUS_IS(manager->Admit(3, Range(100, 16)), kResourceExhausted);
+    REQUIRE_STATUS_IS(manager->PlanAdmission({}), kInvalidArgument);
+  }
+  SECTION("append") {
+    REQUIRE_STATUS_IS(manager->Append(9, {1}), kNotFound);
+    REQUIRE_STATUS_IS(manager->Append(1, Range(7, 11)), kOutOfRange);
+    // A copy of page 1 plus 2 new pages is one more than the 2 free pages.
+    REQUIRE_STATUS_IS(manager->Append(1, Range(7, 10)), kResourceExhausted);
+  }
+  SECTION("fork, free, preempt") {
+    REQUIRE_STATUS_IS(manager->Fork(9, 3), kNotFound);
+    REQUIRE_STATUS_IS(manager->Fork(1, 2), kAlreadyExists);
+    REQUIRE_STATUS_IS(manager->Free(9), kNotFound);
+    REQUIRE_STATUS_IS(manager->Preempt(9), kNotFound);
+    REQUIRE_STATUS_IS(manager->Pages(9), kNotFound);
+    REQUIRE_STATUS_IS(manager->NumTokens(9), kNotFound);
+  }
+  SECTION("steps out of order") {
+    REQUIRE_STATUS_IS(manager->CommitStep(), kFailedPrecondition);
+    REQUIRE_STATUS_IS(manager->RollbackStep(), kFailedPrecondition);
+    REQUIRE_OK(manager->BeginStep());
+    REQUIRE_STATUS_IS(manager->BeginStep(), kFailedPrecondition);
+    REQUIRE_STATUS_IS(manager->ResetPrefixCache(), kFailedPrecondition);
+    REQUIRE_OK(manager->RollbackStep());
+  }
+  REQUIRE(manager->Snapshot() == before);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("a rolled-back step restores the exact state") {
+  auto manager = MakeManager(Config(12));
+  AdmitOk(*manager, 1, Range(1, 9));
+  AdmitOk(*manager, 2, Range(1, 6));
+  AppendOk(*manager, 2, Range(7, 3));
+  REQUIRE_OK(manager->Free(2));
+  const BlockManagerSnapshot before = manager->Snapshot();
+
+  REQUIRE_OK(manager->BeginStep());
+  REQUIRE(manager->in_step());
+  REQUIRE_OK(manager->Fork(1, 3));
+  AppendOk(*manager, 1, Range(10, 7));
+  AppendOk(*manager, 3, {42});
+  REQUIRE_OK(manager->Free(1));
+  AdmitOk(*manager, 4, Range(1, 12));  // revives cached pages
+  AdmitOk(*manager, 5, Range(300, 7));
+  REQUIRE_STATUS_IS(manager->Admit(6, Range(400, 32)), kResourceExhausted);
+  REQUIRE_OK(manager->Preempt(4));
+  REQUIRE(manager->Snapshot() != before);
+  REQUIRE_OK(manager->RollbackStep());
+  REQUIRE_FALSE(manager->in_step());
+
+  REQUIRE(manager->Snapshot() == before);
+  REQUIRE_OK(manager->CheckInvariants());
+
+  SECTION("and the manager keeps working after it") {
+    AppendOk(*manager, 1, Range(10, 7));
+    REQUIRE_OK(manager->BeginStep());
+    AdmitOk(*manager, 7, Range(1, 5));
+    REQUIRE_OK(manager->CommitStep());
+    REQUIRE(manager->Contains(7));
+    REQUIRE_OK(manager->CheckInvariants());
+  }
+}
+
+TEST_CASE("create rejects bad configs and options") {
+  REQUIRE_STATUS_IS(BlockManager::Create(PagedKvConfig{}), kInvalidArgument);
+  REQUIRE_STATUS_IS(BlockManager::Create(Config(8), {.watermark_pages = -1}),
+                    kInvalidArgument);
+  REQUIRE_STATUS_IS(BlockManager::Create(Config(8), {.watermark_pages = 9}),
+                    kInvalidArgument);
+  REQUIRE_STATUS_IS(BlockManager::Create(Config(8), {.max_sequences = -1}),
+                    kInvalidArgument);
+}
+
+TEST_CASE("sequences beyond the reserved slab still work") {
+  auto manager = MakeManager(Config(64), {.max_sequences = 2});
+  for (SequenceId id = 0; id < 10; ++id) AdmitOk(*manager, id, Range(1, 5));
+  REQUIRE(manager->num_sequences() == 10);
+  for (SequenceId id = 0; id < 10; ++id) REQUIRE_OK(manager->Free(id));
+  REQUIRE(manager->num_sequences() == 0);
+  REQUIRE(manager->stats().pages_in_use == 0);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("stats count tokens, forks, frees and preemptions") {
+  auto manager = MakeManager(Config(16));
+  AdmitOk(*manager, 1, Range(1, 9));
+  AppendOk(*manager, 1, {10, 11});
+  REQUIRE_OK(manager->Fork(1, 2));
+  REQUIRE_OK(manager->Free(1));
+  REQUIRE_OK(manager->Preempt(2));
+  const BlockManagerStats stats = manager->stats();
+  REQUIRE(stats.admitted == 1);
+  REQUIRE(stats.prompt_tokens == 9);
+  REQUIRE(stats.appended_tokens == 2);
+  REQUIRE(stats.forks == 1);
+  REQUIRE(stats.freed == 1);
+  REQUIRE(stats.preemptions == 1);
+  REQUIRE(stats.pages_in_use == 0);
+  REQUIRE(stats.peak_pages_in_use == 3);
+  REQUIRE_STATUS_IS(manager->NumTokens(1), kNotFound);
+}
+
+}  // namespace
+}  // namespace kvblock
