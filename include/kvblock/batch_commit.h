@@ -33,9 +33,11 @@
 #define KVBLOCK_BATCH_COMMIT_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -53,19 +55,19 @@ namespace kvblock {
 struct JoinRequest {
   SequenceId id = kNoSequence;
   SequenceId fork_of = kNoSequence;
-  absl::Span<const TokenId> tokens;
-  HashExtraKeys extra;  // prompts only: cache salt and adapter id.
+  absl::Span<const TokenId> tokens = {};
+  HashExtraKeys extra = {};  // prompts only: cache salt and adapter id.
 };
 
 // One step. `append_counts[s]` tokens of `append_tokens` (consumed in slot
 // order) are appended to the sequence in slot `s` at the start of the step;
 // `append_counts` is empty (no appends) or has one entry per running slot.
 struct StepPlan {
-  absl::Span<const SequenceId> finished;
-  absl::Span<const SequenceId> preempted;
-  absl::Span<const JoinRequest> joins;
-  absl::Span<const int32_t> append_counts;
-  absl::Span<const TokenId> append_tokens;
+  absl::Span<const SequenceId> finished = {};
+  absl::Span<const SequenceId> preempted = {};
+  absl::Span<const JoinRequest> joins = {};
+  absl::Span<const int32_t> append_counts = {};
+  absl::Span<const TokenId> append_tokens = {};
 };
 
 // What a committed step did. Views into BatchCommit's buffers, valid until the
@@ -103,6 +105,36 @@ class BatchCommit {
   // Internal when the slot map and the manager or the table disagree: every
   // slot's row equals its sequence's pages, rows past the batch are empty.
   absl::Status CheckInvariants() const;
+
+ private:
+  BatchCommit(BlockManager& manager, KVPageTable& table);
+
+  // Checks everything that can be checked before changing anything; marks the
+  // leaving slots.
+  absl::Status Validate(const StepPlan& plan);
+  // Runs the step inside an open manager step; `table_changed` tells whether
+  // the page table was touched.
+  absl::Status Apply(const StepPlan& plan, bool& table_changed);
+  absl::Status AppendTo(SequenceId id, absl::Span<const TokenId> tokens,
+                        bool& changed);
+  absl::Status AddRow(SlotId slot, SequenceId id);
+  // Rewrites every row from the manager (after its rollback).
+  absl::Status RestoreTable();
+
+  BlockManager& manager_;
+  KVPageTable& table_;
+  std::vector<SequenceId> slots_;  // running sequences, by slot.
+  absl::flat_hash_map<SequenceId, SlotId> slot_of_;
+
+  // Step scratch, reserved for max_batch at construction.
+  std::vector<uint8_t> leaving_;  // by old slot.
+  std::vector<SlotId> old_to_new_;
+  std::vector<SequenceId> next_slots_;
+  std::vector<SlotId> changed_slots_;
+  std::vector<PageCopy> copies_;
+  std::vector<KVPageTableRowUpdate> rows_;
+  absl::flat_hash_set<SequenceId> joining_;
+  int32_t new_pages_ = 0;
 };
 
 }  // namespace kvblock

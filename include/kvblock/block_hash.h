@@ -1,14 +1,73 @@
 // Copyright 2026 The kvblock Authors.
 //
-// Block hashes of the prefix cache.
+// Block hashes of the prefix cache: the hash of a full page of tokens chains
+// the hash of the page before it, so one 32-byte value names a whole prefix.
 //
-// Thread safety: plain values.
+//   hash(page i) = H(message(hash(page i - 1), tokens of page i, extra keys))
+//
+// where page 0's parent is the fixed `kRootBlockHash` (32 zero bytes). Only
+// full pages have a hash: a partial last page can still grow, so it is never
+// shared through the cache.
+//
+// Message format (version 1). Any process or language that writes these
+// bytes and hashes them gets the same `BlockHash`:
+//
+//   offset       size  field
+//   0            16    ASCII "kvblock-block-v1" (domain tag, no terminator)
+//   16           1     algorithm id: 0x01 SHA-256, 0x02 XXH3-128
+//   17           32    parent BlockHash bytes (kRootBlockHash for page 0)
+//   49           8     n = token count, unsigned 64-bit little-endian
+//   57           4n    the page's tokens, each int32 little-endian
+//   57+4n        8     s = cache salt length, unsigned 64-bit little-endian
+//   65+4n        s     the cache salt bytes, verbatim
+//   65+4n+s      8     adapter id, int64 little-endian (0 = no adapter)
+//
+// (73 + 4n + s bytes; negative numbers are two's complement.)
+//
+// Digest -> BlockHash bytes:
+//   kSha256:   SHA-256 of the message (FIPS 180-4), all 32 bytes. The default:
+//              collision resistant, so a tenant cannot craft a prompt whose
+//              pages collide with another tenant's cached pages.
+//   kXxh3_128: XXH3-128 of the message with seed 0 (XXH3_128bits, the value
+//              `xxhsum -H2` prints), in xxHash's canonical big-endian form
+//              (high 64 bits first), then 16 zero bytes. Fast, not
+//              cryptographic: only for deployments whose prompts are trusted.
+//
+// Design choices:
+//   - The root is fixed, not random per process, so hashes are stable across
+//     processes and machines (a shared or offloaded cache can be keyed by
+//     them). Isolation between tenants comes from the salt, not from a secret
+//     root.
+//   - Every length is prefixed, so no two different (tokens, salt) inputs
+//     give the same message: without the salt's length, tokens {1, 2} with
+//     salt "" and tokens {1} with salt "\x02\0\0\0" would be the same bytes.
+//   - Every page carries the extra keys (not only the first), so one page's
+//     hash commits to its salt and adapter on its own.
+//   - The tag and the algorithm id separate these messages from any other
+//     use of the same hash functions and from each other's format versions.
+//
+// Complexity: HashPage is O(n + s); HashChain is O(tokens + pages * s). A
+// BlockHasher reuses its message buffer and digest context, so steady-state
+// hashing allocates nothing of its own (OpenSSL 3.0's EVP_DigestInit_ex2
+// still allocates its small SHA-256 state once per page internally; later
+// OpenSSL releases reinitialize it in place).
+//
+// Thread safety: `BlockHash` and `HashExtraKeys` are plain values. A
+// `BlockHasher` is thread-compatible: HashPage mutates its scratch state, so
+// each thread uses its own hasher.
 #ifndef KVBLOCK_BLOCK_HASH_H_
 #define KVBLOCK_BLOCK_HASH_H_
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "kvblock/types.h"
 
 namespace kvblock {
 
@@ -27,6 +86,78 @@ struct BlockHash {
                                  hash.bytes.size());
   }
 };
+
+// The parent of a sequence's first page: 32 zero bytes.
+inline constexpr BlockHash kRootBlockHash{};
+
+// The digest behind a BlockHash. The enumerator values are the algorithm ids
+// written into the message.
+enum class HashAlgorithm : uint8_t {
+  kSha256 = 1,    // the default; collision resistant.
+  kXxh3_128 = 2,  // fast, non-cryptographic; trusted prompts only.
+};
+
+// "sha256" or "xxh3_128" ("unknown" for any other value).
+absl::string_view HashAlgorithmName(HashAlgorithm algorithm);
+
+// Keys besides the tokens that decide whether two pages hold the same KV
+// values: pages are shared only when these are equal too.
+struct HashExtraKeys {
+  // Per-request (per-tenant) cache salt; any bytes, empty for none. The view
+  // must stay valid for the duration of the call it is passed to.
+  absl::string_view cache_salt = {};
+  // LoRA (or other) adapter the KV values were computed with; 0 for none.
+  int64_t adapter_id = 0;
+};
+
+// Computes block hashes with one algorithm. Move-only.
+class BlockHasher {
+ public:
+  // A hasher for `algorithm`.
+  // Errors: InvalidArgument if `algorithm` is not a HashAlgorithm enumerator;
+  // Internal if OpenSSL cannot provide SHA-256 (a broken provider
+  // configuration) or cannot allocate a digest context.
+  static absl::StatusOr<BlockHasher> Create(
+      HashAlgorithm algorithm = HashAlgorithm::kSha256);
+
+  BlockHasher(BlockHasher&& other) noexcept;
+  BlockHasher& operator=(BlockHasher&& other) noexcept;
+  ~BlockHasher();
+
+  HashAlgorithm algorithm() const { return algorithm_; }
+
+  // The hash of a page holding `tokens` whose previous page hashed to
+  // `parent` (kRootBlockHash for the first page), per the format above.
+  // `tokens` is the whole page; any length is hashed as given (callers pass
+  // exactly page_size tokens). Cannot fail: OpenSSL fails here only when it
+  // cannot allocate, which terminates the process like any allocation
+  // failure in the library.
+  // REQUIRES: this hasher was not moved from.
+  BlockHash HashPage(const BlockHash& parent, absl::Span<const TokenId> tokens,
+                     const HashExtraKeys& extra);
+
+ private:
+  struct State;
+
+  BlockHasher(HashAlgorithm algorithm, std::unique_ptr<State> state);
+
+  HashAlgorithm algorithm_;
+  std::unique_ptr<State> state_;  // null only after a move.
+};
+
+// Hashes every full page of `tokens`, pages of `page_size` tokens starting at
+// kRootBlockHash: `out[i]` = the hash of tokens [i * page_size,
+// (i + 1) * page_size). A partial last page gets no hash. Returns the number
+// of pages hashed, `tokens.size() / page_size`; entries of `out` past it are
+// left as they were.
+// Errors: InvalidArgument if `page_size` <= 0 or `out` has fewer entries than
+// the full pages of `tokens` (the message names both counts). On error,
+// nothing is written to `out`.
+// REQUIRES: `hasher` was not moved from.
+absl::StatusOr<int64_t> HashChain(BlockHasher& hasher,
+                                  absl::Span<const TokenId> tokens,
+                                  int32_t page_size, const HashExtraKeys& extra,
+                                  absl::Span<BlockHash> out);
 
 }  // namespace kvblock
 

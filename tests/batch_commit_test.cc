@@ -1,0 +1,272 @@
+// Copyright 2026 The kvblock Authors.
+#include "kvblock/batch_commit.h"
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "batch_commit_test_util.h"
+#include "fault_injection.h"
+#include "test_util.h"
+
+namespace kvblock {
+namespace {
+
+using Pages = std::vector<PageId>;
+using testing::CommitFixture;
+using testing::CommitState;
+
+PagedKvConfig SmallConfig() {
+  PagedKvConfig config;
+  config.num_pages = 16;
+  config.page_size = 4;
+  config.max_pages_per_seq = 4;
+  config.max_batch = 4;
+  return config;
+}
+
+std::vector<SlotId> OldToNew(const StepResult& result, int32_t old_batch) {
+  return {result.old_to_new.begin(), result.old_to_new.begin() + old_batch};
+}
+
+TEST_CASE("scripted steps: joins, fork, copy-on-write, finish and compaction") {
+  CommitFixture f(SmallConfig());
+  const std::vector<TokenId> prompt_a = {1, 2, 3, 4, 5, 6};
+  const std::vector<TokenId> prompt_b = {100, 101, 102, 103, 104};
+
+  // Step 1: two prompts join an empty batch.
+  const JoinRequest joins1[] = {{.id = 10, .tokens = prompt_a},
+                                {.id = 11, .tokens = prompt_b}};
+  auto step1 = f.commit->Commit({.joins = joins1});
+  REQUIRE_OK(step1);
+  REQUIRE(step1->batch == 2);
+  REQUIRE(OldToNew(*step1, 0).empty());
+  REQUIRE(Pages(step1->changed_slots.begin(), step1->changed_slots.end()) ==
+          Pages{0, 1});
+  REQUIRE(step1->copies.empty());
+  REQUIRE(step1->new_pages == 4);
+  REQUIRE(f.Row(0) == Pages{0, 1});
+  REQUIRE(f.Row(1) == Pages{2, 3});
+  REQUIRE_OK(f.commit->CheckInvariants());
+
+  // Step 2: a beam forks from 10 (before 10 appends); everyone writes a token.
+  const std::vector<TokenId> fork_tokens = {50};
+  const JoinRequest joins2[] = {{.id = 12, .fork_of = 10, .tokens = fork_tokens}};
+  const int32_t counts2[] = {1, 1};
+  const TokenId tokens2[] = {7, 105};
+  auto step2 = f.commit->Commit(
+      {.joins = joins2, .append_counts = counts2, .append_tokens = tokens2});
+  REQUIRE_OK(step2);
+  REQUIRE(step2->batch == 3);
+  REQUIRE(OldToNew(*step2, 2) == std::vector<SlotId>{0, 1});
+  REQUIRE(Pages(step2->changed_slots.begin(), step2->changed_slots.end()) ==
+          Pages{0, 2});
+  REQUIRE(std::vector<PageCopy>(step2->copies.begin(), step2->copies.end()) ==
+          std::vector<PageCopy>{{1, 4}});
+  REQUIRE(f.Row(0) == Pages{0, 4});
+  REQUIRE(f.Row(1) == Pages{2, 3});
+  REQUIRE(f.Row(2) == Pages{0, 1});
+  REQUIRE(f.commit->slots()[2] == 12);
+  REQUIRE_OK(f.commit->CheckInvariants());
+
+  // Step 3: 10 finishes; 11 crosses into a new page (10's freed page 4).
+  const SequenceId finished3[] = {10};
+  const int32_t counts3[] = {0, 3, 1};
+  const TokenId tokens3[] = {106, 107, 108, 51};
+  auto step3 = f.commit->Commit({.finished = finished3,
+                                 .append_counts = counts3,
+                                 .append_tokens = tokens3});
+  REQUIRE_OK(step3);
+  REQUIRE(step3->batch == 2);
+  REQUIRE(OldToNew(*step3, 3) == std::vector<SlotId>{kNoSlot, 0, 1});
+  REQUIRE(Pages(step3->changed_slots.begin(), step3->changed_slots.end()) ==
+          Pages{0});
+  REQUIRE(step3->copies.empty());
+  REQUIRE(f.Row(0) == Pages{2, 3, 4});
+  REQUIRE(f.Row(1) == Pages{0, 1});
+  REQUIRE(f.Row(2).empty());
+  REQUIRE(*f.commit->SlotOf(12) == 1);
+  REQUIRE_STATUS_IS(f.commit->SlotOf(10), kNotFound);
+  REQUIRE_OK(f.commit->CheckInvariants());
+
+  // The uploaded device view matches the host rows.
+  REQUIRE_OK(f.UploadAndCheck());
+}
+
+TEST_CASE("n samples fork from a prompt that joins in the same step") {
+  CommitFixture f(SmallConfig());
+  const std::vector<TokenId> prompt = {1, 2, 3, 4, 5};
+  const JoinRequest joins[] = {{.id = 1, .tokens = prompt},
+                               {.id = 2, .fork_of = 1},
+                               {.id = 3, .fork_of = 1}};
+  auto step = f.commit->Commit({.joins = joins});
+  REQUIRE_OK(step);
+  REQUIRE(step->batch == 3);
+  for (SlotId slot = 0; slot < 3; ++slot) REQUIRE(f.Row(slot) == Pages{0, 1});
+  REQUIRE(f.manager->pool().RefCount(1) == 3);
+  // Each sample's first token copies the shared partial page but the last.
+  const int32_t counts[] = {1, 1, 1};
+  const TokenId tokens[] = {7, 8, 9};
+  auto next = f.commit->Commit({.append_counts = counts, .append_tokens = tokens});
+  REQUIRE_OK(next);
+  REQUIRE(std::vector<PageCopy>(next->copies.begin(), next->copies.end()) ==
+          std::vector<PageCopy>{{1, 2}, {1, 3}});
+  REQUIRE(f.Row(0) == Pages{0, 2});
+  REQUIRE(f.Row(1) == Pages{0, 3});
+  REQUIRE(f.Row(2) == Pages{0, 1});
+  REQUIRE_OK(f.commit->CheckInvariants());
+}
+
+TEST_CASE("invalid steps are refused and change nothing") {
+  PagedKvConfig config = SmallConfig();
+  config.num_pages = 8;
+  CommitFixture f(config);
+  const std::vector<TokenId> prompt = {1, 2, 3, 4, 5};
+  const JoinRequest joins[] = {{.id = 1, .tokens = prompt},
+                               {.id = 2, .tokens = prompt}};
+  REQUIRE_OK(f.commit->Commit({.joins = joins}));
+  const CommitState before = f.Capture();
+
+  const int32_t one_count[] = {1};
+  const int32_t counts[] = {1, 1};
+  const int32_t negative[] = {-1, 1};
+  const TokenId tokens[] = {7, 8};
+  const SequenceId unknown[] = {9};
+  const SequenceId twice[] = {1, 1};
+  const SequenceId first[] = {1};
+  const JoinRequest live[] = {{.id = 2, .tokens = prompt}};
+  const JoinRequest duplicate[] = {{.id = 5, .tokens = prompt},
+                                   {.id = 5, .tokens = prompt}};
+  const JoinRequest orphan[] = {{.id = 5, .fork_of = 9}};
+  const JoinRequest fork_of_leaving[] = {{.id = 5, .fork_of = 1}};
+  const JoinRequest negative_id[] = {{.id = -3, .tokens = prompt}};
+  const JoinRequest too_many[] = {{.id = 5, .tokens = prompt},
+                                  {.id = 6, .tokens = prompt},
+                                  {.id = 7, .tokens = prompt}};
+  const std::vector<TokenId> huge(17, 1);
+  const JoinRequest too_long[] = {{.id = 5, .tokens = huge}};
+  const std::vector<TokenId> big1(16, 3);
+  const std::vector<TokenId> big2(16, 4);
+  const JoinRequest exhausting[] = {{.id = 5, .tokens = big1},
+                                    {.id = 6, .tokens = big2}};
+
+  REQUIRE_STATUS_IS(f.commit->Commit({.append_counts = one_count,
+                                      .append_tokens = absl::MakeSpan(tokens, 1)}),
+                    kInvalidArgument);
+  REQUIRE_STATUS_IS(f.commit->Commit({.append_counts = counts,
+                                      .append_tokens = absl::MakeSpan(tokens, 1)}),
+                    kInvalidArgument);
+  REQUIRE_STATUS_IS(
+      f.commit->Commit({.append_counts = negative, .append_tokens = tokens}),
+      kInvalidArgument);
+  REQUIRE_STATUS_IS(f.commit->Commit({.finished = unknown}), kNotFound);
+  REQUIRE_STATUS_IS(f.commit->Commit({.finished = twice}), kInvalidArgument);
+  REQUIRE_STATUS_IS(f.commit->Commit({.finished = first, .preempted = first}),
+                    kInvalidArgument);
+  REQUIRE_STATUS_IS(f.commit->Commit({.finished = first,
+                                      .append_counts = counts,
+                                      .append_tokens = tokens}),
+                    kInvalidArgument);
+  REQUIRE_STATUS_IS(f.commit->Commit({.joins = live}), kAlreadyExists);
+  REQUIRE_STATUS_IS(f.commit->Commit({.joins = duplicate}), kInvalidArgument);
+  REQUIRE_STATUS_IS(f.commit->Commit({.joins = orphan}), kInvalidArgument);
+  REQUIRE_STATUS_IS(
+      f.commit->Commit({.finished = first, .joins = fork_of_leaving}),
+      kInvalidArgument);
+  REQUIRE_STATUS_IS(f.commit->Commit({.joins = negative_id}), kInvalidArgument);
+  REQUIRE_STATUS_IS(f.commit->Commit({.joins = too_many}), kFailedPrecondition);
+  // Failures inside the step: rolled back.
+  REQUIRE_STATUS_IS(f.commit->Commit({.joins = too_long}), kOutOfRange);
+  REQUIRE_STATUS_IS(f.commit->Commit({.joins = exhausting}),
+                    kResourceExhausted);
+  REQUIRE(f.Capture() == before);
+  REQUIRE_OK(f.commit->CheckInvariants());
+}
+
+TEST_CASE("pool exhausted half-way through the appends rolls the step back") {
+  PagedKvConfig config = SmallConfig();
+  config.num_pages = 6;
+  CommitFixture f(config);
+  const std::vector<TokenId> a = {1, 2, 3, 4};
+  const std::vector<TokenId> b = {11, 12, 13, 14};
+  const std::vector<TokenId> c = {21, 22, 23, 24};
+  const JoinRequest joins[] = {{.id = 1, .tokens = a},
+                               {.id = 2, .tokens = b},
+                               {.id = 3, .tokens = c}};
+  REQUIRE_OK(f.commit->Commit({.joins = joins}));  // 3 pages, 3 free
+  const CommitState before = f.Capture();
+  // Each needs a new page; the third and fourth tokens of 3 need a second.
+  const int32_t counts[] = {1, 1, 5};
+  const TokenId tokens[] = {5, 15, 25, 26, 27, 28, 29};
+  REQUIRE_STATUS_IS(
+      f.commit->Commit({.append_counts = counts, .append_tokens = tokens}),
+      kResourceExhausted);
+  REQUIRE(f.Capture() == before);
+  REQUIRE_OK(f.commit->CheckInvariants());
+
+  SECTION("preempting one and retrying succeeds") {
+    const SequenceId preempted[] = {1};
+    const int32_t retry_counts[] = {0, 1, 5};
+    const TokenId retry_tokens[] = {15, 25, 26, 27, 28, 29};
+    auto step = f.commit->Commit({.preempted = preempted,
+                                  .append_counts = retry_counts,
+                                  .append_tokens = retry_tokens});
+    REQUIRE_OK(step);
+    REQUIRE(step->batch == 2);
+    REQUIRE(f.manager->stats().preemptions == 1);
+    REQUIRE_OK(f.commit->CheckInvariants());
+  }
+}
+
+TEST_CASE("create rejects a table of another geometry") {
+  CommitFixture f(SmallConfig());
+  auto device = Device::Host();
+  auto table = KVPageTable::Create(4, 8, 16, *device);
+  REQUIRE_OK(table);
+  REQUIRE_STATUS_IS(BatchCommit::Create(*f.manager, **table), kInvalidArgument);
+}
+
+TEST_CASE("an injected fault at every site of a step is rolled back") {
+  PagedKvConfig config = SmallConfig();
+  config.num_pages = 12;
+  CommitFixture f(config);
+  const std::vector<TokenId> system = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<TokenId> other = {1, 2, 3, 4, 9, 9};
+  const JoinRequest joins1[] = {{.id = 1, .tokens = system},
+                                {.id = 2, .tokens = other}};
+  REQUIRE_OK(f.commit->Commit({.joins = joins1}));
+
+  // A step that frees, admits with prefix hits, forks, appends across a page
+  // boundary and copies on write.
+  const SequenceId finished[] = {2};
+  const std::vector<TokenId> again = {1, 2, 3, 4, 5, 6, 7, 8, 40};
+  const std::vector<TokenId> fork_tokens = {77};
+  const JoinRequest joins2[] = {{.id = 3, .tokens = again},
+                                {.id = 4, .fork_of = 3, .tokens = fork_tokens}};
+  const int32_t counts[] = {3, 0};
+  const TokenId tokens[] = {9, 10, 11};
+  const StepPlan plan{.finished = finished,
+                      .joins = joins2,
+                      .append_counts = counts,
+                      .append_tokens = tokens};
+  const CommitState before = f.Capture();
+  int64_t faults = 0;
+  for (int64_t n = 1;; ++n) {
+    CAPTURE(n);
+    internal::FaultInjection::FailNth(n);
+    absl::StatusOr<StepResult> step = f.commit->Commit(plan);
+    internal::FaultInjection::Disarm();
+    if (step.ok()) break;
+    ++faults;
+    REQUIRE(f.Capture() == before);
+    REQUIRE_OK(f.commit->CheckInvariants());
+  }
+  // Allocations, retains, cache revivals and rows: many sites, all undone.
+  REQUIRE(faults >= 8);
+  REQUIRE(f.commit->batch() == 3);
+  REQUIRE_OK(f.commit->CheckInvariants());
+  REQUIRE_OK(f.UploadAndCheck());
+}
+
+}  // namespace
+}  // namespace kvblock
