@@ -185,8 +185,11 @@ class Device {
  protected:
   Device() = default;
 
-  // Raw hooks of the implementations. Allocations return zero-filled memory
-  // or nullptr when out of memory.
+  // Raw hooks of the implementations, called by the non-virtual wrappers
+  // above and by the buffer and event destructors. Allocations get a positive
+  // size and return zero-filled memory, ResourceExhausted when out of memory,
+  // Internal on any other failure. Free and destroy hooks get what the
+  // matching hook returned and cannot fail.
   virtual absl::StatusOr<void*> AllocateRaw(size_t bytes) = 0;
   virtual void FreeRaw(void* ptr) = 0;
   virtual absl::StatusOr<void*> AllocatePinnedRaw(size_t bytes) = 0;

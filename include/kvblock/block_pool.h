@@ -1,0 +1,315 @@
+// Copyright 2026 The kvblock Authors.
+//
+// BlockPool: the physical pages of the paged KV cache, their reference counts,
+// copy-on-write decisions, and the prefix cache (hash -> page) with LRU
+// eviction of cached pages nobody uses.
+//
+// Every page is in exactly one of three states:
+//   - used:      refcount > 0 (it may also be cached);
+//   - free:      refcount 0, not cached, on the LIFO free stack;
+//   - evictable: refcount 0, cached, on the LRU list (head = least recently
+//                released, evicted first; tail = most recently released).
+// The prefix index maps a BlockHash to exactly the cached pages, one hash per
+// page and one page per hash. `Allocate` pops the free stack first and evicts
+// the LRU head (dropping its hash) only when the stack is empty. Initially the
+// stack hands out pages 0, 1, 2, ... in that order.
+//
+// Releasing a sequence's pages last page first (SequenceBlockTable::ReleaseAll
+// does) puts its continuation nearer the LRU head than its prefix, so a shared
+// prefix outlives the continuations that extend it.
+//
+// Transactions: between `BeginTransaction()` and `CommitTransaction()` the pool
+// journals the inverse of every change; `RollbackTransaction()` replays the
+// journal backwards and restores refcounts, free-stack order, LRU order, the
+// index and the stats exactly (`Snapshot()` compares equal to the one taken at
+// `BeginTransaction()`). Transactions nest; the innermost one is closed first.
+//
+// Complexity: every operation is O(1) per page it touches (AllocateN and
+// AcquireCachedPrefix: O(pages)); CheckInvariants, Snapshot and
+// ResetPrefixCache are O(num_pages). Arrays, the free stack, the prefix index
+// and the journal are reserved at construction: steady-state operations do not
+// allocate memory (a transaction journaling more than `journal_reserve`
+// records grows the journal once; its capacity is kept).
+//
+// Errors: a failing call changes nothing (not even stats).
+//
+// Thread safety: thread-compatible. No internal locking; one thread (the
+// scheduler's) owns a pool; const methods may run concurrently with each
+// other only.
+#ifndef KVBLOCK_BLOCK_POOL_H_
+#define KVBLOCK_BLOCK_POOL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kvblock/block_hash.h"
+#include "kvblock/types.h"
+
+namespace kvblock {
+
+// What `BlockPool::Writable` decided.
+struct CopyOnWrite {
+  enum class Kind : int32_t {
+    // Write `page` in place: the caller held its only reference.
+    kExisting = 0,
+    // `page` is a new page (the caller had none).
+    kAllocated = 1,
+    // Copy `source` into the new `page` first, then write it: the caller's
+    // reference moved from `source` to `page`.
+    kCopy = 2,
+  };
+  Kind kind = Kind::kExisting;
+  PageId page = kNoPage;
+  PageId source = kNoPage;  // kCopy only; kNoPage otherwise.
+
+  friend bool operator==(const CopyOnWrite&, const CopyOnWrite&) = default;
+};
+
+struct BlockPoolOptions {
+  // Highest refcount a page may reach; Retain beyond it is refused. Positive.
+  int32_t max_refcount = std::numeric_limits<int32_t>::max();
+  // Journal records reserved for transactions (each change is 1 record).
+  int32_t journal_reserve = 4096;
+};
+
+// Counters since creation. A rolled-back transaction restores them too.
+struct BlockPoolStats {
+  // Pages handed out by Allocate, AllocateN and Writable.
+  int64_t allocations = 0;
+  // Cached pages evicted to allocate.
+  int64_t evictions = 0;
+  // Writable results of kind kCopy.
+  int64_t cow_copies = 0;
+  // Pages taken by AcquireCachedPrefix; `cache_revivals` of them were
+  // evictable.
+  int64_t cache_hits = 0;
+  int64_t cache_revivals = 0;
+  // Pages newly cached by RegisterCached.
+  int64_t cache_registrations = 0;
+  // Most pages used at once.
+  int32_t peak_used = 0;
+
+  friend bool operator==(const BlockPoolStats&,
+                         const BlockPoolStats&) = default;
+};
+
+// The observable state of a pool, canonical and exact: two pools that behave
+// the same from now on have equal snapshots. For tests and debugging.
+struct BlockPoolSnapshot {
+  // By page id.
+  std::vector<int32_t> refcounts;
+  // Bottom to top: the next Allocate's page is last.
+  std::vector<PageId> free_stack;
+  // Head (evicted first) to tail.
+  std::vector<PageId> lru;
+  // Every cached page with its hash, by page id.
+  std::vector<std::pair<PageId, BlockHash>> cached;
+  BlockPoolStats stats;
+
+  friend bool operator==(const BlockPoolSnapshot&,
+                         const BlockPoolSnapshot&) = default;
+  // A readable multi-line dump (hashes shortened to their first 4 bytes).
+  std::string DebugString() const;
+};
+
+class BlockPool {
+ public:
+  // A position in the transaction journal; see BeginTransaction().
+  struct Savepoint {
+    int32_t depth = 0;
+    size_t journal_size = 0;
+    BlockPoolStats stats;
+  };
+
+  // A pool of `num_pages` free pages. InvalidArgument when `num_pages` is not
+  // in [1, 2^30) (V page ids `p + num_pages` must fit int32) or an option is
+  // out of range (`max_refcount` < 1, `journal_reserve` < 0).
+  static absl::StatusOr<std::unique_ptr<BlockPool>> Create(
+      int32_t num_pages, BlockPoolOptions options = {});
+
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+
+  // A page with refcount 1: the top of the free stack, else the evicted LRU
+  // head (its hash leaves the index). ResourceExhausted when every page is
+  // used. On error, nothing changes.
+  absl::StatusOr<PageId> Allocate();
+
+  // Fills `pages` with as many new pages, each as by Allocate(), in order; all
+  // or nothing. ResourceExhausted when fewer than `pages.size()` pages are
+  // allocatable (NumFree()). On error, nothing changes (`pages` included).
+  absl::Status AllocateN(absl::Span<PageId> pages);
+
+  // Adds a reference to a used page. InvalidArgument when `page` is not in
+  // [0, num_pages); FailedPrecondition when it is free or evictable (revive a
+  // cached page with AcquireCachedPrefix) or its refcount is at
+  // `max_refcount`. On error, nothing changes.
+  absl::Status Retain(PageId page);
+
+  // Drops a reference. At refcount 0 a cached page becomes the LRU tail and
+  // any other page the top of the free stack. InvalidArgument when `page` is
+  // not in [0, num_pages); FailedPrecondition when it is not used (double
+  // release). On error, nothing changes.
+  absl::Status Release(PageId page);
+
+  // Makes the caller's reference to `page` writable:
+  //   kNoPage      -> kAllocated: a new page;
+  //   refcount 1   -> kExisting: `page` itself; if it was cached its hash
+  //                   leaves the index (its content is about to change);
+  //   refcount > 1 -> kCopy: a new page (allocated first), then one reference
+  //                   on `source` = `page` is dropped.
+  // InvalidArgument when `page` is neither kNoPage nor in [0, num_pages);
+  // FailedPrecondition when it is not used; ResourceExhausted when a new page
+  // is needed and none is allocatable. On error, nothing changes.
+  absl::StatusOr<CopyOnWrite> Writable(PageId page);
+
+  // Prefix cache ------------------------------------------------------------
+
+  // Caches the used, full page `page` under `hash` and returns `page`. If
+  // `hash` is already cached on another page, that page stays cached, nothing
+  // changes, and its id is returned (the caller may keep using `page`). If
+  // `page` is already cached under `hash`, nothing changes. InvalidArgument
+  // when `page` is not in [0, num_pages); FailedPrecondition when it is not
+  // used or is cached under a different hash. On error, nothing changes.
+  absl::StatusOr<PageId> RegisterCached(PageId page, const BlockHash& hash);
+
+  // The page cached under `hash`, used or evictable. Changes nothing.
+  std::optional<PageId> Lookup(const BlockHash& hash) const;
+
+  // Walks `chain` (a prompt's page hashes, first page first), stops at the
+  // first hash that is not cached, takes one reference on each hit (an
+  // evictable hit is revived: it leaves the LRU list with refcount 1), writes
+  // the hits to `pages[0, hits)` and returns `hits`. All or nothing.
+  // InvalidArgument when `pages` is shorter than `chain`; FailedPrecondition
+  // when a hit's refcount is at `max_refcount`. On error, nothing changes in
+  // the pool (`pages` may be partly overwritten).
+  absl::StatusOr<int32_t> AcquireCachedPrefix(absl::Span<const BlockHash> chain,
+                                              absl::Span<PageId> pages);
+
+  // Forgets every hash. Evictable pages become free, pushed in LRU order (so
+  // the most recently released is allocated first); cached used pages stay
+  // used but are no longer found. FailedPrecondition inside a transaction
+  // (the reset is not journaled). On error, nothing changes. O(num_pages);
+  // may reallocate the index.
+  absl::Status ResetPrefixCache();
+
+  // Transactions ------------------------------------------------------------
+
+  // Opens a transaction (nested in any open one) and returns its savepoint.
+  // Every open transaction must be closed by CommitTransaction or
+  // RollbackTransaction, innermost first. The pool checks a savepoint's depth
+  // only: REQUIRES a savepoint returned by the still-open BeginTransaction.
+  Savepoint BeginTransaction();
+
+  // Keeps the changes since `savepoint`; they belong to the enclosing
+  // transaction, if any. FailedPrecondition when `savepoint` is not the
+  // innermost open transaction's. On error, nothing changes.
+  absl::Status CommitTransaction(const Savepoint& savepoint);
+
+  // Undoes every change since `savepoint` and closes its transaction: the
+  // pool's Snapshot() equals the one at BeginTransaction(). FailedPrecondition
+  // when `savepoint` is not the innermost open transaction's. On error,
+  // nothing changes.
+  absl::Status RollbackTransaction(const Savepoint& savepoint);
+
+  // Open transactions (0 outside any).
+  int32_t transaction_depth() const { return depth_; }
+
+  // Observers ----------------------------------------------------------------
+
+  // References on `page`; 0 for a free or evictable page and for an id outside
+  // [0, num_pages).
+  int32_t RefCount(PageId page) const;
+  // Pages Allocate can hand out now: free + evictable.
+  int32_t NumFree() const;
+  // Cached pages with refcount 0 (on the LRU list).
+  int32_t NumEvictable() const { return num_evictable_; }
+  // Cached pages, used or evictable (entries of the prefix index).
+  int32_t NumCached() const { return static_cast<int32_t>(index_.size()); }
+  // Pages with refcount > 0.
+  int32_t NumUsed() const { return num_pages_ - NumFree(); }
+  int32_t num_pages() const { return num_pages_; }
+  int32_t max_refcount() const { return max_refcount_; }
+  const BlockPoolStats& stats() const { return stats_; }
+
+  // OK when the free stack, the LRU list, the refcounts, the cached flags and
+  // the index agree (see the states above); Internal naming the first
+  // disagreement otherwise. O(num_pages).
+  absl::Status CheckInvariants() const;
+
+  // The exact observable state. O(num_pages).
+  BlockPoolSnapshot Snapshot() const;
+
+ private:
+  // One inverse change, replayed by RollbackTransaction.
+  struct UndoRecord {
+    enum class Op : uint8_t {
+      kPopFree,    // popped `page` off the free stack (refcount 0 -> 1).
+      kEvict,      // evicted `page`, the LRU head, cached as `hash`.
+      kAddRef,     // refcount += 1 on a used page.
+      kDropRef,    // refcount -= 1, still used.
+      kPushFree,   // pushed `page` onto the free stack (refcount 1 -> 0).
+      kAppendLru,  // appended `page` at the LRU tail (refcount 1 -> 0).
+      kRevive,     // unlinked evictable `page` after `prev` (refcount 0 -> 1).
+      kRegister,   // cached `page` under `hash`.
+      kUncache,    // dropped `page`'s `hash` (Writable, refcount 1).
+    };
+    Op op;
+    PageId page;
+    PageId prev;
+    BlockHash hash;
+  };
+
+  BlockPool(int32_t num_pages, const BlockPoolOptions& options);
+
+  absl::Status CheckRange(PageId page) const;
+  absl::Status CheckUsed(PageId page) const;
+  // Allocate() after the caller checked NumFree() > 0.
+  PageId AllocateUnchecked();
+  void Journal(UndoRecord::Op op, PageId page, PageId prev = kNoPage,
+               const BlockHash& hash = BlockHash{});
+  void Undo(const UndoRecord& record);
+  void NoteUsed();
+  // Intrusive LRU list: the sentinel `num_pages_` links head and tail.
+  void LinkAfter(PageId prev, PageId page);
+  void Unlink(PageId page);
+
+  const int32_t num_pages_;
+  const int32_t max_refcount_;
+
+  // By page id. refcount_ in [0, max_refcount_].
+  std::vector<int32_t> refcount_;
+  // By page id: 1 when the page is in the index under hash_[page].
+  std::vector<uint8_t> cached_;
+  std::vector<BlockHash> hash_;
+  // Evictable pages only (others hold kNoPage); index num_pages_ is the
+  // sentinel: lru_next_[sentinel] is the head, lru_prev_[sentinel] the tail.
+  std::vector<PageId> lru_prev_;
+  std::vector<PageId> lru_next_;
+  int32_t num_evictable_ = 0;
+  // Exactly the free pages, top = back(); capacity num_pages_.
+  std::vector<PageId> free_stack_;
+  // Exactly the cached pages: index_[hash_[p]] == p for every cached p.
+  absl::flat_hash_map<BlockHash, PageId> index_;
+
+  BlockPoolStats stats_;
+
+  // Inverse changes since the outermost open transaction began; empty when
+  // depth_ == 0.
+  std::vector<UndoRecord> journal_;
+  int32_t depth_ = 0;
+};
+
+}  // namespace kvblock
+
+#endif  // KVBLOCK_BLOCK_POOL_H_

@@ -1,0 +1,178 @@
+// Copyright 2026 The kvblock Authors.
+#include "kvblock/block_hash.h"
+
+#include <openssl/evp.h>
+#include <xxhash.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvblock {
+namespace {
+
+constexpr absl::string_view kDomainTag = "kvblock-block-v1";
+
+// Bytes of the message other than the tokens and the salt: tag, algorithm
+// id, parent, token count, salt length, adapter id.
+constexpr size_t kFixedMessageBytes = 16 + 1 + 32 + 8 + 8 + 8;
+static_assert(kDomainTag.size() == 16);
+static_assert(sizeof(BlockHash::bytes) == 32);
+
+// Room for a 256-token page with a salt of up to 183 bytes before the
+// buffer grows.
+constexpr size_t kInitialMessageBytes = 1280;
+
+struct EvpMdDeleter {
+  void operator()(EVP_MD* md) const { EVP_MD_free(md); }
+};
+struct EvpMdCtxDeleter {
+  void operator()(EVP_MD_CTX* ctx) const { EVP_MD_CTX_free(ctx); }
+};
+
+// Little-endian stores, independent of the host's byte order.
+uint8_t* StoreLe32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+  return p + 4;
+}
+uint8_t* StoreLe64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+  return p + 8;
+}
+uint8_t* StoreBytes(uint8_t* p, const void* src, size_t n) {
+  if (n > 0) std::memcpy(p, src, n);
+  return p + n;
+}
+
+// OpenSSL's digest calls fail, once the context exists, only when they
+// cannot allocate: the library treats that like any failed allocation.
+[[noreturn]] void DieInOpenSsl(const char* call) {
+  std::fprintf(stderr, "kvblock: %s failed (out of memory)\n", call);
+  std::abort();
+}
+
+}  // namespace
+
+absl::string_view HashAlgorithmName(HashAlgorithm algorithm) {
+  switch (algorithm) {
+    case HashAlgorithm::kSha256:
+      return "sha256";
+    case HashAlgorithm::kXxh3_128:
+      return "xxh3_128";
+  }
+  return "unknown";
+}
+
+// Scratch state reused by every HashPage call.
+struct BlockHasher::State {
+  // The message of the last page; grows to the largest message seen and is
+  // then reused, so hashing does not allocate in steady state.
+  std::vector<uint8_t> message;
+  // SHA-256 only (null for XXH3-128): the fetched algorithm (fetched once,
+  // not implicitly per call) and the digest context reinitialized per page.
+  std::unique_ptr<EVP_MD, EvpMdDeleter> md;
+  std::unique_ptr<EVP_MD_CTX, EvpMdCtxDeleter> ctx;
+};
+
+absl::StatusOr<BlockHasher> BlockHasher::Create(HashAlgorithm algorithm) {
+  if (algorithm != HashAlgorithm::kSha256 &&
+      algorithm != HashAlgorithm::kXxh3_128) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block hash: unknown algorithm ", static_cast<int>(algorithm)));
+  }
+  auto state = std::make_unique<State>();
+  state->message.resize(kInitialMessageBytes);
+  if (algorithm == HashAlgorithm::kSha256) {
+    state->md.reset(EVP_MD_fetch(nullptr, "SHA256", nullptr));
+    if (state->md == nullptr) {
+      return absl::InternalError(
+          "block hash: OpenSSL provides no SHA256 (EVP_MD_fetch failed)");
+    }
+    state->ctx.reset(EVP_MD_CTX_new());
+    if (state->ctx == nullptr) {
+      return absl::InternalError("block hash: EVP_MD_CTX_new failed");
+    }
+  }
+  return BlockHasher(algorithm, std::move(state));
+}
+
+BlockHasher::BlockHasher(HashAlgorithm algorithm, std::unique_ptr<State> state)
+    : algorithm_(algorithm), state_(std::move(state)) {}
+BlockHasher::BlockHasher(BlockHasher&& other) noexcept = default;
+BlockHasher& BlockHasher::operator=(BlockHasher&& other) noexcept = default;
+BlockHasher::~BlockHasher() = default;
+
+BlockHash BlockHasher::HashPage(const BlockHash& parent,
+                                absl::Span<const TokenId> tokens,
+                                const HashExtraKeys& extra) {
+  const size_t size =
+      kFixedMessageBytes + 4 * tokens.size() + extra.cache_salt.size();
+  std::vector<uint8_t>& message = state_->message;
+  if (message.size() < size) message.resize(size);
+
+  uint8_t* p = message.data();
+  p = StoreBytes(p, kDomainTag.data(), kDomainTag.size());
+  *p++ = static_cast<uint8_t>(algorithm_);
+  p = StoreBytes(p, parent.bytes.data(), parent.bytes.size());
+  p = StoreLe64(p, tokens.size());
+  for (const TokenId token : tokens) {
+    p = StoreLe32(p, static_cast<uint32_t>(token));
+  }
+  p = StoreLe64(p, extra.cache_salt.size());
+  p = StoreBytes(p, extra.cache_salt.data(), extra.cache_salt.size());
+  StoreLe64(p, static_cast<uint64_t>(extra.adapter_id));
+
+  BlockHash hash;
+  if (algorithm_ == HashAlgorithm::kXxh3_128) {
+    XXH128_canonical_t canonical;
+    XXH128_canonicalFromHash(&canonical, XXH3_128bits(message.data(), size));
+    static_assert(sizeof(canonical.digest) == 16);
+    std::memcpy(hash.bytes.data(), canonical.digest, sizeof(canonical.digest));
+    return hash;
+  }
+  EVP_MD_CTX* ctx = state_->ctx.get();
+  if (EVP_DigestInit_ex2(ctx, state_->md.get(), nullptr) != 1) {
+    DieInOpenSsl("EVP_DigestInit_ex2");
+  }
+  if (EVP_DigestUpdate(ctx, message.data(), size) != 1) {
+    DieInOpenSsl("EVP_DigestUpdate");
+  }
+  if (EVP_DigestFinal_ex(ctx, hash.bytes.data(), nullptr) != 1) {
+    DieInOpenSsl("EVP_DigestFinal_ex");
+  }
+  return hash;
+}
+
+absl::StatusOr<int64_t> HashChain(BlockHasher& hasher,
+                                  absl::Span<const TokenId> tokens,
+                                  int32_t page_size, const HashExtraKeys& extra,
+                                  absl::Span<BlockHash> out) {
+  if (page_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block hash: page_size must be positive, got ", page_size));
+  }
+  const size_t pages = tokens.size() / static_cast<size_t>(page_size);
+  if (out.size() < pages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block hash: out has ", out.size(),
+                     " entries, fewer than the ", pages, " full pages of ",
+                     tokens.size(), " tokens (page_size ", page_size, ")"));
+  }
+  BlockHash parent = kRootBlockHash;
+  for (size_t i = 0; i < pages; ++i) {
+    parent = hasher.HashPage(parent,
+                             tokens.subspan(i * static_cast<size_t>(page_size),
+                                            static_cast<size_t>(page_size)),
+                             extra);
+    out[i] = parent;
+  }
+  return static_cast<int64_t>(pages);
+}
+
+}  // namespace kvblock

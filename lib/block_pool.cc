@@ -1,0 +1,482 @@
+// Copyright 2026 The kvblock Authors.
+#include "kvblock/block_pool.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "status_macros.h"
+
+namespace kvblock {
+namespace {
+
+// Largest pool: V page ids (`p + num_pages`) must fit int32.
+constexpr int32_t kMaxPages = 1 << 30;
+
+// Index capacity for `num_pages` entries such that erasures never make an
+// insertion grow the table: Abseil rehashes in place (no allocation) while
+// size <= 25/32 of capacity and capacity exceeds one 16-slot group.
+size_t IndexReserve(int32_t num_pages) {
+  return std::max<size_t>(32, (static_cast<size_t>(num_pages) * 32 + 24) / 25);
+}
+
+std::string ShortHash(const BlockHash& hash) {
+  return absl::StrFormat("%02x%02x%02x%02x", hash.bytes[0], hash.bytes[1],
+                         hash.bytes[2], hash.bytes[3]);
+}
+
+}  // namespace
+
+std::string BlockPoolSnapshot::DebugString() const {
+  std::string cached_text;
+  for (const auto& [page, hash] : cached) {
+    absl::StrAppend(&cached_text, cached_text.empty() ? "" : " ", page, ":",
+                    ShortHash(hash));
+  }
+  return absl::StrCat(
+      "refcounts: [", absl::StrJoin(refcounts, " "), "]\nfree_stack: [",
+      absl::StrJoin(free_stack, " "), "]\nlru: [", absl::StrJoin(lru, " "),
+      "]\ncached: [", cached_text, "]\nstats: allocations=", stats.allocations,
+      " evictions=", stats.evictions, " cow_copies=", stats.cow_copies,
+      " cache_hits=", stats.cache_hits,
+      " cache_revivals=", stats.cache_revivals,
+      " cache_registrations=", stats.cache_registrations,
+      " peak_used=", stats.peak_used, "\n");
+}
+
+absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(
+    int32_t num_pages, BlockPoolOptions options) {
+  if (num_pages < 1 || num_pages >= kMaxPages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block pool: num_pages must be in [1, ", kMaxPages,
+                     "), got ", num_pages));
+  }
+  if (options.max_refcount < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block pool: max_refcount must be positive, got ",
+                     options.max_refcount));
+  }
+  if (options.journal_reserve < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block pool: journal_reserve must be non-negative, got ",
+                     options.journal_reserve));
+  }
+  return std::unique_ptr<BlockPool>(new BlockPool(num_pages, options));
+}
+
+BlockPool::BlockPool(int32_t num_pages, const BlockPoolOptions& options)
+    : num_pages_(num_pages),
+      max_refcount_(options.max_refcount),
+      refcount_(num_pages, 0),
+      cached_(num_pages, 0),
+      hash_(num_pages),
+      lru_prev_(num_pages + 1, kNoPage),
+      lru_next_(num_pages + 1, kNoPage) {
+  lru_prev_[num_pages_] = num_pages_;
+  lru_next_[num_pages_] = num_pages_;
+  free_stack_.reserve(num_pages_);
+  for (PageId page = num_pages_ - 1; page >= 0; --page) {
+    free_stack_.push_back(page);
+  }
+  index_.reserve(IndexReserve(num_pages_));
+  journal_.reserve(options.journal_reserve);
+}
+
+absl::Status BlockPool::CheckRange(PageId page) const {
+  if (page >= 0 && page < num_pages_) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "block pool: page ", page, " is not in [0, ", num_pages_, ")"));
+}
+
+absl::Status BlockPool::CheckUsed(PageId page) const {
+  if (absl::Status status = CheckRange(page); !status.ok()) return status;
+  if (refcount_[page] > 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("block pool: page ", page, " is not in use (",
+                   cached_[page] ? "evictable" : "free", ")"));
+}
+
+void BlockPool::Journal(UndoRecord::Op op, PageId page, PageId prev,
+                        const BlockHash& hash) {
+  if (depth_ > 0) journal_.push_back(UndoRecord{op, page, prev, hash});
+}
+
+void BlockPool::NoteUsed() {
+  stats_.peak_used = std::max(stats_.peak_used, NumUsed());
+}
+
+void BlockPool::LinkAfter(PageId prev, PageId page) {
+  const PageId next = lru_next_[prev];
+  lru_prev_[page] = prev;
+  lru_next_[page] = next;
+  lru_next_[prev] = page;
+  lru_prev_[next] = page;
+  ++num_evictable_;
+}
+
+void BlockPool::Unlink(PageId page) {
+  const PageId prev = lru_prev_[page];
+  const PageId next = lru_next_[page];
+  lru_next_[prev] = next;
+  lru_prev_[next] = prev;
+  lru_prev_[page] = kNoPage;
+  lru_next_[page] = kNoPage;
+  --num_evictable_;
+}
+
+PageId BlockPool::AllocateUnchecked() {
+  PageId page;
+  if (!free_stack_.empty()) {
+    page = free_stack_.back();
+    free_stack_.pop_back();
+    Journal(UndoRecord::Op::kPopFree, page);
+  } else {
+    page = lru_next_[num_pages_];
+    Unlink(page);
+    index_.erase(hash_[page]);
+    cached_[page] = 0;
+    ++stats_.evictions;
+    Journal(UndoRecord::Op::kEvict, page, kNoPage, hash_[page]);
+  }
+  refcount_[page] = 1;
+  ++stats_.allocations;
+  NoteUsed();
+  return page;
+}
+
+absl::StatusOr<PageId> BlockPool::Allocate() {
+  if (NumFree() == 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("block pool: all ", num_pages_, " pages are in use"));
+  }
+  return AllocateUnchecked();
+}
+
+absl::Status BlockPool::AllocateN(absl::Span<PageId> pages) {
+  if (pages.size() > static_cast<size_t>(NumFree())) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("block pool: ", pages.size(), " pages requested, ",
+                     NumFree(), " of ", num_pages_, " allocatable"));
+  }
+  for (PageId& page : pages) page = AllocateUnchecked();
+  return absl::OkStatus();
+}
+
+absl::Status BlockPool::Retain(PageId page) {
+  if (absl::Status status = CheckUsed(page); !status.ok()) return status;
+  if (refcount_[page] == max_refcount_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("block pool: page ", page, " refcount is at the maximum ",
+                     max_refcount_));
+  }
+  ++refcount_[page];
+  Journal(UndoRecord::Op::kAddRef, page);
+  return absl::OkStatus();
+}
+
+absl::Status BlockPool::Release(PageId page) {
+  if (absl::Status status = CheckUsed(page); !status.ok()) return status;
+  if (--refcount_[page] > 0) {
+    Journal(UndoRecord::Op::kDropRef, page);
+  } else if (cached_[page]) {
+    LinkAfter(lru_prev_[num_pages_], page);
+    Journal(UndoRecord::Op::kAppendLru, page);
+  } else {
+    free_stack_.push_back(page);
+    Journal(UndoRecord::Op::kPushFree, page);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CopyOnWrite> BlockPool::Writable(PageId page) {
+  if (page != kNoPage) {
+    if (absl::Status status = CheckUsed(page); !status.ok()) return status;
+    if (refcount_[page] == 1) {
+      if (cached_[page]) {
+        index_.erase(hash_[page]);
+        cached_[page] = 0;
+        Journal(UndoRecord::Op::kUncache, page, kNoPage, hash_[page]);
+      }
+      return CopyOnWrite{CopyOnWrite::Kind::kExisting, page, kNoPage};
+    }
+  }
+  if (NumFree() == 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "block pool: no page to ",
+        page == kNoPage ? "allocate" : absl::StrCat("copy page ", page, " to"),
+        ", all ", num_pages_, " pages are in use"));
+  }
+  const PageId destination = AllocateUnchecked();
+  if (page == kNoPage) {
+    return CopyOnWrite{CopyOnWrite::Kind::kAllocated, destination, kNoPage};
+  }
+  --refcount_[page];  // Stays > 0: it was above 1.
+  Journal(UndoRecord::Op::kDropRef, page);
+  ++stats_.cow_copies;
+  return CopyOnWrite{CopyOnWrite::Kind::kCopy, destination, page};
+}
+
+absl::StatusOr<PageId> BlockPool::RegisterCached(PageId page,
+                                                 const BlockHash& hash) {
+  if (absl::Status status = CheckUsed(page); !status.ok()) return status;
+  if (cached_[page]) {
+    if (hash_[page] == hash) return page;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block pool: page ", page, " is cached as ", ShortHash(hash_[page]),
+        "..., not ", ShortHash(hash), "..."));
+  }
+  const auto [it, inserted] = index_.try_emplace(hash, page);
+  if (!inserted) return it->second;
+  cached_[page] = 1;
+  hash_[page] = hash;
+  ++stats_.cache_registrations;
+  Journal(UndoRecord::Op::kRegister, page, kNoPage, hash);
+  return page;
+}
+
+std::optional<PageId> BlockPool::Lookup(const BlockHash& hash) const {
+  const auto it = index_.find(hash);
+  if (it == index_.end()) return std::nullopt;
+  return it->second;
+}
+
+absl::StatusOr<int32_t> BlockPool::AcquireCachedPrefix(
+    absl::Span<const BlockHash> chain, absl::Span<PageId> pages) {
+  if (pages.size() < chain.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block pool: ", pages.size(),
+                     " output slots for a chain of ", chain.size(), " hashes"));
+  }
+  // A chain may name one page twice (a repeated hash): take the references
+  // one by one in a transaction and undo them all if one is refused.
+  const Savepoint savepoint = BeginTransaction();
+  int32_t hits = 0;
+  for (const BlockHash& hash : chain) {
+    const auto it = index_.find(hash);
+    if (it == index_.end()) break;
+    const PageId page = it->second;
+    if (refcount_[page] == max_refcount_) {
+      RollbackTransaction(savepoint).IgnoreError();  // Innermost: cannot fail.
+      return absl::FailedPreconditionError(
+          absl::StrCat("block pool: cached page ", page, " (chain position ",
+                       hits, ") refcount is at the maximum ", max_refcount_));
+    }
+    if (refcount_[page] == 0) {
+      const PageId prev = lru_prev_[page];
+      Unlink(page);
+      refcount_[page] = 1;
+      Journal(UndoRecord::Op::kRevive, page, prev);
+      ++stats_.cache_revivals;
+      NoteUsed();
+    } else {
+      ++refcount_[page];
+      Journal(UndoRecord::Op::kAddRef, page);
+    }
+    pages[hits++] = page;
+  }
+  stats_.cache_hits += hits;
+  KVBLOCK_RETURN_IF_ERROR(CommitTransaction(savepoint));
+  return hits;
+}
+
+absl::Status BlockPool::ResetPrefixCache() {
+  if (depth_ > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block pool: cannot reset the prefix cache inside a transaction "
+        "(depth ",
+        depth_, ")"));
+  }
+  while (num_evictable_ > 0) {
+    const PageId page = lru_next_[num_pages_];
+    Unlink(page);
+    free_stack_.push_back(page);
+  }
+  for (const auto& [hash, page] : index_) cached_[page] = 0;
+  index_.clear();
+  index_.reserve(IndexReserve(num_pages_));
+  return absl::OkStatus();
+}
+
+BlockPool::Savepoint BlockPool::BeginTransaction() {
+  ++depth_;
+  return Savepoint{depth_, journal_.size(), stats_};
+}
+
+absl::Status BlockPool::CommitTransaction(const Savepoint& savepoint) {
+  if (savepoint.depth != depth_ || savepoint.journal_size > journal_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block pool: savepoint of depth ", savepoint.depth,
+        " is not the innermost open transaction (depth ", depth_, ")"));
+  }
+  if (--depth_ == 0) journal_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status BlockPool::RollbackTransaction(const Savepoint& savepoint) {
+  if (savepoint.depth != depth_ || savepoint.journal_size > journal_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block pool: savepoint of depth ", savepoint.depth,
+        " is not the innermost open transaction (depth ", depth_, ")"));
+  }
+  while (journal_.size() > savepoint.journal_size) {
+    Undo(journal_.back());
+    journal_.pop_back();
+  }
+  stats_ = savepoint.stats;
+  --depth_;
+  return absl::OkStatus();
+}
+
+// Records are undone newest first, so the pool is exactly as it was right
+// after the recorded change: the free-stack top, the LRU head and tail, and a
+// revived page's old neighbour are where the change left them.
+void BlockPool::Undo(const UndoRecord& record) {
+  const PageId page = record.page;
+  switch (record.op) {
+    case UndoRecord::Op::kPopFree:
+      refcount_[page] = 0;
+      free_stack_.push_back(page);
+      break;
+    case UndoRecord::Op::kEvict:
+      refcount_[page] = 0;
+      cached_[page] = 1;
+      hash_[page] = record.hash;
+      index_.emplace(record.hash, page);
+      LinkAfter(num_pages_, page);
+      break;
+    case UndoRecord::Op::kAddRef:
+      --refcount_[page];
+      break;
+    case UndoRecord::Op::kDropRef:
+      ++refcount_[page];
+      break;
+    case UndoRecord::Op::kPushFree:
+      free_stack_.pop_back();
+      refcount_[page] = 1;
+      break;
+    case UndoRecord::Op::kAppendLru:
+      Unlink(page);
+      refcount_[page] = 1;
+      break;
+    case UndoRecord::Op::kRevive:
+      refcount_[page] = 0;
+      LinkAfter(record.prev, page);
+      break;
+    case UndoRecord::Op::kRegister:
+      index_.erase(record.hash);
+      cached_[page] = 0;
+      break;
+    case UndoRecord::Op::kUncache:
+      cached_[page] = 1;
+      hash_[page] = record.hash;
+      index_.emplace(record.hash, page);
+      break;
+  }
+}
+
+int32_t BlockPool::RefCount(PageId page) const {
+  return page >= 0 && page < num_pages_ ? refcount_[page] : 0;
+}
+
+int32_t BlockPool::NumFree() const {
+  return static_cast<int32_t>(free_stack_.size()) + num_evictable_;
+}
+
+absl::Status BlockPool::CheckInvariants() const {
+  auto broken = [](auto&&... parts) {
+    return absl::InternalError(absl::StrCat("block pool: ", parts...));
+  };
+  // 0 = used, 1 = free, 2 = evictable, as seen from the lists.
+  std::vector<uint8_t> listed(num_pages_, 0);
+  for (PageId page : free_stack_) {
+    if (page < 0 || page >= num_pages_) {
+      return broken("free stack holds bad page ", page);
+    }
+    if (listed[page] != 0) return broken("page ", page, " is free twice");
+    listed[page] = 1;
+  }
+  int32_t walked = 0;
+  for (PageId prev = num_pages_, page = lru_next_[num_pages_];
+       page != num_pages_; prev = page, page = lru_next_[page]) {
+    if (page < 0 || page >= num_pages_ || walked == num_pages_) {
+      return broken("lru list is broken at page ", page);
+    }
+    if (lru_prev_[page] != prev) {
+      return broken("lru page ", page, " links back to ", lru_prev_[page],
+                    ", not ", prev);
+    }
+    if (listed[page] != 0) {
+      return broken("lru page ", page, " is also on another list");
+    }
+    listed[page] = 2;
+    ++walked;
+  }
+  if (walked != num_evictable_) {
+    return broken("lru list holds ", walked, " pages, counted ",
+                  num_evictable_);
+  }
+  int32_t num_cached = 0;
+  int32_t num_used = 0;
+  for (PageId page = 0; page < num_pages_; ++page) {
+    const int32_t refcount = refcount_[page];
+    if (refcount < 0 || refcount > max_refcount_) {
+      return broken("page ", page, " has refcount ", refcount);
+    }
+    const uint8_t expected = refcount > 0 ? 0 : cached_[page] ? 2 : 1;
+    if (listed[page] != expected) {
+      return broken("page ", page, " (refcount ", refcount, ", cached ",
+                    static_cast<int>(cached_[page]), ") is listed as ",
+                    static_cast<int>(listed[page]), ", expected ",
+                    static_cast<int>(expected));
+    }
+    if (listed[page] != 2 &&
+        (lru_prev_[page] != kNoPage || lru_next_[page] != kNoPage)) {
+      return broken("page ", page, " is off the lru list but linked");
+    }
+    num_used += refcount > 0 ? 1 : 0;
+    if (cached_[page]) {
+      ++num_cached;
+      const auto it = index_.find(hash_[page]);
+      if (it == index_.end() || it->second != page) {
+        return broken("cached page ", page, " is not indexed under its hash");
+      }
+    }
+  }
+  if (num_cached != NumCached()) {
+    return broken("index holds ", NumCached(), " hashes for ", num_cached,
+                  " cached pages");
+  }
+  if (num_used != NumUsed() || stats_.peak_used < num_used) {
+    return broken(num_used, " pages used, counted ", NumUsed(), ", peak ",
+                  stats_.peak_used);
+  }
+  if (depth_ < 0 || (depth_ == 0 && !journal_.empty())) {
+    return broken("journal holds ", journal_.size(), " records at depth ",
+                  depth_);
+  }
+  return absl::OkStatus();
+}
+
+BlockPoolSnapshot BlockPool::Snapshot() const {
+  BlockPoolSnapshot snapshot;
+  snapshot.refcounts = refcount_;
+  snapshot.free_stack = free_stack_;
+  snapshot.lru.reserve(num_evictable_);
+  for (PageId page = lru_next_[num_pages_]; page != num_pages_;
+       page = lru_next_[page]) {
+    snapshot.lru.push_back(page);
+  }
+  for (PageId page = 0; page < num_pages_; ++page) {
+    if (cached_[page]) snapshot.cached.emplace_back(page, hash_[page]);
+  }
+  snapshot.stats = stats_;
+  return snapshot;
+}
+
+}  // namespace kvblock

@@ -1,0 +1,417 @@
+// Copyright 2026 The kvblock Authors.
+#include "kvblock/page_table.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "status_macros.h"
+
+namespace kvblock {
+namespace {
+
+// V ids reach `2 * num_pages - 1`, which must fit int32.
+constexpr int64_t kMaxNumPages = int64_t{1} << 30;
+// Kernels index the mirror with 32-bit offsets.
+constexpr int64_t kMaxEntries = std::numeric_limits<int32_t>::max();
+
+absl::Status RequirePositive(absl::string_view name, int32_t value) {
+  if (value > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("page table: ", name, " must be positive, got ", value));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<KVPageTable>> KVPageTable::Create(
+    int32_t max_batch, int32_t max_pages_per_seq, int32_t num_pages,
+    Device& device) {
+  KVBLOCK_RETURN_IF_ERROR(RequirePositive("max_batch", max_batch));
+  KVBLOCK_RETURN_IF_ERROR(
+      RequirePositive("max_pages_per_seq", max_pages_per_seq));
+  KVBLOCK_RETURN_IF_ERROR(RequirePositive("num_pages", num_pages));
+  if (num_pages > kMaxNumPages) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page table: num_pages ", num_pages, " is above ", kMaxNumPages,
+        ": V page ids (num_pages + id) would overflow int32"));
+  }
+  const int64_t entries = int64_t{max_batch} * 2 * max_pages_per_seq;
+  if (entries > kMaxEntries) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page table: max_batch ", max_batch, " x 2 x max_pages_per_seq ",
+        max_pages_per_seq, " = ", entries, " entries, more than ", kMaxEntries,
+        " (32-bit indexing)"));
+  }
+  std::unique_ptr<KVPageTable> table(
+      new KVPageTable(max_batch, max_pages_per_seq, num_pages, device));
+  const size_t bytes = static_cast<size_t>(entries) * sizeof(int32_t);
+  KVBLOCK_ASSIGN_OR_RETURN(table->mirror_, device.Allocate(bytes));
+  for (int i = 0; i < kStagingSlots; ++i) {
+    KVBLOCK_ASSIGN_OR_RETURN(table->staging_[i], device.AllocatePinned(bytes));
+    KVBLOCK_ASSIGN_OR_RETURN(table->staging_done_[i], device.CreateEvent());
+  }
+  return table;
+}
+
+KVPageTable::KVPageTable(int32_t max_batch, int32_t max_pages_per_seq,
+                         int32_t num_pages, Device& device)
+    : max_batch_(max_batch),
+      max_pages_per_seq_(max_pages_per_seq),
+      num_pages_(num_pages),
+      device_(device),
+      rows_(static_cast<size_t>(RowOffset(max_batch)), kNoPage),
+      lengths_(max_batch, 0),
+      uploaded_(rows_.size(), kNoPage),
+      changed_(max_batch, 0),
+      moved_rows_(rows_.size(), kNoPage),
+      moved_lengths_(max_batch, 0),
+      marks_(max_batch) {
+  changed_rows_.reserve(max_batch);
+  dirty_rows_.reserve(max_batch);
+}
+
+KVPageTable::~KVPageTable() {
+  for (const DeviceEvent& done : staging_done_) {
+    // Nothing to report to from a destructor; a failed wait means a failed
+    // device, whose copies read nothing more.
+    if (done.valid()) device_.WaitEvent(done).IgnoreError();
+  }
+}
+
+absl::Status KVPageTable::SetIdentity() {
+  const int64_t needed = int64_t{max_batch_} * max_pages_per_seq_;
+  if (needed > num_pages_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "page table: the identity layout needs max_batch ", max_batch_,
+        " x max_pages_per_seq ", max_pages_per_seq_, " = ", needed,
+        " pages, the pool has num_pages ", num_pages_));
+  }
+  for (SlotId slot = 0; slot < max_batch_; ++slot) {
+    PageId* row = rows_.data() + RowOffset(slot);
+    for (int32_t i = 0; i < max_pages_per_seq_; ++i) {
+      row[i] = static_cast<PageId>(RowOffset(slot) + i);
+    }
+    lengths_[slot] = max_pages_per_seq_;
+    MarkChanged(slot);
+  }
+  is_identity_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status KVPageTable::SetRow(SlotId slot,
+                                 absl::Span<const PageId> k_page_ids) {
+  const int64_t count = static_cast<int64_t>(k_page_ids.size());
+  KVBLOCK_RETURN_IF_ERROR(ValidateRow(slot, k_page_ids.data(), count));
+  WriteRow(slot, k_page_ids.data(), static_cast<int32_t>(count));
+  is_identity_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status KVPageTable::SetRows(
+    absl::Span<const KVPageTableRowUpdate> updates) {
+  const uint64_t stamp = ++stamp_;
+  for (size_t i = 0; i < updates.size(); ++i) {
+    const KVPageTableRowUpdate& update = updates[i];
+    if (absl::Status status =
+            ValidateRow(update.slot, update.k_page_ids, update.count);
+        !status.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("update ", i, ": ", status.message()));
+    }
+    Mark& mark = marks_[update.slot];
+    if (mark.stamp == stamp) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("update ", i, ": slot ", update.slot,
+                       " is already set by update ", mark.owner));
+    }
+    // A slot appears at most once, so i < max_batch here.
+    mark = {stamp, static_cast<int32_t>(i)};
+  }
+  for (const KVPageTableRowUpdate& update : updates) {
+    WriteRow(update.slot, update.k_page_ids, update.count);
+  }
+  is_identity_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status KVPageTable::CompactRows(absl::Span<const SlotId> old_to_new,
+                                      int32_t new_batch) {
+  if (old_to_new.size() != static_cast<size_t>(max_batch_)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("compact rows: old_to_new has ", old_to_new.size(),
+                     " entries, want max_batch ", max_batch_));
+  }
+  if (new_batch < 0 || new_batch > max_batch_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("compact rows: new_batch ", new_batch, " is outside [0, ",
+                     max_batch_, "]"));
+  }
+  const uint64_t stamp = ++stamp_;
+  int32_t mapped = 0;
+  for (SlotId old_slot = 0; old_slot < max_batch_; ++old_slot) {
+    const SlotId new_slot = old_to_new[old_slot];
+    if (new_slot == kNoSlot) continue;
+    if (new_slot < 0 || new_slot >= new_batch) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "compact rows: old slot ", old_slot, " maps to ", new_slot,
+          ", outside [0, new_batch ", new_batch, ") and not -1"));
+    }
+    Mark& mark = marks_[new_slot];
+    if (mark.stamp == stamp) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("compact rows: new slot ", new_slot,
+                       " receives old slots ", mark.owner, " and ", old_slot));
+    }
+    mark = {stamp, old_slot};
+    ++mapped;
+  }
+  if (mapped != new_batch) {
+    SlotId missing = 0;
+    while (marks_[missing].stamp == stamp) ++missing;
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compact rows: new slot ", missing, " receives no old slot (", mapped,
+        " old slots map to new_batch ", new_batch, ")"));
+  }
+  // Stage every row that moves at its new slot, then write the new rows:
+  // rows that keep their slot are untouched.
+  for (SlotId old_slot = 0; old_slot < max_batch_; ++old_slot) {
+    const SlotId new_slot = old_to_new[old_slot];
+    if (new_slot == kNoSlot || new_slot == old_slot) continue;
+    std::copy_n(rows_.data() + RowOffset(old_slot), lengths_[old_slot],
+                moved_rows_.data() + RowOffset(new_slot));
+    moved_lengths_[new_slot] = lengths_[old_slot];
+  }
+  for (SlotId slot = 0; slot < max_batch_; ++slot) {
+    if (old_to_new[slot] == slot) continue;
+    // Below new_batch, `slot` receives a row from another slot (it is not
+    // its own source); from new_batch on, nothing lands.
+    if (slot < new_batch) {
+      WriteRow(slot, moved_rows_.data() + RowOffset(slot),
+               moved_lengths_[slot]);
+    } else {
+      WriteRow(slot, nullptr, 0);
+    }
+  }
+  is_identity_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status KVPageTable::CheckInvariants() const {
+  for (SlotId slot = 0; slot < max_batch_; ++slot) {
+    KVBLOCK_RETURN_IF_ERROR(CheckRow(slot));
+    if (is_identity_ && lengths_[slot] != max_pages_per_seq_) {
+      return absl::InternalError(absl::StrCat(
+          "page table row ", slot, ": identity row has ", lengths_[slot],
+          " pages, want ", max_pages_per_seq_));
+    }
+    for (int32_t i = 0; is_identity_ && i < max_pages_per_seq_; ++i) {
+      const PageId id = rows_[RowOffset(slot) + i];
+      if (id != RowOffset(slot) + i) {
+        return absl::InternalError(absl::StrCat(
+            "page table row ", slot, ": identity row holds page ", id,
+            " at index ", i, ", want ", RowOffset(slot) + i));
+      }
+    }
+  }
+  size_t flagged = 0;
+  for (uint8_t changed : changed_) flagged += changed != 0;
+  if (flagged != changed_rows_.size()) {
+    return absl::InternalError(
+        absl::StrCat("page table: ", flagged, " rows flagged changed, ",
+                     changed_rows_.size(), " listed"));
+  }
+  for (SlotId slot : changed_rows_) {
+    if (changed_[slot] == 0) {
+      return absl::InternalError(absl::StrCat(
+          "page table: row ", slot, " is listed changed but not flagged"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
+  if (!uploaded_once_) {
+    KVBLOCK_RETURN_IF_ERROR(CheckInvariants());
+  } else {
+    for (SlotId slot : changed_rows_) KVBLOCK_RETURN_IF_ERROR(CheckRow(slot));
+  }
+
+  // Plan: the rows whose K ids differ from the device's, in slot order.
+  const size_t row_k_bytes = sizeof(PageId) * max_pages_per_seq_;
+  dirty_rows_.clear();
+  if (!uploaded_once_) {
+    for (SlotId slot = 0; slot < max_batch_; ++slot) dirty_rows_.push_back(slot);
+  } else {
+    for (SlotId slot : changed_rows_) {
+      if (std::memcmp(rows_.data() + RowOffset(slot),
+                      uploaded_.data() + RowOffset(slot), row_k_bytes) != 0) {
+        dirty_rows_.push_back(slot);
+      }
+    }
+    std::sort(dirty_rows_.begin(), dirty_rows_.end());
+  }
+  if (dirty_rows_.empty()) {
+    ForgetChanges();
+    ++upload_stats_.calls;
+    return false;
+  }
+
+  // Stage each dirty row at its own offset: K half, then V half.
+  bool waited = false;
+  KVBLOCK_ASSIGN_OR_RETURN(const int staging_slot, AcquireStaging(waited));
+  int32_t* const staging = static_cast<int32_t*>(staging_[staging_slot].data());
+  for (SlotId slot : dirty_rows_) {
+    const PageId* k_ids = rows_.data() + RowOffset(slot);
+    int32_t* const k_out = staging + 2 * RowOffset(slot);
+    int32_t* const v_out = k_out + max_pages_per_seq_;
+    std::memcpy(k_out, k_ids, row_k_bytes);
+    for (int32_t i = 0; i < lengths_[slot]; ++i) v_out[i] = k_ids[i] + num_pages_;
+    std::fill(v_out + lengths_[slot], v_out + max_pages_per_seq_, kNoPage);
+  }
+
+  // One copy per maximal run of consecutive dirty rows.
+  int32_t* const mirror = static_cast<int32_t*>(mirror_.data());
+  const size_t row_bytes = 2 * row_k_bytes;
+  int64_t copies = 0;
+  absl::Status status;
+  for (size_t begin = 0; begin < dirty_rows_.size() && status.ok();) {
+    size_t end = begin + 1;
+    while (end < dirty_rows_.size() &&
+           dirty_rows_[end] == dirty_rows_[end - 1] + 1) {
+      ++end;
+    }
+    const int64_t offset = 2 * RowOffset(dirty_rows_[begin]);
+    status = device_.CopyToDevice(staging + offset, mirror + offset,
+                                  (end - begin) * row_bytes, stream);
+    copies += status.ok();
+    begin = end;
+  }
+  // Guard the slot even after a failed copy: earlier copies may still read
+  // it.
+  if (copies > 0) {
+    absl::Status recorded =
+        device_.RecordEvent(staging_done_[staging_slot], stream);
+    if (status.ok()) status = std::move(recorded);
+  }
+  KVBLOCK_RETURN_IF_ERROR(status);
+
+  for (SlotId slot : dirty_rows_) {
+    std::memcpy(uploaded_.data() + RowOffset(slot),
+                rows_.data() + RowOffset(slot), row_k_bytes);
+  }
+  ForgetChanges();
+  uploaded_once_ = true;
+  next_staging_ = (staging_slot + 1) % kStagingSlots;
+  ++upload_stats_.calls;
+  upload_stats_.copies += copies;
+  upload_stats_.bytes += static_cast<int64_t>(dirty_rows_.size() * row_bytes);
+  upload_stats_.rows += static_cast<int64_t>(dirty_rows_.size());
+  upload_stats_.host_waits += waited;
+  return true;
+}
+
+absl::StatusOr<absl::Span<const PageId>> KVPageTable::HostRow(
+    SlotId slot) const {
+  if (slot < 0 || slot >= max_batch_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host row: slot ", slot, " is outside [0, ", max_batch_, ")"));
+  }
+  return absl::Span<const PageId>(rows_.data() + RowOffset(slot),
+                                  max_pages_per_seq_);
+}
+
+DeviceTensor KVPageTable::kernel_view() const {
+  return DeviceTensor(static_cast<int32_t*>(mirror_.data()),
+                      {max_batch_, 2, max_pages_per_seq_});
+}
+
+absl::Status KVPageTable::ValidateRow(SlotId slot, const PageId* k_page_ids,
+                                      int64_t count) const {
+  if (slot < 0 || slot >= max_batch_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot ", slot, " is outside [0, ", max_batch_, ")"));
+  }
+  if (count < 0 || count > max_pages_per_seq_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot ", slot, ": ", count,
+                     " page ids, want [0, max_pages_per_seq ",
+                     max_pages_per_seq_, "]"));
+  }
+  if (count > 0 && k_page_ids == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slot ", slot, ": null k_page_ids with count ", count));
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    if (k_page_ids[i] < 0 || k_page_ids[i] >= num_pages_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("slot ", slot, ": page id ", k_page_ids[i],
+                       " at index ", i, " is outside [0, num_pages ",
+                       num_pages_, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void KVPageTable::WriteRow(SlotId slot, const PageId* k_page_ids,
+                           int32_t count) {
+  const int32_t old_count = lengths_[slot];
+  if (count == 0 && old_count == 0) return;  // stays empty: no change.
+  PageId* const row = rows_.data() + RowOffset(slot);
+  if (count > 0) std::copy_n(k_page_ids, count, row);
+  if (old_count > count) std::fill(row + count, row + old_count, kNoPage);
+  lengths_[slot] = count;
+  MarkChanged(slot);
+}
+
+absl::Status KVPageTable::CheckRow(SlotId slot) const {
+  const int32_t length = lengths_[slot];
+  if (length < 0 || length > max_pages_per_seq_) {
+    return absl::InternalError(absl::StrCat(
+        "page table row ", slot, ": length ", length, " is outside [0, ",
+        max_pages_per_seq_, "]"));
+  }
+  const PageId* row = rows_.data() + RowOffset(slot);
+  for (int32_t i = 0; i < max_pages_per_seq_; ++i) {
+    const bool live = i < length;
+    if (live ? (row[i] < 0 || row[i] >= num_pages_) : row[i] != kNoPage) {
+      return absl::InternalError(absl::StrCat(
+          "page table row ", slot, ": entry ", i, " is ", row[i], ", want ",
+          live ? absl::StrCat("a page in [0, ", num_pages_, ")")
+               : absl::StrCat("-1 after ", length, " live pages")));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void KVPageTable::MarkChanged(SlotId slot) {
+  if (changed_[slot] != 0) return;
+  changed_[slot] = 1;
+  changed_rows_.push_back(slot);
+}
+
+void KVPageTable::ForgetChanges() {
+  for (SlotId slot : changed_rows_) changed_[slot] = 0;
+  changed_rows_.clear();
+}
+
+absl::StatusOr<int> KVPageTable::AcquireStaging(bool& waited) {
+  for (int i = 0; i < kStagingSlots; ++i) {
+    const int slot = (next_staging_ + i) % kStagingSlots;
+    KVBLOCK_ASSIGN_OR_RETURN(const bool done,
+                             device_.EventDone(staging_done_[slot]));
+    if (done) {
+      waited = false;
+      return slot;
+    }
+  }
+  // Every slot is in flight: wait for the next in turn (the oldest, when the
+  // uploads share one stream).
+  KVBLOCK_RETURN_IF_ERROR(device_.WaitEvent(staging_done_[next_staging_]));
+  waited = true;
+  return next_staging_;
+}
+
+}  // namespace kvblock

@@ -1,0 +1,577 @@
+// Copyright 2026 The kvblock Authors.
+//
+// Randomized runs of BatchCommit under a small continuous-batching scheduler:
+// random finishes, preemptions, joins (prompts from shared prefixes, so the
+// prefix cache hits; recomputed preempted sequences; forks of running
+// sequences and of earlier joins, with and without tokens) and appends of 1..6
+// tokens, in pools small enough that steps run out of pages. A refused step
+// must change nothing; the scheduler then preempts and retries.
+//
+// After every step the run is checked against a trivially correct model: the
+// slot order, the old-to-new map, the rewritten rows, the copy-on-write list
+// (exactly the shared last pages that changed identity), the KV content each
+// sequence reads (a model of the copy and write kernels run on the step's
+// result), the invariants and the uploaded device view.
+//
+// A second run fails every step at every fault-injection site in turn and
+// checks that each failure is rolled back to the exact state before the step.
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "batch_commit_test_util.h"
+#include "fault_injection.h"
+#include "kvblock/batch_commit.h"
+#include "test_util.h"
+
+namespace kvblock {
+namespace {
+
+using testing::CommitFixture;
+using testing::CommitState;
+using Tokens = std::vector<TokenId>;
+using Pages = std::vector<PageId>;
+
+struct RunConfig {
+  uint64_t seed = 0;
+  int32_t page_size = 4;
+  int32_t num_pages = 40;
+  bool prefix_caching = true;
+  int32_t watermark_pages = 0;
+};
+
+PagedKvConfig MakeConfig(const RunConfig& run) {
+  PagedKvConfig config;
+  config.num_pages = run.num_pages;
+  config.page_size = run.page_size;
+  config.max_pages_per_seq = 6;
+  config.max_batch = 8;
+  return config;
+}
+
+BlockManagerOptions MakeOptions(const RunConfig& run) {
+  BlockManagerOptions options;
+  options.enable_prefix_caching = run.prefix_caching;
+  options.hash_algorithm = HashAlgorithm::kXxh3_128;
+  options.watermark_pages = run.watermark_pages;
+  return options;
+}
+
+// A sequence joining in a drafted step.
+struct DraftJoin {
+  SequenceId id = kNoSequence;
+  SequenceId fork_of = kNoSequence;
+  Tokens tokens;  // the prompt, or the tokens a fork appends.
+  Tokens base;    // what it holds after joining, before appending.
+  bool rejoin = false;  // a preempted sequence recomputed.
+};
+
+// A step under construction; owns everything its StepPlan views.
+struct Draft {
+  std::vector<SequenceId> finished;
+  std::vector<SequenceId> preempted;
+  std::vector<DraftJoin> joins;
+  std::vector<Tokens> appends;  // by slot at the start of the step.
+
+  // A plan viewing this draft (and its scratch), valid until the next call.
+  StepPlan View() {
+    requests.clear();
+    for (const DraftJoin& join : joins) {
+      requests.push_back(
+          {.id = join.id, .fork_of = join.fork_of, .tokens = join.tokens});
+    }
+    counts.clear();
+    flat.clear();
+    for (const Tokens& tokens : appends) {
+      counts.push_back(static_cast<int32_t>(tokens.size()));
+      flat.insert(flat.end(), tokens.begin(), tokens.end());
+    }
+    return {.finished = finished,
+            .preempted = preempted,
+            .joins = requests,
+            .append_counts = counts,
+            .append_tokens = flat};
+  }
+
+  std::vector<JoinRequest> requests;
+  std::vector<int32_t> counts;
+  Tokens flat;
+};
+
+struct RunCounters {
+  int64_t steps = 0;
+  int64_t exhausted = 0;  // refused steps, then shrunk and retried.
+  int64_t copies = 0;
+  int64_t forks = 0;
+  int64_t injected = 0;   // injected failures rolled back.
+};
+
+// A scheduler driving BatchCommit, with the model it is checked against.
+class Scheduler {
+ public:
+  explicit Scheduler(const RunConfig& run)
+      : f_(MakeConfig(run), MakeOptions(run)),
+        rng_(run.seed),
+        page_size_(run.page_size),
+        capacity_(int64_t{MakeConfig(run).max_pages_per_seq} * run.page_size),
+        content_(static_cast<size_t>(run.num_pages) * run.page_size, -1) {
+    // Shared prefixes (a system prompt, few-shot examples) of 1 to 3 pages,
+    // some of them ending inside a page.
+    for (int i = 0; i < 4; ++i) {
+      prefixes_.push_back(RandomTokens(Between(1, 3 * page_size_), 1000));
+    }
+  }
+
+  // Runs one step: drafts it, commits it (on ResourceExhausted checks the
+  // rollback, preempts or drops a join and retries), checks the result.
+  // With `fault_sweep`, the draft is first shrunk to fit in the free pages
+  // and every attempt is failed at each injection site in turn.
+  void Step(bool fault_sweep) {
+    Draft draft = DraftStep();
+    if (fault_sweep) FitToPool(draft);
+    absl::flat_hash_map<SequenceId, Pages> start_pages;
+    for (const SequenceId id : slots_) start_pages[id] = PagesOf(id);
+    for (;;) {
+      const CommitState before = f_.Capture();
+      absl::StatusOr<StepResult> result =
+          fault_sweep ? CommitWithFaults(draft, before)
+                      : f_.commit->Commit(draft.View());
+      if (result.ok()) {
+        Verify(draft, start_pages, *result);
+        ++counters_.steps;
+        return;
+      }
+      REQUIRE_STATUS_IS(result, kResourceExhausted);
+      REQUIRE(f_.Capture() == before);
+      REQUIRE_OK(f_.commit->CheckInvariants());
+      ++counters_.exhausted;
+      REQUIRE(Shrink(draft));
+    }
+  }
+
+  const RunCounters& counters() const { return counters_; }
+  const BlockManager& manager() const { return *f_.manager; }
+
+ private:
+  int64_t Between(int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng_);
+  }
+  bool Chance(double p) { return std::bernoulli_distribution(p)(rng_); }
+
+  Tokens RandomTokens(int64_t n, TokenId vocabulary) {
+    Tokens tokens(static_cast<size_t>(n));
+    for (TokenId& token : tokens) {
+      token = static_cast<TokenId>(Between(0, vocabulary - 1));
+    }
+    return tokens;
+  }
+
+  // A shared prefix plus a random suffix: at most 5 of the 6 pages.
+  Tokens RandomPrompt() {
+    Tokens prompt = prefixes_[Between(0, prefixes_.size() - 1)];
+    const Tokens suffix = RandomTokens(Between(0, 2 * page_size_), 1000);
+    prompt.insert(prompt.end(), suffix.begin(), suffix.end());
+    return prompt;
+  }
+
+  Pages PagesOf(SequenceId id) const {
+    auto pages = f_.manager->Pages(id);
+    REQUIRE_OK(pages);
+    return {pages->begin(), pages->end()};
+  }
+
+  bool Leaves(const Draft& draft, SequenceId id) const {
+    return std::find(draft.finished.begin(), draft.finished.end(), id) !=
+               draft.finished.end() ||
+           std::find(draft.preempted.begin(), draft.preempted.end(), id) !=
+               draft.preempted.end();
+  }
+
+  const DraftJoin* FindJoin(const Draft& draft, SequenceId id) const {
+    for (const DraftJoin& join : draft.joins) {
+      if (join.id == id) return &join;
+    }
+    return nullptr;
+  }
+
+  Draft DraftStep() {
+    Draft draft;
+    draft.appends.resize(slots_.size());
+    std::vector<SequenceId> parents;  // fork candidates.
+    for (size_t slot = 0; slot < slots_.size(); ++slot) {
+      const SequenceId id = slots_[slot];
+      const int64_t room = capacity_ - static_cast<int64_t>(tokens_[id].size());
+      const double r = std::uniform_real_distribution<double>(0, 1)(rng_);
+      if (room == 0 || r < 0.06) {
+        draft.finished.push_back(id);
+      } else if (r < 0.08) {
+        draft.preempted.push_back(id);
+      } else {
+        parents.push_back(id);
+        // Mostly one token (decode), sometimes several (speculative), rarely
+        // none; a small vocabulary makes forks fill identical pages.
+        if (r < 0.12) continue;
+        const int64_t n = Chance(0.6) ? 1 : Between(2, 6);
+        draft.appends[slot] = RandomTokens(std::min(n, room), 8);
+      }
+    }
+    const int64_t max_batch = f_.table->max_batch();
+    const int64_t joins =
+        Between(0, std::min<int64_t>(3, max_batch - parents.size()));
+    for (int64_t i = 0; i < joins; ++i) {
+      DraftJoin join;
+      const double r = std::uniform_real_distribution<double>(0, 1)(rng_);
+      if (r < 0.25 && !waiting_.empty()) {
+        join.id = waiting_.front().first;
+        join.tokens = std::move(waiting_.front().second);
+        join.base = join.tokens;
+        join.rejoin = true;
+        waiting_.pop_front();
+      } else if (r < 0.6 && !parents.empty()) {
+        join.id = next_id_++;
+        join.fork_of = parents[Between(0, parents.size() - 1)];
+        const DraftJoin* parent = FindJoin(draft, join.fork_of);
+        join.base = parent != nullptr ? parent->base : tokens_[join.fork_of];
+        const int64_t room = capacity_ - static_cast<int64_t>(join.base.size());
+        if (room > 0 && Chance(0.5)) {
+          join.tokens = RandomTokens(std::min<int64_t>(Between(1, 3), room), 8);
+        }
+      } else {
+        join.id = next_id_++;
+        join.tokens = RandomPrompt();
+        join.base = join.tokens;
+      }
+      parents.push_back(join.id);
+      draft.joins.push_back(std::move(join));
+    }
+    return draft;
+  }
+
+  // Drops the joins that are `removed` or fork a removed sequence
+  // (transitively); recomputed sequences go back to the front of the queue.
+  void DropJoins(Draft& draft, absl::flat_hash_set<SequenceId> removed) {
+    std::vector<DraftJoin> kept;
+    std::vector<DraftJoin> requeue;
+    for (DraftJoin& join : draft.joins) {
+      if (removed.contains(join.id) || removed.contains(join.fork_of)) {
+        removed.insert(join.id);
+        if (join.rejoin) requeue.push_back(std::move(join));
+      } else {
+        kept.push_back(std::move(join));
+      }
+    }
+    draft.joins = std::move(kept);
+    for (auto it = requeue.rbegin(); it != requeue.rend(); ++it) {
+      waiting_.emplace_front(it->id, std::move(it->base));
+    }
+  }
+
+  // After a refused step: preempts the most recently joined running
+  // sequence, or drops the last join. False when nothing is left to shrink.
+  bool Shrink(Draft& draft) {
+    SlotId last = kNoSlot;
+    for (SlotId slot = 0; slot < static_cast<SlotId>(slots_.size()); ++slot) {
+      if (!Leaves(draft, slots_[slot])) last = slot;
+    }
+    if (!draft.joins.empty() && (last == kNoSlot || Chance(0.3))) {
+      DropJoins(draft, {draft.joins.back().id});
+      return true;
+    }
+    if (last == kNoSlot) return false;
+    const SequenceId id = slots_[last];
+    draft.appends[last].clear();
+    draft.preempted.push_back(id);
+    DropJoins(draft, {id});
+    return true;
+  }
+
+  // Pages the appends of a sequence holding `held` tokens may allocate, a
+  // copy of its partial last page included.
+  int64_t AppendPages(int64_t held, int64_t appended) const {
+    if (appended == 0) return 0;
+    const int64_t pages = (held + appended + page_size_ - 1) / page_size_ -
+                          (held + page_size_ - 1) / page_size_;
+    return pages + (held % page_size_ != 0 ? 1 : 0);
+  }
+
+  // Shrinks `draft` until an upper bound of the pages it allocates fits in
+  // the allocatable pages (so only injected faults can fail it).
+  void FitToPool(Draft& draft) {
+    for (;;) {
+      int64_t needed = 0;
+      for (size_t slot = 0; slot < slots_.size(); ++slot) {
+        needed += AppendPages(tokens_[slots_[slot]].size(),
+                              draft.appends[slot].size());
+      }
+      for (const DraftJoin& join : draft.joins) {
+        needed += join.fork_of == kNoSequence
+                      ? (join.tokens.size() + page_size_ - 1) / page_size_
+                      : AppendPages(join.base.size(), join.tokens.size());
+      }
+      if (needed <= f_.manager->pool().NumFree() -
+                        f_.manager->options().watermark_pages) {
+        return;
+      }
+      REQUIRE(Shrink(draft));
+    }
+  }
+
+  // Commits `draft` with the n-th injection site failing, n = 1, 2, ...,
+  // until it succeeds; every failure must leave the state `before`.
+  absl::StatusOr<StepResult> CommitWithFaults(Draft& draft,
+                                              const CommitState& before) {
+    // More sites than any step of this scheduler has: a step still failing
+    // here fails for another reason.
+    constexpr int64_t kMaxSites = 10000;
+    for (int64_t n = 1; n <= kMaxSites; ++n) {
+      CAPTURE(n);
+      internal::FaultInjection::FailNth(n);
+      absl::StatusOr<StepResult> result = f_.commit->Commit(draft.View());
+      internal::FaultInjection::Disarm();
+      if (result.ok()) return result;
+      INFO(result.status().ToString());
+      REQUIRE(f_.Capture() == before);
+      REQUIRE_OK(f_.commit->CheckInvariants());
+      ++counters_.injected;
+    }
+    FAIL("the step still fails with no fault left to inject");
+    return absl::InternalError("unreachable");
+  }
+
+  // Checks a committed step against the model, then advances the model.
+  void Verify(const Draft& draft,
+              const absl::flat_hash_map<SequenceId, Pages>& start_pages,
+              const StepResult& result) {
+    // Slots: survivors keep their order, joins follow.
+    std::vector<SlotId> old_to_new(f_.table->max_batch(), kNoSlot);
+    std::vector<SequenceId> next_slots;
+    for (size_t slot = 0; slot < slots_.size(); ++slot) {
+      if (Leaves(draft, slots_[slot])) continue;
+      old_to_new[slot] = static_cast<SlotId>(next_slots.size());
+      next_slots.push_back(slots_[slot]);
+    }
+    const size_t survivors = next_slots.size();
+    for (const DraftJoin& join : draft.joins) next_slots.push_back(join.id);
+    REQUIRE(result.batch == static_cast<int32_t>(next_slots.size()));
+    REQUIRE(std::vector<SlotId>(result.old_to_new.begin(),
+                                result.old_to_new.end()) == old_to_new);
+    REQUIRE(std::vector<SequenceId>(f_.commit->slots().begin(),
+                                    f_.commit->slots().end()) == next_slots);
+
+    // Per new slot: the pages and tokens it held before appending (a fork
+    // holds its parent's as they were after the parent joined), and what
+    // it appended.
+    std::vector<Pages> base_pages(next_slots.size());
+    std::vector<Tokens> base_tokens(next_slots.size());
+    std::vector<Tokens> appended(next_slots.size());
+    absl::flat_hash_map<SequenceId, size_t> new_slot_of;
+    for (size_t slot = 0, s = 0; slot < slots_.size(); ++slot) {
+      if (Leaves(draft, slots_[slot])) continue;
+      base_pages[s] = start_pages.at(slots_[slot]);
+      base_tokens[s] = tokens_[slots_[slot]];
+      appended[s] = draft.appends[slot];
+      new_slot_of[slots_[slot]] = s++;
+    }
+    for (size_t j = 0; j < draft.joins.size(); ++j) {
+      const DraftJoin& join = draft.joins[j];
+      const size_t s = survivors + j;
+      new_slot_of[join.id] = s;
+      base_tokens[s] = join.base;
+      if (join.fork_of == kNoSequence) {
+        base_pages[s] = PagesOf(join.id);
+      } else {
+        base_pages[s] = base_pages[new_slot_of.at(join.fork_of)];
+        appended[s] = join.tokens;
+        ++counters_.forks;
+      }
+    }
+
+    // Copy-on-write: exactly the shared partial last pages that changed
+    // identity, in slot order; changed rows: joins and changed pages.
+    std::vector<PageCopy> copies;
+    std::vector<SlotId> changed;
+    std::vector<Pages> final_pages(next_slots.size());
+    for (size_t s = 0; s < next_slots.size(); ++s) {
+      CAPTURE(next_slots[s]);
+      final_pages[s] = PagesOf(next_slots[s]);
+      const Pages& base = base_pages[s];
+      const Pages& now = final_pages[s];
+      REQUIRE(now.size() >= base.size());
+      for (size_t i = 0; i + 1 < base.size(); ++i) REQUIRE(now[i] == base[i]);
+      if (!base.empty() && now[base.size() - 1] != base.back()) {
+        REQUIRE(!appended[s].empty());
+        REQUIRE(base_tokens[s].size() % page_size_ != 0);
+        copies.push_back({base.back(), now[base.size() - 1]});
+      }
+      if (s >= survivors || now != base) {
+        changed.push_back(static_cast<SlotId>(s));
+      }
+    }
+    REQUIRE(std::vector<PageCopy>(result.copies.begin(),
+                                  result.copies.end()) == copies);
+    REQUIRE(std::vector<SlotId>(result.changed_slots.begin(),
+                                result.changed_slots.end()) == changed);
+    counters_.copies += static_cast<int64_t>(copies.size());
+
+    // The kernels: copies first (reading the content before the step), then
+    // the step's KV writes. A prompt writes every page but the prefix hits
+    // held by running sequences; its other hits must hold the same tokens.
+    absl::flat_hash_set<PageId> held_by_survivors;
+    for (size_t s = 0; s < survivors; ++s) {
+      held_by_survivors.insert(base_pages[s].begin(), base_pages[s].end());
+    }
+    for (const PageCopy& copy : copies) {
+      std::copy_n(content_.begin() + Offset(copy.source), page_size_,
+                  content_.begin() + Offset(copy.destination));
+    }
+    for (size_t s = 0; s < next_slots.size(); ++s) {
+      const bool prompt =
+          s >= survivors && draft.joins[s - survivors].fork_of == kNoSequence;
+      if (prompt) {
+        for (size_t t = 0; t < base_tokens[s].size(); ++t) {
+          const PageId page = final_pages[s][t / page_size_];
+          if (held_by_survivors.contains(page)) continue;
+          content_[Offset(page) + t % page_size_] = base_tokens[s][t];
+        }
+        continue;
+      }
+      for (size_t i = 0; i < appended[s].size(); ++i) {
+        const size_t t = base_tokens[s].size() + i;
+        content_[Offset(final_pages[s][t / page_size_]) + t % page_size_] =
+            appended[s][i];
+      }
+    }
+
+    // Advance the model.
+    for (const SequenceId id : draft.finished) tokens_.erase(id);
+    for (const SequenceId id : draft.preempted) {
+      waiting_.emplace_back(id, std::move(tokens_[id]));
+      tokens_.erase(id);
+    }
+    for (size_t s = 0; s < next_slots.size(); ++s) {
+      Tokens& tokens = tokens_[next_slots[s]];
+      tokens = std::move(base_tokens[s]);
+      tokens.insert(tokens.end(), appended[s].begin(), appended[s].end());
+    }
+    slots_ = std::move(next_slots);
+
+    REQUIRE(CheckModel() == "");
+    REQUIRE_OK(f_.commit->CheckInvariants());
+    REQUIRE_OK(f_.UploadAndCheck());
+  }
+
+  size_t Offset(PageId page) const {
+    return static_cast<size_t>(page) * page_size_;
+  }
+
+  // "" when every running sequence holds its model tokens: the right number
+  // of tokens and pages, the content of its pages, and pages shared only at
+  // the same position with the same tokens.
+  std::string CheckModel() const {
+    std::vector<int64_t> first_token(content_.size() / page_size_, -1);
+    std::vector<int64_t> valid(first_token.size(), -1);
+    for (const SequenceId id : slots_) {
+      const Tokens& tokens = tokens_.at(id);
+      auto held = f_.manager->NumTokens(id);
+      if (!held.ok() || *held != static_cast<int64_t>(tokens.size())) {
+        return absl::StrCat("sequence ", id, " holds ", held.value_or(-1),
+                            " tokens, the model ", tokens.size());
+      }
+      const Pages pages = PagesOf(id);
+      const int64_t n = static_cast<int64_t>(tokens.size());
+      if (static_cast<int64_t>(pages.size()) !=
+          (n + page_size_ - 1) / page_size_) {
+        return absl::StrCat("sequence ", id, " has ", pages.size(),
+                            " pages for ", n, " tokens");
+      }
+      for (size_t i = 0; i < pages.size(); ++i) {
+        const PageId page = pages[i];
+        const int64_t first = static_cast<int64_t>(i) * page_size_;
+        const int64_t live = std::min<int64_t>(page_size_, n - first);
+        if (first_token[page] == -1) {
+          first_token[page] = first;
+          valid[page] = live;
+        } else if (first_token[page] != first || valid[page] != live) {
+          return absl::StrCat("page ", page, " is shared at token ", first,
+                              " with ", live, " live tokens and at token ",
+                              first_token[page], " with ", valid[page]);
+        }
+        for (int64_t o = 0; o < live; ++o) {
+          if (content_[Offset(page) + o] != tokens[first + o]) {
+            return absl::StrCat(
+                "sequence ", id, " token ", first + o, " in page ", page,
+                " reads ", content_[Offset(page) + o], ", expected ",
+                tokens[first + o], "; tokens [", absl::StrJoin(tokens, ","),
+                "], pages [", absl::StrJoin(pages, ","), "]");
+          }
+        }
+      }
+    }
+    return "";
+  }
+
+  CommitFixture f_;
+  std::mt19937_64 rng_;
+  const int32_t page_size_;
+  const int64_t capacity_;  // tokens one sequence may hold.
+  std::vector<Tokens> prefixes_;
+
+  // The model: running sequences in slot order with their tokens, the queue
+  // of preempted sequences to recompute, and what each page holds.
+  std::vector<SequenceId> slots_;
+  absl::flat_hash_map<SequenceId, Tokens> tokens_;
+  std::deque<std::pair<SequenceId, Tokens>> waiting_;
+  std::vector<TokenId> content_;  // [page][offset].
+  SequenceId next_id_ = 0;
+
+  RunCounters counters_;
+};
+
+TEST_CASE("random continuous batching matches the model after every step") {
+  const RunConfig run = GENERATE(
+      RunConfig{.seed = 1},
+      RunConfig{.seed = 2, .num_pages = 28, .watermark_pages = 2},
+      RunConfig{.seed = 3, .page_size = 2, .num_pages = 48},
+      RunConfig{.seed = 4, .prefix_caching = false});
+  constexpr int64_t kSteps = 3000;
+  CAPTURE(run.seed);
+  Scheduler scheduler(run);
+  for (int64_t step = 0; step < kSteps; ++step) {
+    CAPTURE(step);
+    scheduler.Step(/*fault_sweep=*/false);
+  }
+  // The run covered what it is meant to.
+  const RunCounters& counters = scheduler.counters();
+  const BlockManagerStats stats = scheduler.manager().stats();
+  REQUIRE(counters.exhausted >= 100);
+  REQUIRE(counters.copies >= 100);
+  REQUIRE(counters.forks >= 500);
+  REQUIRE(stats.preemptions >= 100);
+  REQUIRE(stats.evictions >= (run.prefix_caching ? 100 : 0));
+  REQUIRE(stats.prefix_hit_tokens >= (run.prefix_caching ? 1000 : 0));
+}
+
+TEST_CASE("a fault at every site of every step of a random run is rolled back") {
+  const RunConfig run = GENERATE(RunConfig{.seed = 11},
+                                 RunConfig{.seed = 12, .page_size = 2});
+  constexpr int64_t kSteps = 300;
+  CAPTURE(run.seed);
+  Scheduler scheduler(run);
+  for (int64_t step = 0; step < kSteps; ++step) {
+    CAPTURE(step);
+    scheduler.Step(/*fault_sweep=*/true);
+  }
+  REQUIRE(scheduler.counters().injected >= kSteps);
+}
+
+}  // namespace
+}  // namespace kvblock

@@ -1,0 +1,770 @@
+// Copyright 2026 The kvblock Authors.
+//
+// Model-based randomized test of BlockManager: seeded random scheduler calls
+// (admissions drawn from a few shared prompt prefixes, salts and adapters;
+// appends; forks; frees; preemptions; step transactions that are committed or
+// rolled back; prefix-cache resets) run on a real manager and on a trivially
+// correct model (vectors and std::maps, linear scans), and after every call:
+//   - CheckInvariants() is OK;
+//   - the manager's Snapshot() equals the model's: refcounts, free-stack and
+//     LRU order, cached pages and their hashes, every sequence's pages,
+//     tokens and chain hash, and all stats; plans and append results match;
+//   - a failing call left Snapshot() as it was (strong guarantee), and a
+//     rolled-back step restores the Snapshot() taken before BeginStep();
+//   - a page held by two sequences holds the same content for both: same
+//     logical position, salt, adapter and tokens up to the end of the page;
+//   - pages in use equal the distinct pages the live sequences hold.
+// The model's prefix cache is keyed by content (salt, adapter, every token up
+// to the end of the page), not by hash: a hit happens exactly when that
+// content was registered and not evicted. The model computes block hashes
+// only to compare them with the manager's.
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kvblock/block_hash.h"
+#include "kvblock/block_manager.h"
+#include "kvblock/config.h"
+#include "pool_test_util.h"
+#include "test_util.h"
+
+namespace Catch {
+template <>
+struct StringMaker<kvblock::BlockManagerSnapshot::SequenceState> {
+  static std::string convert(
+      const kvblock::BlockManagerSnapshot::SequenceState& s) {
+    return absl::StrCat("{id ", s.id, " pages [", absl::StrJoin(s.pages, " "),
+                        "] tokens ", s.num_tokens, " partial [",
+                        absl::StrJoin(s.partial_tokens, " "), "] salt '",
+                        s.cache_salt, "' adapter ", s.adapter_id, "}");
+  }
+};
+template <>
+struct StringMaker<kvblock::BlockManagerStats> {
+  static std::string convert(const kvblock::BlockManagerStats& s) {
+    return absl::StrCat(
+        "{admitted ", s.admitted, " forks ", s.forks, " freed ", s.freed,
+        " preemptions ", s.preemptions, " prompt_tokens ", s.prompt_tokens,
+        " prefix_hit_tokens ", s.prefix_hit_tokens, " appended_tokens ",
+        s.appended_tokens, " cow_copies ", s.cow_copies, " evictions ",
+        s.evictions, " pages_in_use ", s.pages_in_use, " peak ",
+        s.peak_pages_in_use, "}");
+  }
+};
+}  // namespace Catch
+
+namespace kvblock {
+namespace {
+
+using Code = absl::StatusCode;
+
+// What a full page holds: its salt, adapter and every token of the sequence
+// up to the end of the page.
+struct ContentKey {
+  std::string salt;
+  int64_t adapter = 0;
+  std::vector<TokenId> tokens;
+  friend auto operator<=>(const ContentKey&, const ContentKey&) = default;
+};
+
+struct ModelSequence {
+  std::vector<TokenId> tokens;
+  std::string salt;
+  int64_t adapter = 0;
+  std::vector<PageId> pages;
+  std::vector<BlockHash> hashes;  // Of the full pages (prefix caching only).
+};
+
+struct ModelPlan {
+  Code code = Code::kOk;
+  AdmissionPlan plan;
+  std::vector<PageId> hits;
+  std::vector<ContentKey> keys;   // Of the prompt's full pages.
+  std::vector<BlockHash> hashes;  // Of the prompt's full pages.
+};
+
+// The reference manager. Each mutating method returns the status code the
+// real manager must return and, on error, leaves the model unchanged.
+// Copyable: a step is modelled by saving a copy.
+class Model {
+ public:
+  Model(const PagedKvConfig& config, const BlockManagerOptions& options,
+        BlockHasher& hasher)
+      : config_(config),
+        options_(options),
+        hasher_(&hasher),
+        refcount_(config.num_pages, 0) {
+    for (PageId page = config.num_pages - 1; page >= 0; --page) {
+      free_stack_.push_back(page);
+    }
+  }
+
+  const std::map<SequenceId, ModelSequence>& sequences() const {
+    return sequences_;
+  }
+  int32_t NumFree() const {
+    return static_cast<int32_t>(free_stack_.size() + lru_.size());
+  }
+  int32_t NumUsed() const { return config_.num_pages - NumFree(); }
+
+  ModelPlan Plan(const std::vector<TokenId>& prompt, const std::string& salt,
+                 int64_t adapter) const {
+    ModelPlan result;
+    const int32_t page_size = config_.page_size;
+    const int64_t length = static_cast<int64_t>(prompt.size());
+    if (prompt.empty()) {
+      result.code = Code::kInvalidArgument;
+      return result;
+    }
+    const int64_t pages = (length + page_size - 1) / page_size;
+    if (pages > config_.max_pages_per_seq) {
+      result.code = Code::kOutOfRange;
+      return result;
+    }
+    if (options_.enable_prefix_caching) {
+      BlockHash parent = kRootBlockHash;
+      for (int64_t i = 0; i < length / page_size; ++i) {
+        const auto end = prompt.begin() + (i + 1) * page_size;
+        result.keys.push_back({salt, adapter, {prompt.begin(), end}});
+        parent = hasher_->HashPage(
+            parent,
+            absl::MakeConstSpan(prompt).subspan(i * page_size, page_size),
+            {salt, adapter});
+        result.hashes.push_back(parent);
+      }
+      // The last prompt token is always computed: at most (length - 1) /
+      // page_size pages can hit.
+      const int64_t max_hits = (length - 1) / page_size;
+      for (int64_t i = 0; i < max_hits; ++i) {
+        const auto it = index_.find(result.keys[i]);
+        if (it == index_.end()) break;
+        result.hits.push_back(it->second);
+        if (refcount_[it->second] == 0) ++result.plan.revived_pages;
+      }
+    }
+    result.plan.hit_pages = static_cast<int32_t>(result.hits.size());
+    result.plan.hit_tokens = int64_t{result.plan.hit_pages} * page_size;
+    result.plan.new_pages = static_cast<int32_t>(pages) - result.plan.hit_pages;
+    return result;
+  }
+
+  bool CanAdmit(const ModelPlan& plan) const {
+    return plan.code == Code::kOk &&
+           plan.plan.pages_consumed() <= NumFree() - options_.watermark_pages;
+  }
+
+  Code Admit(SequenceId id, const std::vector<TokenId>& prompt,
+             const std::string& salt, int64_t adapter, ModelPlan& out) {
+    if (sequences_.contains(id)) return Code::kAlreadyExists;
+    out = Plan(prompt, salt, adapter);
+    if (out.code != Code::kOk) return out.code;
+    if (!CanAdmit(out)) return Code::kResourceExhausted;
+    ModelSequence& sequence = sequences_[id];
+    sequence.tokens = prompt;
+    sequence.salt = salt;
+    sequence.adapter = adapter;
+    for (const PageId page : out.hits) {
+      if (refcount_[page] == 0) {
+        lru_.erase(std::find(lru_.begin(), lru_.end(), page));
+        ++pool_stats_.cache_revivals;
+      }
+      ++refcount_[page];
+      NoteUsed();
+      ++pool_stats_.cache_hits;
+      sequence.pages.push_back(page);
+    }
+    for (int32_t i = 0; i < out.plan.new_pages; ++i) {
+      sequence.pages.push_back(AllocateOne());
+    }
+    for (size_t i = out.hits.size(); i < out.keys.size(); ++i) {
+      Register(sequence.pages[i], out.keys[i], out.hashes[i]);
+    }
+    sequence.hashes = out.hashes;
+    ++stats_.admitted;
+    stats_.prompt_tokens += static_cast<int64_t>(prompt.size());
+    stats_.prefix_hit_tokens += out.plan.hit_tokens;
+    return Code::kOk;
+  }
+
+  Code Append(SequenceId id, const std::vector<TokenId>& tokens,
+              AppendResult& result) {
+    const auto it = sequences_.find(id);
+    if (it == sequences_.end()) return Code::kNotFound;
+    ModelSequence& sequence = it->second;
+    if (tokens.empty()) return Code::kOk;
+    const int32_t page_size = config_.page_size;
+    const int64_t length =
+        static_cast<int64_t>(sequence.tokens.size() + tokens.size());
+    const int64_t pages = (length + page_size - 1) / page_size;
+    if (pages > config_.max_pages_per_seq) return Code::kOutOfRange;
+    const bool copy = sequence.tokens.size() % page_size != 0 &&
+                      refcount_[sequence.pages.back()] > 1;
+    const int64_t needed =
+        pages - static_cast<int64_t>(sequence.pages.size()) + (copy ? 1 : 0);
+    if (needed > NumFree()) return Code::kResourceExhausted;
+    if (copy) {
+      const PageId source = sequence.pages.back();
+      const PageId destination = AllocateOne();
+      --refcount_[source];
+      ++pool_stats_.cow_copies;
+      sequence.pages.back() = destination;
+      result.copy = PageCopy{source, destination};
+    }
+    for (const TokenId token : tokens) {
+      if (sequence.tokens.size() % page_size == 0) {
+        sequence.pages.push_back(AllocateOne());
+        ++result.new_pages;
+      }
+      sequence.tokens.push_back(token);
+      if (sequence.tokens.size() % page_size != 0 ||
+          !options_.enable_prefix_caching) {
+        continue;
+      }
+      const BlockHash hash = hasher_->HashPage(
+          sequence.hashes.empty() ? kRootBlockHash : sequence.hashes.back(),
+          absl::MakeConstSpan(sequence.tokens).last(page_size),
+          {sequence.salt, sequence.adapter});
+      sequence.hashes.push_back(hash);
+      Register(sequence.pages.back(),
+               {sequence.salt, sequence.adapter, sequence.tokens}, hash);
+    }
+    stats_.appended_tokens += static_cast<int64_t>(tokens.size());
+    return Code::kOk;
+  }
+
+  Code Fork(SequenceId parent, SequenceId child) {
+    const auto it = sequences_.find(parent);
+    if (it == sequences_.end()) return Code::kNotFound;
+    if (sequences_.contains(child)) return Code::kAlreadyExists;
+    for (const PageId page : it->second.pages) ++refcount_[page];
+    sequences_[child] = it->second;
+    ++stats_.forks;
+    return Code::kOk;
+  }
+
+  Code Remove(SequenceId id, bool preempted) {
+    const auto it = sequences_.find(id);
+    if (it == sequences_.end()) return Code::kNotFound;
+    const std::vector<PageId>& pages = it->second.pages;
+    for (auto page = pages.rbegin(); page != pages.rend(); ++page) {
+      if (--refcount_[*page] > 0) continue;
+      if (cached_.contains(*page)) {
+        lru_.push_back(*page);
+      } else {
+        free_stack_.push_back(*page);
+      }
+    }
+    sequences_.erase(it);
+    ++(preempted ? stats_.preemptions : stats_.freed);
+    return Code::kOk;
+  }
+
+  Code ResetPrefixCache(bool in_step) {
+    if (in_step) return Code::kFailedPrecondition;
+    free_stack_.insert(free_stack_.end(), lru_.begin(), lru_.end());
+    lru_.clear();
+    cached_.clear();
+    index_.clear();
+    return Code::kOk;
+  }
+
+  BlockManagerSnapshot Snapshot() const {
+    BlockManagerSnapshot snapshot;
+    BlockPoolSnapshot& pool = snapshot.pool;
+    pool.refcounts = refcount_;
+    pool.free_stack = free_stack_;
+    pool.lru = lru_;
+    for (const auto& [page, entry] : cached_) {
+      pool.cached.emplace_back(page, entry.second);
+    }
+    pool.stats = pool_stats_;
+    for (const auto& [id, sequence] : sequences_) {
+      const size_t partial = sequence.tokens.size() % config_.page_size;
+      snapshot.sequences.push_back(
+          {.id = id,
+           .pages = sequence.pages,
+           .num_tokens = static_cast<int64_t>(sequence.tokens.size()),
+           .last_full_hash = sequence.hashes.empty() ? kRootBlockHash
+                                                     : sequence.hashes.back(),
+           .partial_tokens = {sequence.tokens.end() - partial,
+                              sequence.tokens.end()},
+           .cache_salt = sequence.salt,
+           .adapter_id = sequence.adapter});
+    }
+    snapshot.stats = stats_;
+    snapshot.stats.cow_copies = pool_stats_.cow_copies;
+    snapshot.stats.evictions = pool_stats_.evictions;
+    snapshot.stats.pages_in_use = NumUsed();
+    snapshot.stats.peak_pages_in_use = pool_stats_.peak_used;
+    return snapshot;
+  }
+
+ private:
+  void NoteUsed() {
+    pool_stats_.peak_used = std::max(pool_stats_.peak_used, NumUsed());
+  }
+
+  // The free-stack top, else the least recently released cached page.
+  PageId AllocateOne() {
+    PageId page;
+    if (!free_stack_.empty()) {
+      page = free_stack_.back();
+      free_stack_.pop_back();
+    } else {
+      page = lru_.front();
+      lru_.erase(lru_.begin());
+      index_.erase(cached_.at(page).first);
+      cached_.erase(page);
+      ++pool_stats_.evictions;
+    }
+    refcount_[page] = 1;
+    ++pool_stats_.allocations;
+    NoteUsed();
+    return page;
+  }
+
+  // Caches a new full page unless its content is cached on another page.
+  void Register(PageId page, const ContentKey& key, const BlockHash& hash) {
+    REQUIRE(!cached_.contains(page));
+    if (!index_.emplace(key, page).second) return;
+    cached_.emplace(page, std::make_pair(key, hash));
+    ++pool_stats_.cache_registrations;
+  }
+
+  PagedKvConfig config_;
+  BlockManagerOptions options_;
+  BlockHasher* hasher_;
+  std::vector<int32_t> refcount_;
+  std::vector<PageId> free_stack_;  // Bottom to top.
+  std::vector<PageId> lru_;         // Head (evicted first) to tail.
+  std::map<PageId, std::pair<ContentKey, BlockHash>> cached_;
+  std::map<ContentKey, PageId> index_;
+  BlockPoolStats pool_stats_;
+  BlockManagerStats stats_;  // The manager-owned counters.
+  std::map<SequenceId, ModelSequence> sequences_;
+};
+
+struct Scenario {
+  uint32_t seed;
+  int32_t num_pages;
+  int32_t page_size;
+  int32_t max_pages_per_seq;
+  bool prefix_caching;
+  int32_t watermark_pages;
+  HashAlgorithm algorithm;
+  // Sequence slots reserved (0: 4 * max_batch = 16); fewer than kNumIds
+  // make the slab grow.
+  int32_t max_sequences;
+};
+
+// Counts of calls, by name, to show that every path ran.
+using OpCounts = std::map<std::string, int64_t>;
+
+class RandomRun {
+ public:
+  static constexpr SequenceId kNumIds = 20;
+  static constexpr int kNumBases = 4;
+
+  explicit RandomRun(const Scenario& scenario)
+      : scenario_(scenario),
+        rng_(scenario.seed),
+        config_{.num_pages = scenario.num_pages,
+                .max_batch = 4,
+                .max_pages_per_seq = scenario.max_pages_per_seq,
+                .page_size = scenario.page_size},
+        options_{.enable_prefix_caching = scenario.prefix_caching,
+                 .hash_algorithm = scenario.algorithm,
+                 .watermark_pages = scenario.watermark_pages,
+                 .max_sequences = scenario.max_sequences},
+        hasher_(NewHasher(scenario.algorithm)),
+        model_(config_, options_, hasher_) {
+    auto manager = BlockManager::Create(config_, options_);
+    REQUIRE_OK(manager);
+    manager_ = std::move(manager).value();
+    const int64_t max_tokens = config_.MaxTokensPerSeq();
+    for (int b = 0; b < kNumBases; ++b) {
+      std::vector<TokenId>& base = bases_.emplace_back();
+      for (int64_t i = 0; i < max_tokens; ++i) base.push_back(Uniform(0, 99));
+    }
+  }
+
+  // Runs at least `ops` manager calls (the last step may add a few), checking
+  // everything after each.
+  void Run(int64_t ops, OpCounts& counts) {
+    counts_ = &counts;
+    while (op_ < ops) {
+      const int dice = Uniform(0, 99);
+      if (dice < 8) {
+        RunStep();
+      } else if (dice < 9) {
+        Call("reset_prefix_cache", [&] { return ResetPrefixCache(); });
+      } else if (dice < 11) {
+        Call("step_misuse", [&] { return StepMisuse(); });
+      } else {
+        RunMutation();
+      }
+    }
+  }
+
+ private:
+  static BlockHasher NewHasher(HashAlgorithm algorithm) {
+    auto hasher = BlockHasher::Create(algorithm);
+    REQUIRE_OK(hasher);
+    return std::move(hasher).value();
+  }
+
+  int Uniform(int lo, int hi) {  // In [lo, hi].
+    return std::uniform_int_distribution<int>(lo, hi)(rng_);
+  }
+  bool Chance(int percent) { return Uniform(1, 100) <= percent; }
+
+  SequenceId AnyId() { return Uniform(0, kNumIds - 1); }
+  // Mostly a live sequence (when there is one).
+  SequenceId LiveId() {
+    const auto& sequences = model_.sequences();
+    if (sequences.empty() || Chance(5)) return AnyId();
+    auto it = sequences.begin();
+    std::advance(it, Uniform(0, static_cast<int>(sequences.size()) - 1));
+    return it->first;
+  }
+  // Mostly an id that is not live (when there is one).
+  SequenceId FreeId() {
+    for (int attempt = 0; attempt < 8 && Chance(95); ++attempt) {
+      const SequenceId id = AnyId();
+      if (!model_.sequences().contains(id)) return id;
+    }
+    return AnyId();
+  }
+
+  // A prompt: the next turn of a conversation (a live sequence's tokens) or
+  // a prefix of a shared base, either followed by a suffix in a 3-token
+  // vocabulary (so unrelated suffixes still collide); rarely empty. Too long
+  // prompts come from long prefixes with a suffix.
+  std::vector<TokenId> Prompt() {
+    const int kind = Uniform(0, 99);
+    if (kind < 2) return {};
+    std::vector<TokenId> prompt;
+    if (kind < 30) {
+      const auto it = model_.sequences().find(LiveId());
+      if (it != model_.sequences().end()) prompt = it->second.tokens;
+    } else {
+      const std::vector<TokenId>& base = bases_[Uniform(0, kNumBases - 1)];
+      prompt.assign(base.begin(),
+                    base.begin() + Uniform(1, static_cast<int>(base.size())));
+    }
+    if (kind < 30 || kind >= 60) {
+      for (int i = Uniform(1, 2 * config_.page_size); i > 0; --i) {
+        prompt.push_back(Uniform(0, 2));
+      }
+    }
+    return prompt;
+  }
+
+  // Generated tokens: mostly one (decode), sometimes up to 40. Tokens are a
+  // function of the position and one of two "samples", so sequences with
+  // equal histories generate equal pages.
+  std::vector<TokenId> Generated(SequenceId id) {
+    const int dice = Uniform(0, 99);
+    const int count = dice < 55   ? 1
+                      : dice < 85 ? Uniform(1, 2 * config_.page_size)
+                                  : Uniform(1, 40);
+    const int sample = Uniform(0, 1);
+    const auto it = model_.sequences().find(id);
+    const int start = it == model_.sequences().end()
+                          ? 0
+                          : static_cast<int>(it->second.tokens.size());
+    std::vector<TokenId> tokens;
+    for (int i = 0; i < count; ++i) {
+      tokens.push_back(100 + ((start + i) * 7 + sample * 13) % 5);
+    }
+    return tokens;
+  }
+
+  // Calls `op` (one manager call, which returns the manager's status code
+  // after checking its result against the model) and checks everything.
+  template <typename Op>
+  void Call(const char* name, Op&& op) {
+    ++(*counts_)[name];
+    INFO("seed " << scenario_.seed << ", op " << op_ << " (" << name << ")"
+                 << (in_step_ ? " in a step" : ""));
+    ++op_;
+    const BlockManagerSnapshot before = manager_->Snapshot();
+    const Code code = op();
+    if (code != Code::kOk) {
+      ++(*counts_)[absl::StrCat(name, " -> ", absl::StatusCodeToString(code))];
+      REQUIRE(manager_->Snapshot() == before);
+    }
+    if (manager_->stats().evictions > before.stats.evictions) {
+      ++(*counts_)[absl::StrCat(name, " with evictions")];
+    }
+    Verify();
+  }
+
+  void RunMutation() {
+    const int dice = Uniform(0, 99);
+    if (dice < 30) {
+      Call("admit", [&] { return Admit(); });
+    } else if (dice < 65) {
+      Call("append", [&] { return Append(); });
+    } else if (dice < 75) {
+      Call("fork", [&] { return Fork(); });
+    } else if (dice < 90) {
+      Call("free", [&] { return Remove(false); });
+    } else {
+      Call("preempt", [&] { return Remove(true); });
+    }
+  }
+
+  // BeginStep, a few calls, then CommitStep or RollbackStep.
+  void RunStep() {
+    Call("begin_step", [&] {
+      step_model_ = model_;
+      step_snapshot_ = manager_->Snapshot();
+      REQUIRE_OK(manager_->BeginStep());
+      in_step_ = true;
+      return Code::kOk;
+    });
+    for (int n = Uniform(1, 8); n > 0; --n) {
+      const int dice = Uniform(0, 99);
+      if (dice < 3) {
+        Call("reset_prefix_cache", [&] { return ResetPrefixCache(); });
+      } else if (dice < 6) {
+        Call("step_misuse", [&] { return StepMisuse(); });
+      } else {
+        RunMutation();
+      }
+    }
+    if (Chance(50)) {
+      Call("rollback_step", [&] {
+        REQUIRE_OK(manager_->RollbackStep());
+        in_step_ = false;
+        model_ = step_model_;
+        REQUIRE(manager_->Snapshot() == step_snapshot_);
+        return Code::kOk;
+      });
+    } else {
+      Call("commit_step", [&] {
+        REQUIRE_OK(manager_->CommitStep());
+        in_step_ = false;
+        return Code::kOk;
+      });
+    }
+  }
+
+  Code Admit() {
+    const SequenceId id = Chance(95) ? FreeId() : LiveId();
+    const std::vector<TokenId> prompt = Prompt();
+    const std::string& salt =
+        kSalts[Uniform(0, static_cast<int>(kSalts.size()) - 1)];
+    const int64_t adapter = Chance(85) ? 0 : 5;
+    const HashExtraKeys extra{salt, adapter};
+    INFO("admit " << id << ": " << prompt.size() << " tokens, salt '" << salt
+                  << "', adapter " << adapter);
+
+    const ModelPlan planned = model_.Plan(prompt, salt, adapter);
+    const absl::StatusOr<AdmissionPlan> plan =
+        manager_->PlanAdmission(prompt, extra);
+    REQUIRE(plan.status().code() == planned.code);
+    if (plan.ok()) CheckPlan(*plan, planned.plan);
+    const bool can_admit = manager_->CanAdmit(prompt, extra);
+    REQUIRE(can_admit == model_.CanAdmit(planned));
+
+    ModelPlan expected;
+    const bool was_live = model_.sequences().contains(id);
+    const Code code = model_.Admit(id, prompt, salt, adapter, expected);
+    const absl::StatusOr<AdmissionPlan> admitted =
+        manager_->Admit(id, prompt, extra);
+    REQUIRE(admitted.status().code() == code);
+    if (!was_live) REQUIRE(admitted.ok() == can_admit);
+    if (admitted.ok()) {
+      CheckPlan(*admitted, expected.plan);
+      if (admitted->hit_pages > 0) ++(*counts_)["admit with hits"];
+      if (admitted->revived_pages > 0) ++(*counts_)["admit with revivals"];
+    }
+    return admitted.status().code();
+  }
+
+  static void CheckPlan(const AdmissionPlan& actual,
+                        const AdmissionPlan& expected) {
+    REQUIRE(actual.hit_pages == expected.hit_pages);
+    REQUIRE(actual.hit_tokens == expected.hit_tokens);
+    REQUIRE(actual.revived_pages == expected.revived_pages);
+    REQUIRE(actual.new_pages == expected.new_pages);
+  }
+
+  Code Append() {
+    const SequenceId id = LiveId();
+    const std::vector<TokenId> tokens =
+        Chance(1) ? std::vector<TokenId>{} : Generated(id);
+    INFO("append " << tokens.size() << " tokens to " << id);
+    AppendResult expected;
+    const Code code = model_.Append(id, tokens, expected);
+    const absl::StatusOr<AppendResult> result = manager_->Append(id, tokens);
+    REQUIRE(result.status().code() == code);
+    if (result.ok()) {
+      REQUIRE(result->new_pages == expected.new_pages);
+      REQUIRE(result->copy == expected.copy);
+      if (result->copy.has_value()) ++(*counts_)["append with copy"];
+    }
+    return code;
+  }
+
+  Code Fork() {
+    const SequenceId parent = LiveId();
+    const SequenceId child = Chance(90) ? FreeId() : LiveId();
+    INFO("fork " << parent << " -> " << child);
+    const Code code = model_.Fork(parent, child);
+    REQUIRE(manager_->Fork(parent, child).code() == code);
+    return code;
+  }
+
+  Code Remove(bool preempted) {
+    const SequenceId id = LiveId();
+    INFO((preempted ? "preempt " : "free ") << id);
+    const Code code = model_.Remove(id, preempted);
+    REQUIRE((preempted ? manager_->Preempt(id) : manager_->Free(id)).code() ==
+            code);
+    return code;
+  }
+
+  Code ResetPrefixCache() {
+    const Code code = model_.ResetPrefixCache(in_step_);
+    REQUIRE(manager_->ResetPrefixCache().code() == code);
+    return code;
+  }
+
+  // A step call out of order: FailedPrecondition, nothing changes.
+  Code StepMisuse() {
+    absl::Status status;
+    if (in_step_) {
+      status = manager_->BeginStep();
+    } else {
+      status = Chance(50) ? manager_->CommitStep() : manager_->RollbackStep();
+    }
+    REQUIRE(status.code() == Code::kFailedPrecondition);
+    return status.code();
+  }
+
+  void Verify() {
+    REQUIRE_OK(manager_->CheckInvariants());
+    REQUIRE(manager_->in_step() == in_step_);
+    const BlockManagerSnapshot actual = manager_->Snapshot();
+    const BlockManagerSnapshot expected = model_.Snapshot();
+    REQUIRE(actual.stats == expected.stats);
+    REQUIRE(actual.sequences == expected.sequences);
+    REQUIRE(actual.pool == expected.pool);
+    REQUIRE(actual == expected);
+    REQUIRE(manager_->stats() == expected.stats);
+
+    // Live sequences, through the query API, and what their pages hold.
+    REQUIRE(manager_->num_sequences() ==
+            static_cast<int32_t>(model_.sequences().size()));
+    for (SequenceId id = -1; id <= kNumIds; ++id) {
+      REQUIRE(manager_->Contains(id) == model_.sequences().contains(id));
+    }
+    REQUIRE(manager_->Pages(kNumIds).status().code() == Code::kNotFound);
+    REQUIRE(manager_->NumTokens(kNumIds).status().code() == Code::kNotFound);
+    // Page -> (holder, logical page) of its first holder.
+    std::map<PageId, std::pair<const ModelSequence*, size_t>> holders;
+    for (const auto& [id, sequence] : model_.sequences()) {
+      const absl::StatusOr<absl::Span<const PageId>> pages =
+          manager_->Pages(id);
+      REQUIRE_OK(pages);
+      REQUIRE(*manager_->NumTokens(id) ==
+              static_cast<int64_t>(sequence.tokens.size()));
+      for (size_t i = 0; i < pages->size(); ++i) {
+        const auto [it, first] = holders.try_emplace((*pages)[i], &sequence, i);
+        if (!first) {
+          CheckSameContent(*it->second.first, it->second.second, sequence, i);
+        }
+      }
+    }
+    REQUIRE(manager_->stats().pages_in_use ==
+            static_cast<int32_t>(holders.size()));
+    REQUIRE(manager_->pool().NumUsed() == static_cast<int32_t>(holders.size()));
+  }
+
+  // Two holders of one page: same logical page, salt and adapter, and the
+  // same tokens up to the end of the page (a shared partial page is the last
+  // page of both, with as many tokens in each).
+  void CheckSameContent(const ModelSequence& a, size_t page_a,
+                        const ModelSequence& b, size_t page_b) const {
+    REQUIRE(page_a == page_b);
+    REQUIRE(a.salt == b.salt);
+    REQUIRE(a.adapter == b.adapter);
+    const size_t end = (page_a + 1) * config_.page_size;
+    const size_t end_a = std::min(end, a.tokens.size());
+    const size_t end_b = std::min(end, b.tokens.size());
+    REQUIRE(end_a == end_b);
+    REQUIRE(std::equal(a.tokens.begin(), a.tokens.begin() + end_a,
+                       b.tokens.begin()));
+  }
+
+  static inline const std::vector<std::string> kSalts = {"", "", "tenant-a",
+                                                         "tenant-b"};
+
+  const Scenario scenario_;
+  std::mt19937 rng_;
+  const PagedKvConfig config_;
+  const BlockManagerOptions options_;
+  BlockHasher hasher_;
+  Model model_;
+  std::unique_ptr<BlockManager> manager_;
+  std::vector<std::vector<TokenId>> bases_;
+  int64_t op_ = 0;
+  bool in_step_ = false;
+  Model step_model_ = model_;
+  BlockManagerSnapshot step_snapshot_;
+  OpCounts* counts_ = nullptr;
+};
+
+TEST_CASE("random manager calls match the model", "[random]") {
+  // Small pools so exhaustion, eviction and OutOfRange happen often.
+  const Scenario scenario =
+      GENERATE(Scenario{1, 24, 2, 8, true, 0, HashAlgorithm::kSha256, 0},
+               Scenario{2, 40, 3, 12, true, 2, HashAlgorithm::kXxh3_128, 2},
+               Scenario{3, 64, 4, 16, true, 0, HashAlgorithm::kSha256, 0},
+               Scenario{4, 48, 2, 16, true, 1, HashAlgorithm::kXxh3_128, 0},
+               Scenario{5, 32, 4, 8, false, 1, HashAlgorithm::kSha256, 1});
+  constexpr int64_t kOps = 25'000;
+  OpCounts counts;
+  RandomRun(scenario).Run(kOps, counts);
+
+  std::string summary;
+  for (const auto& [name, count] : counts) {
+    absl::StrAppend(&summary, "\n  ", name, ": ", count);
+  }
+  INFO("seed " << scenario.seed << " calls:" << summary);
+  // Every path ran often enough to mean something.
+  for (const char* name :
+       {"admit", "append", "fork", "free", "preempt", "begin_step",
+        "rollback_step", "commit_step", "reset_prefix_cache", "step_misuse",
+        "admit -> RESOURCE_EXHAUSTED", "admit -> OUT_OF_RANGE",
+        "admit -> ALREADY_EXISTS", "admit -> INVALID_ARGUMENT",
+        "append -> RESOURCE_EXHAUSTED", "append -> OUT_OF_RANGE",
+        "append with copy", "fork -> ALREADY_EXISTS"}) {
+    CAPTURE(name);
+    CHECK(counts[name] >= 20);
+  }
+  if (scenario.prefix_caching) {
+    CHECK(counts["admit with hits"] >= 200);
+    CHECK(counts["admit with revivals"] >= 50);
+    CHECK(counts["admit with evictions"] >= 50);
+    CHECK(counts["append with evictions"] >= 20);
+  } else {
+    CHECK(counts["admit with hits"] == 0);
+  }
+  WARN(summary);
+}
+
+}  // namespace
+}  // namespace kvblock

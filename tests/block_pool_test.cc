@@ -1,0 +1,557 @@
+// Copyright 2026 The kvblock Authors.
+#include "kvblock/block_pool.h"
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <new>
+#include <vector>
+
+#include "pool_test_util.h"
+#include "test_util.h"
+
+// Counts every global operator new of this test binary, so that a test can
+// prove that a stretch of pool operations does not allocate. Every
+// non-aligned form is replaced, so that allocations and deallocations pair.
+namespace {
+std::atomic<int64_t> g_allocations{0};
+void* CountedAlloc(size_t size) noexcept {
+  g_allocations.fetch_add(1, std::memory_order_relaxed);
+  return std::malloc(size == 0 ? 1 : size);
+}
+void* CountedAllocOrAbort(size_t size) {
+  if (void* p = CountedAlloc(size)) return p;
+  std::abort();
+}
+}  // namespace
+
+void* operator new(size_t size) { return CountedAllocOrAbort(size); }
+void* operator new[](size_t size) { return CountedAllocOrAbort(size); }
+void* operator new(size_t size, const std::nothrow_t&) noexcept {
+  return CountedAlloc(size);
+}
+void* operator new[](size_t size, const std::nothrow_t&) noexcept {
+  return CountedAlloc(size);
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
+void operator delete[](void* p, size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
+
+namespace kvblock {
+namespace {
+
+using ::kvblock::testing::NewPool;
+using ::kvblock::testing::TestHash;
+using Kind = CopyOnWrite::Kind;
+
+PageId MustAllocate(BlockPool& pool) {
+  auto page = pool.Allocate();
+  REQUIRE_OK(page);
+  return *page;
+}
+
+// Allocates `n` pages, caches page i under TestHash(first_hash + i) and
+// returns them.
+std::vector<PageId> CachedPages(BlockPool& pool, int n, uint32_t first_hash) {
+  std::vector<PageId> pages(n);
+  REQUIRE_OK(pool.AllocateN(absl::MakeSpan(pages)));
+  for (int i = 0; i < n; ++i) {
+    auto registered = pool.RegisterCached(pages[i], TestHash(first_hash + i));
+    REQUIRE_OK(registered);
+    REQUIRE(*registered == pages[i]);
+  }
+  return pages;
+}
+
+TEST_CASE("create rejects bad sizes and options") {
+  REQUIRE_STATUS_IS(BlockPool::Create(0), kInvalidArgument);
+  REQUIRE_STATUS_IS(BlockPool::Create(-3), kInvalidArgument);
+  REQUIRE_STATUS_IS(BlockPool::Create(1 << 30), kInvalidArgument);
+  REQUIRE_STATUS_IS(BlockPool::Create(4, {.max_refcount = 0}),
+                    kInvalidArgument);
+  REQUIRE_STATUS_IS(BlockPool::Create(4, {.journal_reserve = -1}),
+                    kInvalidArgument);
+  auto pool = NewPool(4);
+  REQUIRE(pool->num_pages() == 4);
+  REQUIRE(pool->NumFree() == 4);
+  REQUIRE(pool->NumUsed() == 0);
+  REQUIRE(pool->NumEvictable() == 0);
+  REQUIRE(pool->NumCached() == 0);
+  REQUIRE(pool->max_refcount() == std::numeric_limits<int32_t>::max());
+  REQUIRE_OK(pool->CheckInvariants());
+  const BlockPoolSnapshot snapshot = pool->Snapshot();
+  REQUIRE(snapshot.free_stack == std::vector<PageId>{3, 2, 1, 0});
+  REQUIRE(snapshot.refcounts == std::vector<int32_t>{0, 0, 0, 0});
+}
+
+TEST_CASE("allocate hands out pages in order and reuses the last released") {
+  auto pool = NewPool(3);
+  REQUIRE(MustAllocate(*pool) == 0);
+  REQUIRE(MustAllocate(*pool) == 1);
+  REQUIRE_OK(pool->Release(0));
+  REQUIRE(MustAllocate(*pool) == 0);
+  REQUIRE(MustAllocate(*pool) == 2);
+  REQUIRE(pool->RefCount(2) == 1);
+  REQUIRE(pool->NumFree() == 0);
+
+  const BlockPoolSnapshot before = pool->Snapshot();
+  REQUIRE_STATUS_IS(pool->Allocate(), kResourceExhausted);
+  REQUIRE(pool->Snapshot() == before);
+  REQUIRE(pool->stats().allocations == 4);
+  REQUIRE(pool->stats().peak_used == 3);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("allocate n is all or nothing") {
+  auto pool = NewPool(4);
+  std::vector<PageId> three(3, kNoPage);
+  REQUIRE_OK(pool->AllocateN(absl::MakeSpan(three)));
+  REQUIRE(three == std::vector<PageId>{0, 1, 2});
+
+  std::vector<PageId> two(2, 77);
+  const BlockPoolSnapshot before = pool->Snapshot();
+  REQUIRE_STATUS_IS(pool->AllocateN(absl::MakeSpan(two)), kResourceExhausted);
+  REQUIRE(pool->Snapshot() == before);
+  REQUIRE(two == std::vector<PageId>{77, 77});
+
+  REQUIRE_OK(pool->AllocateN(absl::Span<PageId>()));
+  REQUIRE(pool->Snapshot() == before);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("retain and release refuse bad, free and saturated pages") {
+  auto pool = NewPool(4, {.max_refcount = 3});
+  const PageId page = MustAllocate(*pool);
+  const BlockPoolSnapshot fresh = pool->Snapshot();
+
+  for (PageId bad : {kNoPage, -7, 4, 100}) {
+    CAPTURE(bad);
+    REQUIRE_STATUS_IS(pool->Retain(bad), kInvalidArgument);
+    REQUIRE_STATUS_IS(pool->Release(bad), kInvalidArgument);
+    REQUIRE(pool->RefCount(bad) == 0);
+  }
+  REQUIRE_STATUS_IS(pool->Retain(2), kFailedPrecondition);
+  REQUIRE_STATUS_IS(pool->Release(2), kFailedPrecondition);
+  REQUIRE(pool->Snapshot() == fresh);
+
+  REQUIRE_OK(pool->Retain(page));
+  REQUIRE_OK(pool->Retain(page));
+  REQUIRE(pool->RefCount(page) == 3);
+  const BlockPoolSnapshot full = pool->Snapshot();
+  REQUIRE_STATUS_IS(pool->Retain(page), kFailedPrecondition);
+  REQUIRE(pool->Snapshot() == full);
+
+  for (int i = 0; i < 3; ++i) REQUIRE_OK(pool->Release(page));
+  REQUIRE(pool->RefCount(page) == 0);
+  const BlockPoolSnapshot released = pool->Snapshot();
+  REQUIRE_STATUS_IS(pool->Release(page), kFailedPrecondition);  // Double.
+  REQUIRE(pool->Snapshot() == released);
+  REQUIRE(released.free_stack.back() == page);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("writable allocates, keeps or copies") {
+  auto pool = NewPool(4);
+
+  SECTION("no page: a new page") {
+    auto cow = pool->Writable(kNoPage);
+    REQUIRE_OK(cow);
+    REQUIRE(*cow == CopyOnWrite{Kind::kAllocated, 0, kNoPage});
+    REQUIRE(pool->RefCount(0) == 1);
+  }
+  SECTION("sole reference: the page itself") {
+    const PageId page = MustAllocate(*pool);
+    const BlockPoolSnapshot before = pool->Snapshot();
+    auto cow = pool->Writable(page);
+    REQUIRE_OK(cow);
+    REQUIRE(*cow == CopyOnWrite{Kind::kExisting, page, kNoPage});
+    REQUIRE(pool->Snapshot() == before);
+  }
+  SECTION("shared: a copy, and the source loses one reference") {
+    const PageId page = MustAllocate(*pool);
+    REQUIRE_OK(pool->Retain(page));
+    auto cow = pool->Writable(page);
+    REQUIRE_OK(cow);
+    REQUIRE(*cow == CopyOnWrite{Kind::kCopy, 1, page});
+    REQUIRE(pool->RefCount(page) == 1);
+    REQUIRE(pool->RefCount(1) == 1);
+    REQUIRE(pool->stats().cow_copies == 1);
+  }
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("writable fails without a change") {
+  auto pool = NewPool(2);
+  const PageId shared = MustAllocate(*pool);
+  REQUIRE_OK(pool->Retain(shared));
+  const BlockPoolSnapshot before = pool->Snapshot();
+
+  REQUIRE_STATUS_IS(pool->Writable(-2), kInvalidArgument);
+  REQUIRE_STATUS_IS(pool->Writable(2), kInvalidArgument);
+  REQUIRE_STATUS_IS(pool->Writable(1), kFailedPrecondition);  // Free.
+  REQUIRE(pool->Snapshot() == before);
+
+  MustAllocate(*pool);
+  const BlockPoolSnapshot full = pool->Snapshot();
+  // The destination is allocated before the source reference is dropped: a
+  // full pool refuses the copy and the source keeps both references.
+  REQUIRE_STATUS_IS(pool->Writable(shared), kResourceExhausted);
+  REQUIRE_STATUS_IS(pool->Writable(kNoPage), kResourceExhausted);
+  REQUIRE(pool->Snapshot() == full);
+  REQUIRE(pool->RefCount(shared) == 2);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("a released cached page becomes evictable and is found again") {
+  auto pool = NewPool(4);
+  const PageId page = CachedPages(*pool, 1, 7)[0];
+  REQUIRE(pool->NumCached() == 1);
+  REQUIRE(pool->Lookup(TestHash(7)) == page);
+  REQUIRE(pool->Lookup(TestHash(8)) == std::nullopt);
+
+  REQUIRE_OK(pool->Release(page));
+  REQUIRE(pool->RefCount(page) == 0);
+  REQUIRE(pool->NumEvictable() == 1);
+  REQUIRE(pool->NumFree() == 4);
+  REQUIRE(pool->NumUsed() == 0);
+  REQUIRE(pool->Lookup(TestHash(7)) == page);
+  REQUIRE(pool->Snapshot().lru == std::vector<PageId>{page});
+
+  // Retain refuses it: only a cache hit revives an evictable page.
+  REQUIRE_STATUS_IS(pool->Retain(page), kFailedPrecondition);
+  REQUIRE_STATUS_IS(pool->Writable(page), kFailedPrecondition);
+
+  const BlockHash chain[] = {TestHash(7)};
+  PageId hits[1] = {kNoPage};
+  auto n = pool->AcquireCachedPrefix(chain, absl::MakeSpan(hits));
+  REQUIRE_OK(n);
+  REQUIRE(*n == 1);
+  REQUIRE(hits[0] == page);
+  REQUIRE(pool->RefCount(page) == 1);
+  REQUIRE(pool->NumEvictable() == 0);
+  REQUIRE(pool->stats().cache_hits == 1);
+  REQUIRE(pool->stats().cache_revivals == 1);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("register cached keeps the first page of a hash") {
+  auto pool = NewPool(4);
+  const PageId first = CachedPages(*pool, 1, 1)[0];
+  const PageId second = MustAllocate(*pool);
+  const BlockPoolSnapshot before = pool->Snapshot();
+
+  auto again = pool->RegisterCached(first, TestHash(1));
+  REQUIRE_OK(again);
+  REQUIRE(*again == first);
+  auto duplicate = pool->RegisterCached(second, TestHash(1));
+  REQUIRE_OK(duplicate);
+  REQUIRE(*duplicate == first);
+  REQUIRE(pool->Snapshot() == before);
+
+  REQUIRE_STATUS_IS(pool->RegisterCached(first, TestHash(2)),
+                    kFailedPrecondition);
+  REQUIRE_STATUS_IS(pool->RegisterCached(3, TestHash(2)), kFailedPrecondition);
+  REQUIRE_STATUS_IS(pool->RegisterCached(kNoPage, TestHash(2)),
+                    kInvalidArgument);
+  REQUIRE_STATUS_IS(pool->RegisterCached(4, TestHash(2)), kInvalidArgument);
+  REQUIRE(pool->Snapshot() == before);
+  REQUIRE(pool->stats().cache_registrations == 1);
+
+  // An evictable page is not in use either.
+  REQUIRE_OK(pool->Release(first));
+  const BlockPoolSnapshot evictable = pool->Snapshot();
+  REQUIRE_STATUS_IS(pool->RegisterCached(first, TestHash(1)),
+                    kFailedPrecondition);
+  REQUIRE(pool->Snapshot() == evictable);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("acquire cached prefix stops at the first miss") {
+  auto pool = NewPool(8);
+  const std::vector<PageId> pages = CachedPages(*pool, 3, 10);
+  REQUIRE_OK(pool->Release(pages[1]));  // Evictable; the others stay used.
+
+  const BlockHash chain[] = {TestHash(10), TestHash(11), TestHash(99),
+                             TestHash(12)};
+  std::vector<PageId> hits(4, kNoPage);
+  auto n = pool->AcquireCachedPrefix(chain, absl::MakeSpan(hits));
+  REQUIRE_OK(n);
+  REQUIRE(*n == 2);
+  REQUIRE(hits[0] == pages[0]);
+  REQUIRE(hits[1] == pages[1]);
+  REQUIRE(pool->RefCount(pages[0]) == 2);
+  REQUIRE(pool->RefCount(pages[1]) == 1);
+  REQUIRE(pool->RefCount(pages[2]) == 1);  // After the miss: untouched.
+  REQUIRE(pool->stats().cache_hits == 2);
+  REQUIRE(pool->stats().cache_revivals == 1);
+
+  const BlockHash miss[] = {TestHash(50)};
+  auto none = pool->AcquireCachedPrefix(miss, absl::MakeSpan(hits));
+  REQUIRE_OK(none);
+  REQUIRE(*none == 0);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("acquire cached prefix fails without a change") {
+  auto pool = NewPool(8, {.max_refcount = 2});
+  const std::vector<PageId> pages = CachedPages(*pool, 3, 10);
+  REQUIRE_OK(pool->Release(pages[0]));  // Evictable.
+  REQUIRE_OK(pool->Retain(pages[2]));   // At the maximum.
+  const BlockPoolSnapshot before = pool->Snapshot();
+
+  const BlockHash chain[] = {TestHash(10), TestHash(11), TestHash(12)};
+  std::vector<PageId> short_out(2);
+  REQUIRE_STATUS_IS(pool->AcquireCachedPrefix(chain, absl::MakeSpan(short_out)),
+                    kInvalidArgument);
+  std::vector<PageId> out(3);
+  REQUIRE_STATUS_IS(pool->AcquireCachedPrefix(chain, absl::MakeSpan(out)),
+                    kFailedPrecondition);
+  REQUIRE(pool->Snapshot() == before);
+
+  // A repeated hash takes one reference per occurrence: the second one would
+  // pass the maximum.
+  const BlockHash repeated[] = {TestHash(11), TestHash(11), TestHash(11)};
+  REQUIRE_STATUS_IS(pool->AcquireCachedPrefix(repeated, absl::MakeSpan(out)),
+                    kFailedPrecondition);
+  REQUIRE(pool->Snapshot() == before);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("allocate evicts the least recently released cached page last") {
+  auto pool = NewPool(4);
+  // One sequence of three cached pages, released last page first: the
+  // continuation is evicted before the prefix.
+  const std::vector<PageId> seq = CachedPages(*pool, 3, 0);
+  const PageId plain = MustAllocate(*pool);
+  for (int i = 2; i >= 0; --i) REQUIRE_OK(pool->Release(seq[i]));
+  REQUIRE(pool->Snapshot().lru == std::vector<PageId>{seq[2], seq[1], seq[0]});
+  REQUIRE_OK(pool->Release(plain));
+
+  REQUIRE(MustAllocate(*pool) == plain);  // Plain free pages go first.
+  REQUIRE(pool->stats().evictions == 0);
+  REQUIRE(MustAllocate(*pool) == seq[2]);
+  REQUIRE(pool->stats().evictions == 1);
+  REQUIRE(pool->Lookup(TestHash(2)) == std::nullopt);
+  REQUIRE(pool->Lookup(TestHash(0)) == seq[0]);
+  REQUIRE(pool->NumCached() == 2);
+  REQUIRE(MustAllocate(*pool) == seq[1]);
+  REQUIRE(MustAllocate(*pool) == seq[0]);
+  REQUIRE(pool->NumCached() == 0);
+  REQUIRE(pool->stats().evictions == 3);
+  REQUIRE_STATUS_IS(pool->Allocate(), kResourceExhausted);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("a cache hit moves a page out of the lru list, not to its end") {
+  auto pool = NewPool(3);
+  const std::vector<PageId> pages = CachedPages(*pool, 3, 0);
+  for (PageId page : pages) REQUIRE_OK(pool->Release(page));
+  const BlockHash middle[] = {TestHash(1)};
+  PageId hit = kNoPage;
+  REQUIRE_OK(pool->AcquireCachedPrefix(middle, absl::MakeSpan(&hit, 1)));
+  REQUIRE(pool->Snapshot().lru == std::vector<PageId>{pages[0], pages[2]});
+  REQUIRE_OK(pool->Release(hit));
+  REQUIRE(pool->Snapshot().lru ==
+          std::vector<PageId>{pages[0], pages[2], pages[1]});
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("writable uncaches a sole page and copies a shared one") {
+  auto pool = NewPool(4);
+  const std::vector<PageId> pages = CachedPages(*pool, 2, 0);
+
+  REQUIRE_OK(pool->Retain(pages[1]));
+  auto copy = pool->Writable(pages[1]);
+  REQUIRE_OK(copy);
+  REQUIRE(copy->kind == Kind::kCopy);
+  REQUIRE(pool->Lookup(TestHash(1)) == pages[1]);  // Its content is intact.
+
+  auto in_place = pool->Writable(pages[0]);
+  REQUIRE_OK(in_place);
+  REQUIRE(*in_place == CopyOnWrite{Kind::kExisting, pages[0], kNoPage});
+  REQUIRE(pool->Lookup(TestHash(0)) == std::nullopt);
+  REQUIRE(pool->NumCached() == 1);
+  REQUIRE_OK(pool->Release(pages[0]));
+  REQUIRE(pool->Snapshot().free_stack.back() == pages[0]);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("reset prefix cache frees evictable pages and forgets used ones") {
+  auto pool = NewPool(5);
+  const std::vector<PageId> pages = CachedPages(*pool, 4, 0);
+  REQUIRE_OK(pool->Release(pages[2]));
+  REQUIRE_OK(pool->Release(pages[0]));
+  // LRU: pages[2], pages[0]. Free stack: [4].
+
+  SECTION("outside a transaction") {
+    REQUIRE_OK(pool->ResetPrefixCache());
+    REQUIRE(pool->NumCached() == 0);
+    REQUIRE(pool->NumEvictable() == 0);
+    REQUIRE(pool->NumFree() == 3);
+    REQUIRE(pool->Snapshot().free_stack ==
+            std::vector<PageId>{4, pages[2], pages[0]});
+    REQUIRE(pool->Lookup(TestHash(1)) == std::nullopt);
+    REQUIRE(pool->RefCount(pages[1]) == 1);
+    REQUIRE_OK(pool->Release(pages[1]));  // Now a plain free page.
+    REQUIRE(pool->Snapshot().free_stack.back() == pages[1]);
+    // The index works as before.
+    REQUIRE_OK(pool->RegisterCached(pages[3], TestHash(9)));
+    REQUIRE(pool->Lookup(TestHash(9)) == pages[3]);
+  }
+  SECTION("refused inside a transaction") {
+    const BlockPoolSnapshot before = pool->Snapshot();
+    const BlockPool::Savepoint savepoint = pool->BeginTransaction();
+    REQUIRE_STATUS_IS(pool->ResetPrefixCache(), kFailedPrecondition);
+    REQUIRE(pool->Snapshot() == before);
+    REQUIRE_OK(pool->CommitTransaction(savepoint));
+  }
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("rollback restores the exact state") {
+  auto pool = NewPool(6, {.journal_reserve = 2});  // The journal must grow.
+  const std::vector<PageId> cached = CachedPages(*pool, 4, 0);
+  const PageId shared = MustAllocate(*pool);
+  REQUIRE_OK(pool->Retain(shared));
+  REQUIRE_OK(pool->Release(cached[3]));
+  REQUIRE_OK(pool->Release(cached[1]));
+  REQUIRE_OK(pool->Release(cached[0]));
+  // Used: cached[2] (cached), shared x2. LRU: cached[3], cached[1], cached[0].
+  const BlockPoolSnapshot before = pool->Snapshot();
+
+  const BlockPool::Savepoint savepoint = pool->BeginTransaction();
+  REQUIRE(pool->transaction_depth() == 1);
+  MustAllocate(*pool);  // The last plain free page.
+  MustAllocate(*pool);  // Evicts cached[3].
+  const BlockHash middle[] = {TestHash(1)};
+  PageId hit = kNoPage;
+  REQUIRE_OK(pool->AcquireCachedPrefix(middle, absl::MakeSpan(&hit, 1)));
+  REQUIRE_OK(pool->Writable(cached[2]));  // Uncaches it.
+  REQUIRE_OK(pool->RegisterCached(cached[2], TestHash(20)));
+  REQUIRE_OK(pool->Writable(shared));  // Copies, evicting cached[0].
+  REQUIRE_OK(pool->Release(hit));      // Back to the LRU tail.
+  REQUIRE_OK(pool->Retain(cached[2]));
+  REQUIRE_OK(pool->Release(cached[2]));
+  REQUIRE_OK(pool->Release(shared));  // To the free stack.
+  REQUIRE_OK(pool->CheckInvariants());
+  REQUIRE(pool->stats().evictions == 2);
+  REQUIRE(!(pool->Snapshot() == before));
+
+  REQUIRE_OK(pool->RollbackTransaction(savepoint));
+  REQUIRE(pool->transaction_depth() == 0);
+  REQUIRE(pool->Snapshot() == before);
+  REQUIRE_OK(pool->CheckInvariants());
+  // The rolled-back pool behaves as before: the same evictions in order.
+  REQUIRE(MustAllocate(*pool) == 5);
+  REQUIRE(MustAllocate(*pool) == cached[3]);
+  REQUIRE(MustAllocate(*pool) == cached[1]);
+}
+
+TEST_CASE("transactions nest and commit keeps the changes") {
+  auto pool = NewPool(4);
+  const BlockPool::Savepoint outer = pool->BeginTransaction();
+  const PageId a = MustAllocate(*pool);
+  const BlockPoolSnapshot after_a = pool->Snapshot();
+
+  const BlockPool::Savepoint inner = pool->BeginTransaction();
+  REQUIRE(pool->transaction_depth() == 2);
+  MustAllocate(*pool);
+  // Only the innermost transaction can be closed.
+  const BlockPoolSnapshot inside = pool->Snapshot();
+  REQUIRE_STATUS_IS(pool->CommitTransaction(outer), kFailedPrecondition);
+  REQUIRE_STATUS_IS(pool->RollbackTransaction(outer), kFailedPrecondition);
+  REQUIRE(pool->Snapshot() == inside);
+  REQUIRE(pool->transaction_depth() == 2);
+  REQUIRE_OK(pool->RollbackTransaction(inner));
+  REQUIRE(pool->Snapshot() == after_a);
+
+  const BlockPool::Savepoint kept = pool->BeginTransaction();
+  const PageId b = MustAllocate(*pool);
+  REQUIRE_OK(pool->CommitTransaction(kept));
+  REQUIRE_OK(pool->CommitTransaction(outer));
+  REQUIRE(pool->transaction_depth() == 0);
+  REQUIRE(pool->RefCount(a) == 1);
+  REQUIRE(pool->RefCount(b) == 1);
+  REQUIRE_STATUS_IS(pool->CommitTransaction(outer), kFailedPrecondition);
+  REQUIRE_STATUS_IS(pool->RollbackTransaction(outer), kFailedPrecondition);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("stats count allocations, copies, hits and the peak") {
+  auto pool = NewPool(4);
+  const std::vector<PageId> pages = CachedPages(*pool, 2, 0);
+  REQUIRE_OK(pool->Retain(pages[0]));
+  REQUIRE_OK(pool->Writable(pages[0]));
+  REQUIRE_OK(pool->Release(pages[1]));
+  const BlockHash chain[] = {TestHash(0), TestHash(1)};
+  PageId hits[2];
+  REQUIRE_OK(pool->AcquireCachedPrefix(chain, absl::MakeSpan(hits)));
+  const BlockPoolStats expected{.allocations = 3,
+                                .evictions = 0,
+                                .cow_copies = 1,
+                                .cache_hits = 2,
+                                .cache_revivals = 1,
+                                .cache_registrations = 2,
+                                .peak_used = 3};
+  REQUIRE(pool->stats() == expected);
+}
+
+TEST_CASE("snapshot debug string shows every part") {
+  auto pool = NewPool(3);
+  CachedPages(*pool, 1, 0x01020304);
+  const std::string text = pool->Snapshot().DebugString();
+  REQUIRE(text.find("refcounts: [1 0 0]") != std::string::npos);
+  REQUIRE(text.find("free_stack: [2 1]") != std::string::npos);
+  REQUIRE(text.find("cached: [0:04030201]") != std::string::npos);
+  REQUIRE(text.find("peak_used=1") != std::string::npos);
+}
+
+TEST_CASE("steady-state operations do not allocate memory") {
+  for (int32_t num_pages : {64, 100000}) {
+    CAPTURE(num_pages);
+    auto pool = NewPool(num_pages);
+    std::vector<PageId> pages(num_pages);
+    std::vector<PageId> hits(8);
+    std::vector<BlockHash> chain(8);
+    bool ok = true;
+    const int64_t before = g_allocations.load();
+    for (int round = 0; round < 4; ++round) {
+      // Fill the pool but one page (for the copy below), caching most pages
+      // under fresh hashes so the index keeps erasing (eviction) and
+      // inserting (registration).
+      ok &= pool->AllocateN(absl::MakeSpan(pages).first(num_pages - 1)).ok();
+      for (int32_t i = 0; i < num_pages - 1; ++i) {
+        if (i % 8 != 7) {
+          const uint32_t id = static_cast<uint32_t>(round * num_pages + i);
+          ok &= pool->RegisterCached(pages[i], TestHash(id)).ok();
+        }
+      }
+      const BlockPool::Savepoint savepoint = pool->BeginTransaction();
+      ok &= pool->Retain(pages[0]).ok();
+      ok &= pool->Writable(pages[0]).ok();
+      ok &= pool->RollbackTransaction(savepoint).ok();
+      for (int32_t i = num_pages - 2; i >= 0; --i) {
+        ok &= pool->Release(pages[i]).ok();
+      }
+      for (int i = 0; i < 8; ++i) {
+        chain[i] = TestHash(static_cast<uint32_t>(round * num_pages + i));
+      }
+      ok &= pool->AcquireCachedPrefix(chain, absl::MakeSpan(hits)).ok();
+      for (int i = 0; i < 7; ++i) ok &= pool->Release(hits[i]).ok();
+    }
+    const int64_t allocated = g_allocations.load() - before;
+    REQUIRE(ok);
+    REQUIRE(allocated == 0);
+    REQUIRE(pool->stats().evictions > 0);
+    REQUIRE_OK(pool->CheckInvariants());
+  }
+}
+
+}  // namespace
+}  // namespace kvblock

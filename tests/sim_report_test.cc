@@ -1,0 +1,114 @@
+// Copyright 2026 The kvblock Authors.
+#include <sstream>
+#include <string>
+
+#include "nlohmann/json.hpp"
+#include "sim/report.h"
+#include "test_util.h"
+
+namespace kvblock::sim {
+namespace {
+
+SimResult SampleResult() {
+  SimResult result;
+  result.requests = 10;
+  result.completed = 9;
+  result.rejected = {{"r7", "its prompt needs 80 pages"}};
+  result.prompt_tokens = 4000;
+  result.prefix_hit_tokens = 1000;
+  result.generated_tokens = 2000;
+  result.steps = 500;
+  result.preemptions = 3;
+  result.cow_copies = 12;
+  result.evictions = 40;
+  result.num_pages = 256;
+  result.peak_pages_used = 250;
+  result.mean_pages_used = 180.5;
+  result.host_ns_total = 5'000'000;
+  result.wall_seconds = 0.5;
+  result.upload_copies = 600;
+  result.upload_bytes = 123456;
+  return result;
+}
+
+RunSetup SampleSetup() {
+  RunSetup setup{
+      .source = "workload mixed (seed 1)", .device = "host", .config = {}};
+  setup.config.kv.num_pages = 256;
+  setup.config.kv.max_batch = 32;
+  setup.config.kv.max_pages_per_seq = 64;
+  setup.config.manager.watermark_pages = 2;
+  return setup;
+}
+
+TEST_CASE("the readable report states every number") {
+  std::ostringstream out;
+  PrintReport(SampleResult(), SampleSetup(), out);
+  const std::string text = out.str();
+  INFO(text);
+  for (const char* line : {
+           "kvblock-sim: workload mixed (seed 1) on host\n",
+           "pool 256 pages x 16 tokens, batch <= 32, 64 pages per sequence, "
+           "2048 tokens per step\n",
+           "prefix caching on (sha256), watermark 2 pages\n",
+           "requests          9 completed, 1 rejected (of 10)\n",
+           "prompt tokens     4000 admitted, 1000 from the prefix cache (25.0% "
+           "hit rate)\n",
+           "generated tokens  2000\n",
+           "steps             500\n",
+           "pages in use      peak 250, mean 180.5 of 256\n",
+           "evictions         40 cached pages reused\n",
+           "preemptions       3 requests recomputed\n",
+           "copy-on-write     12 page copies\n",
+           "host time         5.00 ms in the library, 10.0 us per step\n",
+           "throughput        12000 tokens/s, 1000 steps/s (0.500 s wall)\n",
+           "rejected          r7: its prompt needs 80 pages\n",
+       }) {
+    REQUIRE(text.find(line) != std::string::npos);
+  }
+}
+
+TEST_CASE("the JSON report has the design's fields") {
+  std::ostringstream out;
+  WriteJsonReport(SampleResult(), SampleSetup(), out);
+  const nlohmann::json report = nlohmann::json::parse(out.str());
+  REQUIRE(report["requests"] == 10);
+  REQUIRE(report["completed"] == 9);
+  REQUIRE(report["rejected"] == 1);
+  REQUIRE(report["rejected_requests"][0]["id"] == "r7");
+  REQUIRE(report["prompt_tokens"] == 4000);
+  REQUIRE(report["prefix_hit_tokens"] == 1000);
+  REQUIRE(report["prefix_hit_rate"] == 0.25);
+  REQUIRE(report["generated_tokens"] == 2000);
+  REQUIRE(report["steps"] == 500);
+  REQUIRE(report["preemptions"] == 3);
+  REQUIRE(report["cow_copies"] == 12);
+  REQUIRE(report["evictions"] == 40);
+  REQUIRE(report["peak_pages_used"] == 250);
+  REQUIRE(report["mean_pages_used"] == 180.5);
+  REQUIRE(report["host_ns_total"] == 5'000'000);
+  REQUIRE(report["host_ns_per_step"] == 10'000.0);
+  REQUIRE(report["tokens_per_second"] == 12'000.0);
+  REQUIRE(report["steps_per_second"] == 1'000.0);
+  REQUIRE(report["upload_bytes"] == 123456);
+  REQUIRE(report["device"] == "host");
+  REQUIRE(report["config"]["num_pages"] == 256);
+  REQUIRE(report["config"]["hash"] == "sha256");
+  REQUIRE(report["config"]["prefix_caching"] == true);
+}
+
+TEST_CASE("an empty run reports zero rates, not NaN") {
+  SimResult result;
+  std::ostringstream text;
+  PrintReport(result, SampleSetup(), text);
+  REQUIRE(text.str().find("nan") == std::string::npos);
+  std::ostringstream json;
+  WriteJsonReport(result, SampleSetup(), json);
+  const nlohmann::json report = nlohmann::json::parse(json.str());
+  REQUIRE(report["prefix_hit_rate"] == 0.0);
+  REQUIRE(report["host_ns_per_step"] == 0.0);
+  REQUIRE(report["rejected_requests"].empty());
+}
+
+}  // namespace
+}  // namespace kvblock::sim

@@ -1,0 +1,265 @@
+// Copyright 2026 The kvblock Authors.
+//
+// kvblock-sim: replays a trace or a built-in workload through a simulated
+// continuous-batching scheduler that drives the kvblock library, and prints
+// what the block manager did. See tools/sim/scheduler.h for the loop and
+// DESIGN.md ("kvblock-sim", "Trace format") for the contract.
+//
+// Exit codes: 0 success; 1 a failure at run time (device, file output,
+// library error); 2 bad input (a flag value, a trace line, a workload name).
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "kvblock/block_hash.h"
+#include "kvblock/device.h"
+#include "sim/output_file.h"
+#include "sim/progress.h"
+#include "sim/report.h"
+#include "sim/scheduler.h"
+#include "sim/timeline.h"
+#include "sim/trace.h"
+#include "sim/workloads.h"
+
+ABSL_FLAG(std::string, trace, "",
+          "JSON Lines trace to replay, one request a line (DESIGN.md, "
+          "\"Trace format\"); excludes --workload");
+ABSL_FLAG(std::string, workload, "",
+          "built-in workload: sysprompt, multiturn, parallel, beam, unique or "
+          "mixed (the default when no --trace is given)");
+ABSL_FLAG(uint64_t, seed, 1, "seed of the built-in workload");
+ABSL_FLAG(int32_t, pages, 384, "KV pages in the pool");
+ABSL_FLAG(int32_t, page_size, 16, "tokens per page");
+ABSL_FLAG(int32_t, max_batch, 32,
+          "most sequences running at once (rows of the page table)");
+ABSL_FLAG(int32_t, max_pages_per_seq, 64,
+          "most pages of one sequence (columns of the page table)");
+ABSL_FLAG(int64_t, max_tokens_per_step, 2048,
+          "tokens one step may compute: one per running sequence plus the "
+          "uncached prompt tokens it admits");
+ABSL_FLAG(bool, prefix_caching, true,
+          "share full pages of equal prefixes between requests");
+ABSL_FLAG(std::string, hash, "sha256",
+          "prefix-cache hash: sha256 (collision resistant) or xxh3 (fast, "
+          "trusted prompts only)");
+ABSL_FLAG(double, watermark, 0.01,
+          "fraction of the pool admission leaves free for the appends of "
+          "running sequences, in [0, 1)");
+ABSL_FLAG(std::string, device, "auto",
+          "where the page table and the KV pool live: host, cuda (GPU 0) or "
+          "auto (cuda when a GPU works, else host)");
+ABSL_FLAG(int32_t, num_kv_heads, 2,
+          "KV heads of the simulated model (sizes the KV pool the "
+          "copy-on-write kernel copies in)");
+ABSL_FLAG(int32_t, head_dim, 64, "head dimension of the simulated model");
+ABSL_FLAG(std::string, json, "", "also write the report as JSON to this file");
+ABSL_FLAG(std::string, timeline, "",
+          "write one CSV row per step to this file (for tools/plot)");
+ABSL_FLAG(std::string, plot, "",
+          "write an SVG chart of pages in use, hit rate and batch size over "
+          "steps to this file");
+ABSL_FLAG(std::string, write_trace, "",
+          "write the requests (the workload or trace) as a JSON Lines trace "
+          "to this file and exit without running");
+
+namespace kvblock::sim {
+namespace {
+
+constexpr int kExitFailure = 1;
+constexpr int kExitBadInput = 2;
+
+int Fail(int code, const absl::Status& status) {
+  std::cerr << "kvblock-sim: " << status.message() << '\n';
+  return code;
+}
+
+// The scheduler config the flags describe; InvalidArgument naming the flag.
+absl::StatusOr<SchedulerConfig> ConfigFromFlags() {
+  SchedulerConfig config;
+  config.kv.num_pages = absl::GetFlag(FLAGS_pages);
+  config.kv.page_size = absl::GetFlag(FLAGS_page_size);
+  config.kv.max_batch = absl::GetFlag(FLAGS_max_batch);
+  config.kv.max_pages_per_seq = absl::GetFlag(FLAGS_max_pages_per_seq);
+  config.kv.num_kv_heads = absl::GetFlag(FLAGS_num_kv_heads);
+  config.kv.head_dim = absl::GetFlag(FLAGS_head_dim);
+  if (absl::Status status = config.kv.Validate(); !status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad geometry (--pages, --page_size, --max_batch, --max_pages_per_seq,"
+        " --num_kv_heads, --head_dim): ",
+        status.message()));
+  }
+  config.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
+  if (config.max_tokens_per_step <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_tokens_per_step must be positive, got ",
+                     config.max_tokens_per_step));
+  }
+  config.manager.enable_prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
+  const std::string hash = absl::GetFlag(FLAGS_hash);
+  if (hash == "sha256") {
+    config.manager.hash_algorithm = HashAlgorithm::kSha256;
+  } else if (hash == "xxh3" || hash == "xxh3_128") {
+    config.manager.hash_algorithm = HashAlgorithm::kXxh3_128;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--hash must be sha256 or xxh3, got '", hash, "'"));
+  }
+  const double watermark = absl::GetFlag(FLAGS_watermark);
+  if (!(watermark >= 0 && watermark < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--watermark must be in [0, 1), got ", watermark));
+  }
+  config.manager.watermark_pages =
+      static_cast<int32_t>(std::floor(watermark * config.kv.num_pages));
+  return config;
+}
+
+// The requests the flags name, validated for `config`, and a description.
+absl::StatusOr<std::vector<Request>> RequestsFromFlags(
+    const SchedulerConfig& config, std::string& source) {
+  const std::string trace = absl::GetFlag(FLAGS_trace);
+  std::string workload = absl::GetFlag(FLAGS_workload);
+  if (!trace.empty()) {
+    if (!workload.empty()) {
+      return absl::InvalidArgumentError(
+          "--trace and --workload exclude each other");
+    }
+    source = absl::StrCat("trace ", trace);
+    return ReadTraceFile(trace, TraceLimitsFor(config));
+  }
+  if (workload.empty()) workload = std::string(kDefaultWorkload);
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  source = absl::StrCat("workload ", workload, " (seed ", seed, ")");
+  absl::StatusOr<std::vector<Request>> requests = MakeWorkload(workload, seed);
+  if (!requests.ok()) return requests.status();
+  if (absl::Status status = ValidateRequests(*requests, TraceLimitsFor(config));
+      !status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "workload ", workload, " does not fit the flags: ", status.message()));
+  }
+  return requests;
+}
+
+absl::StatusOr<std::unique_ptr<Device>> DeviceFromFlags() {
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (device == "host") return Device::Host();
+  if (device == "cuda") return Device::Cuda(0);
+  if (device == "auto") {
+    absl::StatusOr<std::unique_ptr<Device>> cuda = Device::Cuda(0);
+    if (cuda.ok()) return cuda;
+    return Device::Host();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--device must be auto, host or cuda, got '", device, "'"));
+}
+
+int Main() {
+  absl::StatusOr<SchedulerConfig> config = ConfigFromFlags();
+  if (!config.ok()) return Fail(kExitBadInput, config.status());
+  std::string source;
+  absl::StatusOr<std::vector<Request>> requests =
+      RequestsFromFlags(*config, source);
+  if (!requests.ok()) {
+    return Fail(requests.status().code() == absl::StatusCode::kInvalidArgument
+                    ? kExitBadInput
+                    : kExitFailure,
+                requests.status());
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_write_trace);
+      !path.empty()) {
+    absl::Status status = WriteToFile(
+        path, [&](std::ostream& out) { WriteTrace(*requests, out); });
+    if (!status.ok()) return Fail(kExitFailure, status);
+    std::cout << "kvblock-sim: wrote " << requests->size() << " requests of "
+              << source << " to " << path << '\n';
+    return 0;
+  }
+  absl::StatusOr<std::unique_ptr<Device>> device = DeviceFromFlags();
+  if (!device.ok()) {
+    return Fail(device.status().code() == absl::StatusCode::kInvalidArgument
+                    ? kExitBadInput
+                    : kExitFailure,
+                device.status());
+  }
+  absl::StatusOr<std::unique_ptr<Scheduler>> scheduler =
+      Scheduler::Create(*config, **device);
+  if (!scheduler.ok()) return Fail(kExitFailure, scheduler.status());
+
+  ProgressLine progress(std::cerr, isatty(STDERR_FILENO) != 0,
+                        std::chrono::milliseconds(250));
+  absl::StatusOr<SimResult> result =
+      (*scheduler)->Run(*requests, [&](const Progress& p) {
+        progress.Update(p);
+      });
+  progress.Finish();
+  if (!result.ok()) return Fail(kExitFailure, result.status());
+
+  const RunSetup setup{.source = source,
+                       .device = std::string((*device)->name()),
+                       .config = *config};
+  PrintReport(*result, setup, std::cout);
+  std::vector<absl::Status> writes;
+  if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
+    writes.push_back(WriteToFile(path, [&](std::ostream& out) {
+      WriteJsonReport(*result, setup, out);
+    }));
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_timeline); !path.empty()) {
+    writes.push_back(WriteToFile(path, [&](std::ostream& out) {
+      WriteTimelineCsv(result->timeline, out);
+    }));
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_plot); !path.empty()) {
+    writes.push_back(WriteToFile(path, [&](std::ostream& out) {
+      WriteSvgChart(result->timeline, result->num_pages, out);
+    }));
+  }
+  int code = 0;
+  for (const absl::Status& status : writes) {
+    if (!status.ok()) code = Fail(kExitFailure, status);
+  }
+  return code;
+}
+
+}  // namespace
+}  // namespace kvblock::sim
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "replays a trace or a built-in workload through a continuous-batching "
+      "scheduler driving the kvblock library, and reports prefix hits, pages "
+      "in use, evictions, preemptions, copy-on-write copies and host time.\n"
+      "  kvblock-sim                         the mixed workload\n"
+      "  kvblock-sim --workload=beam --json=report.json\n"
+      "  kvblock-sim --trace=requests.jsonl --pages=2048 --timeline=t.csv\n"
+      "Exit codes: 0 ok, 1 run-time failure, 2 bad input.");
+  // --help lists this file's flags (Abseil's default matches only files
+  // named after the binary).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view file) {
+    return absl::EndsWith(file, "sim/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
+  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    std::cerr << "kvblock-sim: unexpected argument '" << positional[1]
+              << "' (flags only; see --help)\n";
+    return kvblock::sim::kExitBadInput;
+  }
+  return kvblock::sim::Main();
+}

@@ -1,0 +1,153 @@
+// Copyright 2026 The kvblock Authors.
+#include "sim/report.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "kvblock/block_hash.h"
+#include "nlohmann/json.hpp"
+
+namespace kvblock::sim {
+namespace {
+
+// Rejected requests the readable report lists before summarizing the rest.
+constexpr size_t kListedRejections = 10;
+
+// The ratios both reports give.
+struct Rates {
+  double hit_rate = 0;  // prefix_hit_tokens / prompt_tokens.
+  double host_ns_per_step = 0;
+  double tokens_per_second = 0;
+  double steps_per_second = 0;
+};
+
+double Ratio(double numerator, double denominator) {
+  return denominator > 0 ? numerator / denominator : 0;
+}
+
+Rates RatesOf(const SimResult& result) {
+  return {
+      .hit_rate = Ratio(static_cast<double>(result.prefix_hit_tokens),
+                        static_cast<double>(result.prompt_tokens)),
+      .host_ns_per_step = Ratio(static_cast<double>(result.host_ns_total),
+                                static_cast<double>(result.steps)),
+      .tokens_per_second = Ratio(
+          static_cast<double>(result.prompt_tokens + result.generated_tokens),
+          result.wall_seconds),
+      .steps_per_second =
+          Ratio(static_cast<double>(result.steps), result.wall_seconds),
+  };
+}
+
+// "950 ns", "12.3 us", "4.56 ms" or "1.23 s".
+std::string FormatNanos(double ns) {
+  if (ns < 1e3) return absl::StrFormat("%.0f ns", ns);
+  if (ns < 1e6) return absl::StrFormat("%.1f us", ns / 1e3);
+  if (ns < 1e9) return absl::StrFormat("%.2f ms", ns / 1e6);
+  return absl::StrFormat("%.2f s", ns / 1e9);
+}
+
+}  // namespace
+
+void PrintReport(const SimResult& result, const RunSetup& setup,
+                 std::ostream& out) {
+  const SchedulerConfig& config = setup.config;
+  const Rates rates = RatesOf(result);
+  out << absl::StrFormat("kvblock-sim: %s on %s\n", setup.source, setup.device);
+  out << absl::StrFormat(
+      "  pool %d pages x %d tokens, batch <= %d, %d pages per sequence, "
+      "%d tokens per step\n",
+      config.kv.num_pages, config.kv.page_size, config.kv.max_batch,
+      config.kv.max_pages_per_seq, config.max_tokens_per_step);
+  out << absl::StrFormat("  prefix caching %s (%s), watermark %d pages\n\n",
+                         config.manager.enable_prefix_caching ? "on" : "off",
+                         HashAlgorithmName(config.manager.hash_algorithm),
+                         config.manager.watermark_pages);
+  out << absl::StrFormat(
+      "requests          %d completed, %d rejected (of %d)\n", result.completed,
+      result.rejected.size(), result.requests);
+  out << absl::StrFormat(
+      "prompt tokens     %d admitted, %d from the prefix cache "
+      "(%.1f%% hit rate)\n",
+      result.prompt_tokens, result.prefix_hit_tokens, 100 * rates.hit_rate);
+  out << absl::StrFormat("generated tokens  %d\n", result.generated_tokens);
+  out << absl::StrFormat("steps             %d\n", result.steps);
+  out << absl::StrFormat("pages in use      peak %d, mean %.1f of %d\n",
+                         result.peak_pages_used, result.mean_pages_used,
+                         result.num_pages);
+  out << absl::StrFormat("evictions         %d cached pages reused\n",
+                         result.evictions);
+  out << absl::StrFormat("preemptions       %d requests recomputed\n",
+                         result.preemptions);
+  out << absl::StrFormat("copy-on-write     %d page copies\n",
+                         result.cow_copies);
+  out << absl::StrFormat("host time         %s in the library, %s per step\n",
+                         FormatNanos(static_cast<double>(result.host_ns_total)),
+                         FormatNanos(rates.host_ns_per_step));
+  out << absl::StrFormat(
+      "throughput        %.0f tokens/s, %.0f steps/s (%.3f s wall)\n",
+      rates.tokens_per_second, rates.steps_per_second, result.wall_seconds);
+  const size_t listed = std::min(result.rejected.size(), kListedRejections);
+  for (size_t i = 0; i < listed; ++i) {
+    out << absl::StrFormat("rejected          %s: %s\n", result.rejected[i].id,
+                           result.rejected[i].reason);
+  }
+  if (result.rejected.size() > listed) {
+    out << absl::StrFormat("rejected          ... and %d more\n",
+                           result.rejected.size() - listed);
+  }
+}
+
+void WriteJsonReport(const SimResult& result, const RunSetup& setup,
+                     std::ostream& out) {
+  const SchedulerConfig& config = setup.config;
+  const Rates rates = RatesOf(result);
+  nlohmann::ordered_json report;
+  report["source"] = setup.source;
+  report["device"] = setup.device;
+  report["requests"] = result.requests;
+  report["completed"] = result.completed;
+  report["rejected"] = result.rejected.size();
+  report["prompt_tokens"] = result.prompt_tokens;
+  report["prefix_hit_tokens"] = result.prefix_hit_tokens;
+  report["prefix_hit_rate"] = rates.hit_rate;
+  report["generated_tokens"] = result.generated_tokens;
+  report["steps"] = result.steps;
+  report["preemptions"] = result.preemptions;
+  report["cow_copies"] = result.cow_copies;
+  report["evictions"] = result.evictions;
+  report["num_pages"] = result.num_pages;
+  report["peak_pages_used"] = result.peak_pages_used;
+  report["mean_pages_used"] = result.mean_pages_used;
+  report["host_ns_total"] = result.host_ns_total;
+  report["host_ns_per_step"] = rates.host_ns_per_step;
+  report["wall_seconds"] = result.wall_seconds;
+  report["tokens_per_second"] = rates.tokens_per_second;
+  report["steps_per_second"] = rates.steps_per_second;
+  report["upload_copies"] = result.upload_copies;
+  report["upload_bytes"] = result.upload_bytes;
+  nlohmann::ordered_json& rejected = report["rejected_requests"];
+  rejected = nlohmann::ordered_json::array();
+  for (const RejectedRequest& request : result.rejected) {
+    rejected.push_back({{"id", request.id}, {"reason", request.reason}});
+  }
+  report["config"] = {
+      {"num_pages", config.kv.num_pages},
+      {"page_size", config.kv.page_size},
+      {"max_batch", config.kv.max_batch},
+      {"max_pages_per_seq", config.kv.max_pages_per_seq},
+      {"max_tokens_per_step", config.max_tokens_per_step},
+      {"prefix_caching", config.manager.enable_prefix_caching},
+      {"hash", std::string(HashAlgorithmName(config.manager.hash_algorithm))},
+      {"watermark_pages", config.manager.watermark_pages},
+      {"num_layers", config.kv.num_layers},
+      {"num_kv_heads", config.kv.num_kv_heads},
+      {"head_dim", config.kv.head_dim},
+      {"dtype", std::string(DTypeName(config.kv.dtype))},
+  };
+  out << report.dump(2) << '\n';
+}
+
+}  // namespace kvblock::sim

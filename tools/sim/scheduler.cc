@@ -1,0 +1,585 @@
+// Copyright 2026 The kvblock Authors.
+#include "sim/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_format.h"
+#include "kvblock/kernels.h"
+#include "sim/random.h"
+#include "status_macros.h"
+
+namespace kvblock::sim {
+
+struct SchedulerState {
+  explicit SchedulerState(Device& device) : device(device) {}
+
+  SchedulerConfig config;
+  Device& device;
+  std::unique_ptr<BlockManager> manager;
+  std::unique_ptr<KVPageTable> table;
+  std::unique_ptr<BatchCommit> commit;
+  DeviceBuffer kv_pool;  // every layer's K and V pages.
+  // A step's copy-on-write list, PageId [max_batch, 2]: staged in pinned
+  // memory, copied to the device, read by the copy kernel; `copies_done`
+  // completes when the staging may be rewritten.
+  PinnedBuffer copy_staging;
+  DeviceBuffer copy_list;
+  DeviceEvent copies_done;
+  bool ran = false;
+};
+
+namespace {
+
+// One running sample or beam of a request.
+struct Sequence {
+  SequenceId id = 0;
+  int32_t sample = 0;  // its GeneratedToken stream.
+  // Its partial last page is shared with a sibling forked after the prompt,
+  // so its next append copies the page.
+  bool shared_tail = false;
+};
+
+struct RequestState {
+  const Request* request = nullptr;
+  uint64_t id_hash = 0;
+  std::vector<Sequence> sequences = {};  // running, in creation order.
+  int64_t generated = 0;                 // tokens appended to each sequence.
+  int32_t next_sample = 0;
+  // This step's plan (recomputed on every retry): all sequences leave, the
+  // index of a dropped beam and of a forked one (-1: none), the fork's id.
+  bool finishing = false;
+  int32_t drop = -1;
+  int32_t fork = -1;
+  SequenceId fork_id = 0;
+  SequenceId first_id = 0;  // of an admission: sample i gets first_id + i.
+};
+
+// The beam rule: at `position`, a request with `live` of `width` beams forks
+// beam `fork` and drops beam `drop` (-1: none; never the same beam), keeping
+// 1..width beams.
+void DecideBeams(uint64_t id_hash, int64_t position, int32_t live,
+                 int32_t width, int32_t& fork, int32_t& drop) {
+  const uint64_t h = Mix(id_hash ^ Mix(static_cast<uint64_t>(position)));
+  fork =
+      live < width && (h & 1) == 0 ? static_cast<int32_t>((h >> 8) % live) : -1;
+  drop = -1;
+  if (live > 1 && (h >> 4) % 3 == 0) {
+    drop = static_cast<int32_t>((h >> 16) % live);
+    if (drop == fork) drop = (drop + 1) % live;
+  }
+}
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// One Run: the queue, the running requests and the step being planned.
+class Runner {
+ public:
+  Runner(SchedulerState& state, absl::Span<const Request> requests,
+         const std::function<void(const Progress&)>& progress);
+
+  absl::StatusOr<SimResult> Run();
+
+ private:
+  // Times a library call into host_ns_.
+  template <typename Call>
+  auto Timed(Call&& call) -> decltype(call()) {
+    const auto start = std::chrono::steady_clock::now();
+    auto result = call();
+    host_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::steady_clock::now() - start)
+                    .count();
+    return result;
+  }
+
+  // Fills the plan of this step, admitting at most `admit_limit` requests.
+  absl::Status PlanStep(int64_t admit_limit);
+  // Plans the leaving, appending and forking sequences of running requests.
+  void PlanRunning();
+  // Running sequences once the planned leaves are done.
+  int64_t BatchAfterLeaving() const {
+    return commit_.batch() -
+           static_cast<int64_t>(finished_.size() + preempted_.size());
+  }
+  // Plans admissions from the queue head; rejects requests that never fit.
+  absl::Status PlanAdmissions(int64_t admit_limit);
+  // Applies a committed plan to the request states.
+  void ApplyStep();
+  // Uploads the page table and runs the step's copy-on-write copies.
+  absl::Status RunDevice(absl::Span<const PageCopy> copies);
+  // Makes the latest admitted running request give way after the pool ran
+  // out: preempted and re-queued, or rejected when it ran alone.
+  absl::Status GiveWay();
+  void Reject(RequestState& request, std::string reason);
+  absl::Status CheckFinalState() const;
+
+  SchedulerState& state_;
+  BlockManager& manager_;
+  BatchCommit& commit_;
+  const PagedKvConfig& kv_;
+  const std::function<void(const Progress&)>& progress_;
+
+  std::vector<RequestState> requests_;  // by arrival, ties in trace order.
+  size_t next_arrival_ = 0;
+  std::deque<RequestState*> waiting_;
+  std::vector<RequestState*> running_;        // in admission order.
+  std::vector<RequestState*> still_running_;  // ApplyStep's scratch.
+  absl::flat_hash_map<SequenceId, RequestState*> owner_;
+  SequenceId next_sequence_id_ = 0;
+  int64_t clock_ = 0;
+  int64_t host_ns_ = 0;
+  SimResult result_;
+
+  // The step being planned. Victims of this step (preempted or rejected
+  // while running) stay in the leave lists across retries.
+  std::vector<SequenceId> victims_finished_;
+  std::vector<SequenceId> victims_preempted_;
+  int32_t step_preemptions_ = 0;
+  std::vector<SequenceId> finished_;
+  std::vector<SequenceId> preempted_;
+  std::vector<JoinRequest> joins_;
+  std::vector<TokenId> fork_tokens_;  // reserved: joins_ point into it.
+  std::vector<int32_t> append_counts_;
+  std::vector<TokenId> append_tokens_;
+  absl::flat_hash_map<SequenceId, TokenId> next_token_;
+  int32_t forks_ = 0;
+  int64_t decode_tokens_ = 0;
+  int64_t append_pages_ = 0;  // pages the step's appends may allocate.
+  int64_t admitted_ = 0;      // requests at the queue head admitted.
+};
+
+Runner::Runner(SchedulerState& state, absl::Span<const Request> requests,
+               const std::function<void(const Progress&)>& progress)
+    : state_(state),
+      manager_(*state.manager),
+      commit_(*state.commit),
+      kv_(state.config.kv),
+      progress_(progress) {
+  std::vector<size_t> order(requests.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return requests[a].arrival < requests[b].arrival;
+  });
+  requests_.reserve(requests.size());
+  for (const size_t i : order) {
+    requests_.push_back(
+        {.request = &requests[i], .id_hash = HashId(requests[i].id)});
+  }
+  const size_t max_batch = kv_.max_batch;
+  running_.reserve(max_batch);
+  still_running_.reserve(max_batch);
+  owner_.reserve(max_batch);
+  for (auto* list :
+       {&victims_finished_, &victims_preempted_, &finished_, &preempted_}) {
+    list->reserve(max_batch);
+  }
+  joins_.reserve(max_batch);
+  fork_tokens_.reserve(max_batch);
+  append_counts_.reserve(max_batch);
+  append_tokens_.reserve(max_batch);
+  next_token_.reserve(max_batch);
+  result_.requests = static_cast<int64_t>(requests.size());
+  result_.num_pages = kv_.num_pages;
+}
+
+void Runner::Reject(RequestState& request, std::string reason) {
+  result_.rejected.push_back({request.request->id, std::move(reason)});
+}
+
+void Runner::PlanRunning() {
+  // Leaving sequences first, so forks know the room left in the batch.
+  for (RequestState* r : running_) {
+    r->finishing = r->generated == r->request->max_tokens;
+    r->drop = r->fork = -1;
+    if (r->finishing) {
+      for (const Sequence& s : r->sequences) finished_.push_back(s.id);
+    } else if (r->request->beam > 1) {
+      DecideBeams(r->id_hash, r->generated,
+                  static_cast<int32_t>(r->sequences.size()), r->request->beam,
+                  r->fork, r->drop);
+      if (r->drop >= 0) finished_.push_back(r->sequences[r->drop].id);
+    }
+  }
+  const int64_t batch_after = BatchAfterLeaving();
+  for (RequestState* r : running_) {
+    if (r->finishing) continue;
+    if (r->fork >= 0 && batch_after + forks_ >= kv_.max_batch) r->fork = -1;
+    const int64_t tokens =
+        static_cast<int64_t>(r->request->prompt.size()) + r->generated;
+    for (int32_t i = 0; i < static_cast<int32_t>(r->sequences.size()); ++i) {
+      if (i == r->drop) continue;
+      const Sequence& s = r->sequences[i];
+      next_token_[s.id] = GeneratedToken(*r->request, s.sample, r->generated);
+      ++decode_tokens_;
+      if (tokens % kv_.page_size == 0 || s.shared_tail) ++append_pages_;
+    }
+    if (r->fork >= 0) {
+      r->fork_id = next_sequence_id_ + forks_;
+      fork_tokens_.push_back(
+          GeneratedToken(*r->request, r->next_sample, r->generated));
+      joins_.push_back({.id = r->fork_id,
+                        .fork_of = r->sequences[r->fork].id,
+                        .tokens = absl::MakeConstSpan(&fork_tokens_.back(), 1),
+                        .extra = {}});
+      ++forks_;
+      ++decode_tokens_;
+      ++append_pages_;
+    }
+  }
+}
+
+absl::Status Runner::PlanAdmissions(int64_t admit_limit) {
+  const SchedulerConfig& config = state_.config;
+  const int32_t watermark = config.manager.watermark_pages;
+  int64_t seats = kv_.max_batch - BatchAfterLeaving() - forks_;
+  int64_t budget = config.max_tokens_per_step - decode_tokens_;
+  int64_t pages = Timed([&] { return manager_.pool().NumFree(); }) - watermark -
+                  append_pages_;
+  SequenceId next_id = next_sequence_id_ + forks_;
+  for (size_t i = 0; i < waiting_.size() && admitted_ < admit_limit;) {
+    RequestState& r = *waiting_[i];
+    const Request& request = *r.request;
+    const int32_t samples = request.n;
+    if (samples > seats) break;
+    const HashExtraKeys extra{.cache_salt = request.cache_salt};
+    KVBLOCK_ASSIGN_OR_RETURN(
+        const AdmissionPlan plan,
+        Timed([&] { return manager_.PlanAdmission(request.prompt, extra); }));
+    const int64_t prompt = static_cast<int64_t>(request.prompt.size());
+    const int64_t computed = prompt - plan.hit_tokens;
+    const int64_t prompt_pages = CeilDiv(prompt, kv_.page_size);
+    std::string reason;
+    if (prompt_pages > kv_.num_pages - watermark) {
+      reason = absl::StrFormat(
+          "its prompt needs %d pages, the pool admits %d (%d less a watermark "
+          "of %d)",
+          prompt_pages, kv_.num_pages - watermark, kv_.num_pages, watermark);
+    } else if (computed > config.max_tokens_per_step) {
+      reason = absl::StrFormat(
+          "%d uncached prompt tokens exceed max_tokens_per_step %d", computed,
+          config.max_tokens_per_step);
+    }
+    if (!reason.empty()) {
+      Reject(r, std::move(reason));
+      waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
+      continue;
+    }
+    if (computed > budget || plan.pages_consumed() > pages) break;
+    r.first_id = next_id;
+    joins_.push_back({.id = next_id,
+                      .fork_of = kNoSequence,
+                      .tokens = request.prompt,
+                      .extra = extra});
+    for (int32_t sample = 1; sample < samples; ++sample) {
+      joins_.push_back({.id = next_id + sample,
+                        .fork_of = next_id,
+                        .tokens = {},
+                        .extra = {}});
+    }
+    next_id += samples;
+    seats -= samples;
+    budget -= computed;
+    pages -= plan.pages_consumed();
+    ++admitted_;
+    ++i;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Runner::PlanStep(int64_t admit_limit) {
+  finished_.assign(victims_finished_.begin(), victims_finished_.end());
+  preempted_.assign(victims_preempted_.begin(), victims_preempted_.end());
+  joins_.clear();
+  fork_tokens_.clear();
+  next_token_.clear();
+  forks_ = 0;
+  decode_tokens_ = 0;
+  append_pages_ = 0;
+  admitted_ = 0;
+  PlanRunning();
+  KVBLOCK_RETURN_IF_ERROR(PlanAdmissions(admit_limit));
+  append_counts_.clear();
+  append_tokens_.clear();
+  for (const SequenceId id : commit_.slots()) {
+    const auto it = next_token_.find(id);
+    append_counts_.push_back(it == next_token_.end() ? 0 : 1);
+    if (it != next_token_.end()) append_tokens_.push_back(it->second);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Runner::GiveWay() {
+  if (running_.empty()) {
+    return absl::InternalError(absl::StrFormat(
+        "step %d: out of pages with no request left to preempt", clock_));
+  }
+  RequestState& victim = *running_.back();
+  running_.pop_back();
+  const bool alone = running_.empty();
+  for (const Sequence& s : victim.sequences) {
+    owner_.erase(s.id);
+    (alone ? victims_finished_ : victims_preempted_).push_back(s.id);
+  }
+  victim.sequences.clear();
+  if (alone) {
+    Reject(victim,
+           absl::StrFormat("ran out of pages running alone (pool of %d pages)",
+                           kv_.num_pages));
+    return absl::OkStatus();
+  }
+  // Recompute: the request restarts from its prompt.
+  victim.generated = 0;
+  victim.next_sample = 0;
+  waiting_.push_front(&victim);
+  ++step_preemptions_;
+  return absl::OkStatus();
+}
+
+void Runner::ApplyStep() {
+  const auto erase_sequence = [&](RequestState& r, int32_t index) {
+    owner_.erase(r.sequences[index].id);
+    r.sequences.erase(r.sequences.begin() + index);
+  };
+  still_running_.clear();
+  for (RequestState* r : running_) {
+    if (r->finishing) {
+      for (const Sequence& s : r->sequences) owner_.erase(s.id);
+      r->sequences.clear();
+      ++result_.completed;
+      continue;
+    }
+    for (Sequence& s : r->sequences) s.shared_tail = false;
+    if (r->fork >= 0) {
+      r->sequences.push_back({.id = r->fork_id, .sample = r->next_sample++});
+      owner_[r->fork_id] = r;
+    }
+    if (r->drop >= 0) erase_sequence(*r, r->drop);
+    ++r->generated;
+    still_running_.push_back(r);
+  }
+  next_sequence_id_ += forks_;
+  for (int64_t i = 0; i < admitted_; ++i) {
+    RequestState& r = *waiting_.front();
+    waiting_.pop_front();
+    const Request& request = *r.request;
+    const bool shared =
+        request.n > 1 && request.prompt.size() % kv_.page_size != 0;
+    for (int32_t sample = 0; sample < request.n; ++sample) {
+      r.sequences.push_back(
+          {.id = r.first_id + sample, .sample = sample, .shared_tail = shared});
+      owner_[r.first_id + sample] = &r;
+    }
+    r.next_sample = request.n;
+    next_sequence_id_ += request.n;
+    still_running_.push_back(&r);
+  }
+  running_.swap(still_running_);
+}
+
+absl::Status Runner::RunDevice(absl::Span<const PageCopy> copies) {
+  Device& device = state_.device;
+  KVBLOCK_RETURN_IF_ERROR(
+      Timed([&] { return state_.table->Upload(nullptr); }).status());
+  if (copies.empty()) return absl::OkStatus();
+  if (copies.size() > static_cast<size_t>(kv_.max_batch)) {
+    return absl::InternalError(
+        absl::StrFormat("step %d: %d copies exceed the %d the copy list holds",
+                        clock_, copies.size(), kv_.max_batch));
+  }
+  // The previous step's list may still be in flight from the staging.
+  KVBLOCK_RETURN_IF_ERROR(
+      Timed([&] { return device.WaitEvent(state_.copies_done); }));
+  auto* staging = static_cast<PageId*>(state_.copy_staging.data());
+  for (size_t i = 0; i < copies.size(); ++i) {
+    staging[2 * i] = copies[i].source;
+    staging[2 * i + 1] = copies[i].destination;
+  }
+  return Timed([&]() -> absl::Status {
+    KVBLOCK_RETURN_IF_ERROR(
+        device.CopyToDevice(staging, state_.copy_list.data(),
+                            copies.size() * 2 * sizeof(PageId), nullptr));
+    KVBLOCK_RETURN_IF_ERROR(
+        CopyPages(device, KvPool{.config = kv_, .data = state_.kv_pool.data()},
+                  static_cast<const PageId*>(state_.copy_list.data()),
+                  static_cast<int64_t>(copies.size()), nullptr));
+    return device.RecordEvent(state_.copies_done, nullptr);
+  });
+}
+
+absl::Status Runner::CheckFinalState() const {
+  KVBLOCK_RETURN_IF_ERROR(manager_.CheckInvariants());
+  KVBLOCK_RETURN_IF_ERROR(commit_.CheckInvariants());
+  KVBLOCK_RETURN_IF_ERROR(state_.table->CheckInvariants());
+  if (manager_.num_sequences() != 0 || manager_.pool().NumUsed() != 0) {
+    return absl::InternalError(absl::StrFormat(
+        "after the run %d sequences and %d pages are still in use",
+        manager_.num_sequences(), manager_.pool().NumUsed()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SimResult> Runner::Run() {
+  const auto wall_start = std::chrono::steady_clock::now();
+  const int64_t total = static_cast<int64_t>(requests_.size());
+  double pages_sum = 0;
+  while (next_arrival_ < requests_.size() || !waiting_.empty() ||
+         !running_.empty()) {
+    if (waiting_.empty() && running_.empty()) {
+      clock_ = std::max(clock_, requests_[next_arrival_].request->arrival);
+    }
+    while (next_arrival_ < requests_.size() &&
+           requests_[next_arrival_].request->arrival <= clock_) {
+      waiting_.push_back(&requests_[next_arrival_++]);
+    }
+    const BlockManagerStats before = manager_.stats();
+    victims_finished_.clear();
+    victims_preempted_.clear();
+    step_preemptions_ = 0;
+    int64_t admit_limit = std::numeric_limits<int64_t>::max();
+    absl::StatusOr<StepResult> step = absl::CancelledError("nothing to commit");
+    for (;;) {
+      KVBLOCK_RETURN_IF_ERROR(PlanStep(admit_limit));
+      if (running_.empty() && joins_.empty() && finished_.empty()) break;
+      const StepPlan plan{.finished = finished_,
+                          .preempted = preempted_,
+                          .joins = joins_,
+                          .append_counts = append_counts_,
+                          .append_tokens = append_tokens_};
+      step = Timed([&] { return commit_.Commit(plan); });
+      if (step.ok()) break;
+      if (step.status().code() != absl::StatusCode::kResourceExhausted) {
+        return absl::InternalError(absl::StrFormat(
+            "step %d: commit: %s", clock_, step.status().ToString()));
+      }
+      if (admitted_ > 0) {
+        admit_limit = admitted_ - 1;  // the latest admission waits.
+      } else {
+        KVBLOCK_RETURN_IF_ERROR(GiveWay());
+        admit_limit = 0;
+      }
+    }
+    if (!step.ok()) {
+      // Nothing to commit: planning rejected every waiting request.
+      if (!waiting_.empty()) {
+        return absl::InternalError(absl::StrFormat(
+            "step %d: nothing runs and the queue head cannot be admitted",
+            clock_));
+      }
+      continue;
+    }
+    ApplyStep();
+    KVBLOCK_RETURN_IF_ERROR(RunDevice(step->copies));
+    const BlockManagerStats& after = manager_.stats();
+    const StepRecord record{
+        .step = clock_,
+        .batch = step->batch,
+        .pages_used = after.pages_in_use,
+        .hit_tokens = after.prefix_hit_tokens - before.prefix_hit_tokens,
+        .prompt_tokens = after.prompt_tokens - before.prompt_tokens,
+        .preemptions = step_preemptions_,
+        .cow_copies =
+            static_cast<int32_t>(after.cow_copies - before.cow_copies),
+        .evictions = static_cast<int32_t>(after.evictions - before.evictions),
+    };
+    result_.timeline.push_back(record);
+    result_.preemptions += step_preemptions_;
+    pages_sum += record.pages_used;
+    ++clock_;
+    if (progress_) {
+      progress_({.step = clock_,
+                 .running = static_cast<int64_t>(running_.size()),
+                 .waiting = static_cast<int64_t>(waiting_.size()),
+                 .finished = result_.completed +
+                             static_cast<int64_t>(result_.rejected.size()),
+                 .total = total});
+    }
+  }
+  KVBLOCK_RETURN_IF_ERROR(
+      Timed([&] { return state_.device.Synchronize(nullptr); }));
+  KVBLOCK_RETURN_IF_ERROR(CheckFinalState());
+  const BlockManagerStats& stats = manager_.stats();
+  result_.prompt_tokens = stats.prompt_tokens;
+  result_.prefix_hit_tokens = stats.prefix_hit_tokens;
+  result_.generated_tokens = stats.appended_tokens;
+  result_.cow_copies = stats.cow_copies;
+  result_.evictions = stats.evictions;
+  result_.peak_pages_used = stats.peak_pages_in_use;
+  result_.steps = static_cast<int64_t>(result_.timeline.size());
+  result_.mean_pages_used =
+      result_.steps > 0 ? pages_sum / static_cast<double>(result_.steps) : 0;
+  result_.host_ns_total = host_ns_;
+  result_.upload_copies = state_.table->upload_stats().copies;
+  result_.upload_bytes = state_.table->upload_stats().bytes;
+  result_.wall_seconds = std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - wall_start)
+                             .count();
+  return std::move(result_);
+}
+
+}  // namespace
+
+TraceLimits TraceLimitsFor(const SchedulerConfig& config) {
+  return {.max_tokens_per_seq = config.kv.MaxTokensPerSeq(),
+          .max_samples = config.kv.max_batch};
+}
+
+absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
+    const SchedulerConfig& config, Device& device) {
+  KVBLOCK_RETURN_IF_ERROR(config.kv.Validate());
+  if (config.max_tokens_per_step <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("max_tokens_per_step must be positive, got %d",
+                        config.max_tokens_per_step));
+  }
+  auto state = std::make_unique<SchedulerState>(device);
+  state->config = config;
+  KVBLOCK_ASSIGN_OR_RETURN(state->manager,
+                           BlockManager::Create(config.kv, config.manager));
+  KVBLOCK_ASSIGN_OR_RETURN(
+      state->table,
+      KVPageTable::Create(config.kv.max_batch, config.kv.max_pages_per_seq,
+                          config.kv.num_pages, device));
+  KVBLOCK_ASSIGN_OR_RETURN(state->commit,
+                           BatchCommit::Create(*state->manager, *state->table));
+  KVBLOCK_ASSIGN_OR_RETURN(
+      state->kv_pool, device.Allocate(static_cast<size_t>(
+                          config.kv.num_layers * config.kv.LayerPoolBytes())));
+  const size_t list_bytes =
+      static_cast<size_t>(config.kv.max_batch) * 2 * sizeof(PageId);
+  KVBLOCK_ASSIGN_OR_RETURN(state->copy_staging,
+                           device.AllocatePinned(list_bytes));
+  KVBLOCK_ASSIGN_OR_RETURN(state->copy_list, device.Allocate(list_bytes));
+  KVBLOCK_ASSIGN_OR_RETURN(state->copies_done, device.CreateEvent());
+  return std::unique_ptr<Scheduler>(new Scheduler(std::move(state)));
+}
+
+Scheduler::Scheduler(std::unique_ptr<SchedulerState> state)
+    : state_(std::move(state)) {}
+
+Scheduler::~Scheduler() = default;
+
+absl::StatusOr<SimResult> Scheduler::Run(
+    absl::Span<const Request> requests,
+    const std::function<void(const Progress&)>& progress) {
+  if (state_->ran) {
+    return absl::FailedPreconditionError("scheduler: Run was already called");
+  }
+  KVBLOCK_RETURN_IF_ERROR(
+      ValidateRequests(requests, TraceLimitsFor(state_->config)));
+  state_->ran = true;
+  return Runner(*state_, requests, progress).Run();
+}
+
+const BlockManager& Scheduler::manager() const { return *state_->manager; }
+
+const KVPageTable& Scheduler::page_table() const { return *state_->table; }
+
+}  // namespace kvblock::sim

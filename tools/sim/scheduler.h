@@ -1,0 +1,176 @@
+// Copyright 2026 The kvblock Authors.
+//
+// Scheduler: the continuous-batching serving loop of kvblock-sim, driving the
+// real library (BlockManager + BatchCommit + KVPageTable + the copy kernel on
+// a Device) with a trace of requests, one scheduler step at a time.
+//
+// A step:
+//   1. Requests whose arrival step has come join the FCFS waiting queue.
+//   2. Running requests: those that have generated max_tokens tokens leave
+//      (their sequences finish); every other sequence appends its next token
+//      (GeneratedToken). A beam-search request first applies the beam rule:
+//      a deterministic function of (id, position) forks one beam (when fewer
+//      than W run and the batch has room) and/or drops another (when more
+//      than one runs), so 1..W beams live; a fork joins with its own token.
+//   3. Admission, FCFS from the queue head, stopping at the first request
+//      that does not fit: the batch must have room for its samples, the
+//      step's token budget (max_tokens_per_step, minus one token per
+//      appending sequence) for its prompt tokens not served by prefix hits,
+//      and the allocatable pages (free + evictable, less the watermark and
+//      the pages this step's appends may take) for the pages
+//      BlockManager::PlanAdmission says it consumes. A request with n > 1
+//      joins as its prompt plus n - 1 forks of it (forks are not prefix
+//      hits); a beam request joins with one beam.
+//   4. The step is committed through BatchCommit as one transaction. When
+//      it fails with ResourceExhausted, the most recently admitted request
+//      gives way and the step is planned and committed again: first this
+//      step's admissions (latest first; they stay queued), then running
+//      requests, which are preempted (every sequence; recompute: the request
+//      restarts from its prompt) and re-queued at the front of the queue.
+//   5. The page table is uploaded (KVPageTable::Upload) and the step's
+//      copy-on-write copies run through the copy kernel on the device's KV
+//      pool.
+//
+// Rejection: a request that can never run is reported as rejected and the
+// rest run: a prompt needing more pages than the pool holds (less the
+// watermark), a prompt whose uncached tokens exceed max_tokens_per_step (no
+// chunked prefill), or a request that runs out of pages while it is the only
+// one running.
+//
+// Host time (SimResult::host_ns_total) is the wall time spent inside library
+// calls: planning, commits, uploads, copy launches and device waits.
+//
+// After a run every sequence has left: every page is free or evictable, and
+// the manager, commit layer and page table pass CheckInvariants (Run checks).
+//
+// Complexity: per step O(batch + pages touched) plus the library's own work;
+// idle stretches between arrivals are skipped, not stepped through.
+// Thread safety: thread-compatible; one thread owns a Scheduler, its Device
+// and the callbacks it runs.
+#ifndef KVBLOCK_TOOLS_SIM_SCHEDULER_H_
+#define KVBLOCK_TOOLS_SIM_SCHEDULER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kvblock/batch_commit.h"
+#include "kvblock/block_manager.h"
+#include "kvblock/config.h"
+#include "kvblock/device.h"
+#include "kvblock/page_table.h"
+#include "sim/trace.h"
+
+namespace kvblock::sim {
+
+struct SchedulerConfig {
+  // Pool and table geometry (num_pages, page_size, max_batch,
+  // max_pages_per_seq) and the KV geometry of the device pool the copy
+  // kernel works on.
+  PagedKvConfig kv;
+  // Prefix caching, hash algorithm, watermark pages.
+  BlockManagerOptions manager;
+  // Tokens one step may compute: one per appending sequence plus the
+  // uncached prompt tokens of the requests it admits. Positive.
+  int64_t max_tokens_per_step = 2048;
+};
+
+// One committed step (a row of --timeline).
+struct StepRecord {
+  int64_t step = 0;           // the scheduler clock.
+  int32_t batch = 0;          // running sequences after the step.
+  int32_t pages_used = 0;     // pages with refcount > 0 after the step.
+  int64_t hit_tokens = 0;     // prompt tokens served from the prefix cache.
+  int64_t prompt_tokens = 0;  // prompt tokens admitted.
+  int32_t preemptions = 0;    // requests preempted.
+  int32_t cow_copies = 0;
+  int32_t evictions = 0;
+
+  friend bool operator==(const StepRecord&, const StepRecord&) = default;
+};
+
+struct RejectedRequest {
+  std::string id;
+  std::string reason;
+};
+
+struct SimResult {
+  int64_t requests = 0;   // in the trace.
+  int64_t completed = 0;  // ran to max_tokens.
+  std::vector<RejectedRequest> rejected;
+  // The library's counts (BlockManagerStats): prompts of every admission
+  // (re-admissions after preemption included), the part of them served from
+  // the prefix cache in whole pages, and tokens appended to sequences (every
+  // sample and beam).
+  int64_t prompt_tokens = 0;
+  int64_t prefix_hit_tokens = 0;
+  int64_t generated_tokens = 0;
+  int64_t steps = 0;        // committed steps.
+  int64_t preemptions = 0;  // requests preempted.
+  int64_t cow_copies = 0;
+  int64_t evictions = 0;
+  int32_t num_pages = 0;
+  int32_t peak_pages_used = 0;
+  double mean_pages_used = 0;  // over committed steps.
+  int64_t host_ns_total = 0;   // inside library calls.
+  double wall_seconds = 0;     // of the whole run.
+  int64_t upload_copies = 0;   // page-table host-to-device copies.
+  int64_t upload_bytes = 0;
+  std::vector<StepRecord> timeline;
+};
+
+// A snapshot for progress displays, passed after every committed step.
+struct Progress {
+  int64_t step = 0;
+  int64_t running = 0;   // requests.
+  int64_t waiting = 0;   // requests arrived and queued.
+  int64_t finished = 0;  // completed or rejected.
+  int64_t total = 0;
+};
+
+// The library objects a Scheduler owns (defined in scheduler.cc).
+struct SchedulerState;
+
+// The limits a trace must meet to run under `config`: a sequence of
+// max_pages_per_seq pages, max_batch samples.
+TraceLimits TraceLimitsFor(const SchedulerConfig& config);
+
+class Scheduler {
+ public:
+  // A scheduler over a fresh manager, page table and KV pool on `device`
+  // (which must outlive it). InvalidArgument for a config that fails
+  // Validate() or a non-positive max_tokens_per_step; the errors of
+  // BlockManager::Create, KVPageTable::Create and BatchCommit::Create; and
+  // ResourceExhausted when the device cannot hold the KV pool.
+  static absl::StatusOr<std::unique_ptr<Scheduler>> Create(
+      const SchedulerConfig& config, Device& device);
+
+  ~Scheduler();
+
+  // Runs `requests` until each has completed or been rejected, calling
+  // `progress` (when set) after every step. InvalidArgument when the
+  // requests fail ValidateRequests for this config; FailedPrecondition on a
+  // second call; Internal when the library fails in a way the scheduler does
+  // not plan for (the message names the step) or an invariant is broken
+  // after the run.
+  absl::StatusOr<SimResult> Run(
+      absl::Span<const Request> requests,
+      const std::function<void(const Progress&)>& progress = {});
+
+  const BlockManager& manager() const;
+  const KVPageTable& page_table() const;
+
+ private:
+  explicit Scheduler(std::unique_ptr<SchedulerState> state);
+
+  std::unique_ptr<SchedulerState> state_;
+};
+
+}  // namespace kvblock::sim
+
+#endif  // KVBLOCK_TOOLS_SIM_SCHEDULER_H_

@@ -1,0 +1,146 @@
+// Copyright 2026 The kvblock Authors.
+#include "sim/timeline.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+
+namespace kvblock::sim {
+namespace {
+
+// Chart geometry, in SVG user units.
+constexpr double kWidth = 800;
+constexpr double kLeft = 64;  // room for the y labels.
+constexpr double kRight = 16;
+constexpr double kTitle = 28;   // above each panel.
+constexpr double kPanel = 130;  // plot height of a panel.
+constexpr double kBottom = 40;  // x labels under the last panel.
+constexpr int kPanels = 3;
+
+// One chart point: a bucket of consecutive steps.
+struct Point {
+  int64_t step = 0;     // the bucket's last step.
+  double pages = 0;     // maximum in the bucket.
+  double hit_rate = 0;  // cumulative, percent, at the bucket's end.
+  double batch = 0;     // maximum in the bucket.
+};
+
+std::vector<Point> Bucket(absl::Span<const StepRecord> steps) {
+  const size_t per_point =
+      (steps.size() + kChartPoints - 1) / static_cast<size_t>(kChartPoints);
+  std::vector<Point> points;
+  points.reserve(std::min(steps.size(), static_cast<size_t>(kChartPoints)));
+  int64_t hits = 0;
+  int64_t prompts = 0;
+  for (size_t begin = 0; begin < steps.size(); begin += per_point) {
+    Point point;
+    const size_t end = std::min(steps.size(), begin + per_point);
+    for (size_t i = begin; i < end; ++i) {
+      point.pages = std::max<double>(point.pages, steps[i].pages_used);
+      point.batch = std::max<double>(point.batch, steps[i].batch);
+      hits += steps[i].hit_tokens;
+      prompts += steps[i].prompt_tokens;
+    }
+    point.step = steps[end - 1].step;
+    point.hit_rate = prompts > 0 ? 100.0 * hits / prompts : 0;
+    points.push_back(point);
+  }
+  return points;
+}
+
+// One panel: a frame, its title and y range, and one line of `value` over
+// steps [first, last].
+void DrawPanel(std::ostream& out, int index, const std::string& title,
+               const char* color, double y_max, const std::string& y_max_label,
+               int64_t first, int64_t last, const std::vector<Point>& points,
+               double Point::*value) {
+  const double top = index * (kTitle + kPanel) + kTitle;
+  const double plot_width = kWidth - kLeft - kRight;
+  out << absl::StrFormat(
+      "<text x=\"%.0f\" y=\"%.0f\" font-weight=\"bold\">%s</text>\n", kLeft,
+      top - 8, title);
+  out << absl::StrFormat(
+      "<rect x=\"%.0f\" y=\"%.0f\" width=\"%.0f\" height=\"%.0f\" "
+      "fill=\"none\" stroke=\"#999\"/>\n",
+      kLeft, top, plot_width, kPanel);
+  out << absl::StrFormat(
+      "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%s</text>\n", kLeft - 6,
+      top + 10, y_max_label);
+  out << absl::StrFormat(
+      "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">0</text>\n", kLeft - 6,
+      top + kPanel);
+  const double x_span = std::max<double>(1, last - first);
+  out << absl::StrFormat(
+      "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"",
+      color);
+  for (const Point& point : points) {
+    const double x = kLeft + plot_width * (point.step - first) / x_span;
+    const double y =
+        top + kPanel -
+        kPanel * std::min(1.0, point.*value / std::max(1.0, y_max));
+    out << absl::StrFormat("%.1f,%.1f ", x, y);
+  }
+  out << "\"/>\n";
+}
+
+}  // namespace
+
+void WriteTimelineCsv(absl::Span<const StepRecord> steps, std::ostream& out) {
+  out << "step,batch,pages_used,hit_tokens,prompt_tokens,preemptions,"
+         "cow_copies,evictions\n";
+  for (const StepRecord& s : steps) {
+    out << absl::StrFormat("%d,%d,%d,%d,%d,%d,%d,%d\n", s.step, s.batch,
+                           s.pages_used, s.hit_tokens, s.prompt_tokens,
+                           s.preemptions, s.cow_copies, s.evictions);
+  }
+}
+
+void WriteSvgChart(absl::Span<const StepRecord> steps, int32_t num_pages,
+                   std::ostream& out) {
+  const double height = kPanels * (kTitle + kPanel) + kBottom;
+  out << absl::StrFormat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" "
+      "height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" "
+      "font-size=\"12\">\n"
+      "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+      kWidth, height, kWidth, height);
+  if (steps.empty()) {
+    out << "<text x=\"16\" y=\"32\">kvblock-sim: no steps were run</text>\n"
+        << "</svg>\n";
+    return;
+  }
+  const std::vector<Point> points = Bucket(steps);
+  const int64_t first = steps.front().step;
+  const int64_t last = steps.back().step;
+  double peak_pages = 0;
+  double peak_batch = 0;
+  for (const Point& point : points) {
+    peak_pages = std::max(peak_pages, point.pages);
+    peak_batch = std::max(peak_batch, point.batch);
+  }
+  DrawPanel(
+      out, 0,
+      absl::StrFormat("pages in use (peak %.0f of %d)", peak_pages, num_pages),
+      "#1f77b4", num_pages, absl::StrFormat("%d", num_pages), first, last,
+      points, &Point::pages);
+  DrawPanel(out, 1,
+            absl::StrFormat("prefix hit rate, cumulative (%.1f%% at the end)",
+                            points.back().hit_rate),
+            "#2ca02c", 100, "100%", first, last, points, &Point::hit_rate);
+  DrawPanel(out, 2, absl::StrFormat("batch size (peak %.0f)", peak_batch),
+            "#d62728", peak_batch, absl::StrFormat("%.0f", peak_batch), first,
+            last, points, &Point::batch);
+  const double axis_y = kPanels * (kTitle + kPanel) + 16;
+  out << absl::StrFormat(
+      "<text x=\"%.0f\" y=\"%.0f\">%d</text>\n"
+      "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">step</text>\n"
+      "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"end\">%d</text>\n",
+      kLeft, axis_y, first, (kWidth + kLeft - kRight) / 2, axis_y,
+      kWidth - kRight, axis_y, last);
+  out << "</svg>\n";
+}
+
+}  // namespace kvblock::sim
