@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "fault_injection.h"
 #include "status_macros.h"
 
 namespace kvblock {
@@ -88,6 +89,12 @@ BlockPool::BlockPool(int32_t num_pages, const BlockPoolOptions& options)
   journal_.reserve(options.journal_reserve);
 }
 
+absl::Status BlockPool::InjectedAllocationFault() const {
+  if (!internal::FaultInjection::ShouldFail()) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "block pool: injected allocation fault (", NumFree(), " pages free)"));
+}
+
 absl::Status BlockPool::CheckRange(PageId page) const {
   if (page >= 0 && page < num_pages_) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
@@ -155,6 +162,7 @@ absl::StatusOr<PageId> BlockPool::Allocate() {
     return absl::ResourceExhaustedError(
         absl::StrCat("block pool: all ", num_pages_, " pages are in use"));
   }
+  KVBLOCK_RETURN_IF_ERROR(InjectedAllocationFault());
   return AllocateUnchecked();
 }
 
@@ -164,12 +172,19 @@ absl::Status BlockPool::AllocateN(absl::Span<PageId> pages) {
         absl::StrCat("block pool: ", pages.size(), " pages requested, ",
                      NumFree(), " of ", num_pages_, " allocatable"));
   }
+  for (size_t i = 0; i < pages.size(); ++i) {
+    KVBLOCK_RETURN_IF_ERROR(InjectedAllocationFault());
+  }
   for (PageId& page : pages) page = AllocateUnchecked();
   return absl::OkStatus();
 }
 
 absl::Status BlockPool::Retain(PageId page) {
   if (absl::Status status = CheckUsed(page); !status.ok()) return status;
+  if (internal::FaultInjection::ShouldFail()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("block pool: injected fault retaining page ", page));
+  }
   if (refcount_[page] == max_refcount_) {
     return absl::FailedPreconditionError(
         absl::StrCat("block pool: page ", page, " refcount is at the maximum ",
@@ -212,6 +227,7 @@ absl::StatusOr<CopyOnWrite> BlockPool::Writable(PageId page) {
         page == kNoPage ? "allocate" : absl::StrCat("copy page ", page, " to"),
         ", all ", num_pages_, " pages are in use"));
   }
+  KVBLOCK_RETURN_IF_ERROR(InjectedAllocationFault());
   const PageId destination = AllocateUnchecked();
   if (page == kNoPage) {
     return CopyOnWrite{CopyOnWrite::Kind::kAllocated, destination, kNoPage};
@@ -261,6 +277,11 @@ absl::StatusOr<int32_t> BlockPool::AcquireCachedPrefix(
     const auto it = index_.find(hash);
     if (it == index_.end()) break;
     const PageId page = it->second;
+    if (internal::FaultInjection::ShouldFail()) {
+      RollbackTransaction(savepoint).IgnoreError();  // Innermost: cannot fail.
+      return absl::FailedPreconditionError(absl::StrCat(
+          "block pool: injected fault acquiring cached page ", page));
+    }
     if (refcount_[page] == max_refcount_) {
       RollbackTransaction(savepoint).IgnoreError();  // Innermost: cannot fail.
       return absl::FailedPreconditionError(

@@ -272,6 +272,9 @@ class BlockPool {
 
   BlockPool(int32_t num_pages, const BlockPoolOptions& options);
 
+  // ResourceExhausted when a rollback test injects a fault here
+  // (lib/fault_injection.h); OK otherwise.
+  absl::Status InjectedAllocationFault() const;
   absl::Status CheckRange(PageId page) const;
   absl::Status CheckUsed(PageId page) const;
   // Allocate() after the caller checked NumFree() > 0.
