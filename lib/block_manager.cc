@@ -437,8 +437,8 @@ absl::Status BlockManager::Remove(SequenceId id, bool preempted) {
                       .count = table.num_pages()};
     const auto pages = table.entries().first(table.num_pages());
     page_arena_.insert(page_arena_.end(), pages.begin(), pages.end());
-    journal_.push_back(record);
     KVBLOCK_RETURN_IF_ERROR(table.ReleaseAll(*pool_));
+    journal_.push_back(record);
     slot_of_.erase(id);
     pending_free_.push_back(slot);
     ++(preempted ? stats_.preemptions : stats_.freed);
