@@ -52,7 +52,8 @@ struct DecodeLayout {
 template <typename T, int kHeadDim>
 constexpr int64_t DecodeSmemBytes(int group, int partition) {
   using L = DecodeLayout<T, kHeadDim>;
-  const int64_t passes = 16 * int64_t{partition} + 4 * int64_t{group} * partition;
+  const int64_t passes =
+      16 * int64_t{partition} + 4 * int64_t{group} * partition;
   const int64_t lanes = kDecodeThreads / (L::kTpr * group);
   const int64_t reduce = 4 * lanes * group * kHeadDim;
   return (passes > reduce ? passes : reduce) + 8 * int64_t{group};
@@ -141,15 +142,16 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const int32_t v_page = v_ids[logical_page];
     const bool usable = k_page >= 0 && k_page < pool.num_pages &&
                         v_page >= pool.num_pages && v_page < 2 * pool.num_pages;
-    k_rows[t] = usable ? (int64_t{k_page} * pool.page_size + in_page) * row_elems
-                       : -1;
-    v_rows[t] = usable ? (int64_t{v_page} * pool.page_size + in_page) * row_elems
-                       : -1;
+    k_rows[t] =
+        usable ? (int64_t{k_page} * pool.page_size + in_page) * row_elems : -1;
+    v_rows[t] =
+        usable ? (int64_t{v_page} * pool.page_size + in_page) * row_elems : -1;
   }
 
   // Query in registers, in the log2 domain.
   float q[L::kElems];
-  const uint4* q_vecs = reinterpret_cast<const uint4*>(query + q_row * kHeadDim);
+  const uint4* q_vecs =
+      reinterpret_cast<const uint4*>(query + q_row * kHeadDim);
 #pragma unroll
   for (int c = 0; c < L::kVecsPerThread; ++c) {
     float f[L::kVec];
@@ -172,8 +174,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
     for (int u = 0; u < L::kUnroll; ++u) {
       const int t = base + u * num_lanes + lane;
       const int64_t offset = active && t < n ? k_rows[t] : -1;
-      const uint4* row =
-          reinterpret_cast<const uint4*>(layer_base + (offset >= 0 ? offset : 0));
+      const uint4* row = reinterpret_cast<const uint4*>(
+          layer_base + (offset >= 0 ? offset : 0));
 #pragma unroll
       for (int c = 0; c < L::kVecsPerThread; ++c) {
         k[u][c] = offset >= 0 ? row[c * L::kTpr + tx] : uint4{};
@@ -233,8 +235,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
       const int t = base + u * num_lanes + lane;
       const int64_t offset = active && t < n ? v_rows[t] : -1;
       p[u] = offset >= 0 ? logits[head * partition + t] : 0.f;
-      const uint4* row =
-          reinterpret_cast<const uint4*>(layer_base + (offset >= 0 ? offset : 0));
+      const uint4* row = reinterpret_cast<const uint4*>(
+          layer_base + (offset >= 0 ? offset : 0));
 #pragma unroll
       for (int c = 0; c < L::kVecsPerThread; ++c) {
         v[u][c] = offset >= 0 ? row[c * L::kTpr + tx] : uint4{};
@@ -259,8 +261,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
     for (int c = 0; c < L::kVecsPerThread; ++c) {
 #pragma unroll
       for (int e = 0; e < L::kVec; ++e) {
-        partial[(lane * group + head) * kHeadDim + (c * L::kTpr + tx) * L::kVec +
-                e] = acc[c * L::kVec + e];
+        partial[(lane * group + head) * kHeadDim +
+                (c * L::kTpr + tx) * L::kVec + e] = acc[c * L::kVec + e];
       }
     }
   }
@@ -270,7 +272,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
     const int h = i / kHeadDim;
     const int d = i % kHeadDim;
     float sum = 0.f;
-    for (int l = 0; l < num_lanes; ++l) sum += partial[(l * group + h) * kHeadDim + d];
+    for (int l = 0; l < num_lanes; ++l)
+      sum += partial[(l * group + h) * kHeadDim + d];
     const float total = head_sum[h];
     const float value = total > 0.f ? sum / total : 0.f;
     if (num_parts == 1) {

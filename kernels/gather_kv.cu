@@ -23,8 +23,8 @@ template <typename Vec>
 __global__ void __launch_bounds__(kGatherThreads)
     GatherKvKernel(PagedKvPool pool, int32_t layer, PageTable table,
                    const int32_t* __restrict__ seq_lens, int32_t max_len,
-                   int64_t num_rows, int64_t row_vecs, Vec* __restrict__ key_out,
-                   Vec* __restrict__ value_out) {
+                   int64_t num_rows, int64_t row_vecs,
+                   Vec* __restrict__ key_out, Vec* __restrict__ value_out) {
   const Vec* pool_vecs = static_cast<const Vec*>(pool.data);
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t first = int64_t{blockIdx.x} * kWarpsPerBlock + threadIdx.x / 32;
@@ -54,8 +54,10 @@ __global__ void __launch_bounds__(kGatherThreads)
       continue;
     }
     const int32_t in_page = position % pool.page_size;
-    const int64_t k_row = layer_rows + int64_t{k_page} * pool.page_size + in_page;
-    const int64_t v_row = layer_rows + int64_t{v_page} * pool.page_size + in_page;
+    const int64_t k_row =
+        layer_rows + int64_t{k_page} * pool.page_size + in_page;
+    const int64_t v_row =
+        layer_rows + int64_t{v_page} * pool.page_size + in_page;
     GroupCopy(pool_vecs + k_row * row_vecs, k_dst, row_vecs, lane, 32);
     GroupCopy(pool_vecs + v_row * row_vecs, v_dst, row_vecs, lane, 32);
   }

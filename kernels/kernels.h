@@ -42,7 +42,7 @@ struct PagedKvPool {
   // [num_layers, 2 * num_pages, page_size, num_kv_heads, head_dim] of dtype.
   void* data;
   int32_t num_layers;
-  int32_t num_pages;  // K pages per layer; V pages are [num_pages, 2*num_pages).
+  int32_t num_pages;  // K pages per layer (V pages: as many more).
   int32_t page_size;  // tokens per page.
   int32_t num_kv_heads;
   int32_t head_dim;

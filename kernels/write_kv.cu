@@ -47,12 +47,14 @@ __global__ void __launch_bounds__(kWriteThreads)
     const int64_t layer_rows =
         int64_t{layer} * 2 * pool.num_pages * pool.page_size;
     const int32_t in_page = position % pool.page_size;
-    const int64_t k_row = layer_rows + int64_t{k_page} * pool.page_size + in_page;
-    const int64_t v_row = layer_rows + int64_t{v_page} * pool.page_size + in_page;
+    const int64_t k_row =
+        layer_rows + int64_t{k_page} * pool.page_size + in_page;
+    const int64_t v_row =
+        layer_rows + int64_t{v_page} * pool.page_size + in_page;
     GroupCopy(key + token * row_vecs, pool_vecs + k_row * row_vecs, row_vecs,
               lane, 32);
-    GroupCopy(value + token * row_vecs, pool_vecs + v_row * row_vecs,
-              row_vecs, lane, 32);
+    GroupCopy(value + token * row_vecs, pool_vecs + v_row * row_vecs, row_vecs,
+              lane, 32);
   }
 }
 

@@ -60,8 +60,8 @@ absl::Status ValidatePool(const KvPool& pool) {
 
 absl::Status ValidateLayer(const PagedKvConfig& config, int32_t layer) {
   if (layer < 0 || layer >= config.num_layers) {
-    return Invalid("layer ", layer, " is outside [0, num_layers = ",
-                   config.num_layers, ")");
+    return Invalid("layer ", layer,
+                   " is outside [0, num_layers = ", config.num_layers, ")");
   }
   return absl::OkStatus();
 }
@@ -82,8 +82,8 @@ absl::Status ValidateTable(const PagedKvConfig& config,
 absl::Status ValidateBatch(const PagedKvConfig& config, const KvBatch& batch) {
   KVBLOCK_RETURN_IF_ERROR(ValidateTable(config, batch.page_table));
   if (batch.batch < 0 || batch.batch > config.max_batch) {
-    return Invalid("batch ", batch.batch, " is outside [0, max_batch = ",
-                   config.max_batch, "]");
+    return Invalid("batch ", batch.batch,
+                   " is outside [0, max_batch = ", config.max_batch, "]");
   }
   if (batch.batch > 0 && batch.seq_lens == nullptr) {
     return Invalid("seq_lens is null");
@@ -103,8 +103,12 @@ absl::Status RequireNonNull(
 // The launchers' views of the pool and the table (used on CUDA devices).
 kernels::PagedKvPool KernelPool(const KvPool& pool) {
   const PagedKvConfig& c = pool.config;
-  return {pool.data,    c.num_layers, c.num_pages,
-          c.page_size,  c.num_kv_heads, c.head_dim,
+  return {pool.data,
+          c.num_layers,
+          c.num_pages,
+          c.page_size,
+          c.num_kv_heads,
+          c.head_dim,
           static_cast<kernels::KvDType>(c.dtype)};
 }
 
@@ -131,13 +135,13 @@ absl::Status Dispatch(Device& device, absl::string_view kernel, Host&& host,
 
 }  // namespace
 
-absl::Status CopyPages(Device& device, const KvPool& pool,
-                       const PageId* copies, int64_t num_copies,
-                       Stream stream) {
+absl::Status CopyPages(Device& device, const KvPool& pool, const PageId* copies,
+                       int64_t num_copies, Stream stream) {
   KVBLOCK_RETURN_IF_ERROR(ValidatePool(pool));
   if (num_copies < 0 || num_copies > pool.config.num_pages) {
-    return Invalid("num_copies ", num_copies, " is outside [0, num_pages = ",
-                   pool.config.num_pages, "] (destinations are distinct)");
+    return Invalid("num_copies ", num_copies,
+                   " is outside [0, num_pages = ", pool.config.num_pages,
+                   "] (destinations are distinct)");
   }
   if (num_copies == 0) return absl::OkStatus();
   KVBLOCK_RETURN_IF_ERROR(RequireNonNull({{"copies", copies}}));
@@ -160,21 +164,21 @@ absl::Status WriteKv(Device& device, const KvPool& pool, int32_t layer,
     return Invalid("tokens.num_tokens ", tokens.num_tokens, " is negative");
   }
   if (tokens.num_tokens == 0) return absl::OkStatus();
-  KVBLOCK_RETURN_IF_ERROR(RequireNonNull({{"tokens.key", tokens.key},
-                                          {"tokens.value", tokens.value},
-                                          {"tokens.slots", tokens.slots},
-                                          {"tokens.positions", tokens.positions}}));
+  KVBLOCK_RETURN_IF_ERROR(
+      RequireNonNull({{"tokens.key", tokens.key},
+                      {"tokens.value", tokens.value},
+                      {"tokens.slots", tokens.slots},
+                      {"tokens.positions", tokens.positions}}));
   return Dispatch(
       device, "WriteKv",
       [&] {
         return internal::WriteKvReference(pool, layer, page_table, tokens);
       },
       [&] {
-        return kernels::LaunchWriteKv(KernelPool(pool), layer,
-                                      KernelTable(page_table), tokens.key,
-                                      tokens.value, tokens.slots,
-                                      tokens.positions, tokens.num_tokens,
-                                      stream);
+        return kernels::LaunchWriteKv(
+            KernelPool(pool), layer, KernelTable(page_table), tokens.key,
+            tokens.value, tokens.slots, tokens.positions, tokens.num_tokens,
+            stream);
       });
 }
 
@@ -190,8 +194,8 @@ absl::Status GatherKv(Device& device, const KvPool& pool, int32_t layer,
   const int64_t row_bytes = int64_t{pool.config.num_kv_heads} *
                             pool.config.head_dim * DTypeSize(pool.config.dtype);
   if (rows > 0 && row_bytes > std::numeric_limits<int64_t>::max() / rows) {
-    return Invalid("batch ", batch.batch, " x max_len ", max_len,
-                   " rows of ", row_bytes, " bytes overflow int64");
+    return Invalid("batch ", batch.batch, " x max_len ", max_len, " rows of ",
+                   row_bytes, " bytes overflow int64");
   }
   if (rows == 0) return absl::OkStatus();
   KVBLOCK_RETURN_IF_ERROR(
@@ -199,8 +203,8 @@ absl::Status GatherKv(Device& device, const KvPool& pool, int32_t layer,
   return Dispatch(
       device, "GatherKv",
       [&] {
-        return internal::GatherKvReference(pool, layer, batch, max_len,
-                                           key_out, value_out);
+        return internal::GatherKvReference(pool, layer, batch, max_len, key_out,
+                                           value_out);
       },
       [&] {
         return kernels::LaunchGatherKv(

@@ -105,7 +105,8 @@ uint16_t FloatToHalf(float value) {
     const float scaled = std::bit_cast<float>(magnitude) * 16777216.0f;  // 2^24
     return sign | static_cast<uint16_t>(std::nearbyint(scaled));
   }
-  uint32_t half = ((((magnitude >> 23) - 112) << 10) | ((magnitude >> 13) & 0x3ff));
+  uint32_t half =
+      ((((magnitude >> 23) - 112) << 10) | ((magnitude >> 13) & 0x3ff));
   const uint32_t rest = magnitude & 0x1fff;
   if (rest > 0x1000 || (rest == 0x1000 && (half & 1) != 0)) ++half;
   return sign | static_cast<uint16_t>(half);
@@ -251,8 +252,7 @@ absl::Status WriteKvReference(const KvPool& pool, int32_t layer,
           "tokens.positions[", i, "] = ", position, " is outside [0, ",
           c.MaxTokensPerSeq(), ") (max_pages_per_seq x page_size)"));
     }
-    const PagePair pages =
-        TablePages(page_table, slot, position / c.page_size);
+    const PagePair pages = TablePages(page_table, slot, position / c.page_size);
     if (!Usable(c, pages)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tokens.positions[", i, "] = ", position, " of slot ", slot,
@@ -265,8 +265,7 @@ absl::Status WriteKvReference(const KvPool& pool, int32_t layer,
     const SlotId slot = tokens.slots[i];
     if (slot == kNoSlot) continue;
     const int32_t position = tokens.positions[i];
-    const PagePair pages =
-        TablePages(page_table, slot, position / c.page_size);
+    const PagePair pages = TablePages(page_table, slot, position / c.page_size);
     const int64_t in_page = position % c.page_size;
     std::memcpy(PoolRow(pool, layer, pages.k, in_page),
                 static_cast<const unsigned char*>(tokens.key) + i * row_bytes,
@@ -294,7 +293,8 @@ absl::Status GatherKvReference(const KvPool& pool, int32_t layer,
         std::memset(v_out, 0, row_bytes);
         continue;
       }
-      const PagePair pages = TablePages(batch.page_table, slot, t / c.page_size);
+      const PagePair pages =
+          TablePages(batch.page_table, slot, t / c.page_size);
       std::memcpy(k_out, PoolRow(pool, layer, pages.k, t % c.page_size),
                   row_bytes);
       std::memcpy(v_out, PoolRow(pool, layer, pages.v, t % c.page_size),
@@ -319,8 +319,8 @@ absl::Status PagedDecodeAttentionReference(const KvPool& pool, int32_t layer,
       static_cast<size_t>(int64_t{batch.batch} * max_len * RowBytes(c));
   std::vector<unsigned char> key(bytes);
   std::vector<unsigned char> value(bytes);
-  KVBLOCK_RETURN_IF_ERROR(GatherKvReference(pool, layer, batch, max_len,
-                                            key.data(), value.data()));
+  KVBLOCK_RETURN_IF_ERROR(
+      GatherKvReference(pool, layer, batch, max_len, key.data(), value.data()));
   const DenseKv dense = {
       .dtype = c.dtype,
       .batch = batch.batch,

@@ -70,8 +70,7 @@ absl::Status GatherKvReference(const KvPool& pool, int32_t layer,
                                void* key_out, void* value_out);
 absl::Status PagedDecodeAttentionReference(const KvPool& pool, int32_t layer,
                                            const KvBatch& batch,
-                                           const DecodeQuery& query,
-                                           void* out);
+                                           const DecodeQuery& query, void* out);
 absl::Status ToCsrReference(const PagedKvConfig& config, const KvBatch& batch,
                             const CsrPageIndex& csr);
 

@@ -3,7 +3,7 @@
 // The kernels of kvblock/kernels.h on the host device (their CPU references),
 // checked against each other, against hand-computed values and against a
 // naive double-precision attention; every error path leaves memory unchanged.
-#include "kvblock/kernels.h"
+#include "kernels_reference.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,9 +14,9 @@
 #include <random>
 #include <vector>
 
-#include "kernels_reference.h"
 #include "kvblock/config.h"
 #include "kvblock/device.h"
+#include "kvblock/kernels.h"
 #include "kvblock/page_table.h"
 #include "test_util.h"
 
@@ -87,7 +87,8 @@ class HostPagedKv {
   void FillRandomValues(uint32_t seed) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<float> uniform(-1.f, 1.f);
-    const int64_t elements = static_cast<int64_t>(size()) / DTypeSize(config_.dtype);
+    const int64_t elements =
+        static_cast<int64_t>(size()) / DTypeSize(config_.dtype);
     for (int64_t i = 0; i < elements; ++i) {
       StoreElement(bytes(), i, config_.dtype, uniform(rng));
     }
@@ -132,8 +133,8 @@ TEST_CASE("f16 conversions round to nearest even and are exact back") {
   REQUIRE(FloatToHalf(3 * 0x1p-25f) == 0x0002);         // Tie -> even (2).
   REQUIRE(FloatToHalf(0x1p-14f) == 0x0400);             // Smallest normal.
   REQUIRE(FloatToHalf(std::numeric_limits<float>::infinity()) == 0x7c00);
-  REQUIRE(std::isnan(HalfToFloat(
-      FloatToHalf(std::numeric_limits<float>::quiet_NaN()))));
+  REQUIRE(std::isnan(
+      HalfToFloat(FloatToHalf(std::numeric_limits<float>::quiet_NaN()))));
   REQUIRE(HalfToFloat(0x3555) == 0.333251953125f);
   REQUIRE(HalfToFloat(0x8001) == -0x1p-24f);
   for (uint32_t bits = 0; bits <= 0xffff; ++bits) {
@@ -151,8 +152,8 @@ TEST_CASE("bf16 conversions round to nearest even and are exact back") {
   REQUIRE(FloatToBf16(1.0f + 3 * 0x1p-8f) == 0x3f82);  // Tie -> even.
   REQUIRE(FloatToBf16(1.0f + 0x1p-9f) == 0x3f80);
   REQUIRE(Bf16ToFloat(0x3fc0) == 1.5f);
-  REQUIRE(std::isnan(Bf16ToFloat(
-      FloatToBf16(std::numeric_limits<float>::quiet_NaN()))));
+  REQUIRE(std::isnan(
+      Bf16ToFloat(FloatToBf16(std::numeric_limits<float>::quiet_NaN()))));
   for (uint32_t bits = 0; bits <= 0xffff; ++bits) {
     const auto bf16 = static_cast<uint16_t>(bits);
     if ((bits & 0x7fff) > 0x7f80) continue;  // NaN payloads.
@@ -303,8 +304,8 @@ TEST_CASE("write then gather round-trips for every dtype") {
     const int64_t out_row = token_slots[i] * max_len + token_positions[i];
     REQUIRE(std::memcmp(&key_out[out_row * row_bytes], &key[i * row_bytes],
                         row_bytes) == 0);
-    REQUIRE(std::memcmp(&value_out[out_row * row_bytes],
-                        &value[i * row_bytes], row_bytes) == 0);
+    REQUIRE(std::memcmp(&value_out[out_row * row_bytes], &value[i * row_bytes],
+                        row_bytes) == 0);
   }
   for (SlotId slot = 0; slot < 4; ++slot) {
     for (int32_t t = seq_lens[slot]; t < max_len; ++t) {
@@ -430,13 +431,13 @@ TEST_CASE("paged decode equals dense attention on gathered KV") {
     StoreElement(query.data(), i, dtype, uniform(rng));
   }
   const DecodeQuery decode = {query.data(), num_q_heads, 0.3f};
-  const int64_t workspace = PagedDecodeWorkspaceBytes(kv.config(), 4, num_q_heads);
+  const int64_t workspace =
+      PagedDecodeWorkspaceBytes(kv.config(), 4, num_q_heads);
   REQUIRE(workspace == 0);  // 42 tokens: one partition.
 
   Bytes paged(out_bytes, 0xaa);
-  REQUIRE_OK(PagedDecodeAttention(kv.device(), kv.pool(), 1,
-                                  kv.batch(seq_lens), decode, nullptr, 0,
-                                  paged.data(), nullptr));
+  REQUIRE_OK(PagedDecodeAttention(kv.device(), kv.pool(), 1, kv.batch(seq_lens),
+                                  decode, nullptr, 0, paged.data(), nullptr));
 
   const int32_t max_len = 42;
   const int64_t kv_bytes = 4 * max_len * 2 * 64 * elem;
@@ -467,18 +468,20 @@ TEST_CASE("paged decode equals dense attention on gathered KV") {
 }
 
 TEST_CASE("decode workspace covers the partitions of the longest row") {
-  PagedKvConfig config = MakeConfig(DType::kBf16, 1 << 14, 64, 32, 16, 1, 8, 128);
+  PagedKvConfig config =
+      MakeConfig(DType::kBf16, 1 << 14, 64, 32, 16, 1, 8, 128);
   // 512 tokens: one partition, no workspace.
   REQUIRE(PagedDecodeWorkspaceBytes(config, 64, 32) == 0);
   config.max_pages_per_seq = 256;  // 4096 tokens.
-  // Group 4: 8 partitions of 512; batch x heads x parts x (head_dim + 2) floats.
+  // Group 4: 8 partitions of 512; batch x heads x parts x (head_dim + 2)
+  // floats.
   REQUIRE(PagedDecodeWorkspaceBytes(config, 64, 32) == 64 * 32 * 8 * 130 * 4);
   // Group 32: 16 partitions of 256.
   REQUIRE(PagedDecodeWorkspaceBytes(config, 64, 256) ==
           int64_t{64} * 256 * 16 * 130 * 4);
 }
 
-TEST_CASE("decode over several partitions still matches the dense reference") {
+TEST_CASE("decode of a row longer than a partition needs the workspace") {
   // 40 pages of 16 tokens = 640 tokens: two partitions on a GPU.
   std::vector<PageId> row(40);
   for (int32_t i = 0; i < 40; ++i) row[i] = 79 - 2 * i;
@@ -501,8 +504,8 @@ TEST_CASE("decode over several partitions still matches the dense reference") {
                            nullptr),
       kInvalidArgument);
   REQUIRE_OK(PagedDecodeAttention(kv.device(), kv.pool(), 0, batch, decode,
-                                  workspace.data(), workspace_bytes,
-                                  out.data(), nullptr));
+                                  workspace.data(), workspace_bytes, out.data(),
+                                  nullptr));
   Bytes key(600 * 128 * 2);
   Bytes value(600 * 128 * 2);
   REQUIRE_OK(GatherKv(kv.device(), kv.pool(), 0, batch, 600, key.data(),
@@ -553,8 +556,8 @@ TEST_CASE("ToCsr writes FlashInfer's indptr, indices and last page lengths") {
   std::vector<int32_t> last_page_len(4, -7);
   CsrPageIndex csr = {indptr.data(), indices.data(), 12, last_page_len.data()};
   SECTION("exact arrays") {
-    REQUIRE_OK(ToCsr(kv.device(), kv.config(), kv.batch(seq_lens), csr,
-                     nullptr));
+    REQUIRE_OK(
+        ToCsr(kv.device(), kv.config(), kv.batch(seq_lens), csr, nullptr));
     REQUIRE(indptr == std::vector<int32_t>{0, 3, 3, 4, 6});
     REQUIRE(std::vector<int32_t>(indices.begin(), indices.begin() + 6) ==
             std::vector<int32_t>{5, 2, 9, 7, 1, 3});
@@ -568,9 +571,9 @@ TEST_CASE("ToCsr writes FlashInfer's indptr, indices and last page lengths") {
     }
     SECTION("length past the live pages") { seq_lens[3] = 9; }
     SECTION("null indptr") { csr.kv_indptr = nullptr; }
-    REQUIRE_STATUS_IS(ToCsr(kv.device(), kv.config(), kv.batch(seq_lens), csr,
-                            nullptr),
-                      kInvalidArgument);
+    REQUIRE_STATUS_IS(
+        ToCsr(kv.device(), kv.config(), kv.batch(seq_lens), csr, nullptr),
+        kInvalidArgument);
     for (const auto* array : {&indptr, &indices, &last_page_len}) {
       REQUIRE(std::all_of(array->begin(), array->end(),
                           [](int32_t x) { return x == -7; }));

@@ -90,8 +90,8 @@ struct CsrPageIndex {
 // zero pairs. Errors: InvalidArgument for a negative count, a null pointer, an
 // invalid pool, or (host device) an id outside [0, num_pages), a destination
 // that is a source or repeated.
-absl::Status CopyPages(Device& device, const KvPool& pool,
-                       const PageId* copies, int64_t num_copies, Stream stream);
+absl::Status CopyPages(Device& device, const KvPool& pool, const PageId* copies,
+                       int64_t num_copies, Stream stream);
 
 // Writes the K and V rows of `tokens` into layer `layer` through
 // `page_table`; a token with slot kNoSlot is skipped (padding). Errors:

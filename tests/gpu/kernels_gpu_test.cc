@@ -33,7 +33,8 @@ std::unique_ptr<Device> CudaDevice() {
 
 // `bytes` (at least 1) of device memory holding a copy of `data`.
 DeviceBuffer ToDevice(Device& device, const void* data, size_t bytes) {
-  absl::StatusOr<DeviceBuffer> buffer = device.Allocate(std::max<size_t>(bytes, 1));
+  absl::StatusOr<DeviceBuffer> buffer =
+      device.Allocate(std::max<size_t>(bytes, 1));
   REQUIRE_OK(buffer);
   REQUIRE_OK(device.CopyToDevice(data, buffer->data(), bytes, nullptr));
   return *std::move(buffer);
@@ -87,9 +88,9 @@ class PagedKvPair {
  private:
   std::unique_ptr<KVPageTable> MakeTable(
       Device& device, const std::vector<std::vector<PageId>>& rows) {
-    auto table = KVPageTable::Create(config_.max_batch,
-                                     config_.max_pages_per_seq,
-                                     config_.num_pages, device);
+    auto table =
+        KVPageTable::Create(config_.max_batch, config_.max_pages_per_seq,
+                            config_.num_pages, device);
     REQUIRE_OK(table);
     for (size_t slot = 0; slot < rows.size(); ++slot) {
       REQUIRE_OK((*table)->SetRow(static_cast<SlotId>(slot), rows[slot]));
@@ -163,10 +164,9 @@ double MaxDifference(const Bytes& a, const Bytes& b, DType dtype) {
 }
 
 TEST_CASE("gpu page copy equals the reference", "[gpu]") {
-  const Shape shape = GENERATE(Shape{DType::kBf16, 16, 8, 128},
-                               Shape{DType::kF16, 3, 1, 13},
-                               Shape{DType::kF32, 17, 2, 5},
-                               Shape{DType::kF16, 1, 3, 4});
+  const Shape shape =
+      GENERATE(Shape{DType::kBf16, 16, 8, 128}, Shape{DType::kF16, 3, 1, 13},
+               Shape{DType::kF32, 17, 2, 5}, Shape{DType::kF16, 1, 3, 4});
   const int32_t num_copies = GENERATE(0, 1, 37);
   INFO("page_size " << shape.page_size << " head_dim " << shape.head_dim
                     << " copies " << num_copies);
@@ -183,8 +183,8 @@ TEST_CASE("gpu page copy equals the reference", "[gpu]") {
     copies.push_back(pages[config.num_pages - 1 - i]);
   }
   const DeviceBuffer cuda_copies = ToDevice(kv.cuda(), copies);
-  REQUIRE_OK(CopyPages(kv.host(), kv.host_pool(), copies.data(), num_copies,
-                       nullptr));
+  REQUIRE_OK(
+      CopyPages(kv.host(), kv.host_pool(), copies.data(), num_copies, nullptr));
   REQUIRE_OK(CopyPages(kv.cuda(), kv.cuda_pool(),
                        static_cast<const PageId*>(cuda_copies.data()),
                        num_copies, nullptr));
@@ -192,18 +192,21 @@ TEST_CASE("gpu page copy equals the reference", "[gpu]") {
 }
 
 TEST_CASE("gpu write and gather equal the reference", "[gpu]") {
-  const Shape shape = GENERATE(Shape{DType::kBf16, 16, 8, 128},
-                               Shape{DType::kF16, 5, 2, 64},
-                               Shape{DType::kF32, 3, 3, 7},
-                               Shape{DType::kBf16, 17, 1, 9});
+  const Shape shape =
+      GENERATE(Shape{DType::kBf16, 16, 8, 128}, Shape{DType::kF16, 5, 2, 64},
+               Shape{DType::kF32, 3, 3, 7}, Shape{DType::kBf16, 17, 1, 9});
   INFO("dtype " << DTypeName(shape.dtype) << " page_size " << shape.page_size
                 << " head_dim " << shape.head_dim);
   std::mt19937 rng(3);
   const int32_t max_pages = 8;
   const int32_t max_tokens = max_pages * shape.page_size;
   // An empty row, a full row, and partial ones.
-  const std::vector<int32_t> lens = {0, max_tokens, 1, max_tokens - 1,
-                                     shape.page_size, 2 * shape.page_size + 1};
+  const std::vector<int32_t> lens = {0,
+                                     max_tokens,
+                                     1,
+                                     max_tokens - 1,
+                                     shape.page_size,
+                                     2 * shape.page_size + 1};
   const PagedKvConfig config =
       MakeConfig(shape, 64, static_cast<int32_t>(lens.size()), max_pages, 2);
   PagedKvPair kv(config, RandomRows(config, lens, rng), 4);
@@ -231,16 +234,16 @@ TEST_CASE("gpu write and gather equal the reference", "[gpu]") {
   const DeviceBuffer cuda_value = ToDevice(kv.cuda(), value);
   const DeviceBuffer cuda_slots = ToDevice(kv.cuda(), slots);
   const DeviceBuffer cuda_positions = ToDevice(kv.cuda(), positions);
-  REQUIRE_OK(WriteKv(kv.host(), kv.host_pool(), 1, kv.host_table(),
-                     {key.data(), value.data(), slots.data(), positions.data(),
-                      num_tokens},
-                     nullptr));
-  REQUIRE_OK(WriteKv(kv.cuda(), kv.cuda_pool(), 1, kv.cuda_table(),
-                     {cuda_key.data(), cuda_value.data(),
-                      static_cast<const SlotId*>(cuda_slots.data()),
-                      static_cast<const int32_t*>(cuda_positions.data()),
-                      num_tokens},
-                     nullptr));
+  REQUIRE_OK(WriteKv(
+      kv.host(), kv.host_pool(), 1, kv.host_table(),
+      {key.data(), value.data(), slots.data(), positions.data(), num_tokens},
+      nullptr));
+  REQUIRE_OK(
+      WriteKv(kv.cuda(), kv.cuda_pool(), 1, kv.cuda_table(),
+              {cuda_key.data(), cuda_value.data(),
+               static_cast<const SlotId*>(cuda_slots.data()),
+               static_cast<const int32_t*>(cuda_positions.data()), num_tokens},
+              nullptr));
   REQUIRE(kv.CudaPoolBytes() == kv.host_pool_bytes());
 
   const int32_t max_len = max_tokens + 3;
@@ -257,11 +260,10 @@ TEST_CASE("gpu write and gather equal the reference", "[gpu]") {
     REQUIRE_OK(GatherKv(kv.host(), kv.host_pool(), layer,
                         {kv.host_table(), lens.data(), batch}, max_len,
                         host_key.data(), host_value.data(), nullptr));
-    REQUIRE_OK(GatherKv(kv.cuda(), kv.cuda_pool(), layer,
-                        {kv.cuda_table(),
-                         static_cast<const int32_t*>(cuda_lens.data()), batch},
-                        max_len, cuda_key_out->data(), cuda_value_out->data(),
-                        nullptr));
+    REQUIRE_OK(GatherKv(
+        kv.cuda(), kv.cuda_pool(), layer,
+        {kv.cuda_table(), static_cast<const int32_t*>(cuda_lens.data()), batch},
+        max_len, cuda_key_out->data(), cuda_value_out->data(), nullptr));
     REQUIRE(ToHost(kv.cuda(), cuda_key_out->data(), out_bytes) == host_key);
     REQUIRE(ToHost(kv.cuda(), cuda_value_out->data(), out_bytes) == host_value);
   }
@@ -274,15 +276,16 @@ struct DecodeCase {
 };
 
 TEST_CASE("gpu paged decode attention equals the reference", "[gpu]") {
-  const DecodeCase c = GENERATE(
-      DecodeCase{{DType::kBf16, 16, 2, 128}, 1, {1, 7, 300, 4096}},
-      DecodeCase{{DType::kF16, 17, 1, 64}, 4, {0, 513, 1000, 17}},
-      DecodeCase{{DType::kF32, 3, 2, 256}, 8, {1, 2, 33, 0}},
-      DecodeCase{{DType::kBf16, 16, 4, 96}, 8, {32768, 5}},
-      DecodeCase{{DType::kBf16, 5, 1, 80}, 32, {600, 1, 1024}},
-      DecodeCase{{DType::kF16, 16, 8, 128}, 4,
-                 {2048, 1, 511, 512, 1536, 77, 2000, 1024}},
-      DecodeCase{{DType::kF32, 16, 2, 128}, 1, {640, 1}});
+  const DecodeCase c =
+      GENERATE(DecodeCase{{DType::kBf16, 16, 2, 128}, 1, {1, 7, 300, 4096}},
+               DecodeCase{{DType::kF16, 17, 1, 64}, 4, {0, 513, 1000, 17}},
+               DecodeCase{{DType::kF32, 3, 2, 256}, 8, {1, 2, 33, 0}},
+               DecodeCase{{DType::kBf16, 16, 4, 96}, 8, {32768, 5}},
+               DecodeCase{{DType::kBf16, 5, 1, 80}, 32, {600, 1, 1024}},
+               DecodeCase{{DType::kF16, 16, 8, 128},
+                          4,
+                          {2048, 1, 511, 512, 1536, 77, 2000, 1024}},
+               DecodeCase{{DType::kF32, 16, 2, 128}, 1, {640, 1}});
   const Shape& shape = c.shape;
   INFO("dtype " << DTypeName(shape.dtype) << " head_dim " << shape.head_dim
                 << " page_size " << shape.page_size << " group " << c.group);
@@ -290,7 +293,8 @@ TEST_CASE("gpu paged decode attention equals the reference", "[gpu]") {
   const int32_t longest = *std::max_element(c.lens.begin(), c.lens.end());
   const int32_t max_pages = (longest + shape.page_size - 1) / shape.page_size;
   int32_t total_pages = 0;
-  for (int32_t len : c.lens) total_pages += (len + shape.page_size - 1) / shape.page_size;
+  for (int32_t len : c.lens)
+    total_pages += (len + shape.page_size - 1) / shape.page_size;
   const auto batch = static_cast<int32_t>(c.lens.size());
   const PagedKvConfig config =
       MakeConfig(shape, std::max(total_pages, 1) + 3, batch, max_pages, 2);
@@ -298,7 +302,8 @@ TEST_CASE("gpu paged decode attention equals the reference", "[gpu]") {
 
   const int32_t num_q_heads = shape.num_kv_heads * c.group;
   const int64_t elements = int64_t{batch} * num_q_heads * shape.head_dim;
-  const size_t out_bytes = static_cast<size_t>(elements * DTypeSize(shape.dtype));
+  const size_t out_bytes =
+      static_cast<size_t>(elements * DTypeSize(shape.dtype));
   Bytes query(out_bytes);
   std::uniform_real_distribution<float> uniform(-1.f, 1.f);
   for (int64_t i = 0; i < elements; ++i) {
@@ -345,8 +350,8 @@ TEST_CASE("gpu ToCsr equals the reference", "[gpu]") {
   for (int32_t& len : lens) len = length(rng);
   lens[0] = max_pages * page_size;  // A full row.
   if (batch > 1) lens[1] = 0;       // An empty row.
-  const PagedKvConfig config = MakeConfig({DType::kBf16, page_size, 1, 8},
-                                          batch * max_pages, batch, max_pages, 1);
+  const PagedKvConfig config = MakeConfig(
+      {DType::kBf16, page_size, 1, 8}, batch * max_pages, batch, max_pages, 1);
   PagedKvPair kv(config, RandomRows(config, lens, rng), 8);
   const int64_t capacity = int64_t{batch} * max_pages;
   std::vector<int32_t> indptr(batch + 1, -1);
@@ -362,13 +367,13 @@ TEST_CASE("gpu ToCsr equals the reference", "[gpu]") {
   const DeviceBuffer cuda_indptr = ToDevice(kv.cuda(), unset_indptr);
   const DeviceBuffer cuda_indices = ToDevice(kv.cuda(), unset_indices);
   const DeviceBuffer cuda_last = ToDevice(kv.cuda(), unset_last);
-  REQUIRE_OK(ToCsr(kv.cuda(), config,
-                   {kv.cuda_table(),
-                    static_cast<const int32_t*>(cuda_lens.data()), batch},
-                   {static_cast<int32_t*>(cuda_indptr.data()),
-                    static_cast<int32_t*>(cuda_indices.data()), capacity,
-                    static_cast<int32_t*>(cuda_last.data())},
-                   nullptr));
+  REQUIRE_OK(ToCsr(
+      kv.cuda(), config,
+      {kv.cuda_table(), static_cast<const int32_t*>(cuda_lens.data()), batch},
+      {static_cast<int32_t*>(cuda_indptr.data()),
+       static_cast<int32_t*>(cuda_indices.data()), capacity,
+       static_cast<int32_t*>(cuda_last.data())},
+      nullptr));
   auto to_ints = [](const Bytes& bytes) {
     std::vector<int32_t> ints(bytes.size() / sizeof(int32_t));
     std::memcpy(ints.data(), bytes.data(), bytes.size());
@@ -378,8 +383,8 @@ TEST_CASE("gpu ToCsr equals the reference", "[gpu]") {
                          cuda_indptr.size_bytes())) == indptr);
   REQUIRE(to_ints(ToHost(kv.cuda(), cuda_indices.data(),
                          cuda_indices.size_bytes())) == indices);
-  REQUIRE(to_ints(ToHost(kv.cuda(), cuda_last.data(), cuda_last.size_bytes())) ==
-          last);
+  REQUIRE(to_ints(ToHost(kv.cuda(), cuda_last.data(),
+                         cuda_last.size_bytes())) == last);
 }
 
 }  // namespace

@@ -98,15 +98,13 @@ struct PagedSetup {
     const Geometry& g = BenchGeometry();
     PagedSetup setup;
     setup.config = g.Config(num_layers);
+    KVBLOCK_ASSIGN_OR_RETURN(setup.pool,
+                             device.Allocate(static_cast<size_t>(
+                                 setup.config.LayerPoolBytes() * num_layers)));
     KVBLOCK_ASSIGN_OR_RETURN(
-        setup.pool,
-        device.Allocate(static_cast<size_t>(setup.config.LayerPoolBytes() *
-                                            num_layers)));
-    KVBLOCK_ASSIGN_OR_RETURN(
-        setup.table,
-        KVPageTable::Create(setup.config.max_batch,
-                            setup.config.max_pages_per_seq,
-                            setup.config.num_pages, device));
+        setup.table, KVPageTable::Create(setup.config.max_batch,
+                                         setup.config.max_pages_per_seq,
+                                         setup.config.num_pages, device));
     KVBLOCK_RETURN_IF_ERROR(setup.table->SetIdentity());
     KVBLOCK_RETURN_IF_ERROR(setup.table->Upload(nullptr).status());
     KVBLOCK_ASSIGN_OR_RETURN(
@@ -156,7 +154,8 @@ void TimeLaunches(benchmark::State& state, int64_t bytes_per_launch,
 // as many bytes as a layer of the pool holds.
 void BM_KernelD2DCopy(benchmark::State& state) {
   Device& device = BenchDevice();
-  const auto bytes = static_cast<size_t>(BenchGeometry().Config(1).LayerPoolBytes());
+  const auto bytes =
+      static_cast<size_t>(BenchGeometry().Config(1).LayerPoolBytes());
   absl::StatusOr<DeviceBuffer> source = device.Allocate(bytes);
   absl::StatusOr<DeviceBuffer> target = device.Allocate(bytes);
   if (!source.ok() || !target.ok()) {
@@ -271,7 +270,8 @@ BENCHMARK(BM_KernelGatherKv)->UseManualTime();
 void BM_KernelPagedDecode(benchmark::State& state) {
   Device& device = BenchDevice();
   const Geometry& g = BenchGeometry();
-  const auto num_q_heads = static_cast<int32_t>(g.num_kv_heads * state.range(0));
+  const auto num_q_heads =
+      static_cast<int32_t>(g.num_kv_heads * state.range(0));
   absl::StatusOr<PagedSetup> setup = PagedSetup::Create(device, 1);
   if (!setup.ok()) {
     state.SkipWithError(setup.status().ToString().c_str());
@@ -279,12 +279,12 @@ void BM_KernelPagedDecode(benchmark::State& state) {
   }
   const int64_t workspace_bytes =
       PagedDecodeWorkspaceBytes(setup->config, g.batch, num_q_heads);
-  const auto q_bytes = static_cast<size_t>(int64_t{g.batch} * num_q_heads *
-                                           g.head_dim * DTypeSize(DType::kBf16));
+  const auto q_bytes = static_cast<size_t>(
+      int64_t{g.batch} * num_q_heads * g.head_dim * DTypeSize(DType::kBf16));
   absl::StatusOr<DeviceBuffer> query = device.Allocate(q_bytes);
   absl::StatusOr<DeviceBuffer> out = device.Allocate(q_bytes);
-  absl::StatusOr<DeviceBuffer> workspace =
-      device.Allocate(static_cast<size_t>(std::max<int64_t>(workspace_bytes, 1)));
+  absl::StatusOr<DeviceBuffer> workspace = device.Allocate(
+      static_cast<size_t>(std::max<int64_t>(workspace_bytes, 1)));
   if (!query.ok() || !out.ok() || !workspace.ok()) {
     state.SkipWithError("allocation failed");
     return;
@@ -299,7 +299,12 @@ void BM_KernelPagedDecode(benchmark::State& state) {
                                 out->data(), nullptr);
   });
 }
-BENCHMARK(BM_KernelPagedDecode)->ArgName("group")->Arg(1)->Arg(4)->Arg(8)->UseManualTime();
+BENCHMARK(BM_KernelPagedDecode)
+    ->ArgName("group")
+    ->Arg(1)
+    ->Arg(4)
+    ->Arg(8)
+    ->UseManualTime();
 
 }  // namespace
 }  // namespace kvblock
