@@ -52,11 +52,18 @@ absl::StatusOr<StepResult> BatchCommit::Commit(const StepPlan& plan) {
   }
   KVBLOCK_RETURN_IF_ERROR(manager_.CommitStep());
 
-  for (SlotId slot = 0; slot < static_cast<SlotId>(slots_.size()); ++slot) {
-    if (leaving_[slot]) slot_of_.erase(slots_[slot]);
+  // Survivors before the first leaving slot keep their slots; only the
+  // moved survivors and the joins are reindexed.
+  const SlotId old_batch = static_cast<SlotId>(slots_.size());
+  SlotId first_moved = old_batch;
+  for (SlotId slot = 0; slot < old_batch; ++slot) {
+    if (!leaving_[slot]) continue;
+    slot_of_.erase(slots_[slot]);
+    first_moved = std::min(first_moved, slot);
   }
   slots_.swap(next_slots_);
-  for (SlotId slot = 0; slot < static_cast<SlotId>(slots_.size()); ++slot) {
+  for (SlotId slot = first_moved; slot < static_cast<SlotId>(slots_.size());
+       ++slot) {
     slot_of_[slots_[slot]] = slot;
   }
   return StepResult{
@@ -130,10 +137,19 @@ absl::Status BatchCommit::Validate(const StepPlan& plan) {
       auto parent = slot_of_.find(join.fork_of);
       const bool running =
           parent != slot_of_.end() && !leaving_[parent->second];
-      if (!running && !joining_.contains(join.fork_of)) {
+      const bool joined = joining_.contains(join.fork_of);
+      if (!running && !joined) {
         return absl::InvalidArgumentError(absl::StrCat(
             "batch commit: joining sequence ", join.id, " forks ",
             join.fork_of, ", which is neither running nor joined before it"));
+      }
+      // The parent's prompt is prefilled by this very step: a copy of its
+      // partial page would run before that page holds any KV.
+      if (joined && !join.tokens.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "batch commit: sequence ", join.id, " forks ", join.fork_of,
+            ", which joins in the same step, and appends ", join.tokens.size(),
+            " tokens: append them in the next step"));
       }
     }
     if (!joining_.insert(join.id).second) {
@@ -236,6 +252,9 @@ absl::Status BatchCommit::Apply(const StepPlan& plan, bool& table_changed) {
   // after a successful CompactRows leaves the table to restore.
   KVBLOCK_RETURN_IF_ERROR(table_.CompactRows(old_to_new_, survivors));
   table_changed = true;
+  if (internal::FaultInjection::ShouldFail()) {
+    return absl::InternalError("batch commit: injected fault before SetRows");
+  }
   return table_.SetRows(rows_);
 }
 

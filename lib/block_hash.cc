@@ -1,12 +1,15 @@
 // Copyright 2026 The kvblock Authors.
 #include "kvblock/block_hash.h"
 
-#include <openssl/evp.h>
+// OpenSSL 3 deprecates the low-level SHA256_* calls in favour of EVP, but its
+// EVP_DigestInit_ex2 allocates on every init: one malloc per page hashed. The
+// low-level calls run the same audited implementation on a stack context and
+// allocate nothing, which the hot path (Append) requires.
+#define OPENSSL_SUPPRESS_DEPRECATED
+#include <openssl/sha.h>
 #include <xxhash.h>
 
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -29,13 +32,6 @@ static_assert(sizeof(BlockHash::bytes) == 32);
 // buffer grows.
 constexpr size_t kInitialMessageBytes = 1280;
 
-struct EvpMdDeleter {
-  void operator()(EVP_MD* md) const { EVP_MD_free(md); }
-};
-struct EvpMdCtxDeleter {
-  void operator()(EVP_MD_CTX* ctx) const { EVP_MD_CTX_free(ctx); }
-};
-
 // Little-endian stores, independent of the host's byte order.
 uint8_t* StoreLe32(uint8_t* p, uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
@@ -48,13 +44,6 @@ uint8_t* StoreLe64(uint8_t* p, uint64_t v) {
 uint8_t* StoreBytes(uint8_t* p, const void* src, size_t n) {
   if (n > 0) std::memcpy(p, src, n);
   return p + n;
-}
-
-// OpenSSL's digest calls fail, once the context exists, only when they
-// cannot allocate: the library treats that like any failed allocation.
-[[noreturn]] void DieInOpenSsl(const char* call) {
-  std::fprintf(stderr, "kvblock: %s failed (out of memory)\n", call);
-  std::abort();
 }
 
 }  // namespace
@@ -74,10 +63,6 @@ struct BlockHasher::State {
   // The message of the last page; grows to the largest message seen and is
   // then reused, so hashing does not allocate in steady state.
   std::vector<uint8_t> message;
-  // SHA-256 only (null for XXH3-128): the fetched algorithm (fetched once,
-  // not implicitly per call) and the digest context reinitialized per page.
-  std::unique_ptr<EVP_MD, EvpMdDeleter> md;
-  std::unique_ptr<EVP_MD_CTX, EvpMdCtxDeleter> ctx;
 };
 
 absl::StatusOr<BlockHasher> BlockHasher::Create(HashAlgorithm algorithm) {
@@ -88,17 +73,6 @@ absl::StatusOr<BlockHasher> BlockHasher::Create(HashAlgorithm algorithm) {
   }
   auto state = std::make_unique<State>();
   state->message.resize(kInitialMessageBytes);
-  if (algorithm == HashAlgorithm::kSha256) {
-    state->md.reset(EVP_MD_fetch(nullptr, "SHA256", nullptr));
-    if (state->md == nullptr) {
-      return absl::InternalError(
-          "block hash: OpenSSL provides no SHA256 (EVP_MD_fetch failed)");
-    }
-    state->ctx.reset(EVP_MD_CTX_new());
-    if (state->ctx == nullptr) {
-      return absl::InternalError("block hash: EVP_MD_CTX_new failed");
-    }
-  }
   return BlockHasher(algorithm, std::move(state));
 }
 
@@ -136,16 +110,11 @@ BlockHash BlockHasher::HashPage(const BlockHash& parent,
     std::memcpy(hash.bytes.data(), canonical.digest, sizeof(canonical.digest));
     return hash;
   }
-  EVP_MD_CTX* ctx = state_->ctx.get();
-  if (EVP_DigestInit_ex2(ctx, state_->md.get(), nullptr) != 1) {
-    DieInOpenSsl("EVP_DigestInit_ex2");
-  }
-  if (EVP_DigestUpdate(ctx, message.data(), size) != 1) {
-    DieInOpenSsl("EVP_DigestUpdate");
-  }
-  if (EVP_DigestFinal_ex(ctx, hash.bytes.data(), nullptr) != 1) {
-    DieInOpenSsl("EVP_DigestFinal_ex");
-  }
+  // These calls cannot fail on a valid stack context.
+  SHA256_CTX ctx;
+  SHA256_Init(&ctx);
+  SHA256_Update(&ctx, message.data(), size);
+  SHA256_Final(hash.bytes.data(), &ctx);
   return hash;
 }
 

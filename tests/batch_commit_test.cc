@@ -140,6 +140,9 @@ TEST_CASE("invalid steps are refused and change nothing") {
   const JoinRequest orphan[] = {{.id = 5, .fork_of = 9}};
   const JoinRequest fork_of_leaving[] = {{.id = 5, .fork_of = 1}};
   const JoinRequest negative_id[] = {{.id = -3, .tokens = prompt}};
+  const std::vector<TokenId> sample_token = {9};
+  const JoinRequest fork_appends_in_prefill[] = {
+      {.id = 5, .tokens = prompt}, {.id = 6, .fork_of = 5, .tokens = sample_token}};
   const JoinRequest too_many[] = {{.id = 5, .tokens = prompt},
                                   {.id = 6, .tokens = prompt},
                                   {.id = 7, .tokens = prompt}};
@@ -174,6 +177,8 @@ TEST_CASE("invalid steps are refused and change nothing") {
       f.commit->Commit({.finished = first, .joins = fork_of_leaving}),
       kInvalidArgument);
   REQUIRE_STATUS_IS(f.commit->Commit({.joins = negative_id}), kInvalidArgument);
+  REQUIRE_STATUS_IS(f.commit->Commit({.joins = fork_appends_in_prefill}),
+                    kInvalidArgument);
   REQUIRE_STATUS_IS(f.commit->Commit({.joins = too_many}), kFailedPrecondition);
   // Failures inside the step: rolled back.
   REQUIRE_STATUS_IS(f.commit->Commit({.joins = too_long}), kOutOfRange);
@@ -230,7 +235,7 @@ TEST_CASE("an injected fault at every site of a step is rolled back") {
   PagedKvConfig config = SmallConfig();
   config.num_pages = 12;
   CommitFixture f(config);
-  const std::vector<TokenId> system = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<TokenId> system = {1, 2, 3, 4, 5, 6};
   const std::vector<TokenId> other = {1, 2, 3, 4, 9, 9};
   const JoinRequest joins1[] = {{.id = 1, .tokens = system},
                                 {.id = 2, .tokens = other}};
@@ -242,7 +247,7 @@ TEST_CASE("an injected fault at every site of a step is rolled back") {
   const std::vector<TokenId> again = {1, 2, 3, 4, 5, 6, 7, 8, 40};
   const std::vector<TokenId> fork_tokens = {77};
   const JoinRequest joins2[] = {{.id = 3, .tokens = again},
-                                {.id = 4, .fork_of = 3, .tokens = fork_tokens}};
+                                {.id = 4, .fork_of = 1, .tokens = fork_tokens}};
   const int32_t counts[] = {3, 0};
   const TokenId tokens[] = {9, 10, 11};
   const StepPlan plan{.finished = finished,

@@ -51,7 +51,8 @@ namespace kvblock {
 // A sequence joining the batch: a prompt (fork_of == kNoSequence; `tokens` is
 // the prompt), or a fork of `fork_of` that then appends `tokens` (may be
 // empty). `fork_of` is running at the start of the step or joined earlier in
-// the same step.
+// the same step; a fork of a prompt joining in the same step appends nothing
+// in that step (its prompt is prefilled by the step: nothing to copy yet).
 struct JoinRequest {
   SequenceId id = kNoSequence;
   SequenceId fork_of = kNoSequence;

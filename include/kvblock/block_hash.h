@@ -47,10 +47,8 @@
 //     use of the same hash functions and from each other's format versions.
 //
 // Complexity: HashPage is O(n + s); HashChain is O(tokens + pages * s). A
-// BlockHasher reuses its message buffer and digest context, so steady-state
-// hashing allocates nothing of its own (OpenSSL 3.0's EVP_DigestInit_ex2
-// still allocates its small SHA-256 state once per page internally; later
-// OpenSSL releases reinitialize it in place).
+// BlockHasher reuses its message buffer and hashes with OpenSSL's SHA-256 on
+// a stack context (or XXH3), so steady-state hashing allocates nothing.
 //
 // Thread safety: `BlockHash` and `HashExtraKeys` are plain values. A
 // `BlockHasher` is thread-compatible: HashPage mutates its scratch state, so
@@ -114,9 +112,7 @@ struct HashExtraKeys {
 class BlockHasher {
  public:
   // A hasher for `algorithm`.
-  // Errors: InvalidArgument if `algorithm` is not a HashAlgorithm enumerator;
-  // Internal if OpenSSL cannot provide SHA-256 (a broken provider
-  // configuration) or cannot allocate a digest context.
+  // Errors: InvalidArgument if `algorithm` is not a HashAlgorithm enumerator.
   static absl::StatusOr<BlockHasher> Create(
       HashAlgorithm algorithm = HashAlgorithm::kSha256);
 
@@ -129,9 +125,7 @@ class BlockHasher {
   // The hash of a page holding `tokens` whose previous page hashed to
   // `parent` (kRootBlockHash for the first page), per the format above.
   // `tokens` is the whole page; any length is hashed as given (callers pass
-  // exactly page_size tokens). Cannot fail: OpenSSL fails here only when it
-  // cannot allocate, which terminates the process like any allocation
-  // failure in the library.
+  // exactly page_size tokens). Cannot fail.
   // REQUIRES: this hasher was not moved from.
   BlockHash HashPage(const BlockHash& parent, absl::Span<const TokenId> tokens,
                      const HashExtraKeys& extra);

@@ -1,0 +1,247 @@
+// Copyright 2026 The kvblock Authors.
+//
+// BatchCommit benchmark: the host cost of one steady-state decode step. Every
+// running sequence appends one token (with page_size 16, one in 16 crosses
+// into a new page); about 1% of the batch finishes, at random slots, and as
+// many prompts join (a shared 4-page prefix, so they hit the prefix cache,
+// plus a unique suffix). Reported per step (the time) and per sequence
+// (`ns_per_seq`), at batch 64, 256 and 1024; with and without uploading the
+// page table after each step; with the default SHA-256 and with XXH3 page
+// hashes.
+//
+// Heap allocations are counted by replacing the global operator new in this
+// binary and OpenSSL's allocator (SHA-256 page hashes): `allocs_per_step`
+// counts those made inside the timed steps (the goal is 0).
+#include <benchmark/benchmark.h>
+#include <openssl/crypto.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kvblock/batch_commit.h"
+#include "kvblock/block_manager.h"
+#include "kvblock/device.h"
+#include "kvblock/page_table.h"
+
+namespace {
+
+// Heap allocations made by this process (one scheduler thread allocates in
+// the timed region; the counter needs no synchronization beyond that).
+int64_t allocations = 0;
+
+void* CountedAlloc(std::size_t size) {
+  ++allocations;
+  if (void* ptr = std::malloc(size == 0 ? 1 : size)) return ptr;
+  throw std::bad_alloc();
+}
+
+void* CountedCryptoMalloc(std::size_t size, const char*, int) {
+  ++allocations;
+  return std::malloc(size);
+}
+void* CountedCryptoRealloc(void* ptr, std::size_t size, const char*, int) {
+  ++allocations;
+  return std::realloc(ptr, size);
+}
+void CryptoFree(void* ptr, const char*, int) { std::free(ptr); }
+
+// Must run before OpenSSL's first allocation, hence a static initializer.
+const bool crypto_allocations_counted =
+    CRYPTO_set_mem_functions(CountedCryptoMalloc, CountedCryptoRealloc,
+                             CryptoFree) == 1;
+
+}  // namespace
+
+void* operator new(std::size_t size) { return CountedAlloc(size); }
+void* operator new[](std::size_t size) { return CountedAlloc(size); }
+void operator delete(void* ptr) noexcept { std::free(ptr); }
+void operator delete[](void* ptr) noexcept { std::free(ptr); }
+void operator delete(void* ptr, std::size_t) noexcept { std::free(ptr); }
+void operator delete[](void* ptr, std::size_t) noexcept { std::free(ptr); }
+
+namespace kvblock {
+namespace {
+
+constexpr int32_t kPageSize = 16;
+constexpr int32_t kMaxPagesPerSeq = 128;  // 2048 tokens.
+constexpr int32_t kPrefixTokens = 4 * kPageSize;
+constexpr int32_t kMaxSuffixTokens = 2 * kPageSize;
+constexpr int32_t kWarmupSteps = 1000;
+
+// A decode workload at one batch size: the stack, and the scratch the
+// scheduler fills each step (reused, so steps allocate nothing here).
+class DecodeWorkload {
+ public:
+  // Creates the stack and fills the batch; false (with the error reported to
+  // `state`) on failure.
+  bool Init(benchmark::State& state, int32_t batch, HashAlgorithm hash) {
+    batch_ = batch;
+    PagedKvConfig config;
+    config.page_size = kPageSize;
+    config.max_pages_per_seq = kMaxPagesPerSeq;
+    config.max_batch = batch;
+    // Steady state: about half the pool in use, the rest cached pages that
+    // the steps evict.
+    config.num_pages = 16 * batch;
+    BlockManagerOptions options;
+    options.hash_algorithm = hash;
+    device_ = Device::Host();
+    auto manager = BlockManager::Create(config, options);
+    if (!manager.ok()) return Fail(state, manager.status());
+    manager_ = *std::move(manager);
+    auto table =
+        KVPageTable::Create(batch, kMaxPagesPerSeq, config.num_pages, *device_);
+    if (!table.ok()) return Fail(state, table.status());
+    table_ = *std::move(table);
+    auto commit = BatchCommit::Create(*manager_, *table_);
+    if (!commit.ok()) return Fail(state, commit.status());
+    commit_ = *std::move(commit);
+
+    std::mt19937 rng(batch);
+    tokens_.resize(1 << 16);
+    for (TokenId& token : tokens_) token = static_cast<TokenId>(rng() % 32000);
+    slot_picks_.resize(1 << 12);
+    for (uint32_t& pick : slot_picks_) pick = rng();
+    prompts_.resize(batch);
+    for (std::vector<TokenId>& prompt : prompts_) {
+      prompt.reserve(kPrefixTokens + kMaxSuffixTokens);
+    }
+    joins_.resize(batch);
+    finished_.reserve(batch);
+    leaving_slots_.reserve(batch);
+    counts_.assign(batch, 1);
+
+    // Everyone joins at once, then the batch runs into its steady state
+    // (cache full, evicting; journals and scratch at their peak size).
+    for (int32_t i = 0; i < batch; ++i) DraftJoin(i);
+    auto first = commit_->Commit({.joins = absl::MakeConstSpan(joins_)});
+    if (!first.ok()) return Fail(state, first.status());
+    for (int i = 0; i < kWarmupSteps; ++i) {
+      if (absl::Status s = Step(false); !s.ok()) return Fail(state, s);
+    }
+    return true;
+  }
+
+  // One decode step: ~1% finish at random slots, as many prompts join, every
+  // other sequence appends one token; then, with `upload`, the table upload.
+  absl::Status Step(bool upload) {
+    finish_credit_ += batch_;
+    const int32_t leaving = finish_credit_ / 100;
+    finish_credit_ %= 100;
+    finished_.clear();
+    leaving_slots_.clear();
+    const absl::Span<const SequenceId> slots = commit_->slots();
+    while (static_cast<int32_t>(finished_.size()) < leaving) {
+      const SlotId slot = static_cast<SlotId>(
+          slot_picks_[pick_++ % slot_picks_.size()] % batch_);
+      if (counts_[slot] == 0) continue;  // already leaving.
+      counts_[slot] = 0;
+      leaving_slots_.push_back(slot);
+      finished_.push_back(slots[slot]);
+    }
+    for (int32_t i = 0; i < leaving; ++i) DraftJoin(i);
+    const StepPlan plan{
+        .finished = finished_,
+        .joins = absl::MakeConstSpan(joins_.data(), leaving),
+        .append_counts = counts_,
+        .append_tokens = NextTokens(batch_ - leaving),
+    };
+    absl::StatusOr<StepResult> result = commit_->Commit(plan);
+    for (const SlotId slot : leaving_slots_) counts_[slot] = 1;
+    if (!result.ok()) return result.status();
+    if (upload) return table_->Upload(nullptr).status();
+    return absl::OkStatus();
+  }
+
+ private:
+  static bool Fail(benchmark::State& state, const absl::Status& status) {
+    state.SkipWithError(status.ToString().c_str());
+    return false;
+  }
+
+  absl::Span<const TokenId> NextTokens(int32_t n) {
+    if (token_offset_ + n > tokens_.size()) token_offset_ = 0;
+    const absl::Span<const TokenId> span =
+        absl::MakeConstSpan(tokens_).subspan(token_offset_, n);
+    token_offset_ += n;
+    return span;
+  }
+
+  // Makes joins_[i] a new sequence: the shared prefix, then 1 to
+  // kMaxSuffixTokens unique tokens.
+  void DraftJoin(int32_t i) {
+    std::vector<TokenId>& prompt = prompts_[i];
+    const absl::Span<const TokenId> prefix =
+        absl::MakeConstSpan(tokens_).first(kPrefixTokens);
+    prompt.assign(prefix.begin(), prefix.end());
+    const int32_t suffix =
+        1 + static_cast<int32_t>(next_id_ % kMaxSuffixTokens);
+    const absl::Span<const TokenId> unique = NextTokens(suffix);
+    prompt.insert(prompt.end(), unique.begin(), unique.end());
+    joins_[i] = {.id = next_id_++, .tokens = prompt};
+  }
+
+  int32_t batch_ = 0;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<BlockManager> manager_;
+  std::unique_ptr<KVPageTable> table_;
+  std::unique_ptr<BatchCommit> commit_;
+
+  std::vector<TokenId> tokens_;
+  size_t token_offset_ = 0;
+  std::vector<uint32_t> slot_picks_;
+  size_t pick_ = 0;
+  int32_t finish_credit_ = 0;
+  SequenceId next_id_ = 0;
+  std::vector<std::vector<TokenId>> prompts_;
+  std::vector<JoinRequest> joins_;
+  std::vector<SequenceId> finished_;
+  std::vector<SlotId> leaving_slots_;
+  std::vector<int32_t> counts_;  // by slot: 1, or 0 while leaving.
+};
+
+// Args: batch, upload (0/1), hash (0: SHA-256, the default; 1: XXH3).
+void BM_CommitDecodeStep(benchmark::State& state) {
+  if (!crypto_allocations_counted) {
+    state.SkipWithError("OpenSSL allocated before its allocator was replaced");
+    return;
+  }
+  const int32_t batch = static_cast<int32_t>(state.range(0));
+  const bool upload = state.range(1) != 0;
+  const HashAlgorithm hash =
+      state.range(2) == 0 ? HashAlgorithm::kSha256 : HashAlgorithm::kXxh3_128;
+  DecodeWorkload workload;
+  if (!workload.Init(state, batch, hash)) return;
+  // Counted around each step: the benchmark loop itself allocates once.
+  int64_t step_allocations = 0;
+  for (auto _ : state) {
+    const int64_t before = allocations;
+    if (absl::Status s = workload.Step(upload); !s.ok()) {
+      state.SkipWithError(s.ToString().c_str());
+      return;
+    }
+    step_allocations += allocations - before;
+  }
+  state.counters["ns_per_seq"] =
+      benchmark::Counter(static_cast<double>(batch),
+                         benchmark::Counter::kIsIterationInvariantRate |
+                             benchmark::Counter::kInvert);
+  state.counters["allocs_per_step"] =
+      benchmark::Counter(static_cast<double>(step_allocations),
+                         benchmark::Counter::kAvgIterations);
+}
+BENCHMARK(BM_CommitDecodeStep)
+    ->ArgNames({"batch", "upload", "xxh3"})
+    ->ArgsProduct({{64, 256, 1024}, {0, 1}, {0, 1}});
+
+}  // namespace
+}  // namespace kvblock
