@@ -144,8 +144,7 @@ class HostDevice final : public Device {
   absl::Status Synchronize(Stream /*stream*/) override {
     return absl::OkStatus();
   }
-  absl::Status RecordEvent(DeviceEvent& /*event*/,
-                           Stream /*stream*/) override {
+  absl::Status RecordEvent(DeviceEvent& /*event*/, Stream /*stream*/) override {
     return absl::OkStatus();
   }
   absl::StatusOr<bool> EventDone(const DeviceEvent& /*event*/) override {
@@ -177,9 +176,8 @@ class HostDevice final : public Device {
   static absl::StatusOr<void*> Calloc(size_t bytes) {
     void* data = std::calloc(1, bytes);
     if (data == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("host device: out of memory allocating ", bytes,
-                       " bytes"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "host device: out of memory allocating ", bytes, " bytes"));
     }
     return data;
   }
@@ -193,9 +191,8 @@ std::unique_ptr<Device> Device::Host() {
 
 absl::StatusOr<std::unique_ptr<Device>> Device::Cuda(int ordinal) {
   if (ordinal < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cuda device ordinal must be non-negative, got ",
-                     ordinal));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cuda device ordinal must be non-negative, got ", ordinal));
   }
 #ifdef KVBLOCK_HAVE_CUDA
   return internal::OpenCudaDevice(ordinal);

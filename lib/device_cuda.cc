@@ -68,10 +68,10 @@ class CudaDevice final : public Device {
   absl::Status CopyToHost(const void* src, void* dst, size_t bytes,
                           Stream stream) override {
     if (bytes == 0) return absl::OkStatus();
-    return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost,
-                                      ToStream(stream)),
-                      absl::StrCat("cudaMemcpyAsync device to host of ",
-                                   bytes, " bytes"));
+    return CudaStatus(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost,
+                        ToStream(stream)),
+        absl::StrCat("cudaMemcpyAsync device to host of ", bytes, " bytes"));
   }
   absl::Status CopyDeviceToDevice(const void* src, void* dst, size_t bytes,
                                   Stream stream) override {
@@ -86,9 +86,9 @@ class CudaDevice final : public Device {
                       "cudaStreamSynchronize");
   }
   absl::Status RecordEvent(DeviceEvent& event, Stream stream) override {
-    return CudaStatus(cudaEventRecord(ToEvent(EventHandle(event)),
-                                      ToStream(stream)),
-                      "cudaEventRecord");
+    return CudaStatus(
+        cudaEventRecord(ToEvent(EventHandle(event)), ToStream(stream)),
+        "cudaEventRecord");
   }
   absl::StatusOr<bool> EventDone(const DeviceEvent& event) override {
     const cudaError_t error = cudaEventQuery(ToEvent(EventHandle(event)));
@@ -105,9 +105,9 @@ class CudaDevice final : public Device {
   absl::StatusOr<void*> AllocateRaw(size_t bytes) override {
     KVBLOCK_RETURN_IF_ERROR(MakeCurrent(ordinal_));
     void* data = nullptr;
-    KVBLOCK_RETURN_IF_ERROR(CudaStatus(
-        cudaMalloc(&data, bytes), absl::StrCat("cudaMalloc of ", bytes,
-                                               " bytes on ", name_)));
+    KVBLOCK_RETURN_IF_ERROR(
+        CudaStatus(cudaMalloc(&data, bytes),
+                   absl::StrCat("cudaMalloc of ", bytes, " bytes on ", name_)));
     // cudaMemset is asynchronous: wait, so that the zeros are in place before
     // any stream of the caller's (blocking or not) touches the buffer.
     absl::Status status = CudaStatus(cudaMemset(data, 0, bytes), "cudaMemset");
@@ -145,10 +145,10 @@ class CudaDevice final : public Device {
   }
   absl::Status CopyToDeviceRaw(const void* src, void* dst, size_t bytes,
                                Stream stream) override {
-    return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
-                                      ToStream(stream)),
-                      absl::StrCat("cudaMemcpyAsync host to device of ",
-                                   bytes, " bytes"));
+    return CudaStatus(
+        cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
+                        ToStream(stream)),
+        absl::StrCat("cudaMemcpyAsync host to device of ", bytes, " bytes"));
   }
 
  private:

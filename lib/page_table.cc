@@ -203,25 +203,25 @@ absl::Status KVPageTable::CheckInvariants() const {
   for (SlotId slot = 0; slot < max_batch_; ++slot) {
     KVBLOCK_RETURN_IF_ERROR(CheckRow(slot));
     if (is_identity_ && lengths_[slot] != max_pages_per_seq_) {
-      return absl::InternalError(absl::StrCat(
-          "page table row ", slot, ": identity row has ", lengths_[slot],
-          " pages, want ", max_pages_per_seq_));
+      return absl::InternalError(
+          absl::StrCat("page table row ", slot, ": identity row has ",
+                       lengths_[slot], " pages, want ", max_pages_per_seq_));
     }
     for (int32_t i = 0; is_identity_ && i < max_pages_per_seq_; ++i) {
       const PageId id = rows_[RowOffset(slot) + i];
       if (id != RowOffset(slot) + i) {
-        return absl::InternalError(absl::StrCat(
-            "page table row ", slot, ": identity row holds page ", id,
-            " at index ", i, ", want ", RowOffset(slot) + i));
+        return absl::InternalError(
+            absl::StrCat("page table row ", slot, ": identity row holds page ",
+                         id, " at index ", i, ", want ", RowOffset(slot) + i));
       }
     }
   }
   size_t flagged = 0;
   for (uint8_t changed : changed_) flagged += changed != 0;
   if (flagged != changed_rows_.size()) {
-    return absl::InternalError(
-        absl::StrCat("page table: ", flagged, " rows flagged changed, ",
-                     changed_rows_.size(), " listed"));
+    return absl::InternalError(absl::StrCat("page table: ", flagged,
+                                            " rows flagged changed, ",
+                                            changed_rows_.size(), " listed"));
   }
   for (SlotId slot : changed_rows_) {
     if (changed_[slot] == 0) {
@@ -243,7 +243,9 @@ absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
   const size_t row_k_bytes = sizeof(PageId) * max_pages_per_seq_;
   dirty_rows_.clear();
   if (!uploaded_once_) {
-    for (SlotId slot = 0; slot < max_batch_; ++slot) dirty_rows_.push_back(slot);
+    for (SlotId slot = 0; slot < max_batch_; ++slot) {
+      dirty_rows_.push_back(slot);
+    }
   } else {
     for (SlotId slot : changed_rows_) {
       if (std::memcmp(rows_.data() + RowOffset(slot),
@@ -268,7 +270,9 @@ absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
     int32_t* const k_out = staging + 2 * RowOffset(slot);
     int32_t* const v_out = k_out + max_pages_per_seq_;
     std::memcpy(k_out, k_ids, row_k_bytes);
-    for (int32_t i = 0; i < lengths_[slot]; ++i) v_out[i] = k_ids[i] + num_pages_;
+    for (int32_t i = 0; i < lengths_[slot]; ++i) {
+      v_out[i] = k_ids[i] + num_pages_;
+    }
     std::fill(v_out + lengths_[slot], v_out + max_pages_per_seq_, kNoPage);
   }
 
@@ -296,7 +300,12 @@ absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
         device_.RecordEvent(staging_done_[staging_slot], stream);
     if (status.ok()) status = std::move(recorded);
   }
-  KVBLOCK_RETURN_IF_ERROR(status);
+  if (!status.ok()) {
+    // The mirror may now hold some of the new rows: no longer trust the last
+    // uploaded image, so that the next Upload copies everything.
+    uploaded_once_ = false;
+    return status;
+  }
 
   for (SlotId slot : dirty_rows_) {
     std::memcpy(uploaded_.data() + RowOffset(slot),
@@ -335,21 +344,19 @@ absl::Status KVPageTable::ValidateRow(SlotId slot, const PageId* k_page_ids,
         absl::StrCat("slot ", slot, " is outside [0, ", max_batch_, ")"));
   }
   if (count < 0 || count > max_pages_per_seq_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("slot ", slot, ": ", count,
-                     " page ids, want [0, max_pages_per_seq ",
-                     max_pages_per_seq_, "]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slot ", slot, ": ", count, " page ids, want [0, max_pages_per_seq ",
+        max_pages_per_seq_, "]"));
   }
   if (count > 0 && k_page_ids == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "slot ", slot, ": null k_page_ids with count ", count));
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot ", slot, ": null k_page_ids with count ", count));
   }
   for (int64_t i = 0; i < count; ++i) {
     if (k_page_ids[i] < 0 || k_page_ids[i] >= num_pages_) {
       return absl::InvalidArgumentError(
-          absl::StrCat("slot ", slot, ": page id ", k_page_ids[i],
-                       " at index ", i, " is outside [0, num_pages ",
-                       num_pages_, ")"));
+          absl::StrCat("slot ", slot, ": page id ", k_page_ids[i], " at index ",
+                       i, " is outside [0, num_pages ", num_pages_, ")"));
     }
   }
   return absl::OkStatus();
@@ -369,9 +376,9 @@ void KVPageTable::WriteRow(SlotId slot, const PageId* k_page_ids,
 absl::Status KVPageTable::CheckRow(SlotId slot) const {
   const int32_t length = lengths_[slot];
   if (length < 0 || length > max_pages_per_seq_) {
-    return absl::InternalError(absl::StrCat(
-        "page table row ", slot, ": length ", length, " is outside [0, ",
-        max_pages_per_seq_, "]"));
+    return absl::InternalError(
+        absl::StrCat("page table row ", slot, ": length ", length,
+                     " is outside [0, ", max_pages_per_seq_, "]"));
   }
   const PageId* row = rows_.data() + RowOffset(slot);
   for (int32_t i = 0; i < max_pages_per_seq_; ++i) {

@@ -6,7 +6,7 @@
 // source at that time. So a staging byte the host overwrites before its copy
 // has run reaches the "device", as it would on a GPU. Every Device call acts
 // on one stream (the stream argument is ignored). It also counts its live
-// allocations and events, for RAII tests.
+// allocations and events, for RAII tests, and can fail a copy on request.
 //
 // Thread safety: none; one test thread.
 #ifndef KVBLOCK_TESTS_DEFERRED_DEVICE_H_
@@ -34,11 +34,14 @@ class DeferredDevice final : public Device {
   // Runs the pending copies up to the next recorded event that has not been
   // reached; false when there is none.
   bool RunToNextEvent() {
-    const auto next = std::upper_bound(recorded_.begin(), recorded_.end(), ran_);
+    const auto next =
+        std::upper_bound(recorded_.begin(), recorded_.end(), ran_);
     if (next == recorded_.end()) return false;
     RunThrough(*next);
     return true;
   }
+  // Makes the host-to-device copy after the next `n` fail (Internal), once.
+  void FailCopyAfter(int64_t n) { copies_before_failure_ = n; }
   int64_t live_allocations() const { return live_allocations_; }
   int64_t live_events() const { return live_events_; }
 
@@ -98,6 +101,9 @@ class DeferredDevice final : public Device {
   }
   absl::Status CopyToDeviceRaw(const void* src, void* dst, size_t bytes,
                                Stream /*stream*/) override {
+    if (copies_before_failure_ >= 0 && copies_before_failure_-- == 0) {
+      return absl::InternalError("deferred device: injected copy failure");
+    }
     copies_.push_back({src, dst, bytes});
     return absl::OkStatus();
   }
@@ -121,7 +127,8 @@ class DeferredDevice final : public Device {
 
   std::vector<Copy> copies_;
   int64_t ran_ = 0;
-  std::vector<int64_t> recorded_;  // increasing positions of RecordEvent.
+  std::vector<int64_t> recorded_;       // increasing positions of RecordEvent.
+  int64_t copies_before_failure_ = -1;  // -1: no failure planned.
   int64_t live_allocations_ = 0;
   int64_t live_events_ = 0;
 };

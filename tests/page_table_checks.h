@@ -28,8 +28,7 @@ struct TableSnapshot {
   KVPageTableUploadStats upload_stats;
   const int32_t* mirror = nullptr;
 
-  friend bool operator==(const TableSnapshot&,
-                         const TableSnapshot&) = default;
+  friend bool operator==(const TableSnapshot&, const TableSnapshot&) = default;
 };
 
 inline TableSnapshot Snapshot(const KVPageTable& table) {
@@ -64,8 +63,8 @@ inline std::vector<int32_t> ReadMirror(const KVPageTable& table,
   const DeviceTensor view = table.kernel_view();
   std::vector<int32_t> image(static_cast<size_t>(view.num_elements()));
   REQUIRE_OK(device.Synchronize(nullptr));
-  REQUIRE_OK(device.CopyToHost(view.data(), image.data(), view.size_bytes(),
-                               nullptr));
+  REQUIRE_OK(
+      device.CopyToHost(view.data(), image.data(), view.size_bytes(), nullptr));
   REQUIRE_OK(device.Synchronize(nullptr));
   return image;
 }

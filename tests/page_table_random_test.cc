@@ -9,6 +9,7 @@
 #include <deque>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "deferred_device.h"
@@ -172,7 +173,9 @@ class RandomRun {
     for (SlotId slot = 0; slot < model_.geometry.max_batch; ++slot) {
       if (Uniform(0, 2) != 0) survivors.push_back(slot);
     }
-    if (Uniform(0, 1) == 0) std::shuffle(survivors.begin(), survivors.end(), rng_);
+    if (Uniform(0, 1) == 0) {
+      std::shuffle(survivors.begin(), survivors.end(), rng_);
+    }
     std::vector<SlotId> old_to_new(model_.geometry.max_batch, kNoSlot);
     for (size_t i = 0; i < survivors.size(); ++i) {
       old_to_new[survivors[i]] = static_cast<SlotId>(i);
@@ -232,9 +235,9 @@ class RandomRun {
     absl::Status status;
     switch (Uniform(0, 7)) {
       case 0:  // a slot outside [0, max_batch).
-        status = table_->SetRow(Uniform(0, 1) ? -1 - Uniform(0, 5)
-                                              : g.max_batch + Uniform(0, 5),
-                                row);
+        status = table_->SetRow(
+            Uniform(0, 1) ? -1 - Uniform(0, 5) : g.max_batch + Uniform(0, 5),
+            row);
         break;
       case 1:  // a page outside [0, num_pages), -1 included.
         if (row.empty()) row.push_back(0);
@@ -252,8 +255,8 @@ class RandomRun {
         status = table_->SetRows(updates);
         break;
       case 4:  // valid updates and one bad one, anywhere.
-        updates.push_back({RandomSlot(), too_long.data(),
-                           g.max_pages_per_seq + 1});
+        updates.push_back(
+            {RandomSlot(), too_long.data(), g.max_pages_per_seq + 1});
         std::shuffle(updates.begin(), updates.end(), rng_);
         status = table_->SetRows(updates);
         break;
@@ -311,11 +314,11 @@ const Geometry kGeometries[] = {
 
 TEST_CASE("random calls match a model; every upload is exact", "[random]") {
   const uint32_t seed = GENERATE(1u, 2u, 3u);
-  const Geometry geometry = GENERATE(from_range(std::begin(kGeometries),
-                                                std::end(kGeometries)));
+  const Geometry geometry =
+      GENERATE(from_range(std::begin(kGeometries), std::end(kGeometries)));
   INFO("seed " << seed << ", geometry " << geometry.max_batch << " x "
-                << geometry.max_pages_per_seq << " over "
-                << geometry.num_pages << " pages");
+               << geometry.max_pages_per_seq << " over " << geometry.num_pages
+               << " pages");
   std::unique_ptr<Device> device = Device::Host();
   RandomRun run(seed, geometry, *device);
   const int64_t row_bytes =
@@ -342,11 +345,11 @@ TEST_CASE("random calls match a model; every upload is exact", "[random]") {
 TEST_CASE("random calls with copies in flight: each upload lands intact",
           "[random]") {
   const uint32_t seed = GENERATE(11u, 12u, 13u);
-  const Geometry geometry = GENERATE(from_range(std::begin(kGeometries),
-                                                std::end(kGeometries)));
+  const Geometry geometry =
+      GENERATE(from_range(std::begin(kGeometries), std::end(kGeometries)));
   INFO("seed " << seed << ", geometry " << geometry.max_batch << " x "
-                << geometry.max_pages_per_seq << " over "
-                << geometry.num_pages << " pages");
+               << geometry.max_pages_per_seq << " over " << geometry.num_pages
+               << " pages");
   DeferredDevice device;
   RandomRun run(seed, geometry, device);
   const DeviceTensor view = run.table().kernel_view();

@@ -103,7 +103,8 @@ class DeviceEvent {
 
  private:
   friend class Device;
-  DeviceEvent(Device* device, void* handle) : device_(device), handle_(handle) {}
+  DeviceEvent(Device* device, void* handle)
+      : device_(device), handle_(handle) {}
   void Reset();
 
   Device* device_ = nullptr;
@@ -196,8 +197,8 @@ class Device {
   virtual void FreePinnedRaw(void* ptr) = 0;
   virtual absl::StatusOr<void*> CreateEventRaw() = 0;
   virtual void DestroyEventRaw(void* handle) = 0;
-  virtual absl::Status CopyToDeviceRaw(const void* src, void* dst,
-                                       size_t bytes, Stream stream) = 0;
+  virtual absl::Status CopyToDeviceRaw(const void* src, void* dst, size_t bytes,
+                                       Stream stream) = 0;
 
   static void* EventHandle(const DeviceEvent& event) { return event.handle_; }
 

@@ -30,7 +30,8 @@
 // O(table). No call allocates memory after Create.
 //
 // Errors: every call that returns an error leaves the table unchanged (host
-// rows, is_identity, upload_stats and the pending upload alike).
+// rows, is_identity, upload_stats and what the next Upload copies); only a
+// device failure in the middle of Upload has effects (see Upload).
 //
 // Thread safety: thread-compatible. One thread (the scheduler's) owns a table
 // and its Device; const methods may run concurrently with each other only.
@@ -137,9 +138,10 @@ class KVPageTable {
   // maximal run of differing rows. With nothing to copy it does no device
   // operation and never waits. The host rows may change as soon as it
   // returns; the caller orders kernels after it on `stream`.
-  // Internal: a broken invariant, or a device failure while enqueuing; the
-  // host rows, stats and pending changes are then unchanged (a later Upload
-  // copies the same rows again), the mirror may hold some of the new rows.
+  // Internal: a broken invariant, or a device failure (ResourceExhausted or
+  // Unavailable where the device says so). On error the host rows and
+  // upload_stats are unchanged; after a failed copy the mirror may hold part
+  // of the new rows, and the next Upload copies the whole table.
   absl::StatusOr<bool> Upload(Stream stream);
 
   // The host K row of `slot`, max_pages_per_seq entries: its live ids, then

@@ -40,8 +40,8 @@ TEST_CASE("cuda allocations are zero-filled and copies round-trip", "[gpu]") {
 
   std::memset(pinned->data(), 0x5a, kBytes);
   const DeviceStats before = device->stats();
-  REQUIRE_OK(device->CopyToDevice(pinned->data(), buffer->data(), kBytes,
-                                  nullptr));
+  REQUIRE_OK(
+      device->CopyToDevice(pinned->data(), buffer->data(), kBytes, nullptr));
   REQUIRE(device->stats().copies == before.copies + 1);
   REQUIRE(device->stats().bytes == before.bytes + static_cast<int64_t>(kBytes));
   REQUIRE_OK(device->CopyToHost(buffer->data(), back.data(), kBytes, nullptr));

@@ -64,11 +64,11 @@ std::unique_ptr<Bench> MakeBench(benchmark::State& state) {
   }
   std::vector<KVPageTableRowUpdate> all;
   for (SlotId slot = 0; slot < max_batch; ++slot) {
-    all.push_back(
-        {slot, bench->ids[0].data() + static_cast<size_t>(slot) * count, count});
+    all.push_back({slot,
+                   bench->ids[0].data() + static_cast<size_t>(slot) * count,
+                   count});
   }
-  if (!bench->table->SetRows(all).ok() ||
-      !bench->table->Upload(nullptr).ok()) {
+  if (!bench->table->SetRows(all).ok() || !bench->table->Upload(nullptr).ok()) {
     state.SkipWithError("setting up the table failed");
     return nullptr;
   }
@@ -133,9 +133,9 @@ void BM_PageTableUpload(benchmark::State& state) {
     v ^= 1;
     const auto start = std::chrono::steady_clock::now();
     benchmark::DoNotOptimize(bench->table->Upload(nullptr));
-    state.SetIterationTime(std::chrono::duration<double>(
-                               std::chrono::steady_clock::now() - start)
-                               .count());
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count());
   }
   state.SetItemsProcessed(state.iterations() *
                           static_cast<int64_t>(bench->slots.size()));

@@ -6,7 +6,8 @@
 // DESIGN.md ("kvblock-sim", "Trace format") for the contract.
 //
 // Exit codes: 0 success; 1 a failure at run time (device, file output,
-// library error); 2 bad input (a flag value, a trace line, a workload name).
+// library error); 2 bad input (a flag value, a trace file or line, a workload
+// name). Abseil itself exits 1 for --help and for flags it cannot parse.
 #include <unistd.h>
 
 #include <chrono>
@@ -174,7 +175,9 @@ int Main() {
   absl::StatusOr<std::vector<Request>> requests =
       RequestsFromFlags(*config, source);
   if (!requests.ok()) {
-    return Fail(requests.status().code() == absl::StatusCode::kInvalidArgument
+    const absl::StatusCode code = requests.status().code();
+    return Fail(code == absl::StatusCode::kInvalidArgument ||
+                        code == absl::StatusCode::kNotFound
                     ? kExitBadInput
                     : kExitFailure,
                 requests.status());

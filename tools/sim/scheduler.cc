@@ -7,6 +7,7 @@
 #include <deque>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -100,6 +101,9 @@ class Runner {
     return result;
   }
 
+  // Plans and commits this step, letting the latest admitted requests give
+  // way until it fits the pool; nullopt when there is nothing to commit.
+  absl::StatusOr<std::optional<StepResult>> CommitStep();
   // Fills the plan of this step, admitting at most `admit_limit` requests.
   absl::Status PlanStep(int64_t admit_limit);
   // Plans the leaving, appending and forking sequences of running requests.
@@ -132,7 +136,6 @@ class Runner {
   std::deque<RequestState*> waiting_;
   std::vector<RequestState*> running_;        // in admission order.
   std::vector<RequestState*> still_running_;  // ApplyStep's scratch.
-  absl::flat_hash_map<SequenceId, RequestState*> owner_;
   SequenceId next_sequence_id_ = 0;
   int64_t clock_ = 0;
   int64_t host_ns_ = 0;
@@ -176,7 +179,6 @@ Runner::Runner(SchedulerState& state, absl::Span<const Request> requests,
   const size_t max_batch = kv_.max_batch;
   running_.reserve(max_batch);
   still_running_.reserve(max_batch);
-  owner_.reserve(max_batch);
   for (auto* list :
        {&victims_finished_, &victims_preempted_, &finished_, &preempted_}) {
     list->reserve(max_batch);
@@ -325,7 +327,6 @@ absl::Status Runner::GiveWay() {
   running_.pop_back();
   const bool alone = running_.empty();
   for (const Sequence& s : victim.sequences) {
-    owner_.erase(s.id);
     (alone ? victims_finished_ : victims_preempted_).push_back(s.id);
   }
   victim.sequences.clear();
@@ -344,14 +345,9 @@ absl::Status Runner::GiveWay() {
 }
 
 void Runner::ApplyStep() {
-  const auto erase_sequence = [&](RequestState& r, int32_t index) {
-    owner_.erase(r.sequences[index].id);
-    r.sequences.erase(r.sequences.begin() + index);
-  };
   still_running_.clear();
   for (RequestState* r : running_) {
     if (r->finishing) {
-      for (const Sequence& s : r->sequences) owner_.erase(s.id);
       r->sequences.clear();
       ++result_.completed;
       continue;
@@ -359,9 +355,8 @@ void Runner::ApplyStep() {
     for (Sequence& s : r->sequences) s.shared_tail = false;
     if (r->fork >= 0) {
       r->sequences.push_back({.id = r->fork_id, .sample = r->next_sample++});
-      owner_[r->fork_id] = r;
     }
-    if (r->drop >= 0) erase_sequence(*r, r->drop);
+    if (r->drop >= 0) r->sequences.erase(r->sequences.begin() + r->drop);
     ++r->generated;
     still_running_.push_back(r);
   }
@@ -375,7 +370,6 @@ void Runner::ApplyStep() {
     for (int32_t sample = 0; sample < request.n; ++sample) {
       r.sequences.push_back(
           {.id = r.first_id + sample, .sample = sample, .shared_tail = shared});
-      owner_[r.first_id + sample] = &r;
     }
     r.next_sample = request.n;
     next_sequence_id_ += request.n;
@@ -426,6 +420,37 @@ absl::Status Runner::CheckFinalState() const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::optional<StepResult>> Runner::CommitStep() {
+  victims_finished_.clear();
+  victims_preempted_.clear();
+  step_preemptions_ = 0;
+  int64_t admit_limit = std::numeric_limits<int64_t>::max();
+  for (;;) {
+    KVBLOCK_RETURN_IF_ERROR(PlanStep(admit_limit));
+    if (running_.empty() && joins_.empty() && finished_.empty()) {
+      return std::nullopt;
+    }
+    const StepPlan plan{.finished = finished_,
+                        .preempted = preempted_,
+                        .joins = joins_,
+                        .append_counts = append_counts_,
+                        .append_tokens = append_tokens_};
+    absl::StatusOr<StepResult> step =
+        Timed([&] { return commit_.Commit(plan); });
+    if (step.ok()) return *step;
+    if (step.status().code() != absl::StatusCode::kResourceExhausted) {
+      return absl::InternalError(absl::StrFormat("step %d: commit: %s", clock_,
+                                                 step.status().ToString()));
+    }
+    if (admitted_ > 0) {
+      admit_limit = admitted_ - 1;  // the latest admission waits.
+    } else {
+      KVBLOCK_RETURN_IF_ERROR(GiveWay());
+      admit_limit = 0;
+    }
+  }
+}
+
 absl::StatusOr<SimResult> Runner::Run() {
   const auto wall_start = std::chrono::steady_clock::now();
   const int64_t total = static_cast<int64_t>(requests_.size());
@@ -440,33 +465,9 @@ absl::StatusOr<SimResult> Runner::Run() {
       waiting_.push_back(&requests_[next_arrival_++]);
     }
     const BlockManagerStats before = manager_.stats();
-    victims_finished_.clear();
-    victims_preempted_.clear();
-    step_preemptions_ = 0;
-    int64_t admit_limit = std::numeric_limits<int64_t>::max();
-    absl::StatusOr<StepResult> step = absl::CancelledError("nothing to commit");
-    for (;;) {
-      KVBLOCK_RETURN_IF_ERROR(PlanStep(admit_limit));
-      if (running_.empty() && joins_.empty() && finished_.empty()) break;
-      const StepPlan plan{.finished = finished_,
-                          .preempted = preempted_,
-                          .joins = joins_,
-                          .append_counts = append_counts_,
-                          .append_tokens = append_tokens_};
-      step = Timed([&] { return commit_.Commit(plan); });
-      if (step.ok()) break;
-      if (step.status().code() != absl::StatusCode::kResourceExhausted) {
-        return absl::InternalError(absl::StrFormat(
-            "step %d: commit: %s", clock_, step.status().ToString()));
-      }
-      if (admitted_ > 0) {
-        admit_limit = admitted_ - 1;  // the latest admission waits.
-      } else {
-        KVBLOCK_RETURN_IF_ERROR(GiveWay());
-        admit_limit = 0;
-      }
-    }
-    if (!step.ok()) {
+    KVBLOCK_ASSIGN_OR_RETURN(const std::optional<StepResult> step,
+                             CommitStep());
+    if (!step.has_value()) {
       // Nothing to commit: planning rejected every waiting request.
       if (!waiting_.empty()) {
         return absl::InternalError(absl::StrFormat(
