@@ -87,7 +87,8 @@ absl::Status ValidateRequests(absl::Span<const Request> requests,
 
 // Reads a JSON Lines trace. InvalidArgument "line N: FIELD: ..." for the
 // first bad line (bad JSON, not an object, a missing or mistyped field, a
-// value out of range, a duplicate id); nothing is returned then.
+// value out of range, a duplicate id); nothing is returned then. Internal
+// when reading the stream fails.
 absl::StatusOr<std::vector<Request>> ParseTrace(std::istream& in,
                                                 const TraceLimits& limits);
 
