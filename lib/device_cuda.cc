@@ -24,6 +24,8 @@ absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
   switch (error) {
     case cudaErrorMemoryAllocation:
       return absl::ResourceExhaustedError(message);
+    // No usable driver or GPU. cudaErrorStubLibrary: the process loaded the
+    // toolkit's libcuda stub (linking aid) because no real driver exists.
     case cudaErrorInitializationError:
     case cudaErrorStubLibrary:
     case cudaErrorInsufficientDriver:
