@@ -31,10 +31,15 @@ BatchCommit::BatchCommit(BlockManager& manager, KVPageTable& table)
     : manager_(manager), table_(table) {
   const size_t max_batch = static_cast<size_t>(table.max_batch());
   slots_.reserve(max_batch);
-  slot_of_.reserve(max_batch);
+  handles_.reserve(max_batch);
+  slot_of_handle_.assign(manager.handle_limit(), kNoSlot);
   leaving_.assign(max_batch, 0);
   old_to_new_.assign(max_batch, kNoSlot);
   next_slots_.reserve(max_batch);
+  next_handles_.reserve(max_batch);
+  survivor_counts_.reserve(max_batch);
+  appended_.changed.reserve(max_batch);
+  appended_.copies.reserve(max_batch);
   changed_slots_.reserve(max_batch);
   copies_.reserve(max_batch);
   rows_.reserve(max_batch);
@@ -58,13 +63,18 @@ absl::StatusOr<StepResult> BatchCommit::Commit(const StepPlan& plan) {
   SlotId first_moved = old_batch;
   for (SlotId slot = 0; slot < old_batch; ++slot) {
     if (!leaving_[slot]) continue;
-    slot_of_.erase(slots_[slot]);
+    slot_of_handle_[handles_[slot]] = kNoSlot;
     first_moved = std::min(first_moved, slot);
   }
   slots_.swap(next_slots_);
+  handles_.swap(next_handles_);
+  // Joins may have grown the manager's slab (allocation only then).
+  if (slot_of_handle_.size() < static_cast<size_t>(manager_.handle_limit())) {
+    slot_of_handle_.resize(manager_.handle_limit(), kNoSlot);
+  }
   for (SlotId slot = first_moved; slot < static_cast<SlotId>(slots_.size());
        ++slot) {
-    slot_of_[slots_[slot]] = slot;
+    slot_of_handle_[handles_[slot]] = slot;
   }
   return StepResult{
       .old_to_new = absl::MakeConstSpan(old_to_new_),
@@ -104,21 +114,21 @@ absl::Status BatchCommit::Validate(const StepPlan& plan) {
   int32_t leaving = 0;
   for (const absl::Span<const SequenceId> ids : {plan.finished, plan.preempted}) {
     for (const SequenceId id : ids) {
-      auto it = slot_of_.find(id);
-      if (it == slot_of_.end()) {
+      const SlotId slot = RunningSlot(id);
+      if (slot == kNoSlot) {
         return absl::NotFoundError(absl::StrCat(
             "batch commit: leaving sequence ", id, " is not running"));
       }
-      if (leaving_[it->second]) {
+      if (leaving_[slot]) {
         return absl::InvalidArgumentError(absl::StrCat(
             "batch commit: sequence ", id, " leaves twice"));
       }
-      if (!plan.append_counts.empty() && plan.append_counts[it->second] != 0) {
+      if (!plan.append_counts.empty() && plan.append_counts[slot] != 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             "batch commit: leaving sequence ", id, " appends ",
-            plan.append_counts[it->second], " tokens"));
+            plan.append_counts[slot], " tokens"));
       }
-      leaving_[it->second] = 1;
+      leaving_[slot] = 1;
       ++leaving;
     }
   }
@@ -129,14 +139,13 @@ absl::Status BatchCommit::Validate(const StepPlan& plan) {
       return absl::InvalidArgumentError(
           absl::StrCat("batch commit: joins[", i, "] has id ", join.id));
     }
-    if (slot_of_.contains(join.id) || manager_.Contains(join.id)) {
+    if (manager_.Contains(join.id)) {
       return absl::AlreadyExistsError(absl::StrCat(
           "batch commit: joining sequence ", join.id, " is already live"));
     }
     if (join.fork_of != kNoSequence) {
-      auto parent = slot_of_.find(join.fork_of);
-      const bool running =
-          parent != slot_of_.end() && !leaving_[parent->second];
+      const SlotId parent = RunningSlot(join.fork_of);
+      const bool running = parent != kNoSlot && !leaving_[parent];
       const bool joined = joining_.contains(join.fork_of);
       if (!running && !joined) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -168,24 +177,21 @@ absl::Status BatchCommit::Validate(const StepPlan& plan) {
   return absl::OkStatus();
 }
 
-absl::Status BatchCommit::AppendTo(SequenceId id,
-                                   absl::Span<const TokenId> tokens,
-                                   bool& changed) {
-  KVBLOCK_ASSIGN_OR_RETURN(const AppendResult result,
-                           manager_.Append(id, tokens));
-  if (result.copy.has_value()) copies_.push_back(*result.copy);
-  new_pages_ += result.new_pages;
-  changed = result.new_pages > 0 || result.copy.has_value();
-  return absl::OkStatus();
+SlotId BatchCommit::RunningSlot(SequenceId id) const {
+  const absl::StatusOr<SequenceHandle> handle = manager_.HandleOf(id);
+  if (!handle.ok() || static_cast<size_t>(*handle) >= slot_of_handle_.size()) {
+    return kNoSlot;
+  }
+  return slot_of_handle_[*handle];
 }
 
-absl::Status BatchCommit::AddRow(SlotId slot, SequenceId id) {
+absl::Status BatchCommit::AddRow(SlotId slot, SequenceHandle handle) {
   if (internal::FaultInjection::ShouldFail()) {
     return absl::InternalError(
         absl::StrCat("batch commit: injected fault at the row of slot ", slot));
   }
   KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> pages,
-                           manager_.Pages(id));
+                           manager_.PagesAt(handle));
   rows_.push_back({slot, pages.data(), static_cast<int32_t>(pages.size())});
   changed_slots_.push_back(slot);
   return absl::OkStatus();
@@ -197,6 +203,8 @@ absl::Status BatchCommit::Apply(const StepPlan& plan, bool& table_changed) {
   rows_.clear();
   changed_slots_.clear();
   next_slots_.clear();
+  next_handles_.clear();
+  survivor_counts_.clear();
   new_pages_ = 0;
 
   for (const SequenceId id : plan.finished) {
@@ -215,36 +223,44 @@ absl::Status BatchCommit::Apply(const StepPlan& plan, bool& table_changed) {
     }
   }
 
-  // Survivors: append, then take the next dense slot.
-  size_t token = 0;
+  // Survivors take the next dense slots, then append in one batch (the
+  // tokens of leaving slots are none, so append_tokens stays in order).
   for (SlotId slot = 0; slot < batch; ++slot) {
     if (leaving_[slot]) {
       old_to_new_[slot] = kNoSlot;
       continue;
     }
-    const SlotId new_slot = static_cast<SlotId>(next_slots_.size());
-    old_to_new_[slot] = new_slot;
+    old_to_new_[slot] = static_cast<SlotId>(next_slots_.size());
     next_slots_.push_back(slots_[slot]);
-    const int32_t count = plan.append_counts.empty() ? 0 : plan.append_counts[slot];
-    if (count == 0) continue;
-    bool changed = false;
-    KVBLOCK_RETURN_IF_ERROR(
-        AppendTo(slots_[slot], plan.append_tokens.subspan(token, count), changed));
-    token += count;
-    if (changed) KVBLOCK_RETURN_IF_ERROR(AddRow(new_slot, slots_[slot]));
+    next_handles_.push_back(handles_[slot]);
+    survivor_counts_.push_back(
+        plan.append_counts.empty() ? 0 : plan.append_counts[slot]);
   }
   std::fill(old_to_new_.begin() + batch, old_to_new_.end(), kNoSlot);
   const int32_t survivors = static_cast<int32_t>(next_slots_.size());
+  KVBLOCK_RETURN_IF_ERROR(manager_.AppendMany(
+      next_handles_, survivor_counts_, plan.append_tokens, appended_));
+  copies_.insert(copies_.end(), appended_.copies.begin(),
+                 appended_.copies.end());
+  new_pages_ += appended_.new_pages;
+  for (const int32_t slot : appended_.changed) {
+    KVBLOCK_RETURN_IF_ERROR(AddRow(slot, next_handles_[slot]));
+  }
 
   // Joins take the next slots; forks append after every survivor did.
   for (const JoinRequest& join : plan.joins) {
     const SlotId new_slot = static_cast<SlotId>(next_slots_.size());
+    KVBLOCK_ASSIGN_OR_RETURN(const SequenceHandle handle,
+                             manager_.HandleOf(join.id));
     next_slots_.push_back(join.id);
+    next_handles_.push_back(handle);
     if (join.fork_of != kNoSequence && !join.tokens.empty()) {
-      bool changed = false;
-      KVBLOCK_RETURN_IF_ERROR(AppendTo(join.id, join.tokens, changed));
+      KVBLOCK_ASSIGN_OR_RETURN(const AppendResult result,
+                               manager_.Append(join.id, join.tokens));
+      if (result.copy.has_value()) copies_.push_back(*result.copy);
+      new_pages_ += result.new_pages;
     }
-    KVBLOCK_RETURN_IF_ERROR(AddRow(new_slot, join.id));
+    KVBLOCK_RETURN_IF_ERROR(AddRow(new_slot, handle));
   }
 
   // Compaction packs the survivors and clears the rows the joins will take.
@@ -275,12 +291,12 @@ absl::Status BatchCommit::RestoreTable() {
 absl::Span<const SequenceId> BatchCommit::slots() const { return slots_; }
 
 absl::StatusOr<SlotId> BatchCommit::SlotOf(SequenceId id) const {
-  auto it = slot_of_.find(id);
-  if (it == slot_of_.end()) {
+  const SlotId slot = RunningSlot(id);
+  if (slot == kNoSlot) {
     return absl::NotFoundError(
         absl::StrCat("batch commit: sequence ", id, " is not running"));
   }
-  return it->second;
+  return slot;
 }
 
 int32_t BatchCommit::batch() const { return static_cast<int32_t>(slots_.size()); }
@@ -288,10 +304,14 @@ int32_t BatchCommit::batch() const { return static_cast<int32_t>(slots_.size());
 absl::Status BatchCommit::CheckInvariants() const {
   KVBLOCK_RETURN_IF_ERROR(manager_.CheckInvariants());
   KVBLOCK_RETURN_IF_ERROR(table_.CheckInvariants());
-  if (slot_of_.size() != slots_.size()) {
+  const auto indexed = std::count_if(
+      slot_of_handle_.begin(), slot_of_handle_.end(),
+      [](SlotId slot) { return slot != kNoSlot; });
+  if (static_cast<size_t>(indexed) != slots_.size() ||
+      handles_.size() != slots_.size()) {
     return absl::InternalError(absl::StrCat(
-        "batch commit: ", slots_.size(), " slots but ", slot_of_.size(),
-        " indexed sequences"));
+        "batch commit: ", slots_.size(), " slots, ", handles_.size(),
+        " handles and ", indexed, " indexed handles"));
   }
   for (SlotId slot = 0; slot < table_.max_batch(); ++slot) {
     KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> row,
@@ -299,8 +319,10 @@ absl::Status BatchCommit::CheckInvariants() const {
     absl::Span<const PageId> expected;
     if (slot < static_cast<SlotId>(slots_.size())) {
       const SequenceId id = slots_[slot];
-      auto indexed = slot_of_.find(id);
-      if (indexed == slot_of_.end() || indexed->second != slot) {
+      const absl::StatusOr<SequenceHandle> handle = manager_.HandleOf(id);
+      if (!handle.ok() || *handle != handles_[slot] ||
+          static_cast<size_t>(*handle) >= slot_of_handle_.size() ||
+          slot_of_handle_[*handle] != slot) {
         return absl::InternalError(absl::StrCat(
             "batch commit: slot ", slot, " holds sequence ", id,
             " whose index entry disagrees"));

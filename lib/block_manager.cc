@@ -16,8 +16,8 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-BlockManager::Sequence::Sequence(int32_t max_pages_per_seq, int32_t page_size)
-    : table(max_pages_per_seq), partial(page_size) {}
+BlockManager::Sequence::Sequence(int32_t max_pages_per_seq)
+    : table(max_pages_per_seq) {}
 
 absl::StatusOr<std::unique_ptr<BlockManager>> BlockManager::Create(
     const PagedKvConfig& config, const BlockManagerOptions& options) {
@@ -52,21 +52,24 @@ BlockManager::BlockManager(const PagedKvConfig& config,
   const int32_t max_sequences = options.max_sequences > 0
                                     ? options.max_sequences
                                     : 4 * config.max_batch;
-  free_slots_.reserve(max_sequences);
+  free_handles_.reserve(max_sequences);
   pending_free_.reserve(max_sequences);
-  slot_of_.reserve(max_sequences);
-  for (int32_t slot = 0; slot < max_sequences; ++slot) {
-    sequences_.emplace_back(config.max_pages_per_seq, config.page_size);
+  handle_of_.reserve(max_sequences);
+  sequences_.reserve(max_sequences);
+  for (int32_t handle = 0; handle < max_sequences; ++handle) {
+    sequences_.emplace_back(config.max_pages_per_seq);
   }
-  // LIFO: slot 0 is handed out first.
-  for (int32_t slot = max_sequences - 1; slot >= 0; --slot) {
-    free_slots_.push_back(slot);
+  partial_tokens_.resize(static_cast<size_t>(max_sequences) * config.page_size);
+  // LIFO: handle 0 is handed out first.
+  for (int32_t handle = max_sequences - 1; handle >= 0; --handle) {
+    free_handles_.push_back(handle);
   }
   // A step journals about one record per running sequence.
   journal_.reserve(2 * static_cast<size_t>(max_sequences));
   token_arena_.reserve(static_cast<size_t>(max_sequences) * config.page_size);
   page_arena_.reserve(static_cast<size_t>(config.max_pages_per_seq) *
                       config.max_batch);
+  hash_arena_.reserve(max_sequences);
 }
 
 // Transactions ----------------------------------------------------------------
@@ -74,7 +77,8 @@ BlockManager::BlockManager(const PagedKvConfig& config,
 BlockManager::Transaction BlockManager::BeginTransaction() {
   ++depth_;
   return Transaction{pool_->BeginTransaction(), journal_.size(),
-                     token_arena_.size(), page_arena_.size(), stats_};
+                     token_arena_.size(), page_arena_.size(),
+                     hash_arena_.size(), stats_};
 }
 
 void BlockManager::CommitTransaction(const Transaction& transaction) {
@@ -84,7 +88,8 @@ void BlockManager::CommitTransaction(const Transaction& transaction) {
   journal_.clear();
   token_arena_.clear();
   page_arena_.clear();
-  for (int32_t slot : pending_free_) free_slots_.push_back(slot);
+  hash_arena_.clear();
+  for (SequenceHandle handle : pending_free_) free_handles_.push_back(handle);
   pending_free_.clear();
 }
 
@@ -95,6 +100,7 @@ void BlockManager::RollbackTransaction(const Transaction& transaction) {
   }
   token_arena_.resize(transaction.token_arena_size);
   page_arena_.resize(transaction.page_arena_size);
+  hash_arena_.resize(transaction.hash_arena_size);
   stats_ = transaction.stats;
   (void)pool_->RollbackTransaction(transaction.pool_savepoint);
   --depth_;
@@ -113,20 +119,26 @@ absl::Status BlockManager::Transact(Change&& change) {
 }
 
 void BlockManager::Undo(const UndoRecord& record) {
-  Sequence& sequence = sequences_[record.slot];
+  Sequence& sequence = sequences_[record.handle];
   switch (record.op) {
     case UndoRecord::Op::kCreated:
       // The pool's rollback takes back the references the table held.
       sequence.table.ForgetFrom(0);
-      slot_of_.erase(sequence.id);
+      handle_of_.erase(sequence.id);
       sequence.id = kNoSequence;
-      free_slots_.push_back(record.slot);
+      sequence.live = false;
+      free_handles_.push_back(record.handle);
       return;
     case UndoRecord::Op::kRemoved:
       (void)sequence.table.AdoptPages(absl::MakeConstSpan(
           page_arena_.data() + record.arena_offset, record.count));
-      slot_of_[sequence.id] = record.slot;
+      handle_of_[sequence.id] = record.handle;
+      sequence.live = true;
       pending_free_.pop_back();
+      return;
+    case UndoRecord::Op::kAppended:
+      sequence.num_tokens -= record.count;
+      sequence.offset -= record.count;
       return;
     case UndoRecord::Op::kChanged: {
       SequenceBlockTable& table = sequence.table;
@@ -138,9 +150,12 @@ void BlockManager::Undo(const UndoRecord& record) {
         (void)table.AdoptPages(absl::MakeConstSpan(&record.last_page, 1));
       }
       sequence.num_tokens = record.num_tokens;
-      sequence.last_full_hash = record.last_full_hash;
+      sequence.offset =
+          static_cast<int32_t>(record.num_tokens % config_.page_size);
+      sequence.tail_maybe_shared = record.tail_maybe_shared;
+      sequence.last_full_hash = hash_arena_[record.hash_index];
       std::copy_n(token_arena_.begin() + record.arena_offset, record.count,
-                  sequence.partial.begin());
+                  PartialTokens(record.handle));
       return;
     }
   }
@@ -177,33 +192,42 @@ bool BlockManager::in_step() const { return step_.has_value(); }
 // Sequences -------------------------------------------------------------------
 
 BlockManager::Sequence* BlockManager::Find(SequenceId id) {
-  auto it = slot_of_.find(id);
-  return it == slot_of_.end() ? nullptr : &sequences_[it->second];
+  auto it = handle_of_.find(id);
+  return it == handle_of_.end() ? nullptr : &sequences_[it->second];
 }
 
 const BlockManager::Sequence* BlockManager::Find(SequenceId id) const {
-  auto it = slot_of_.find(id);
-  return it == slot_of_.end() ? nullptr : &sequences_[it->second];
+  auto it = handle_of_.find(id);
+  return it == handle_of_.end() ? nullptr : &sequences_[it->second];
 }
 
-int32_t BlockManager::CreateSequence(SequenceId id) {
-  int32_t slot;
-  if (free_slots_.empty()) {
-    slot = static_cast<int32_t>(sequences_.size());
-    sequences_.emplace_back(config_.max_pages_per_seq, config_.page_size);
+bool BlockManager::IsLive(SequenceHandle handle) const {
+  return handle >= 0 && static_cast<size_t>(handle) < sequences_.size() &&
+         sequences_[handle].live;
+}
+
+SequenceHandle BlockManager::CreateSequence(SequenceId id) {
+  SequenceHandle handle;
+  if (free_handles_.empty()) {
+    handle = static_cast<SequenceHandle>(sequences_.size());
+    sequences_.emplace_back(config_.max_pages_per_seq);
+    partial_tokens_.resize(partial_tokens_.size() + config_.page_size);
   } else {
-    slot = free_slots_.back();
-    free_slots_.pop_back();
+    handle = free_handles_.back();
+    free_handles_.pop_back();
   }
-  Sequence& sequence = sequences_[slot];
+  Sequence& sequence = sequences_[handle];
   sequence.id = id;
+  sequence.live = true;
   sequence.num_tokens = 0;
+  sequence.offset = 0;
+  sequence.tail_maybe_shared = false;
   sequence.last_full_hash = kRootBlockHash;
   sequence.cache_salt.clear();
   sequence.adapter_id = 0;
-  slot_of_.emplace(id, slot);
-  journal_.push_back({.op = UndoRecord::Op::kCreated, .slot = slot});
-  return slot;
+  handle_of_.emplace(id, handle);
+  journal_.push_back({.op = UndoRecord::Op::kCreated, .handle = handle});
+  return handle;
 }
 
 absl::StatusOr<AdmissionPlan> BlockManager::Plan(
@@ -270,8 +294,10 @@ absl::StatusOr<AdmissionPlan> BlockManager::Admit(
   const int32_t full_pages =
       static_cast<int32_t>(prompt.size()) / config_.page_size;
   KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
-    Sequence& sequence = sequences_[CreateSequence(id)];
+    const SequenceHandle handle = CreateSequence(id);
+    Sequence& sequence = sequences_[handle];
     sequence.num_tokens = static_cast<int64_t>(prompt.size());
+    sequence.offset = static_cast<int32_t>(prompt.size() % config_.page_size);
     sequence.cache_salt.assign(extra.cache_salt.data(), extra.cache_salt.size());
     sequence.adapter_id = extra.adapter_id;
     SequenceBlockTable& table = sequence.table;
@@ -301,7 +327,7 @@ absl::StatusOr<AdmissionPlan> BlockManager::Admit(
     }
     const auto tail = prompt.subspan(static_cast<size_t>(full_pages) *
                                      config_.page_size);
-    std::copy(tail.begin(), tail.end(), sequence.partial.begin());
+    std::copy(tail.begin(), tail.end(), PartialTokens(handle));
     ++stats_.admitted;
     stats_.prompt_tokens += sequence.num_tokens;
     stats_.prefix_hit_tokens += plan.hit_tokens;
@@ -312,93 +338,166 @@ absl::StatusOr<AdmissionPlan> BlockManager::Admit(
 
 absl::StatusOr<AppendResult> BlockManager::Append(
     SequenceId id, absl::Span<const TokenId> tokens) {
-  Sequence* sequence = Find(id);
-  if (sequence == nullptr) {
+  auto it = handle_of_.find(id);
+  if (it == handle_of_.end()) {
     return absl::NotFoundError(
         absl::StrCat("block manager: sequence ", id, " is not live"));
   }
   AppendResult result;
-  if (tokens.empty()) return result;
-  const int32_t page_size = config_.page_size;
-  const int64_t old_tokens = sequence->num_tokens;
-  const int64_t new_tokens = old_tokens + static_cast<int64_t>(tokens.size());
-  const int32_t old_pages = sequence->table.num_pages();
-  const int64_t pages = CeilDiv(new_tokens, page_size);
-  if (pages > config_.max_pages_per_seq) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "block manager: sequence ", id, " would hold ", new_tokens,
-        " tokens in ", pages, " pages, more than max_pages_per_seq = ",
-        config_.max_pages_per_seq));
-  }
-  const int32_t partial = static_cast<int32_t>(old_tokens % page_size);
-  const bool copy =
-      partial != 0 && pool_->RefCount(*sequence->table.Get(old_pages - 1)) > 1;
-  const int64_t needed = pages - old_pages + (copy ? 1 : 0);
-  if (needed > pool_->NumFree()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "block manager: sequence ", id, " needs ", needed, " pages, ",
-        pool_->NumFree(), " are allocatable"));
-  }
   KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
-    return AppendTokens(*sequence, tokens, result);
+    return AppendTokens(it->second, sequences_[it->second], tokens, result);
   }));
   return result;
 }
 
-absl::Status BlockManager::AppendTokens(Sequence& sequence,
-                                        absl::Span<const TokenId> tokens,
-                                        AppendResult& result) {
+absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
+                                      absl::Span<const int32_t> counts,
+                                      absl::Span<const TokenId> tokens,
+                                      AppendManyResult& result) {
+  result.changed.clear();
+  result.copies.clear();
+  result.new_pages = 0;
+  if (handles.size() != counts.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block manager: append many got ", handles.size(), " handles and ",
+        counts.size(), " counts"));
+  }
+  absl::Status status = Transact([&]() -> absl::Status {
+    size_t next = 0;
+    for (size_t i = 0; i < handles.size(); ++i) {
+      const int32_t count = counts[i];
+      if (count < 0 || static_cast<size_t>(count) > tokens.size() - next) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "block manager: append many counts[", i, "] is ", count, " with ",
+            tokens.size() - next, " tokens left"));
+      }
+      const SequenceHandle handle = handles[i];
+      if (!IsLive(handle)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "block manager: append many handles[", i, "] = ", handle,
+            " is not live"));
+      }
+      AppendResult one;
+      KVBLOCK_RETURN_IF_ERROR(AppendTokens(handle, sequences_[handle],
+                                           tokens.subspan(next, count), one));
+      next += count;
+      if (one.new_pages == 0 && !one.copy.has_value()) continue;
+      result.changed.push_back(static_cast<int32_t>(i));
+      if (one.copy.has_value()) result.copies.push_back(*one.copy);
+      result.new_pages += one.new_pages;
+    }
+    if (next != tokens.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block manager: append many counts add up to ", next,
+          " tokens, got ", tokens.size()));
+    }
+    return absl::OkStatus();
+  });
+  if (!status.ok()) {
+    result.changed.clear();
+    result.copies.clear();
+    result.new_pages = 0;
+  }
+  return status;
+}
+
+inline absl::Status BlockManager::AppendTokens(SequenceHandle handle,
+                                               Sequence& sequence,
+                                               absl::Span<const TokenId> tokens,
+                                               AppendResult& result) {
+  const int64_t count = static_cast<int64_t>(tokens.size());
+  if (count == 0) return absl::OkStatus();
+  if (sequence.offset == 0 || sequence.offset + count >= config_.page_size ||
+      sequence.tail_maybe_shared) {
+    return AppendAcrossPages(handle, sequence, tokens, result);
+  }
+  std::copy(tokens.begin(), tokens.end(),
+            PartialTokens(handle) + sequence.offset);
+  journal_.push_back({.op = UndoRecord::Op::kAppended,
+                      .handle = handle,
+                      .count = static_cast<int32_t>(count)});
+  sequence.num_tokens += count;
+  sequence.offset += static_cast<int32_t>(count);
+  stats_.appended_tokens += count;
+  return absl::OkStatus();
+}
+
+absl::Status BlockManager::AppendAcrossPages(SequenceHandle handle,
+                                             Sequence& sequence,
+                                             absl::Span<const TokenId> tokens,
+                                             AppendResult& result) {
   const int32_t page_size = config_.page_size;
+  const int64_t count = static_cast<int64_t>(tokens.size());
+  TokenId* const partial = PartialTokens(handle);
   SequenceBlockTable& table = sequence.table;
-  int32_t offset = static_cast<int32_t>(sequence.num_tokens % page_size);
+  const int64_t new_tokens = sequence.num_tokens + count;
+  const int32_t old_pages = table.num_pages();
+  const int64_t pages = CeilDiv(new_tokens, page_size);
+  if (pages > config_.max_pages_per_seq) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "block manager: sequence ", sequence.id, " would hold ", new_tokens,
+        " tokens in ", pages, " pages, more than max_pages_per_seq = ",
+        config_.max_pages_per_seq));
+  }
+  const PageId last_page = old_pages > 0 ? *table.Get(old_pages - 1) : kNoPage;
+  const bool copy = sequence.offset != 0 && sequence.tail_maybe_shared &&
+                    pool_->RefCount(last_page) > 1;
+  const int64_t needed = pages - old_pages + (copy ? 1 : 0);
+  if (needed > pool_->NumFree()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "block manager: sequence ", sequence.id, " needs ", needed,
+        " pages, ", pool_->NumFree(), " are allocatable"));
+  }
+
+  int32_t offset = sequence.offset;
   UndoRecord record{.op = UndoRecord::Op::kChanged,
-                    .slot = slot_of_.find(sequence.id)->second,
+                    .tail_maybe_shared = sequence.tail_maybe_shared,
+                    .handle = handle,
                     .num_tokens = sequence.num_tokens,
-                    .num_pages = table.num_pages(),
-                    .last_page = table.num_pages() > 0
-                                     ? *table.Get(table.num_pages() - 1)
-                                     : kNoPage,
-                    .last_full_hash = sequence.last_full_hash};
+                    .num_pages = old_pages,
+                    .last_page = last_page,
+                    .hash_index = static_cast<int32_t>(hash_arena_.size())};
+  hash_arena_.push_back(sequence.last_full_hash);
   // The live partial tokens are overwritten only when a page fills.
-  if (offset + static_cast<int64_t>(tokens.size()) >= page_size) {
+  if (offset + count >= page_size) {
     record.arena_offset = static_cast<int32_t>(token_arena_.size());
     record.count = offset;
-    token_arena_.insert(token_arena_.end(), sequence.partial.begin(),
-                        sequence.partial.begin() + offset);
+    token_arena_.insert(token_arena_.end(), partial, partial + offset);
   }
   journal_.push_back(record);
 
-  if (offset != 0 && pool_->RefCount(*table.Get(table.num_pages() - 1)) > 1) {
-    KVBLOCK_ASSIGN_OR_RETURN(
-        const CopyOnWrite cow,
-        table.EnsureWritable(table.num_pages() - 1, *pool_));
+  if (copy) {
+    KVBLOCK_ASSIGN_OR_RETURN(const CopyOnWrite cow,
+                             table.EnsureWritable(old_pages - 1, *pool_));
     result.copy = PageCopy{cow.source, cow.page};
   }
+  // From here on the last page is fresh, copied or held here alone.
+  sequence.tail_maybe_shared = false;
   for (const TokenId token : tokens) {
     if (offset == 0) {
       KVBLOCK_RETURN_IF_ERROR(
           table.EnsureWritable(table.num_pages(), *pool_).status());
       ++result.new_pages;
     }
-    sequence.partial[offset] = token;
+    partial[offset] = token;
     ++sequence.num_tokens;
     if (++offset < page_size) continue;
     offset = 0;
     if (!options_.enable_prefix_caching) continue;
     const BlockHash hash = hasher_.HashPage(
-        sequence.last_full_hash, sequence.partial,
+        sequence.last_full_hash, absl::MakeConstSpan(partial, page_size),
         HashExtraKeys{sequence.cache_salt, sequence.adapter_id});
     KVBLOCK_RETURN_IF_ERROR(
         pool_->RegisterCached(*table.Get(table.num_pages() - 1), hash).status());
     sequence.last_full_hash = hash;
   }
-  stats_.appended_tokens += static_cast<int64_t>(tokens.size());
+  sequence.offset = offset;
+  stats_.appended_tokens += count;
   return absl::OkStatus();
 }
 
 absl::Status BlockManager::Fork(SequenceId parent, SequenceId child) {
-  const Sequence* source = Find(parent);
-  if (source == nullptr) {
+  if (Find(parent) == nullptr) {
     return absl::NotFoundError(
         absl::StrCat("block manager: fork parent ", parent, " is not live"));
   }
@@ -407,14 +506,20 @@ absl::Status BlockManager::Fork(SequenceId parent, SequenceId child) {
         absl::StrCat("block manager: fork child ", child, " is already live"));
   }
   return Transact([&]() -> absl::Status {
-    const int32_t slot = CreateSequence(child);
-    // CreateSequence may grow the slab; deque keeps `source` valid.
-    Sequence& target = sequences_[slot];
+    const SequenceHandle handle = CreateSequence(child);
+    // After CreateSequence, which may grow the slab.
+    Sequence* const source = Find(parent);
+    Sequence& target = sequences_[handle];
     KVBLOCK_RETURN_IF_ERROR(source->table.ForkInto(target.table, *pool_));
     target.num_tokens = source->num_tokens;
+    target.offset = source->offset;
+    // Both now hold the partial page. The parent's flag is not journaled:
+    // a stale `true` only costs a refcount check.
+    source->tail_maybe_shared = true;
+    target.tail_maybe_shared = true;
     target.last_full_hash = source->last_full_hash;
-    std::copy(source->partial.begin(), source->partial.end(),
-              target.partial.begin());
+    std::copy_n(PartialTokens(handle_of_.at(parent)), config_.page_size,
+                PartialTokens(handle));
     target.cache_salt = source->cache_salt;
     target.adapter_id = source->adapter_id;
     ++stats_.forks;
@@ -423,24 +528,26 @@ absl::Status BlockManager::Fork(SequenceId parent, SequenceId child) {
 }
 
 absl::Status BlockManager::Remove(SequenceId id, bool preempted) {
-  auto it = slot_of_.find(id);
-  if (it == slot_of_.end()) {
+  auto it = handle_of_.find(id);
+  if (it == handle_of_.end()) {
     return absl::NotFoundError(
         absl::StrCat("block manager: sequence ", id, " is not live"));
   }
-  const int32_t slot = it->second;
+  const SequenceHandle handle = it->second;
   return Transact([&]() -> absl::Status {
-    SequenceBlockTable& table = sequences_[slot].table;
+    Sequence& sequence = sequences_[handle];
+    SequenceBlockTable& table = sequence.table;
     UndoRecord record{.op = UndoRecord::Op::kRemoved,
-                      .slot = slot,
+                      .handle = handle,
                       .arena_offset = static_cast<int32_t>(page_arena_.size()),
                       .count = table.num_pages()};
     const auto pages = table.entries().first(table.num_pages());
     page_arena_.insert(page_arena_.end(), pages.begin(), pages.end());
     KVBLOCK_RETURN_IF_ERROR(table.ReleaseAll(*pool_));
     journal_.push_back(record);
-    slot_of_.erase(id);
-    pending_free_.push_back(slot);
+    handle_of_.erase(id);
+    sequence.live = false;
+    pending_free_.push_back(handle);
     ++(preempted ? stats_.preemptions : stats_.freed);
     return absl::OkStatus();
   });
@@ -453,7 +560,7 @@ absl::Status BlockManager::Preempt(SequenceId id) { return Remove(id, true); }
 bool BlockManager::Contains(SequenceId id) const { return Find(id) != nullptr; }
 
 int32_t BlockManager::num_sequences() const {
-  return static_cast<int32_t>(slot_of_.size());
+  return static_cast<int32_t>(handle_of_.size());
 }
 
 absl::StatusOr<absl::Span<const PageId>> BlockManager::Pages(
@@ -475,6 +582,29 @@ absl::StatusOr<int64_t> BlockManager::NumTokens(SequenceId id) const {
   return sequence->num_tokens;
 }
 
+absl::StatusOr<SequenceHandle> BlockManager::HandleOf(SequenceId id) const {
+  auto it = handle_of_.find(id);
+  if (it == handle_of_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("block manager: sequence ", id, " is not live"));
+  }
+  return it->second;
+}
+
+int32_t BlockManager::handle_limit() const {
+  return static_cast<int32_t>(sequences_.size());
+}
+
+absl::StatusOr<absl::Span<const PageId>> BlockManager::PagesAt(
+    SequenceHandle handle) const {
+  if (!IsLive(handle)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block manager: handle ", handle, " is not live"));
+  }
+  const SequenceBlockTable& table = sequences_[handle].table;
+  return table.entries().first(table.num_pages());
+}
+
 absl::Status BlockManager::ResetPrefixCache() {
   return pool_->ResetPrefixCache();
 }
@@ -494,12 +624,24 @@ BlockManagerStats BlockManager::stats() const {
 absl::Status BlockManager::CheckInvariants() const {
   KVBLOCK_RETURN_IF_ERROR(pool_->CheckInvariants());
   std::vector<int32_t> references(config_.num_pages, 0);
-  for (const auto& [id, slot] : slot_of_) {
-    const Sequence& sequence = sequences_[slot];
-    if (sequence.id != id) {
+  for (const auto& [id, handle] : handle_of_) {
+    const Sequence& sequence = sequences_[handle];
+    if (sequence.id != id || !sequence.live) {
       return absl::InternalError(absl::StrCat(
-          "block manager: slot ", slot, " holds sequence ", sequence.id,
-          ", indexed as ", id));
+          "block manager: handle ", handle, " holds sequence ", sequence.id,
+          (sequence.live ? "" : " (not live)"), ", indexed as ", id));
+    }
+    if (sequence.offset != sequence.num_tokens % config_.page_size) {
+      return absl::InternalError(absl::StrCat(
+          "block manager: sequence ", id, " has offset ", sequence.offset,
+          " with ", sequence.num_tokens, " tokens"));
+    }
+    if (!sequence.tail_maybe_shared && sequence.offset != 0 &&
+        pool_->RefCount(*sequence.table.Get(sequence.table.num_pages() - 1)) !=
+            1) {
+      return absl::InternalError(absl::StrCat(
+          "block manager: sequence ", id,
+          "'s partial page is shared but not flagged"));
     }
     const int64_t pages = CeilDiv(sequence.num_tokens, config_.page_size);
     if (sequence.table.num_pages() != pages) {
@@ -529,17 +671,17 @@ absl::Status BlockManager::CheckInvariants() const {
 BlockManagerSnapshot BlockManager::Snapshot() const {
   BlockManagerSnapshot snapshot;
   snapshot.pool = pool_->Snapshot();
-  for (const auto& [id, slot] : slot_of_) {
-    const Sequence& sequence = sequences_[slot];
+  for (const auto& [id, handle] : handle_of_) {
+    const Sequence& sequence = sequences_[handle];
     const auto pages = sequence.table.entries().first(sequence.table.num_pages());
-    const auto partial = static_cast<size_t>(sequence.num_tokens % config_.page_size);
+    const TokenId* const partial = partial_tokens_.data() +
+                                   static_cast<size_t>(handle) * config_.page_size;
     snapshot.sequences.push_back(BlockManagerSnapshot::SequenceState{
         .id = id,
         .pages = {pages.begin(), pages.end()},
         .num_tokens = sequence.num_tokens,
         .last_full_hash = sequence.last_full_hash,
-        .partial_tokens = {sequence.partial.begin(),
-                           sequence.partial.begin() + partial},
+        .partial_tokens = {partial, partial + sequence.offset},
         .cache_salt = sequence.cache_salt,
         .adapter_id = sequence.adapter_id});
   }

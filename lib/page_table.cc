@@ -64,11 +64,12 @@ KVPageTable::KVPageTable(int32_t max_batch, int32_t max_pages_per_seq,
       device_(device),
       rows_(static_cast<size_t>(RowOffset(max_batch)), kNoPage),
       lengths_(max_batch, 0),
+      buffer_of_(max_batch),
+      next_buffer_of_(max_batch),
       uploaded_(rows_.size(), kNoPage),
       changed_(max_batch, 0),
-      moved_rows_(rows_.size(), kNoPage),
-      moved_lengths_(max_batch, 0),
       marks_(max_batch) {
+  for (SlotId slot = 0; slot < max_batch; ++slot) buffer_of_[slot] = slot;
   changed_rows_.reserve(max_batch);
   dirty_rows_.reserve(max_batch);
 }
@@ -90,11 +91,11 @@ absl::Status KVPageTable::SetIdentity() {
         " pages, the pool has num_pages ", num_pages_));
   }
   for (SlotId slot = 0; slot < max_batch_; ++slot) {
-    PageId* row = rows_.data() + RowOffset(slot);
+    PageId* row = Row(slot);
     for (int32_t i = 0; i < max_pages_per_seq_; ++i) {
       row[i] = static_cast<PageId>(RowOffset(slot) + i);
     }
-    lengths_[slot] = max_pages_per_seq_;
+    lengths_[buffer_of_[slot]] = max_pages_per_seq_;
     MarkChanged(slot);
   }
   is_identity_ = true;
@@ -175,40 +176,54 @@ absl::Status KVPageTable::CompactRows(absl::Span<const SlotId> old_to_new,
         "compact rows: new slot ", missing, " receives no old slot (", mapped,
         " old slots map to new_batch ", new_batch, ")"));
   }
-  // Stage every row that moves at its new slot, then write the new rows:
-  // rows that keep their slot are untouched.
+  // Survivors take their buffers to their new slots; the retired buffers
+  // fill the slots from new_batch on, cleared. No page id moves.
+  SlotId next_empty = new_batch;
   for (SlotId old_slot = 0; old_slot < max_batch_; ++old_slot) {
     const SlotId new_slot = old_to_new[old_slot];
-    if (new_slot == kNoSlot || new_slot == old_slot) continue;
-    std::copy_n(rows_.data() + RowOffset(old_slot), lengths_[old_slot],
-                moved_rows_.data() + RowOffset(new_slot));
-    moved_lengths_[new_slot] = lengths_[old_slot];
+    next_buffer_of_[new_slot == kNoSlot ? next_empty++ : new_slot] =
+        buffer_of_[old_slot];
   }
+  // A slot changes when it gets another buffer, or keeps a retired one.
   for (SlotId slot = 0; slot < max_batch_; ++slot) {
-    if (old_to_new[slot] == slot) continue;
-    // Below new_batch, `slot` receives a row from another slot (it is not
-    // its own source); from new_batch on, nothing lands.
     if (slot < new_batch) {
-      WriteRow(slot, moved_rows_.data() + RowOffset(slot),
-               moved_lengths_[slot]);
-    } else {
-      WriteRow(slot, nullptr, 0);
+      if (next_buffer_of_[slot] == buffer_of_[slot]) continue;
+      if (lengths_[next_buffer_of_[slot]] > 0 || Length(slot) > 0) {
+        MarkChanged(slot);
+      }
+    } else if (Length(slot) > 0) {
+      MarkChanged(slot);
     }
+  }
+  buffer_of_.swap(next_buffer_of_);
+  for (SlotId slot = new_batch; slot < max_batch_; ++slot) {
+    int32_t& length = lengths_[buffer_of_[slot]];
+    std::fill_n(Row(slot), length, kNoPage);
+    length = 0;
   }
   is_identity_ = false;
   return absl::OkStatus();
 }
 
 absl::Status KVPageTable::CheckInvariants() const {
+  std::vector<uint8_t> seen(max_batch_, 0);
+  for (SlotId slot = 0; slot < max_batch_; ++slot) {
+    const int32_t buffer = buffer_of_[slot];
+    if (buffer < 0 || buffer >= max_batch_ || seen[buffer]++ != 0) {
+      return absl::InternalError(absl::StrCat(
+          "page table: slot ", slot, " has buffer ", buffer,
+          ", not a fresh one in [0, ", max_batch_, ")"));
+    }
+  }
   for (SlotId slot = 0; slot < max_batch_; ++slot) {
     KVBLOCK_RETURN_IF_ERROR(CheckRow(slot));
-    if (is_identity_ && lengths_[slot] != max_pages_per_seq_) {
+    if (is_identity_ && Length(slot) != max_pages_per_seq_) {
       return absl::InternalError(
           absl::StrCat("page table row ", slot, ": identity row has ",
-                       lengths_[slot], " pages, want ", max_pages_per_seq_));
+                       Length(slot), " pages, want ", max_pages_per_seq_));
     }
     for (int32_t i = 0; is_identity_ && i < max_pages_per_seq_; ++i) {
-      const PageId id = rows_[RowOffset(slot) + i];
+      const PageId id = Row(slot)[i];
       if (id != RowOffset(slot) + i) {
         return absl::InternalError(
             absl::StrCat("page table row ", slot, ": identity row holds page ",
@@ -234,7 +249,9 @@ absl::Status KVPageTable::CheckInvariants() const {
 
 absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
   if (!uploaded_once_) {
-    KVBLOCK_RETURN_IF_ERROR(CheckInvariants());
+    for (SlotId slot = 0; slot < max_batch_; ++slot) {
+      KVBLOCK_RETURN_IF_ERROR(CheckRow(slot));
+    }
   } else {
     for (SlotId slot : changed_rows_) KVBLOCK_RETURN_IF_ERROR(CheckRow(slot));
   }
@@ -248,8 +265,8 @@ absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
     }
   } else {
     for (SlotId slot : changed_rows_) {
-      if (std::memcmp(rows_.data() + RowOffset(slot),
-                      uploaded_.data() + RowOffset(slot), row_k_bytes) != 0) {
+      if (std::memcmp(Row(slot), uploaded_.data() + RowOffset(slot),
+                      row_k_bytes) != 0) {
         dirty_rows_.push_back(slot);
       }
     }
@@ -266,14 +283,13 @@ absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
   KVBLOCK_ASSIGN_OR_RETURN(const int staging_slot, AcquireStaging(waited));
   int32_t* const staging = static_cast<int32_t*>(staging_[staging_slot].data());
   for (SlotId slot : dirty_rows_) {
-    const PageId* k_ids = rows_.data() + RowOffset(slot);
+    const PageId* k_ids = Row(slot);
+    const int32_t length = Length(slot);
     int32_t* const k_out = staging + 2 * RowOffset(slot);
     int32_t* const v_out = k_out + max_pages_per_seq_;
     std::memcpy(k_out, k_ids, row_k_bytes);
-    for (int32_t i = 0; i < lengths_[slot]; ++i) {
-      v_out[i] = k_ids[i] + num_pages_;
-    }
-    std::fill(v_out + lengths_[slot], v_out + max_pages_per_seq_, kNoPage);
+    for (int32_t i = 0; i < length; ++i) v_out[i] = k_ids[i] + num_pages_;
+    std::fill(v_out + length, v_out + max_pages_per_seq_, kNoPage);
   }
 
   // One copy per maximal run of consecutive dirty rows.
@@ -308,8 +324,7 @@ absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
   }
 
   for (SlotId slot : dirty_rows_) {
-    std::memcpy(uploaded_.data() + RowOffset(slot),
-                rows_.data() + RowOffset(slot), row_k_bytes);
+    std::memcpy(uploaded_.data() + RowOffset(slot), Row(slot), row_k_bytes);
   }
   ForgetChanges();
   uploaded_once_ = true;
@@ -328,8 +343,7 @@ absl::StatusOr<absl::Span<const PageId>> KVPageTable::HostRow(
     return absl::InvalidArgumentError(absl::StrCat(
         "host row: slot ", slot, " is outside [0, ", max_batch_, ")"));
   }
-  return absl::Span<const PageId>(rows_.data() + RowOffset(slot),
-                                  max_pages_per_seq_);
+  return absl::Span<const PageId>(Row(slot), max_pages_per_seq_);
 }
 
 DeviceTensor KVPageTable::kernel_view() const {
@@ -364,23 +378,24 @@ absl::Status KVPageTable::ValidateRow(SlotId slot, const PageId* k_page_ids,
 
 void KVPageTable::WriteRow(SlotId slot, const PageId* k_page_ids,
                            int32_t count) {
-  const int32_t old_count = lengths_[slot];
+  int32_t& length = lengths_[buffer_of_[slot]];
+  const int32_t old_count = length;
   if (count == 0 && old_count == 0) return;  // stays empty: no change.
-  PageId* const row = rows_.data() + RowOffset(slot);
+  PageId* const row = Row(slot);
   if (count > 0) std::copy_n(k_page_ids, count, row);
   if (old_count > count) std::fill(row + count, row + old_count, kNoPage);
-  lengths_[slot] = count;
+  length = count;
   MarkChanged(slot);
 }
 
 absl::Status KVPageTable::CheckRow(SlotId slot) const {
-  const int32_t length = lengths_[slot];
+  const int32_t length = Length(slot);
   if (length < 0 || length > max_pages_per_seq_) {
     return absl::InternalError(
         absl::StrCat("page table row ", slot, ": length ", length,
                      " is outside [0, ", max_pages_per_seq_, "]"));
   }
-  const PageId* row = rows_.data() + RowOffset(slot);
+  const PageId* row = Row(slot);
   for (int32_t i = 0; i < max_pages_per_seq_; ++i) {
     const bool live = i < length;
     if (live ? (row[i] < 0 || row[i] >= num_pages_) : row[i] != kNoPage) {

@@ -36,7 +36,6 @@
 #include <memory>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -116,21 +115,28 @@ class BatchCommit {
   // Runs the step inside an open manager step; `table_changed` tells whether
   // the page table was touched.
   absl::Status Apply(const StepPlan& plan, bool& table_changed);
-  absl::Status AppendTo(SequenceId id, absl::Span<const TokenId> tokens,
-                        bool& changed);
-  absl::Status AddRow(SlotId slot, SequenceId id);
+  // The slot of running sequence `id`, or kNoSlot.
+  SlotId RunningSlot(SequenceId id) const;
+  absl::Status AddRow(SlotId slot, SequenceHandle handle);
   // Rewrites every row from the manager (after its rollback).
   absl::Status RestoreTable();
 
   BlockManager& manager_;
   KVPageTable& table_;
-  std::vector<SequenceId> slots_;  // running sequences, by slot.
-  absl::flat_hash_map<SequenceId, SlotId> slot_of_;
+  // Running sequences by slot, with their manager handles; slot_of_handle_
+  // maps a handle back to its slot (kNoSlot when not running), so a step
+  // reindexes moved slots with array writes, not hash-map updates.
+  std::vector<SequenceId> slots_;
+  std::vector<SequenceHandle> handles_;
+  std::vector<SlotId> slot_of_handle_;
 
   // Step scratch, reserved for max_batch at construction.
   std::vector<uint8_t> leaving_;  // by old slot.
   std::vector<SlotId> old_to_new_;
   std::vector<SequenceId> next_slots_;
+  std::vector<SequenceHandle> next_handles_;
+  std::vector<int32_t> survivor_counts_;  // by new slot.
+  AppendManyResult appended_;
   std::vector<SlotId> changed_slots_;
   std::vector<PageCopy> copies_;
   std::vector<KVPageTableRowUpdate> rows_;

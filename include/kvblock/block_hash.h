@@ -58,6 +58,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <utility>
 
@@ -74,14 +75,28 @@ namespace kvblock {
 struct BlockHash {
   std::array<uint8_t, 32> bytes{};
 
-  friend bool operator==(const BlockHash&, const BlockHash&) = default;
+  // Word-wise, inline: the prefix index compares and hashes these on every
+  // allocation that evicts and every page that fills.
+  friend bool operator==(const BlockHash& a, const BlockHash& b) {
+    const Words x = a.words();
+    const Words y = b.words();
+    return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3])) == 0;
+  }
 
   // Every byte feeds Abseil's per-process seeded hash, so crafted keys cannot
   // flood one bucket of the prefix index.
   template <typename H>
   friend H AbslHashValue(H state, const BlockHash& hash) {
-    return H::combine_contiguous(std::move(state), hash.bytes.data(),
-                                 hash.bytes.size());
+    const Words w = hash.words();
+    return H::combine(std::move(state), w[0], w[1], w[2], w[3]);
+  }
+
+ private:
+  using Words = std::array<uint64_t, 4>;
+  Words words() const {
+    Words w;
+    std::memcpy(w.data(), bytes.data(), sizeof(w));
+    return w;
   }
 };
 

@@ -41,7 +41,6 @@
 #define KVBLOCK_BLOCK_MANAGER_H_
 
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -92,6 +91,20 @@ struct AdmissionPlan {
 struct AppendResult {
   int32_t new_pages = 0;          // pages allocated because one filled.
   std::optional<PageCopy> copy;   // set when a shared last page was copied.
+};
+
+// A live sequence's index in the manager's slab: what the per-step paths
+// (BatchCommit) use to address many sequences without a lookup by id.
+using SequenceHandle = int32_t;
+
+// What an AppendMany call did. The caller keeps one and reuses it, so that
+// steady-state calls allocate nothing.
+struct AppendManyResult {
+  // Indexes (into the call's `handles`, ascending) of the entries whose page
+  // list changed: a page was allocated, or the last one was copied.
+  std::vector<int32_t> changed;
+  std::vector<PageCopy> copies;  // copies on write, in entry order.
+  int32_t new_pages = 0;         // pages allocated because one filled.
 };
 
 struct BlockManagerStats {
@@ -160,6 +173,18 @@ class BlockManager {
   absl::StatusOr<AppendResult> Append(SequenceId id,
                                       absl::Span<const TokenId> tokens);
 
+  // Appends to many sequences in one transaction, without lookups by id:
+  // entry i appends the next `counts[i]` tokens of `tokens` to the sequence
+  // at `handles[i]` (a handle may repeat; its appends run in order). Fills
+  // `result` (cleared first). Errors: InvalidArgument when the spans'
+  // lengths disagree, a count is negative, or a handle is not live; and the
+  // errors of Append. On error, nothing changes and `result` is cleared.
+  // O(entries + tokens), plus a page hash per page that fills.
+  absl::Status AppendMany(absl::Span<const SequenceHandle> handles,
+                          absl::Span<const int32_t> counts,
+                          absl::Span<const TokenId> tokens,
+                          AppendManyResult& result);
+
   // Makes `child` a copy of `parent` sharing every page. NotFound for an
   // unknown parent; AlreadyExists for a live child. On error, nothing changes.
   absl::Status Fork(SequenceId parent, SequenceId child);
@@ -177,6 +202,14 @@ class BlockManager {
   absl::StatusOr<absl::Span<const PageId>> Pages(SequenceId id) const;
   // Tokens the sequence holds (prompt + appended). NotFound if unknown.
   absl::StatusOr<int64_t> NumTokens(SequenceId id) const;
+
+  // The handle of live sequence `id`: valid while it lives, handed out again
+  // once its removal commits. NotFound if unknown.
+  absl::StatusOr<SequenceHandle> HandleOf(SequenceId id) const;
+  // Every handle handed out so far is below this bound.
+  int32_t handle_limit() const;
+  // Pages(id) by handle; InvalidArgument when `handle` is not live.
+  absl::StatusOr<absl::Span<const PageId>> PagesAt(SequenceHandle handle) const;
 
   // Drops every cached prefix; see BlockPool::ResetPrefixCache.
   absl::Status ResetPrefixCache();
@@ -206,16 +239,21 @@ class BlockManager {
 
  private:
   struct Sequence {
-    Sequence(int32_t max_pages_per_seq, int32_t page_size);
+    explicit Sequence(int32_t max_pages_per_seq);
 
+    // Read by every append, hence first.
+    int64_t num_tokens = 0;
+    int32_t offset = 0;  // num_tokens % page_size: tokens of the partial page.
+    // False only while the partial last page is known to be held by this
+    // sequence alone; true sends the next append to check its refcount
+    // (a fork shares it; either side's copy on write may end the sharing).
+    bool tail_maybe_shared = false;
+    bool live = false;
     SequenceId id = kNoSequence;
     SequenceBlockTable table;
-    int64_t num_tokens = 0;
     // Prefix-cache chain: the hash of the last full page (kRootBlockHash
-    // before the first) and the tokens of the partial last page, whose first
-    // `num_tokens % page_size` entries are live.
+    // before the first). The partial page's tokens are in partial_tokens_.
     BlockHash last_full_hash = kRootBlockHash;
-    std::vector<TokenId> partial;
     std::string cache_salt;
     int64_t adapter_id = 0;
   };
@@ -223,20 +261,23 @@ class BlockManager {
   // One inverse change of a transaction.
   struct UndoRecord {
     enum class Op : uint8_t {
-      kCreated,  // `slot` got a new sequence (Admit, Fork).
-      kRemoved,  // `slot`'s sequence left (Free, Preempt); its pages are in
-                 // page_arena_[arena_offset, +count).
-      kChanged,  // `slot`'s sequence appended: the saved fields restore it;
-                 // its partial tokens are in token_arena_ when count > 0.
+      kCreated,   // `handle` got a new sequence (Admit, Fork).
+      kRemoved,   // `handle`'s sequence left (Free, Preempt); its pages are
+                  // in page_arena_[arena_offset, +count).
+      kAppended,  // `count` tokens went into the partial page, nothing else.
+      kChanged,   // `handle`'s sequence appended otherwise: the saved fields
+                  // and hash_arena_[hash_index] restore it; its partial tokens
+                  // are in token_arena_ when count > 0.
     };
     Op op = Op::kCreated;
-    int32_t slot = 0;
+    bool tail_maybe_shared = false;
+    SequenceHandle handle = 0;
     int32_t arena_offset = 0;
     int32_t count = 0;
     int64_t num_tokens = 0;
     int32_t num_pages = 0;
     PageId last_page = kNoPage;
-    BlockHash last_full_hash = kRootBlockHash;
+    int32_t hash_index = 0;
   };
 
   // A nested transaction: the pool's savepoint and the manager's journal
@@ -246,6 +287,7 @@ class BlockManager {
     size_t journal_size = 0;
     size_t token_arena_size = 0;
     size_t page_arena_size = 0;
+    size_t hash_arena_size = 0;
     BlockManagerStats stats;
   };
 
@@ -260,17 +302,30 @@ class BlockManager {
   absl::Status Transact(Change&& change);
   void Undo(const UndoRecord& record);
 
-  // The slab slot of a live sequence, or nullptr.
+  // The slab entry of a live sequence, or nullptr.
   Sequence* Find(SequenceId id);
   const Sequence* Find(SequenceId id) const;
-  // A slab slot for new sequence `id` (journaled as kCreated).
-  int32_t CreateSequence(SequenceId id);
+  bool IsLive(SequenceHandle handle) const;
+  // The partial page's tokens of `handle` (page_size entries).
+  TokenId* PartialTokens(SequenceHandle handle) {
+    return partial_tokens_.data() +
+           static_cast<size_t>(handle) * config_.page_size;
+  }
+  // A slab entry for new sequence `id` (journaled as kCreated).
+  SequenceHandle CreateSequence(SequenceId id);
   absl::Status Remove(SequenceId id, bool preempted);
   // Prompt page hashes into chain_ (full pages only) and the plan.
   absl::StatusOr<AdmissionPlan> Plan(absl::Span<const TokenId> prompt,
                                      const HashExtraKeys& extra) const;
-  absl::Status AppendTokens(Sequence& sequence, absl::Span<const TokenId> tokens,
+  // Append's work, inside the caller's transaction: the common decode case
+  // (tokens that go into a partial page held here alone, without filling
+  // it) inline, the rest in AppendAcrossPages.
+  absl::Status AppendTokens(SequenceHandle handle, Sequence& sequence,
+                            absl::Span<const TokenId> tokens,
                             AppendResult& result);
+  absl::Status AppendAcrossPages(SequenceHandle handle, Sequence& sequence,
+                                 absl::Span<const TokenId> tokens,
+                                 AppendResult& result);
 
   const PagedKvConfig config_;
   const BlockManagerOptions options_;
@@ -280,18 +335,23 @@ class BlockManager {
   mutable std::vector<BlockHash> chain_;
   std::vector<PageId> page_scratch_;
 
-  // Sequence slab: stable addresses; free_slots_ is a LIFO of unused slots;
-  // slots removed inside an open transaction wait in pending_free_ until the
-  // outermost commit (their state is needed to undo the removal).
-  std::deque<Sequence> sequences_;
-  std::vector<int32_t> free_slots_;
-  std::vector<int32_t> pending_free_;
-  absl::flat_hash_map<SequenceId, int32_t> slot_of_;
+  // Sequence slab, indexed by handle (it grows past max_sequences only by
+  // reallocation, so no reference into it outlives a CreateSequence);
+  // free_handles_ is a LIFO of unused entries; entries removed inside an
+  // open transaction wait in pending_free_ until the outermost commit (their
+  // state is needed to undo the removal). Partial-page tokens sit in one
+  // flat array beside it.
+  std::vector<Sequence> sequences_;
+  std::vector<TokenId> partial_tokens_;
+  std::vector<SequenceHandle> free_handles_;
+  std::vector<SequenceHandle> pending_free_;
+  absl::flat_hash_map<SequenceId, SequenceHandle> handle_of_;
 
   // Journal of the open transactions (empty when none is open).
   std::vector<UndoRecord> journal_;
   std::vector<TokenId> token_arena_;
   std::vector<PageId> page_arena_;
+  std::vector<BlockHash> hash_arena_;
   int32_t depth_ = 0;
   std::optional<Transaction> step_;
 

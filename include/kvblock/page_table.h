@@ -19,15 +19,16 @@
 // rewritten only after the device event of its last copy has completed, and
 // Upload blocks only when every slot is still in flight.
 //
-// Memory: host 3 x max_batch x max_pages_per_seq int32 (truth, last uploaded
-// image, compaction scratch) plus O(max_batch); device one table (2 x that);
-// pinned staging kStagingSlots tables.
+// Memory: host 2 x max_batch x max_pages_per_seq int32 (truth, last uploaded
+// image) plus O(max_batch); device one table (2 x that); pinned staging
+// kStagingSlots tables.
 //
 // Complexity: SetRow / SetRows are O(pages written + pages cleared);
-// CompactRows is O(max_batch + pages moved); Upload is O(rows changed since
+// CompactRows is O(max_batch + pages of retired rows): rows keep their host
+// storage and change slots by index; Upload is O(rows changed since
 // the last upload x max_pages_per_seq) host work (the first Upload: the whole
 // table), and O(1) with nothing changed. SetIdentity and CheckInvariants are
-// O(table). No call allocates memory after Create.
+// O(table). No call but CheckInvariants allocates memory after Create.
 //
 // Errors: every call that returns an error leaves the table unchanged (host
 // rows, is_identity, upload_stats and what the next Upload copies); only a
@@ -176,9 +177,18 @@ class KVPageTable {
               Device& device);
 
   // Offset of row `slot`'s first entry in the host arrays.
-  int64_t RowOffset(SlotId slot) const {
-    return int64_t{slot} * max_pages_per_seq_;
+  // Offset of row `index` in a [max_batch, max_pages_per_seq] array.
+  int64_t RowOffset(int32_t index) const {
+    return int64_t{index} * max_pages_per_seq_;
   }
+  // The host K row of `slot` and its live length, through its buffer.
+  PageId* Row(SlotId slot) {
+    return rows_.data() + RowOffset(buffer_of_[slot]);
+  }
+  const PageId* Row(SlotId slot) const {
+    return rows_.data() + RowOffset(buffer_of_[slot]);
+  }
+  int32_t Length(SlotId slot) const { return lengths_[buffer_of_[slot]]; }
   // OK when `slot` may be written with `k_page_ids[0, count)`; otherwise
   // InvalidArgument naming the slot and the bad value.
   absl::Status ValidateRow(SlotId slot, const PageId* k_page_ids,
@@ -200,10 +210,14 @@ class KVPageTable {
   const int32_t num_pages_;
   Device& device_;
 
-  // Host truth, [max_batch][max_pages_per_seq] K ids. Row `b` holds
-  // `lengths_[b]` live ids in [0, num_pages_), then kNoPage.
+  // Host truth: max_batch row buffers of max_pages_per_seq K ids; buffer `r`
+  // holds `lengths_[r]` live ids in [0, num_pages_), then kNoPage. Slot `b`
+  // reads buffer `buffer_of_[b]` (a permutation of [0, max_batch)), so that
+  // CompactRows moves buffer numbers instead of page ids.
   std::vector<PageId> rows_;
   std::vector<int32_t> lengths_;
+  std::vector<int32_t> buffer_of_;
+  std::vector<int32_t> next_buffer_of_;  // CompactRows scratch.
   // Set only by SetIdentity; then rows_ is the identity layout.
   bool is_identity_ = false;
 
@@ -216,11 +230,9 @@ class KVPageTable {
   std::vector<uint8_t> changed_;
   std::vector<SlotId> changed_rows_;
 
-  // Scratch, sized at Create: the rows an Upload copies, rows in flight
-  // during CompactRows, and duplicate detection for SetRows / CompactRows.
+  // Scratch, sized at Create: the rows an Upload copies and duplicate
+  // detection for SetRows / CompactRows.
   std::vector<SlotId> dirty_rows_;
-  std::vector<PageId> moved_rows_;
-  std::vector<int32_t> moved_lengths_;
   std::vector<Mark> marks_;
   uint64_t stamp_ = 0;
 
