@@ -9,6 +9,7 @@
 #include <openssl/sha.h>
 #include <xxhash.h>
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -95,8 +96,12 @@ BlockHash BlockHasher::HashPage(const BlockHash& parent,
   *p++ = static_cast<uint8_t>(algorithm_);
   p = StoreBytes(p, parent.bytes.data(), parent.bytes.size());
   p = StoreLe64(p, tokens.size());
-  for (const TokenId token : tokens) {
-    p = StoreLe32(p, static_cast<uint32_t>(token));
+  if constexpr (std::endian::native == std::endian::little) {
+    p = StoreBytes(p, tokens.data(), 4 * tokens.size());
+  } else {
+    for (const TokenId token : tokens) {
+      p = StoreLe32(p, static_cast<uint32_t>(token));
+    }
   }
   p = StoreLe64(p, extra.cache_salt.size());
   p = StoreBytes(p, extra.cache_salt.data(), extra.cache_salt.size());

@@ -201,7 +201,7 @@ const BlockManager::Sequence* BlockManager::Find(SequenceId id) const {
   return it == handle_of_.end() ? nullptr : &sequences_[it->second];
 }
 
-bool BlockManager::IsLive(SequenceHandle handle) const {
+inline bool BlockManager::IsLive(SequenceHandle handle) const {
   return handle >= 0 && static_cast<size_t>(handle) < sequences_.size() &&
          sequences_[handle].live;
 }

@@ -109,8 +109,8 @@ absl::Status BlockPool::CheckUsed(PageId page) const {
                    cached_[page] ? "evictable" : "free", ")"));
 }
 
-void BlockPool::Journal(UndoRecord::Op op, PageId page, PageId prev,
-                        const BlockHash& hash) {
+inline void BlockPool::Journal(UndoRecord::Op op, PageId page, PageId prev,
+                               const BlockHash& hash) {
   if (depth_ > 0) journal_.push_back(UndoRecord{op, page, prev, hash});
 }
 

@@ -150,11 +150,22 @@ absl::Status KVPageTable::CompactRows(absl::Span<const SlotId> old_to_new,
         absl::StrCat("compact rows: new_batch ", new_batch, " is outside [0, ",
                      max_batch_, "]"));
   }
+  // Validate while drafting the new slot -> buffer map in scratch: the
+  // survivors take their buffers to their new slots, the retired buffers
+  // fill the slots from new_batch on. No page id moves.
   const uint64_t stamp = ++stamp_;
   int32_t mapped = 0;
+  SlotId next_empty = new_batch;
   for (SlotId old_slot = 0; old_slot < max_batch_; ++old_slot) {
     const SlotId new_slot = old_to_new[old_slot];
-    if (new_slot == kNoSlot) continue;
+    if (new_slot == kNoSlot) {
+      // More retired slots than max_batch - new_batch means a survivor is
+      // missing, reported below; stop drafting past the end.
+      if (next_empty < max_batch_) {
+        next_buffer_of_[next_empty++] = buffer_of_[old_slot];
+      }
+      continue;
+    }
     if (new_slot < 0 || new_slot >= new_batch) {
       return absl::InvalidArgumentError(absl::StrCat(
           "compact rows: old slot ", old_slot, " maps to ", new_slot,
@@ -167,6 +178,7 @@ absl::Status KVPageTable::CompactRows(absl::Span<const SlotId> old_to_new,
                        " receives old slots ", mark.owner, " and ", old_slot));
     }
     mark = {stamp, old_slot};
+    next_buffer_of_[new_slot] = buffer_of_[old_slot];
     ++mapped;
   }
   if (mapped != new_batch) {
@@ -176,24 +188,15 @@ absl::Status KVPageTable::CompactRows(absl::Span<const SlotId> old_to_new,
         "compact rows: new slot ", missing, " receives no old slot (", mapped,
         " old slots map to new_batch ", new_batch, ")"));
   }
-  // Survivors take their buffers to their new slots; the retired buffers
-  // fill the slots from new_batch on, cleared. No page id moves.
-  SlotId next_empty = new_batch;
-  for (SlotId old_slot = 0; old_slot < max_batch_; ++old_slot) {
-    const SlotId new_slot = old_to_new[old_slot];
-    next_buffer_of_[new_slot == kNoSlot ? next_empty++ : new_slot] =
-        buffer_of_[old_slot];
-  }
   // A slot changes when it gets another buffer, or keeps a retired one.
-  for (SlotId slot = 0; slot < max_batch_; ++slot) {
-    if (slot < new_batch) {
-      if (next_buffer_of_[slot] == buffer_of_[slot]) continue;
-      if (lengths_[next_buffer_of_[slot]] > 0 || Length(slot) > 0) {
-        MarkChanged(slot);
-      }
-    } else if (Length(slot) > 0) {
+  for (SlotId slot = 0; slot < new_batch; ++slot) {
+    const int32_t next = next_buffer_of_[slot];
+    if (next != buffer_of_[slot] && (lengths_[next] > 0 || Length(slot) > 0)) {
       MarkChanged(slot);
     }
+  }
+  for (SlotId slot = new_batch; slot < max_batch_; ++slot) {
+    if (Length(slot) > 0) MarkChanged(slot);
   }
   buffer_of_.swap(next_buffer_of_);
   for (SlotId slot = new_batch; slot < max_batch_; ++slot) {
