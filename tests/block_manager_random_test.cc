@@ -512,8 +512,10 @@ class RandomRun {
     const int dice = Uniform(0, 99);
     if (dice < 30) {
       Call("admit", [&] { return Admit(); });
-    } else if (dice < 65) {
+    } else if (dice < 55) {
       Call("append", [&] { return Append(); });
+    } else if (dice < 65) {
+      Call("append_many", [&] { return AppendMany(); });
     } else if (dice < 75) {
       Call("fork", [&] { return Fork(); });
     } else if (dice < 90) {
@@ -613,6 +615,57 @@ class RandomRun {
       REQUIRE(result->new_pages == expected.new_pages);
       REQUIRE(result->copy == expected.copy);
       if (result->copy.has_value()) ++(*counts_)["append with copy"];
+    }
+    return code;
+  }
+
+  // AppendMany over 1 to 4 entries (a sequence may repeat; now and then a
+  // handle that is not live), against the model's Appends in entry order:
+  // all of them, or none when one fails.
+  Code AppendMany() {
+    std::vector<SequenceHandle> handles;
+    std::vector<int32_t> counts;
+    std::vector<TokenId> tokens;
+    Model trial = model_;
+    AppendManyResult expected;
+    Code code = Code::kOk;
+    for (int n = Uniform(1, 4); n > 0; --n) {
+      const SequenceId id = LiveId();
+      const absl::StatusOr<SequenceHandle> handle = manager_->HandleOf(id);
+      const bool live = handle.ok() && !Chance(3);
+      handles.push_back(live ? *handle : manager_->handle_limit());
+      const std::vector<TokenId> more =
+          Chance(5) ? std::vector<TokenId>{} : Generated(id);
+      counts.push_back(static_cast<int32_t>(more.size()));
+      tokens.insert(tokens.end(), more.begin(), more.end());
+      if (code != Code::kOk) continue;
+      if (!live) {
+        code = Code::kInvalidArgument;
+        continue;
+      }
+      AppendResult one;
+      code = trial.Append(id, more, one);
+      if (code != Code::kOk || (one.new_pages == 0 && !one.copy.has_value())) {
+        continue;
+      }
+      expected.changed.push_back(static_cast<int32_t>(handles.size() - 1));
+      if (one.copy.has_value()) expected.copies.push_back(*one.copy);
+      expected.new_pages += one.new_pages;
+    }
+    INFO("append many: " << handles.size() << " entries, " << tokens.size()
+                         << " tokens");
+    AppendManyResult result;
+    REQUIRE(manager_->AppendMany(handles, counts, tokens, result).code() ==
+            code);
+    if (code == Code::kOk) {
+      model_ = std::move(trial);
+      REQUIRE(result.changed == expected.changed);
+      REQUIRE(result.copies == expected.copies);
+      REQUIRE(result.new_pages == expected.new_pages);
+      if (!result.copies.empty()) ++(*counts_)["append many with copy"];
+    } else {
+      REQUIRE(result.changed.empty());
+      REQUIRE(result.copies.empty());
     }
     return code;
   }

@@ -227,6 +227,118 @@ TEST_CASE("admission plans and the watermark") {
   REQUIRE(manager->pool().NumFree() == 0);
 }
 
+SequenceHandle HandleOk(const BlockManager& manager, SequenceId id) {
+  auto handle = manager.HandleOf(id);
+  REQUIRE_OK(handle);
+  return *handle;
+}
+
+TEST_CASE("append many appends in entry order and reports changed entries") {
+  auto manager = MakeManager(Config(16));
+  AdmitOk(*manager, 1, Range(1, 6));   // pages 0, 1 (2 of 4 in page 1)
+  AdmitOk(*manager, 2, Range(50, 4));  // page 2, full
+  REQUIRE_OK(manager->Fork(1, 3));     // shares 0, 1
+  const std::vector<SequenceHandle> handles = {
+      HandleOk(*manager, 1), HandleOk(*manager, 2), HandleOk(*manager, 3),
+      HandleOk(*manager, 1)};
+  for (const SequenceHandle handle : handles) {
+    REQUIRE(handle >= 0);
+    REQUIRE(handle < manager->handle_limit());
+  }
+  AppendManyResult result;
+  // 1 copies its shared partial page; 2 opens a page; 3 then holds page 1
+  // alone and writes in place; 1 appends again, filling its copy.
+  REQUIRE_OK(manager->AppendMany(handles, {1, 1, 1, 1},
+                                 {7, 51, 9, 8}, result));
+  REQUIRE_OK(manager->CheckInvariants());
+  REQUIRE(result.changed == std::vector<int32_t>{0, 1});
+  REQUIRE(result.copies == std::vector<PageCopy>{{1, 3}});
+  REQUIRE(result.new_pages == 1);
+  REQUIRE(PagesOf(*manager, 1) == Pages{0, 3});
+  REQUIRE(PagesOf(*manager, 2) == Pages{2, 4});
+  REQUIRE(PagesOf(*manager, 3) == Pages{0, 1});
+  REQUIRE(*manager->NumTokens(1) == 8);
+  REQUIRE(*manager->NumTokens(3) == 7);
+  auto pages = manager->PagesAt(handles[1]);
+  REQUIRE_OK(pages);
+  REQUIRE(Pages(pages->begin(), pages->end()) == Pages{2, 4});
+
+  // Same tokens through Append: the same pages and cache entries.
+  auto reference = MakeManager(Config(16));
+  AdmitOk(*reference, 1, Range(1, 6));
+  AdmitOk(*reference, 2, Range(50, 4));
+  REQUIRE_OK(reference->Fork(1, 3));
+  AppendOk(*reference, 1, {7});
+  AppendOk(*reference, 2, {51});
+  AppendOk(*reference, 3, {9});
+  AppendOk(*reference, 1, {8});
+  REQUIRE(reference->Snapshot() == manager->Snapshot());
+}
+
+TEST_CASE("append many fails as a whole") {
+  auto manager = MakeManager(Config(4, 4, 4));
+  AdmitOk(*manager, 1, Range(1, 6));
+  AdmitOk(*manager, 2, Range(20, 3));  // 3 pages used, 1 free
+  const SequenceHandle one = HandleOk(*manager, 1);
+  const SequenceHandle two = HandleOk(*manager, 2);
+  const BlockManagerSnapshot before = manager->Snapshot();
+  AppendManyResult result;
+  result.changed = {5};
+
+  SECTION("bad arguments") {
+    REQUIRE_STATUS_IS(manager->AppendMany({one}, {1, 1}, {7, 8}, result),
+                      kInvalidArgument);
+    REQUIRE_STATUS_IS(manager->AppendMany({one, two}, {1, -1}, {7}, result),
+                      kInvalidArgument);
+    REQUIRE_STATUS_IS(manager->AppendMany({one, two}, {1, 2}, {7, 8}, result),
+                      kInvalidArgument);
+    REQUIRE_STATUS_IS(manager->AppendMany({one}, {1}, {7, 8}, result),
+                      kInvalidArgument);
+    REQUIRE_STATUS_IS(manager->AppendMany({one, 99}, {1, 1}, {7, 8}, result),
+                      kInvalidArgument);
+    REQUIRE_STATUS_IS(manager->AppendMany({-1}, {1}, {7}, result),
+                      kInvalidArgument);
+  }
+  SECTION("a later entry runs out of pages") {
+    // Entry 0 takes the free page; entry 1 then needs another.
+    REQUIRE_STATUS_IS(
+        manager->AppendMany({two, one}, {2, 3}, {21, 22, 7, 8, 9}, result),
+        kResourceExhausted);
+  }
+  SECTION("a later entry passes max_pages_per_seq") {
+    REQUIRE_STATUS_IS(
+        manager->AppendMany({two, one}, {1, 11}, Range(21, 12), result),
+        kOutOfRange);
+  }
+  SECTION("a handle whose sequence left") {
+    REQUIRE_OK(manager->Free(2));
+    const BlockManagerSnapshot freed = manager->Snapshot();
+    REQUIRE_STATUS_IS(manager->AppendMany({one, two}, {1, 1}, {7, 8}, result),
+                      kInvalidArgument);
+    REQUIRE_STATUS_IS(manager->PagesAt(two), kInvalidArgument);
+    REQUIRE_STATUS_IS(manager->HandleOf(2), kNotFound);
+    REQUIRE(manager->Snapshot() == freed);
+    return;
+  }
+  REQUIRE(result.changed.empty());
+  REQUIRE(result.copies.empty());
+  REQUIRE(result.new_pages == 0);
+  REQUIRE(manager->Snapshot() == before);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("a rolled-back fork keeps copy on write exact") {
+  // The fork's undo leaves the parent's partial page flagged as maybe
+  // shared; its next append must still write in place.
+  auto manager = MakeManager(Config(16));
+  AdmitOk(*manager, 1, Range(1, 6));
+  REQUIRE_OK(manager->BeginStep());
+  REQUIRE_OK(manager->Fork(1, 2));
+  REQUIRE_OK(manager->RollbackStep());
+  REQUIRE_FALSE(AppendOk(*manager, 1, {7}).copy.has_value());
+  REQUIRE(PagesOf(*manager, 1) == Pages{0, 1});
+}
+
 TEST_CASE("failing calls change nothing") {
   auto manager = MakeManager(Config(4, 4, 4));
   AdmitOk(*manager, 1, Range(1, 6));
