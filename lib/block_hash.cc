@@ -21,17 +21,17 @@
 namespace kvblock {
 namespace {
 
-constexpr absl::string_view kDomainTag = "kvblock-block-v1";
-
-// Bytes of the message other than the tokens and the salt: tag, algorithm
-// id, parent, token count, salt length, adapter id.
-constexpr size_t kFixedMessageBytes = 16 + 1 + 32 + 8 + 8 + 8;
+constexpr absl::string_view kDomainTag = "kvblock-block-v2";
 static_assert(kDomainTag.size() == 16);
 static_assert(sizeof(BlockHash::bytes) == 32);
 
-// Room for a 256-token page with a salt of up to 183 bytes before the
-// buffer grows.
-constexpr size_t kInitialMessageBytes = 1280;
+// Root message bytes besides the salt: tag, algorithm id, salt length,
+// adapter id.
+constexpr size_t kFixedRootBytes = 16 + 1 + 8 + 8;
+
+// Room for a 256-token page (or a root with a salt of up to 1247 bytes)
+// before the buffer grows.
+constexpr size_t kInitialMessageBytes = 32 + 4 * 256;
 
 // Little-endian stores, independent of the host's byte order.
 uint8_t* StoreLe32(uint8_t* p, uint32_t v) {
@@ -83,34 +83,12 @@ BlockHasher::BlockHasher(BlockHasher&& other) noexcept = default;
 BlockHasher& BlockHasher::operator=(BlockHasher&& other) noexcept = default;
 BlockHasher::~BlockHasher() = default;
 
-BlockHash BlockHasher::HashPage(const BlockHash& parent,
-                                absl::Span<const TokenId> tokens,
-                                const HashExtraKeys& extra) {
-  const size_t size =
-      kFixedMessageBytes + 4 * tokens.size() + extra.cache_salt.size();
-  std::vector<uint8_t>& message = state_->message;
-  if (message.size() < size) message.resize(size);
-
-  uint8_t* p = message.data();
-  p = StoreBytes(p, kDomainTag.data(), kDomainTag.size());
-  *p++ = static_cast<uint8_t>(algorithm_);
-  p = StoreBytes(p, parent.bytes.data(), parent.bytes.size());
-  p = StoreLe64(p, tokens.size());
-  if constexpr (std::endian::native == std::endian::little) {
-    p = StoreBytes(p, tokens.data(), 4 * tokens.size());
-  } else {
-    for (const TokenId token : tokens) {
-      p = StoreLe32(p, static_cast<uint32_t>(token));
-    }
-  }
-  p = StoreLe64(p, extra.cache_salt.size());
-  p = StoreBytes(p, extra.cache_salt.data(), extra.cache_salt.size());
-  StoreLe64(p, static_cast<uint64_t>(extra.adapter_id));
-
+BlockHash BlockHasher::Digest(absl::Span<const uint8_t> message) const {
   BlockHash hash;
   if (algorithm_ == HashAlgorithm::kXxh3_128) {
     XXH128_canonical_t canonical;
-    XXH128_canonicalFromHash(&canonical, XXH3_128bits(message.data(), size));
+    XXH128_canonicalFromHash(&canonical,
+                             XXH3_128bits(message.data(), message.size()));
     static_assert(sizeof(canonical.digest) == 16);
     std::memcpy(hash.bytes.data(), canonical.digest, sizeof(canonical.digest));
     return hash;
@@ -118,9 +96,41 @@ BlockHash BlockHasher::HashPage(const BlockHash& parent,
   // These calls cannot fail on a valid stack context.
   SHA256_CTX ctx;
   SHA256_Init(&ctx);
-  SHA256_Update(&ctx, message.data(), size);
+  SHA256_Update(&ctx, message.data(), message.size());
   SHA256_Final(hash.bytes.data(), &ctx);
   return hash;
+}
+
+uint8_t* BlockHasher::Message(size_t size) {
+  std::vector<uint8_t>& message = state_->message;
+  if (message.size() < size) message.resize(size);
+  return message.data();
+}
+
+BlockHash BlockHasher::RootHash(const HashExtraKeys& extra) {
+  const size_t size = kFixedRootBytes + extra.cache_salt.size();
+  uint8_t* const message = Message(size);
+  uint8_t* p = StoreBytes(message, kDomainTag.data(), kDomainTag.size());
+  *p++ = static_cast<uint8_t>(algorithm_);
+  p = StoreLe64(p, extra.cache_salt.size());
+  p = StoreBytes(p, extra.cache_salt.data(), extra.cache_salt.size());
+  StoreLe64(p, static_cast<uint64_t>(extra.adapter_id));
+  return Digest(absl::MakeConstSpan(message, size));
+}
+
+BlockHash BlockHasher::HashPage(const BlockHash& parent,
+                                absl::Span<const TokenId> tokens) {
+  const size_t size = sizeof(parent.bytes) + 4 * tokens.size();
+  uint8_t* const message = Message(size);
+  uint8_t* p = StoreBytes(message, parent.bytes.data(), parent.bytes.size());
+  if constexpr (std::endian::native == std::endian::little) {
+    StoreBytes(p, tokens.data(), 4 * tokens.size());
+  } else {
+    for (const TokenId token : tokens) {
+      p = StoreLe32(p, static_cast<uint32_t>(token));
+    }
+  }
+  return Digest(absl::MakeConstSpan(message, size));
 }
 
 absl::StatusOr<int64_t> HashChain(BlockHasher& hasher,
@@ -138,12 +148,12 @@ absl::StatusOr<int64_t> HashChain(BlockHasher& hasher,
                      " entries, fewer than the ", pages, " full pages of ",
                      tokens.size(), " tokens (page_size ", page_size, ")"));
   }
-  BlockHash parent = kRootBlockHash;
+  if (pages == 0) return 0;
+  BlockHash parent = hasher.RootHash(extra);
   for (size_t i = 0; i < pages; ++i) {
-    parent = hasher.HashPage(parent,
-                             tokens.subspan(i * static_cast<size_t>(page_size),
-                                            static_cast<size_t>(page_size)),
-                             extra);
+    parent = hasher.HashPage(
+        parent, tokens.subspan(i * static_cast<size_t>(page_size),
+                               static_cast<size_t>(page_size)));
     out[i] = parent;
   }
   return static_cast<int64_t>(pages);

@@ -222,7 +222,7 @@ SequenceHandle BlockManager::CreateSequence(SequenceId id) {
   sequence.num_tokens = 0;
   sequence.offset = 0;
   sequence.tail_maybe_shared = false;
-  sequence.last_full_hash = kRootBlockHash;
+  sequence.last_full_hash = BlockHash{};
   sequence.cache_salt.clear();
   sequence.adapter_id = 0;
   handle_of_.emplace(id, handle);
@@ -323,7 +323,8 @@ absl::StatusOr<AdmissionPlan> BlockManager::Admit(
         KVBLOCK_RETURN_IF_ERROR(
             pool_->RegisterCached(*table.Get(i), chain_[i]).status());
       }
-      if (full_pages > 0) sequence.last_full_hash = chain_[full_pages - 1];
+      sequence.last_full_hash = full_pages > 0 ? chain_[full_pages - 1]
+                                               : hasher_.RootHash(extra);
     }
     const auto tail = prompt.subspan(static_cast<size_t>(full_pages) *
                                      config_.page_size);
@@ -485,8 +486,7 @@ absl::Status BlockManager::AppendAcrossPages(SequenceHandle handle,
     offset = 0;
     if (!options_.enable_prefix_caching) continue;
     const BlockHash hash = hasher_.HashPage(
-        sequence.last_full_hash, absl::MakeConstSpan(partial, page_size),
-        HashExtraKeys{sequence.cache_salt, sequence.adapter_id});
+        sequence.last_full_hash, absl::MakeConstSpan(partial, page_size));
     KVBLOCK_RETURN_IF_ERROR(
         pool_->RegisterCached(*table.Get(table.num_pages() - 1), hash).status());
     sequence.last_full_hash = hash;

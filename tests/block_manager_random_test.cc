@@ -130,14 +130,13 @@ class Model {
       return result;
     }
     if (options_.enable_prefix_caching) {
-      BlockHash parent = kRootBlockHash;
+      BlockHash parent = hasher_->RootHash({salt, adapter});
       for (int64_t i = 0; i < length / page_size; ++i) {
         const auto end = prompt.begin() + (i + 1) * page_size;
         result.keys.push_back({salt, adapter, {prompt.begin(), end}});
         parent = hasher_->HashPage(
             parent,
-            absl::MakeConstSpan(prompt).subspan(i * page_size, page_size),
-            {salt, adapter});
+            absl::MakeConstSpan(prompt).subspan(i * page_size, page_size));
         result.hashes.push_back(parent);
       }
       // The last prompt token is always computed: at most (length - 1) /
@@ -229,9 +228,10 @@ class Model {
         continue;
       }
       const BlockHash hash = hasher_->HashPage(
-          sequence.hashes.empty() ? kRootBlockHash : sequence.hashes.back(),
-          absl::MakeConstSpan(sequence.tokens).last(page_size),
-          {sequence.salt, sequence.adapter});
+          sequence.hashes.empty()
+              ? hasher_->RootHash({sequence.salt, sequence.adapter})
+              : sequence.hashes.back(),
+          absl::MakeConstSpan(sequence.tokens).last(page_size));
       sequence.hashes.push_back(hash);
       Register(sequence.pages.back(),
                {sequence.salt, sequence.adapter, sequence.tokens}, hash);
@@ -292,8 +292,11 @@ class Model {
           {.id = id,
            .pages = sequence.pages,
            .num_tokens = static_cast<int64_t>(sequence.tokens.size()),
-           .last_full_hash = sequence.hashes.empty() ? kRootBlockHash
-                                                     : sequence.hashes.back(),
+           .last_full_hash =
+               !sequence.hashes.empty() ? sequence.hashes.back()
+               : options_.enable_prefix_caching
+                   ? hasher_->RootHash({sequence.salt, sequence.adapter})
+                   : BlockHash{},
            .partial_tokens = {sequence.tokens.end() - partial,
                               sequence.tokens.end()},
            .cache_salt = sequence.salt,

@@ -3,26 +3,31 @@
 // Block hashes of the prefix cache: the hash of a full page of tokens chains
 // the hash of the page before it, so one 32-byte value names a whole prefix.
 //
-//   hash(page i) = H(message(hash(page i - 1), tokens of page i, extra keys))
+//   root         = H(root message(algorithm, extra keys))
+//   hash(page 0) = H(hash of root || tokens of page 0)
+//   hash(page i) = H(hash(page i - 1) || tokens of page i)
 //
-// where page 0's parent is the fixed `kRootBlockHash` (32 zero bytes). Only
-// full pages have a hash: a partial last page can still grow, so it is never
-// shared through the cache.
+// The extra keys (cache salt, adapter id) enter once, through the root, and
+// every page's hash commits to them through its chain. Only full pages have
+// a hash: a partial last page can still grow, so it is never shared through
+// the cache.
 //
-// Message format (version 1). Any process or language that writes these
+// Message format (version 2). Any process or language that writes these
 // bytes and hashes them gets the same `BlockHash`:
 //
-//   offset       size  field
-//   0            16    ASCII "kvblock-block-v1" (domain tag, no terminator)
-//   16           1     algorithm id: 0x01 SHA-256, 0x02 XXH3-128
-//   17           32    parent BlockHash bytes (kRootBlockHash for page 0)
-//   49           8     n = token count, unsigned 64-bit little-endian
-//   57           4n    the page's tokens, each int32 little-endian
-//   57+4n        8     s = cache salt length, unsigned 64-bit little-endian
-//   65+4n        s     the cache salt bytes, verbatim
-//   65+4n+s      8     adapter id, int64 little-endian (0 = no adapter)
+//   root message (41 + s bytes):
+//   offset  size  field
+//   0       16    ASCII "kvblock-block-v2" (domain tag, no terminator)
+//   16      1     algorithm id: 0x01 SHA-256, 0x02 XXH3-128
+//   17      8     s = cache salt length, unsigned 64-bit little-endian
+//   25      s     the cache salt bytes, verbatim
+//   25+s    8     adapter id, int64 little-endian (0 = no adapter)
 //
-// (73 + 4n + s bytes; negative numbers are two's complement.)
+//   page message (32 + 4n bytes):
+//   0       32    parent BlockHash bytes (the root's hash for page 0)
+//   32      4n    the page's n tokens, each int32 little-endian
+//
+// (negative numbers are two's complement.)
 //
 // Digest -> BlockHash bytes:
 //   kSha256:   SHA-256 of the message (FIPS 180-4), all 32 bytes. The default:
@@ -34,21 +39,26 @@
 //              cryptographic: only for deployments whose prompts are trusted.
 //
 // Design choices:
-//   - The root is fixed, not random per process, so hashes are stable across
-//     processes and machines (a shared or offloaded cache can be keyed by
-//     them). Isolation between tenants comes from the salt, not from a secret
-//     root.
-//   - Every length is prefixed, so no two different (tokens, salt) inputs
-//     give the same message: without the salt's length, tokens {1, 2} with
-//     salt "" and tokens {1} with salt "\x02\0\0\0" would be the same bytes.
-//   - Every page carries the extra keys (not only the first), so one page's
-//     hash commits to its salt and adapter on its own.
-//   - The tag and the algorithm id separate these messages from any other
-//     use of the same hash functions and from each other's format versions.
+//   - The root is a pure function of the algorithm and the extra keys, not
+//     random per process, so hashes are stable across processes and machines
+//     (a shared or offloaded cache can be keyed by them). Isolation between
+//     tenants comes from the salt, not from a secret.
+//   - A page message is exactly 32 + 4 * page_size bytes: with 16-token pages
+//     SHA-256 runs two compression blocks per page (version 1, which repeated
+//     the tag, the lengths and the extra keys in every page, ran three).
+//     Each message has one parse: the parent is fixed-size, and the digest
+//     itself encodes the message length.
+//   - Every root field is length-prefixed or fixed-size, so no two different
+//     (salt, adapter) pairs give the same root message.
+//   - The tag and the algorithm id separate root messages from any other use
+//     of the same hash functions and from each other's format versions; a
+//     page message begins with a digest, which no crafted input can make
+//     equal to the tag.
 //
-// Complexity: HashPage is O(n + s); HashChain is O(tokens + pages * s). A
-// BlockHasher reuses its message buffer and hashes with OpenSSL's SHA-256 on
-// a stack context (or XXH3), so steady-state hashing allocates nothing.
+// Complexity: RootHash is O(s); HashPage is O(n); HashChain is
+// O(s + tokens). A BlockHasher reuses its message buffer and hashes with
+// OpenSSL's SHA-256 on a stack context (or XXH3), so steady-state hashing
+// allocates nothing.
 //
 // Thread safety: `BlockHash` and `HashExtraKeys` are plain values. A
 // `BlockHasher` is thread-compatible: HashPage mutates its scratch state, so
@@ -100,9 +110,6 @@ struct BlockHash {
   }
 };
 
-// The parent of a sequence's first page: 32 zero bytes.
-inline constexpr BlockHash kRootBlockHash{};
-
 // The digest behind a BlockHash. The enumerator values are the algorithm ids
 // written into the message.
 enum class HashAlgorithm : uint8_t {
@@ -137,25 +144,32 @@ class BlockHasher {
 
   HashAlgorithm algorithm() const { return algorithm_; }
 
-  // The hash of a page holding `tokens` whose previous page hashed to
-  // `parent` (kRootBlockHash for the first page), per the format above.
-  // `tokens` is the whole page; any length is hashed as given (callers pass
-  // exactly page_size tokens). Cannot fail.
+  // The parent of the first page of every sequence with these extra keys,
+  // per the format above. Cannot fail.
   // REQUIRES: this hasher was not moved from.
-  BlockHash HashPage(const BlockHash& parent, absl::Span<const TokenId> tokens,
-                     const HashExtraKeys& extra);
+  BlockHash RootHash(const HashExtraKeys& extra);
+
+  // The hash of a page holding `tokens` whose previous page hashed to
+  // `parent` (RootHash(extra keys) for the first page), per the format
+  // above. `tokens` is the whole page; any length is hashed as given
+  // (callers pass exactly page_size tokens). Cannot fail.
+  // REQUIRES: this hasher was not moved from.
+  BlockHash HashPage(const BlockHash& parent, absl::Span<const TokenId> tokens);
 
  private:
   struct State;
 
   BlockHasher(HashAlgorithm algorithm, std::unique_ptr<State> state);
+  // The scratch message buffer, at least `size` bytes.
+  uint8_t* Message(size_t size);
+  BlockHash Digest(absl::Span<const uint8_t> message) const;
 
   HashAlgorithm algorithm_;
   std::unique_ptr<State> state_;  // null only after a move.
 };
 
 // Hashes every full page of `tokens`, pages of `page_size` tokens starting at
-// kRootBlockHash: `out[i]` = the hash of tokens [i * page_size,
+// RootHash(extra): `out[i]` = the hash of tokens [i * page_size,
 // (i + 1) * page_size). A partial last page gets no hash. Returns the number
 // of pages hashed, `tokens.size() / page_size`; entries of `out` past it are
 // left as they were.

@@ -251,9 +251,10 @@ class BlockManager {
     bool live = false;
     SequenceId id = kNoSequence;
     SequenceBlockTable table;
-    // Prefix-cache chain: the hash of the last full page (kRootBlockHash
-    // before the first). The partial page's tokens are in partial_tokens_.
-    BlockHash last_full_hash = kRootBlockHash;
+    // Prefix-cache chain: the hash of the last full page (the root hash of
+    // the sequence's extra keys before the first; unset without prefix
+    // caching). The partial page's tokens are in partial_tokens_.
+    BlockHash last_full_hash;
     std::string cache_salt;
     int64_t adapter_id = 0;
   };

@@ -36,10 +36,9 @@ void BM_HashPage(benchmark::State& state) {
     return;
   }
   const std::vector<TokenId> page = Tokens(page_size);
-  const HashExtraKeys extra = {kSalt, 0};
-  BlockHash parent = kRootBlockHash;
+  BlockHash parent = hasher->RootHash({kSalt, 0});
   for (auto _ : state) {
-    parent = hasher->HashPage(parent, page, extra);
+    parent = hasher->HashPage(parent, page);
     benchmark::DoNotOptimize(parent);
   }
   state.SetItemsProcessed(state.iterations());
