@@ -30,14 +30,17 @@ absl::StatusOr<std::unique_ptr<BatchCommit>> BatchCommit::Create(
 BatchCommit::BatchCommit(BlockManager& manager, KVPageTable& table)
     : manager_(manager), table_(table) {
   const size_t max_batch = static_cast<size_t>(table.max_batch());
-  slots_.reserve(max_batch);
-  handles_.reserve(max_batch);
-  slot_of_handle_.assign(manager.handle_limit(), kNoSlot);
+  slots_.resize(max_batch, kNoSequence);
+  handles_.resize(max_batch, 0);
+  join_numbers_.resize(max_batch, -1);
+  join_number_of_handle_.assign(manager.handle_limit(), -1);
   leaving_.assign(max_batch, 0);
+  leaving_slots_.reserve(max_batch);
   old_to_new_.assign(max_batch, kNoSlot);
-  next_slots_.reserve(max_batch);
-  next_handles_.reserve(max_batch);
-  survivor_counts_.reserve(max_batch);
+  next_slots_.resize(max_batch, kNoSequence);
+  next_handles_.resize(max_batch, 0);
+  next_join_numbers_.resize(max_batch, -1);
+  survivor_counts_.resize(max_batch, 0);
   appended_.changed.reserve(max_batch);
   appended_.copies.reserve(max_batch);
   changed_slots_.reserve(max_batch);
@@ -57,28 +60,23 @@ absl::StatusOr<StepResult> BatchCommit::Commit(const StepPlan& plan) {
   }
   KVBLOCK_RETURN_IF_ERROR(manager_.CommitStep());
 
-  // Survivors before the first leaving slot keep their slots; only the
-  // moved survivors and the joins are reindexed.
-  const SlotId old_batch = static_cast<SlotId>(slots_.size());
-  SlotId first_moved = old_batch;
-  for (SlotId slot = 0; slot < old_batch; ++slot) {
-    if (!leaving_[slot]) continue;
-    slot_of_handle_[handles_[slot]] = kNoSlot;
-    first_moved = std::min(first_moved, slot);
-  }
+  const int32_t survivors = next_batch_ - static_cast<int32_t>(plan.joins.size());
   slots_.swap(next_slots_);
   handles_.swap(next_handles_);
+  join_numbers_.swap(next_join_numbers_);
+  batch_ = next_batch_;
   // Joins may have grown the manager's slab (allocation only then).
-  if (slot_of_handle_.size() < static_cast<size_t>(manager_.handle_limit())) {
-    slot_of_handle_.resize(manager_.handle_limit(), kNoSlot);
+  if (join_number_of_handle_.size() <
+      static_cast<size_t>(manager_.handle_limit())) {
+    join_number_of_handle_.resize(manager_.handle_limit(), -1);
   }
-  for (SlotId slot = first_moved; slot < static_cast<SlotId>(slots_.size());
-       ++slot) {
-    slot_of_handle_[handles_[slot]] = slot;
+  for (SlotId slot = survivors; slot < batch_; ++slot) {
+    join_number_of_handle_[handles_[slot]] = join_numbers_[slot];
   }
+  joins_ += static_cast<int64_t>(plan.joins.size());
   return StepResult{
       .old_to_new = absl::MakeConstSpan(old_to_new_),
-      .batch = static_cast<int32_t>(slots_.size()),
+      .batch = batch_,
       .changed_slots = changed_slots_,
       .copies = copies_,
       .new_pages = new_pages_,
@@ -86,8 +84,9 @@ absl::StatusOr<StepResult> BatchCommit::Commit(const StepPlan& plan) {
 }
 
 absl::Status BatchCommit::Validate(const StepPlan& plan) {
-  const SlotId batch = static_cast<SlotId>(slots_.size());
-  std::fill(leaving_.begin(), leaving_.end(), 0);
+  const SlotId batch = batch_;
+  for (const SlotId slot : leaving_slots_) leaving_[slot] = 0;
+  leaving_slots_.clear();
   joining_.clear();
 
   if (!plan.append_counts.empty() &&
@@ -129,6 +128,7 @@ absl::Status BatchCommit::Validate(const StepPlan& plan) {
             plan.append_counts[slot], " tokens"));
       }
       leaving_[slot] = 1;
+      leaving_slots_.push_back(slot);
       ++leaving;
     }
   }
@@ -179,10 +179,16 @@ absl::Status BatchCommit::Validate(const StepPlan& plan) {
 
 SlotId BatchCommit::RunningSlot(SequenceId id) const {
   const absl::StatusOr<SequenceHandle> handle = manager_.HandleOf(id);
-  if (!handle.ok() || static_cast<size_t>(*handle) >= slot_of_handle_.size()) {
+  if (!handle.ok() ||
+      static_cast<size_t>(*handle) >= join_number_of_handle_.size()) {
     return kNoSlot;
   }
-  return slot_of_handle_[*handle];
+  const int64_t number = join_number_of_handle_[*handle];
+  const auto begin = join_numbers_.begin();
+  const auto it = std::lower_bound(begin, begin + batch_, number);
+  if (it == begin + batch_ || *it != number) return kNoSlot;
+  const SlotId slot = static_cast<SlotId>(it - begin);
+  return slots_[slot] == id ? slot : kNoSlot;
 }
 
 absl::Status BatchCommit::AddRow(SlotId slot, SequenceHandle handle) {
@@ -198,13 +204,10 @@ absl::Status BatchCommit::AddRow(SlotId slot, SequenceHandle handle) {
 }
 
 absl::Status BatchCommit::Apply(const StepPlan& plan, bool& table_changed) {
-  const SlotId batch = static_cast<SlotId>(slots_.size());
+  const SlotId batch = batch_;
   copies_.clear();
   rows_.clear();
   changed_slots_.clear();
-  next_slots_.clear();
-  next_handles_.clear();
-  survivor_counts_.clear();
   new_pages_ = 0;
 
   for (const SequenceId id : plan.finished) {
@@ -223,23 +226,36 @@ absl::Status BatchCommit::Apply(const StepPlan& plan, bool& table_changed) {
     }
   }
 
-  // Survivors take the next dense slots, then append in one batch (the
-  // tokens of leaving slots are none, so append_tokens stays in order).
-  for (SlotId slot = 0; slot < batch; ++slot) {
-    if (leaving_[slot]) {
-      old_to_new_[slot] = kNoSlot;
-      continue;
+  // Survivors: each run between leaving slots moves down as a block.
+  std::sort(leaving_slots_.begin(), leaving_slots_.end());
+  SlotId survivors = 0;
+  for (size_t i = 0, begin = 0; i <= leaving_slots_.size(); ++i) {
+    const SlotId end = i < leaving_slots_.size() ? leaving_slots_[i] : batch;
+    const SlotId first = static_cast<SlotId>(begin);
+    const int32_t run = end - first;
+    std::copy_n(slots_.begin() + first, run, next_slots_.begin() + survivors);
+    std::copy_n(handles_.begin() + first, run,
+                next_handles_.begin() + survivors);
+    std::copy_n(join_numbers_.begin() + first, run,
+                next_join_numbers_.begin() + survivors);
+    if (plan.append_counts.empty()) {
+      std::fill_n(survivor_counts_.begin() + survivors, run, 0);
+    } else {
+      std::copy_n(plan.append_counts.begin() + first, run,
+                  survivor_counts_.begin() + survivors);
     }
-    old_to_new_[slot] = static_cast<SlotId>(next_slots_.size());
-    next_slots_.push_back(slots_[slot]);
-    next_handles_.push_back(handles_[slot]);
-    survivor_counts_.push_back(
-        plan.append_counts.empty() ? 0 : plan.append_counts[slot]);
+    for (SlotId slot = first; slot < end; ++slot) {
+      old_to_new_[slot] = slot - first + survivors;
+    }
+    survivors += run;
+    if (end < batch) old_to_new_[end] = kNoSlot;
+    begin = static_cast<size_t>(end) + 1;
   }
   std::fill(old_to_new_.begin() + batch, old_to_new_.end(), kNoSlot);
-  const int32_t survivors = static_cast<int32_t>(next_slots_.size());
   KVBLOCK_RETURN_IF_ERROR(manager_.AppendMany(
-      next_handles_, survivor_counts_, plan.append_tokens, appended_));
+      absl::MakeConstSpan(next_handles_).first(survivors),
+      absl::MakeConstSpan(survivor_counts_).first(survivors),
+      plan.append_tokens, appended_));
   copies_.insert(copies_.end(), appended_.copies.begin(),
                  appended_.copies.end());
   new_pages_ += appended_.new_pages;
@@ -248,12 +264,14 @@ absl::Status BatchCommit::Apply(const StepPlan& plan, bool& table_changed) {
   }
 
   // Joins take the next slots; forks append after every survivor did.
+  next_batch_ = survivors;
   for (const JoinRequest& join : plan.joins) {
-    const SlotId new_slot = static_cast<SlotId>(next_slots_.size());
+    const SlotId new_slot = next_batch_++;
     KVBLOCK_ASSIGN_OR_RETURN(const SequenceHandle handle,
                              manager_.HandleOf(join.id));
-    next_slots_.push_back(join.id);
-    next_handles_.push_back(handle);
+    next_slots_[new_slot] = join.id;
+    next_handles_[new_slot] = handle;
+    next_join_numbers_[new_slot] = joins_ + (new_slot - survivors);
     if (join.fork_of != kNoSequence && !join.tokens.empty()) {
       KVBLOCK_ASSIGN_OR_RETURN(const AppendResult result,
                                manager_.Append(join.id, join.tokens));
@@ -277,7 +295,7 @@ absl::Status BatchCommit::Apply(const StepPlan& plan, bool& table_changed) {
 absl::Status BatchCommit::RestoreTable() {
   rows_.clear();
   for (SlotId slot = 0; slot < table_.max_batch(); ++slot) {
-    if (slot < static_cast<SlotId>(slots_.size())) {
+    if (slot < batch_) {
       KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> pages,
                                manager_.Pages(slots_[slot]));
       rows_.push_back({slot, pages.data(), static_cast<int32_t>(pages.size())});
@@ -288,7 +306,9 @@ absl::Status BatchCommit::RestoreTable() {
   return table_.SetRows(rows_);
 }
 
-absl::Span<const SequenceId> BatchCommit::slots() const { return slots_; }
+absl::Span<const SequenceId> BatchCommit::slots() const {
+  return absl::MakeConstSpan(slots_).first(batch_);
+}
 
 absl::StatusOr<SlotId> BatchCommit::SlotOf(SequenceId id) const {
   const SlotId slot = RunningSlot(id);
@@ -299,30 +319,28 @@ absl::StatusOr<SlotId> BatchCommit::SlotOf(SequenceId id) const {
   return slot;
 }
 
-int32_t BatchCommit::batch() const { return static_cast<int32_t>(slots_.size()); }
+int32_t BatchCommit::batch() const { return batch_; }
 
 absl::Status BatchCommit::CheckInvariants() const {
   KVBLOCK_RETURN_IF_ERROR(manager_.CheckInvariants());
   KVBLOCK_RETURN_IF_ERROR(table_.CheckInvariants());
-  const auto indexed = std::count_if(
-      slot_of_handle_.begin(), slot_of_handle_.end(),
-      [](SlotId slot) { return slot != kNoSlot; });
-  if (static_cast<size_t>(indexed) != slots_.size() ||
-      handles_.size() != slots_.size()) {
-    return absl::InternalError(absl::StrCat(
-        "batch commit: ", slots_.size(), " slots, ", handles_.size(),
-        " handles and ", indexed, " indexed handles"));
+  for (SlotId slot = 1; slot < batch_; ++slot) {
+    if (join_numbers_[slot - 1] >= join_numbers_[slot]) {
+      return absl::InternalError(absl::StrCat(
+          "batch commit: join numbers do not increase at slot ", slot));
+    }
   }
   for (SlotId slot = 0; slot < table_.max_batch(); ++slot) {
     KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> row,
                              table_.HostRow(slot));
     absl::Span<const PageId> expected;
-    if (slot < static_cast<SlotId>(slots_.size())) {
+    if (slot < batch_) {
       const SequenceId id = slots_[slot];
       const absl::StatusOr<SequenceHandle> handle = manager_.HandleOf(id);
       if (!handle.ok() || *handle != handles_[slot] ||
-          static_cast<size_t>(*handle) >= slot_of_handle_.size() ||
-          slot_of_handle_[*handle] != slot) {
+          static_cast<size_t>(*handle) >= join_number_of_handle_.size() ||
+          join_number_of_handle_[*handle] != join_numbers_[slot] ||
+          RunningSlot(id) != slot) {
         return absl::InternalError(absl::StrCat(
             "batch commit: slot ", slot, " holds sequence ", id,
             " whose index entry disagrees"));

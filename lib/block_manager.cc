@@ -412,8 +412,12 @@ inline absl::Status BlockManager::AppendTokens(SequenceHandle handle,
       sequence.tail_maybe_shared) {
     return AppendAcrossPages(handle, sequence, tokens, result);
   }
-  std::copy(tokens.begin(), tokens.end(),
-            PartialTokens(handle) + sequence.offset);
+  TokenId* const partial = PartialTokens(handle) + sequence.offset;
+  if (count == 1) {
+    *partial = tokens[0];  // decode: no call into memmove for one token.
+  } else {
+    std::copy(tokens.begin(), tokens.end(), partial);
+  }
   journal_.push_back({.op = UndoRecord::Op::kAppended,
                       .handle = handle,
                       .count = static_cast<int32_t>(count)});

@@ -150,6 +150,10 @@ absl::Status KVPageTable::CompactRows(absl::Span<const SlotId> old_to_new,
         absl::StrCat("compact rows: new_batch ", new_batch, " is outside [0, ",
                      max_batch_, "]"));
   }
+  if (CompactInOrder(old_to_new, new_batch)) {
+    is_identity_ = false;
+    return absl::OkStatus();
+  }
   // Validate while drafting the new slot -> buffer map in scratch: the
   // survivors take their buffers to their new slots, the retired buffers
   // fill the slots from new_batch on. No page id moves.
@@ -206,6 +210,51 @@ absl::Status KVPageTable::CompactRows(absl::Span<const SlotId> old_to_new,
   }
   is_identity_ = false;
   return absl::OkStatus();
+}
+
+bool KVPageTable::CompactInOrder(absl::Span<const SlotId> old_to_new,
+                                 int32_t new_batch) {
+  // Order-preserving: the survivors map to 0, 1, ..., new_batch - 1 in old
+  // slot order. That alone proves the map valid.
+  SlotId expected = 0;
+  SlotId first_moved = max_batch_;
+  for (SlotId old_slot = 0; old_slot < max_batch_; ++old_slot) {
+    const SlotId new_slot = old_to_new[old_slot];
+    if (new_slot == kNoSlot) {
+      first_moved = std::min(first_moved, old_slot);
+      continue;
+    }
+    if (new_slot != expected++) return false;
+  }
+  if (expected != new_batch) return false;
+
+  // Survivors move down in place (a slot's buffer is moved or retired before
+  // a later survivor lands on it); retired buffers are kept in scratch and
+  // fill the slots from new_batch on. A slot is changed when its old or new
+  // contents are not empty.
+  int32_t retired = 0;
+  SlotId next = first_moved;
+  for (SlotId old_slot = first_moved; old_slot < max_batch_; ++old_slot) {
+    const int32_t buffer = buffer_of_[old_slot];
+    if (old_to_new[old_slot] == kNoSlot) {
+      next_buffer_of_[retired++] = buffer;
+      continue;
+    }
+    if (lengths_[buffer] > 0 || Length(next) > 0) MarkChanged(next);
+    buffer_of_[next++] = buffer;
+  }
+  for (int32_t i = 0; i < retired; ++i) {
+    const SlotId slot = new_batch + i;
+    if (Length(slot) > 0) MarkChanged(slot);
+  }
+  for (int32_t i = 0; i < retired; ++i) {
+    const SlotId slot = new_batch + i;
+    buffer_of_[slot] = next_buffer_of_[i];
+    int32_t& length = lengths_[buffer_of_[slot]];
+    std::fill_n(Row(slot), length, kNoPage);
+    length = 0;
+  }
+  return true;
 }
 
 absl::Status KVPageTable::CheckInvariants() const {

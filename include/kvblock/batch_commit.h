@@ -123,18 +123,28 @@ class BatchCommit {
 
   BlockManager& manager_;
   KVPageTable& table_;
-  // Running sequences by slot, with their manager handles; slot_of_handle_
-  // maps a handle back to its slot (kNoSlot when not running), so a step
-  // reindexes moved slots with array writes, not hash-map updates.
+  // Running sequences by slot (the first batch_ entries of max_batch): ids,
+  // manager handles, and join numbers. Join numbers count joins since
+  // creation; survivors keep their order and joins take the last slots, so
+  // they increase with the slot, and a lookup by id is a binary search.
+  // A step moves these arrays by runs; nothing is reindexed per slot.
+  int32_t batch_ = 0;
   std::vector<SequenceId> slots_;
   std::vector<SequenceHandle> handles_;
-  std::vector<SlotId> slot_of_handle_;
+  std::vector<int64_t> join_numbers_;
+  // By manager handle: the join number of the sequence that last joined
+  // with it (-1 before any).
+  std::vector<int64_t> join_number_of_handle_;
+  int64_t joins_ = 0;
 
-  // Step scratch, reserved for max_batch at construction.
-  std::vector<uint8_t> leaving_;  // by old slot.
+  // Step scratch, sized max_batch at construction.
+  std::vector<uint8_t> leaving_;        // by old slot.
+  std::vector<SlotId> leaving_slots_;   // sorted by Apply.
   std::vector<SlotId> old_to_new_;
+  int32_t next_batch_ = 0;
   std::vector<SequenceId> next_slots_;
   std::vector<SequenceHandle> next_handles_;
+  std::vector<int64_t> next_join_numbers_;
   std::vector<int32_t> survivor_counts_;  // by new slot.
   AppendManyResult appended_;
   std::vector<SlotId> changed_slots_;

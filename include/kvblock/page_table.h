@@ -191,6 +191,10 @@ class KVPageTable {
   int32_t Length(SlotId slot) const { return lengths_[buffer_of_[slot]]; }
   // OK when `slot` may be written with `k_page_ids[0, count)`; otherwise
   // InvalidArgument naming the slot and the bad value.
+  // CompactRows for an order-preserving map (what a serving step makes), in
+  // one pass over buffer numbers; false, changing nothing, for any other
+  // map.
+  bool CompactInOrder(absl::Span<const SlotId> old_to_new, int32_t new_batch);
   absl::Status ValidateRow(SlotId slot, const PageId* k_page_ids,
                            int64_t count) const;
   // Writes a validated row (marking it changed unless it stays empty).
