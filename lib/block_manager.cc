@@ -337,6 +337,30 @@ absl::StatusOr<AdmissionPlan> BlockManager::Admit(
   return plan;
 }
 
+inline bool BlockManager::AppendToPartialPage(SequenceHandle handle,
+                                              Sequence& sequence,
+                                              absl::Span<const TokenId> tokens) {
+  const int64_t count = static_cast<int64_t>(tokens.size());
+  if (count == 0) return true;
+  if (sequence.offset == 0 || sequence.offset + count >= config_.page_size ||
+      sequence.tail_maybe_shared) {
+    return false;
+  }
+  TokenId* const partial = PartialTokens(handle) + sequence.offset;
+  if (count == 1) {
+    *partial = tokens[0];  // decode: no call into memmove for one token.
+  } else {
+    std::copy(tokens.begin(), tokens.end(), partial);
+  }
+  journal_.push_back({.op = UndoRecord::Op::kAppended,
+                      .handle = handle,
+                      .count = static_cast<int32_t>(count)});
+  sequence.num_tokens += count;
+  sequence.offset += static_cast<int32_t>(count);
+  stats_.appended_tokens += count;
+  return true;
+}
+
 absl::StatusOr<AppendResult> BlockManager::Append(
     SequenceId id, absl::Span<const TokenId> tokens) {
   auto it = handle_of_.find(id);
@@ -346,7 +370,10 @@ absl::StatusOr<AppendResult> BlockManager::Append(
   }
   AppendResult result;
   KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
-    return AppendTokens(it->second, sequences_[it->second], tokens, result);
+    const SequenceHandle handle = it->second;
+    Sequence& sequence = sequences_[handle];
+    if (AppendToPartialPage(handle, sequence, tokens)) return absl::OkStatus();
+    return AppendAcrossPages(handle, sequence, tokens, result);
   }));
   return result;
 }
@@ -378,10 +405,12 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
             "block manager: append many handles[", i, "] = ", handle,
             " is not live"));
       }
-      AppendResult one;
-      KVBLOCK_RETURN_IF_ERROR(AppendTokens(handle, sequences_[handle],
-                                           tokens.subspan(next, count), one));
+      Sequence& sequence = sequences_[handle];
+      const absl::Span<const TokenId> entry = tokens.subspan(next, count);
       next += count;
+      if (AppendToPartialPage(handle, sequence, entry)) continue;
+      AppendResult one;
+      KVBLOCK_RETURN_IF_ERROR(AppendAcrossPages(handle, sequence, entry, one));
       if (one.new_pages == 0 && !one.copy.has_value()) continue;
       result.changed.push_back(static_cast<int32_t>(i));
       if (one.copy.has_value()) result.copies.push_back(*one.copy);
@@ -400,31 +429,6 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
     result.new_pages = 0;
   }
   return status;
-}
-
-inline absl::Status BlockManager::AppendTokens(SequenceHandle handle,
-                                               Sequence& sequence,
-                                               absl::Span<const TokenId> tokens,
-                                               AppendResult& result) {
-  const int64_t count = static_cast<int64_t>(tokens.size());
-  if (count == 0) return absl::OkStatus();
-  if (sequence.offset == 0 || sequence.offset + count >= config_.page_size ||
-      sequence.tail_maybe_shared) {
-    return AppendAcrossPages(handle, sequence, tokens, result);
-  }
-  TokenId* const partial = PartialTokens(handle) + sequence.offset;
-  if (count == 1) {
-    *partial = tokens[0];  // decode: no call into memmove for one token.
-  } else {
-    std::copy(tokens.begin(), tokens.end(), partial);
-  }
-  journal_.push_back({.op = UndoRecord::Op::kAppended,
-                      .handle = handle,
-                      .count = static_cast<int32_t>(count)});
-  sequence.num_tokens += count;
-  sequence.offset += static_cast<int32_t>(count);
-  stats_.appended_tokens += count;
-  return absl::OkStatus();
 }
 
 absl::Status BlockManager::AppendAcrossPages(SequenceHandle handle,
@@ -480,8 +484,8 @@ absl::Status BlockManager::AppendAcrossPages(SequenceHandle handle,
   sequence.tail_maybe_shared = false;
   for (const TokenId token : tokens) {
     if (offset == 0) {
-      KVBLOCK_RETURN_IF_ERROR(
-          table.EnsureWritable(table.num_pages(), *pool_).status());
+      KVBLOCK_ASSIGN_OR_RETURN(const PageId page, pool_->Allocate());
+      KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(absl::MakeConstSpan(&page, 1)));
       ++result.new_pages;
     }
     partial[offset] = token;

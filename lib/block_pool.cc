@@ -74,13 +74,9 @@ absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(
 BlockPool::BlockPool(int32_t num_pages, const BlockPoolOptions& options)
     : num_pages_(num_pages),
       max_refcount_(options.max_refcount),
-      refcount_(num_pages, 0),
-      cached_(num_pages, 0),
-      hash_(num_pages),
-      lru_prev_(num_pages + 1, kNoPage),
-      lru_next_(num_pages + 1, kNoPage) {
-  lru_prev_[num_pages_] = num_pages_;
-  lru_next_[num_pages_] = num_pages_;
+      pages_(num_pages + 1) {
+  pages_[num_pages_].lru_prev = num_pages_;
+  pages_[num_pages_].lru_next = num_pages_;
   free_stack_.reserve(num_pages_);
   for (PageId page = num_pages_ - 1; page >= 0; --page) {
     free_stack_.push_back(page);
@@ -103,10 +99,10 @@ absl::Status BlockPool::CheckRange(PageId page) const {
 
 absl::Status BlockPool::CheckUsed(PageId page) const {
   if (absl::Status status = CheckRange(page); !status.ok()) return status;
-  if (refcount_[page] > 0) return absl::OkStatus();
+  if (pages_[page].refcount > 0) return absl::OkStatus();
   return absl::FailedPreconditionError(
       absl::StrCat("block pool: page ", page, " is not in use (",
-                   cached_[page] ? "evictable" : "free", ")"));
+                   pages_[page].cached ? "evictable" : "free", ")"));
 }
 
 inline void BlockPool::Journal(UndoRecord::Op op, PageId page, PageId prev,
@@ -119,21 +115,21 @@ void BlockPool::NoteUsed() {
 }
 
 void BlockPool::LinkAfter(PageId prev, PageId page) {
-  const PageId next = lru_next_[prev];
-  lru_prev_[page] = prev;
-  lru_next_[page] = next;
-  lru_next_[prev] = page;
-  lru_prev_[next] = page;
+  const PageId next = pages_[prev].lru_next;
+  pages_[page].lru_prev = prev;
+  pages_[page].lru_next = next;
+  pages_[prev].lru_next = page;
+  pages_[next].lru_prev = page;
   ++num_evictable_;
 }
 
 void BlockPool::Unlink(PageId page) {
-  const PageId prev = lru_prev_[page];
-  const PageId next = lru_next_[page];
-  lru_next_[prev] = next;
-  lru_prev_[next] = prev;
-  lru_prev_[page] = kNoPage;
-  lru_next_[page] = kNoPage;
+  const PageId prev = pages_[page].lru_prev;
+  const PageId next = pages_[page].lru_next;
+  pages_[prev].lru_next = next;
+  pages_[next].lru_prev = prev;
+  pages_[page].lru_prev = kNoPage;
+  pages_[page].lru_next = kNoPage;
   --num_evictable_;
 }
 
@@ -144,14 +140,14 @@ PageId BlockPool::AllocateUnchecked() {
     free_stack_.pop_back();
     Journal(UndoRecord::Op::kPopFree, page);
   } else {
-    page = lru_next_[num_pages_];
+    page = pages_[num_pages_].lru_next;
     Unlink(page);
-    index_.erase(hash_[page]);
-    cached_[page] = 0;
+    index_.erase(pages_[page].hash);
+    pages_[page].cached = 0;
     ++stats_.evictions;
-    Journal(UndoRecord::Op::kEvict, page, kNoPage, hash_[page]);
+    Journal(UndoRecord::Op::kEvict, page, kNoPage, pages_[page].hash);
   }
-  refcount_[page] = 1;
+  pages_[page].refcount = 1;
   ++stats_.allocations;
   NoteUsed();
   return page;
@@ -185,22 +181,22 @@ absl::Status BlockPool::Retain(PageId page) {
     return absl::FailedPreconditionError(
         absl::StrCat("block pool: injected fault retaining page ", page));
   }
-  if (refcount_[page] == max_refcount_) {
+  if (pages_[page].refcount == max_refcount_) {
     return absl::FailedPreconditionError(
         absl::StrCat("block pool: page ", page, " refcount is at the maximum ",
                      max_refcount_));
   }
-  ++refcount_[page];
+  ++pages_[page].refcount;
   Journal(UndoRecord::Op::kAddRef, page);
   return absl::OkStatus();
 }
 
 absl::Status BlockPool::Release(PageId page) {
   if (absl::Status status = CheckUsed(page); !status.ok()) return status;
-  if (--refcount_[page] > 0) {
+  if (--pages_[page].refcount > 0) {
     Journal(UndoRecord::Op::kDropRef, page);
-  } else if (cached_[page]) {
-    LinkAfter(lru_prev_[num_pages_], page);
+  } else if (pages_[page].cached) {
+    LinkAfter(pages_[num_pages_].lru_prev, page);
     Journal(UndoRecord::Op::kAppendLru, page);
   } else {
     free_stack_.push_back(page);
@@ -212,11 +208,11 @@ absl::Status BlockPool::Release(PageId page) {
 absl::StatusOr<CopyOnWrite> BlockPool::Writable(PageId page) {
   if (page != kNoPage) {
     if (absl::Status status = CheckUsed(page); !status.ok()) return status;
-    if (refcount_[page] == 1) {
-      if (cached_[page]) {
-        index_.erase(hash_[page]);
-        cached_[page] = 0;
-        Journal(UndoRecord::Op::kUncache, page, kNoPage, hash_[page]);
+    if (pages_[page].refcount == 1) {
+      if (pages_[page].cached) {
+        index_.erase(pages_[page].hash);
+        pages_[page].cached = 0;
+        Journal(UndoRecord::Op::kUncache, page, kNoPage, pages_[page].hash);
       }
       return CopyOnWrite{CopyOnWrite::Kind::kExisting, page, kNoPage};
     }
@@ -232,7 +228,7 @@ absl::StatusOr<CopyOnWrite> BlockPool::Writable(PageId page) {
   if (page == kNoPage) {
     return CopyOnWrite{CopyOnWrite::Kind::kAllocated, destination, kNoPage};
   }
-  --refcount_[page];  // Stays > 0: it was above 1.
+  --pages_[page].refcount;  // Stays > 0: it was above 1.
   Journal(UndoRecord::Op::kDropRef, page);
   ++stats_.cow_copies;
   return CopyOnWrite{CopyOnWrite::Kind::kCopy, destination, page};
@@ -241,16 +237,16 @@ absl::StatusOr<CopyOnWrite> BlockPool::Writable(PageId page) {
 absl::StatusOr<PageId> BlockPool::RegisterCached(PageId page,
                                                  const BlockHash& hash) {
   if (absl::Status status = CheckUsed(page); !status.ok()) return status;
-  if (cached_[page]) {
-    if (hash_[page] == hash) return page;
+  if (pages_[page].cached) {
+    if (pages_[page].hash == hash) return page;
     return absl::FailedPreconditionError(absl::StrCat(
-        "block pool: page ", page, " is cached as ", ShortHash(hash_[page]),
+        "block pool: page ", page, " is cached as ", ShortHash(pages_[page].hash),
         "..., not ", ShortHash(hash), "..."));
   }
   const auto [it, inserted] = index_.try_emplace(hash, page);
   if (!inserted) return it->second;
-  cached_[page] = 1;
-  hash_[page] = hash;
+  pages_[page].cached = 1;
+  pages_[page].hash = hash;
   ++stats_.cache_registrations;
   Journal(UndoRecord::Op::kRegister, page, kNoPage, hash);
   return page;
@@ -282,21 +278,21 @@ absl::StatusOr<int32_t> BlockPool::AcquireCachedPrefix(
       return absl::FailedPreconditionError(absl::StrCat(
           "block pool: injected fault acquiring cached page ", page));
     }
-    if (refcount_[page] == max_refcount_) {
+    if (pages_[page].refcount == max_refcount_) {
       RollbackTransaction(savepoint).IgnoreError();  // Innermost: cannot fail.
       return absl::FailedPreconditionError(
           absl::StrCat("block pool: cached page ", page, " (chain position ",
                        hits, ") refcount is at the maximum ", max_refcount_));
     }
-    if (refcount_[page] == 0) {
-      const PageId prev = lru_prev_[page];
+    if (pages_[page].refcount == 0) {
+      const PageId prev = pages_[page].lru_prev;
       Unlink(page);
-      refcount_[page] = 1;
+      pages_[page].refcount = 1;
       Journal(UndoRecord::Op::kRevive, page, prev);
       ++stats_.cache_revivals;
       NoteUsed();
     } else {
-      ++refcount_[page];
+      ++pages_[page].refcount;
       Journal(UndoRecord::Op::kAddRef, page);
     }
     pages[hits++] = page;
@@ -314,11 +310,11 @@ absl::Status BlockPool::ResetPrefixCache() {
         depth_, ")"));
   }
   while (num_evictable_ > 0) {
-    const PageId page = lru_next_[num_pages_];
+    const PageId page = pages_[num_pages_].lru_next;
     Unlink(page);
     free_stack_.push_back(page);
   }
-  for (const auto& [hash, page] : index_) cached_[page] = 0;
+  for (const auto& [hash, page] : index_) pages_[page].cached = 0;
   index_.clear();
   index_.reserve(IndexReserve(num_pages_));
   return absl::OkStatus();
@@ -361,48 +357,48 @@ void BlockPool::Undo(const UndoRecord& record) {
   const PageId page = record.page;
   switch (record.op) {
     case UndoRecord::Op::kPopFree:
-      refcount_[page] = 0;
+      pages_[page].refcount = 0;
       free_stack_.push_back(page);
       break;
     case UndoRecord::Op::kEvict:
-      refcount_[page] = 0;
-      cached_[page] = 1;
-      hash_[page] = record.hash;
+      pages_[page].refcount = 0;
+      pages_[page].cached = 1;
+      pages_[page].hash = record.hash;
       index_.emplace(record.hash, page);
       LinkAfter(num_pages_, page);
       break;
     case UndoRecord::Op::kAddRef:
-      --refcount_[page];
+      --pages_[page].refcount;
       break;
     case UndoRecord::Op::kDropRef:
-      ++refcount_[page];
+      ++pages_[page].refcount;
       break;
     case UndoRecord::Op::kPushFree:
       free_stack_.pop_back();
-      refcount_[page] = 1;
+      pages_[page].refcount = 1;
       break;
     case UndoRecord::Op::kAppendLru:
       Unlink(page);
-      refcount_[page] = 1;
+      pages_[page].refcount = 1;
       break;
     case UndoRecord::Op::kRevive:
-      refcount_[page] = 0;
+      pages_[page].refcount = 0;
       LinkAfter(record.prev, page);
       break;
     case UndoRecord::Op::kRegister:
       index_.erase(record.hash);
-      cached_[page] = 0;
+      pages_[page].cached = 0;
       break;
     case UndoRecord::Op::kUncache:
-      cached_[page] = 1;
-      hash_[page] = record.hash;
+      pages_[page].cached = 1;
+      pages_[page].hash = record.hash;
       index_.emplace(record.hash, page);
       break;
   }
 }
 
 int32_t BlockPool::RefCount(PageId page) const {
-  return page >= 0 && page < num_pages_ ? refcount_[page] : 0;
+  return page >= 0 && page < num_pages_ ? pages_[page].refcount : 0;
 }
 
 int32_t BlockPool::NumFree() const {
@@ -423,13 +419,13 @@ absl::Status BlockPool::CheckInvariants() const {
     listed[page] = 1;
   }
   int32_t walked = 0;
-  for (PageId prev = num_pages_, page = lru_next_[num_pages_];
-       page != num_pages_; prev = page, page = lru_next_[page]) {
+  for (PageId prev = num_pages_, page = pages_[num_pages_].lru_next;
+       page != num_pages_; prev = page, page = pages_[page].lru_next) {
     if (page < 0 || page >= num_pages_ || walked == num_pages_) {
       return broken("lru list is broken at page ", page);
     }
-    if (lru_prev_[page] != prev) {
-      return broken("lru page ", page, " links back to ", lru_prev_[page],
+    if (pages_[page].lru_prev != prev) {
+      return broken("lru page ", page, " links back to ", pages_[page].lru_prev,
                     ", not ", prev);
     }
     if (listed[page] != 0) {
@@ -445,25 +441,25 @@ absl::Status BlockPool::CheckInvariants() const {
   int32_t num_cached = 0;
   int32_t num_used = 0;
   for (PageId page = 0; page < num_pages_; ++page) {
-    const int32_t refcount = refcount_[page];
+    const int32_t refcount = pages_[page].refcount;
     if (refcount < 0 || refcount > max_refcount_) {
       return broken("page ", page, " has refcount ", refcount);
     }
-    const uint8_t expected = refcount > 0 ? 0 : cached_[page] ? 2 : 1;
+    const uint8_t expected = refcount > 0 ? 0 : pages_[page].cached ? 2 : 1;
     if (listed[page] != expected) {
       return broken("page ", page, " (refcount ", refcount, ", cached ",
-                    static_cast<int>(cached_[page]), ") is listed as ",
+                    static_cast<int>(pages_[page].cached), ") is listed as ",
                     static_cast<int>(listed[page]), ", expected ",
                     static_cast<int>(expected));
     }
     if (listed[page] != 2 &&
-        (lru_prev_[page] != kNoPage || lru_next_[page] != kNoPage)) {
+        (pages_[page].lru_prev != kNoPage || pages_[page].lru_next != kNoPage)) {
       return broken("page ", page, " is off the lru list but linked");
     }
     num_used += refcount > 0 ? 1 : 0;
-    if (cached_[page]) {
+    if (pages_[page].cached) {
       ++num_cached;
-      const auto it = index_.find(hash_[page]);
+      const auto it = index_.find(pages_[page].hash);
       if (it == index_.end() || it->second != page) {
         return broken("cached page ", page, " is not indexed under its hash");
       }
@@ -486,15 +482,18 @@ absl::Status BlockPool::CheckInvariants() const {
 
 BlockPoolSnapshot BlockPool::Snapshot() const {
   BlockPoolSnapshot snapshot;
-  snapshot.refcounts = refcount_;
+  snapshot.refcounts.reserve(num_pages_);
+  for (PageId page = 0; page < num_pages_; ++page) {
+    snapshot.refcounts.push_back(pages_[page].refcount);
+  }
   snapshot.free_stack = free_stack_;
   snapshot.lru.reserve(num_evictable_);
-  for (PageId page = lru_next_[num_pages_]; page != num_pages_;
-       page = lru_next_[page]) {
+  for (PageId page = pages_[num_pages_].lru_next; page != num_pages_;
+       page = pages_[page].lru_next) {
     snapshot.lru.push_back(page);
   }
   for (PageId page = 0; page < num_pages_; ++page) {
-    if (cached_[page]) snapshot.cached.emplace_back(page, hash_[page]);
+    if (pages_[page].cached) snapshot.cached.emplace_back(page, pages_[page].hash);
   }
   snapshot.stats = stats_;
   return snapshot;

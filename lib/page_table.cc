@@ -460,12 +460,6 @@ absl::Status KVPageTable::CheckRow(SlotId slot) const {
   return absl::OkStatus();
 }
 
-void KVPageTable::MarkChanged(SlotId slot) {
-  if (changed_[slot] != 0) return;
-  changed_[slot] = 1;
-  changed_rows_.push_back(slot);
-}
-
 void KVPageTable::ForgetChanges() {
   for (SlotId slot : changed_rows_) changed_[slot] = 0;
   changed_rows_.clear();

@@ -318,12 +318,12 @@ class BlockManager {
   // Prompt page hashes into chain_ (full pages only) and the plan.
   absl::StatusOr<AdmissionPlan> Plan(absl::Span<const TokenId> prompt,
                                      const HashExtraKeys& extra) const;
-  // Append's work, inside the caller's transaction: the common decode case
-  // (tokens that go into a partial page held here alone, without filling
-  // it) inline, the rest in AppendAcrossPages.
-  absl::Status AppendTokens(SequenceHandle handle, Sequence& sequence,
-                            absl::Span<const TokenId> tokens,
-                            AppendResult& result);
+  // Append's work, inside the caller's transaction. AppendToPartialPage
+  // takes the common decode case (tokens that go into a partial page held
+  // here alone, without filling it) and returns whether it did;
+  // AppendAcrossPages does the rest.
+  bool AppendToPartialPage(SequenceHandle handle, Sequence& sequence,
+                           absl::Span<const TokenId> tokens);
   absl::Status AppendAcrossPages(SequenceHandle handle, Sequence& sequence,
                                  absl::Span<const TokenId> tokens,
                                  AppendResult& result);

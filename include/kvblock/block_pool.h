@@ -290,19 +290,23 @@ class BlockPool {
   const int32_t num_pages_;
   const int32_t max_refcount_;
 
-  // By page id. refcount_ in [0, max_refcount_].
-  std::vector<int32_t> refcount_;
-  // By page id: 1 when the page is in the index under hash_[page].
-  std::vector<uint8_t> cached_;
-  std::vector<BlockHash> hash_;
-  // Evictable pages only (others hold kNoPage); index num_pages_ is the
-  // sentinel: lru_next_[sentinel] is the head, lru_prev_[sentinel] the tail.
-  std::vector<PageId> lru_prev_;
-  std::vector<PageId> lru_next_;
+  // What the pool keeps of one page, in one cache line: a page operation
+  // touches one line instead of one per field.
+  struct alignas(64) PageState {
+    BlockHash hash;  // the index key while `cached`.
+    int32_t refcount = 0;  // in [0, max_refcount_].
+    // Evictable pages only (others hold kNoPage).
+    PageId lru_prev = kNoPage;
+    PageId lru_next = kNoPage;
+    uint8_t cached = 0;  // 1 when the page is in the index under `hash`.
+  };
+  // By page id; entry num_pages_ is the LRU sentinel: its lru_next is the
+  // head, its lru_prev the tail.
+  std::vector<PageState> pages_;
   int32_t num_evictable_ = 0;
   // Exactly the free pages, top = back(); capacity num_pages_.
   std::vector<PageId> free_stack_;
-  // Exactly the cached pages: index_[hash_[p]] == p for every cached p.
+  // Exactly the cached pages: index_[pages_[p].hash] == p for every cached p.
   absl::flat_hash_map<BlockHash, PageId> index_;
 
   BlockPoolStats stats_;

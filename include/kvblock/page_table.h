@@ -202,7 +202,11 @@ class KVPageTable {
   // The invariants of one row; Internal naming it when broken.
   absl::Status CheckRow(SlotId slot) const;
   // Adds `slot` to the rows changed since the last upload.
-  void MarkChanged(SlotId slot);
+  void MarkChanged(SlotId slot) {
+    if (changed_[slot] != 0) return;
+    changed_[slot] = 1;
+    changed_rows_.push_back(slot);
+  }
   // Empties the rows changed since the last upload.
   void ForgetChanges();
   // A staging slot no copy reads any more; waits (and says so) when every
