@@ -67,11 +67,16 @@ KVPageTable::KVPageTable(int32_t max_batch, int32_t max_pages_per_seq,
       buffer_of_(max_batch),
       next_buffer_of_(max_batch),
       uploaded_(rows_.size(), kNoPage),
+      uploaded_lengths_(max_batch, 0),
       changed_(max_batch, 0),
       marks_(max_batch) {
   for (SlotId slot = 0; slot < max_batch; ++slot) buffer_of_[slot] = slot;
   changed_rows_.reserve(max_batch);
   dirty_rows_.reserve(max_batch);
+  // Staging starts as garbage: the first write of a row fills all of it.
+  for (std::vector<int32_t>& lengths : staged_lengths_) {
+    lengths.assign(max_batch, max_pages_per_seq);
+  }
 }
 
 KVPageTable::~KVPageTable() {
@@ -300,12 +305,15 @@ absl::Status KVPageTable::CheckInvariants() const {
 }
 
 absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
+  // Only live ids reach the device; staging writes kNoPage past them.
   if (!uploaded_once_) {
     for (SlotId slot = 0; slot < max_batch_; ++slot) {
-      KVBLOCK_RETURN_IF_ERROR(CheckRow(slot));
+      KVBLOCK_RETURN_IF_ERROR(CheckLiveIds(slot));
     }
   } else {
-    for (SlotId slot : changed_rows_) KVBLOCK_RETURN_IF_ERROR(CheckRow(slot));
+    for (SlotId slot : changed_rows_) {
+      KVBLOCK_RETURN_IF_ERROR(CheckLiveIds(slot));
+    }
   }
 
   // Plan: the rows whose K ids differ from the device's, in slot order.
@@ -316,13 +324,25 @@ absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
       dirty_rows_.push_back(slot);
     }
   } else {
-    for (SlotId slot : changed_rows_) {
-      if (std::memcmp(Row(slot), uploaded_.data() + RowOffset(slot),
-                      row_k_bytes) != 0) {
-        dirty_rows_.push_back(slot);
+    // Rows are equal when their live prefixes are (kNoPage follows both).
+    const auto differs = [&](SlotId slot) {
+      const int32_t length = Length(slot);
+      return length != uploaded_lengths_[slot] ||
+             std::memcmp(Row(slot), uploaded_.data() + RowOffset(slot),
+                         sizeof(PageId) * length) != 0;
+    };
+    // Slot order: a scan of the flags when many rows changed (a compaction
+    // marks most of the batch), a sort of the list when few did.
+    if (changed_rows_.size() * 8 > static_cast<size_t>(max_batch_)) {
+      for (SlotId slot = 0; slot < max_batch_; ++slot) {
+        if (changed_[slot] != 0 && differs(slot)) dirty_rows_.push_back(slot);
       }
+    } else {
+      for (SlotId slot : changed_rows_) {
+        if (differs(slot)) dirty_rows_.push_back(slot);
+      }
+      std::sort(dirty_rows_.begin(), dirty_rows_.end());
     }
-    std::sort(dirty_rows_.begin(), dirty_rows_.end());
   }
   if (dirty_rows_.empty()) {
     ForgetChanges();
@@ -330,18 +350,25 @@ absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
     return false;
   }
 
-  // Stage each dirty row at its own offset: K half, then V half.
+  // Stage each dirty row at its own offset: K half, then V half. Past the
+  // live ids only what the slot's last row there left live needs clearing.
   bool waited = false;
   KVBLOCK_ASSIGN_OR_RETURN(const int staging_slot, AcquireStaging(waited));
   int32_t* const staging = static_cast<int32_t*>(staging_[staging_slot].data());
+  std::vector<int32_t>& staged_lengths = staged_lengths_[staging_slot];
   for (SlotId slot : dirty_rows_) {
     const PageId* k_ids = Row(slot);
     const int32_t length = Length(slot);
     int32_t* const k_out = staging + 2 * RowOffset(slot);
     int32_t* const v_out = k_out + max_pages_per_seq_;
-    std::memcpy(k_out, k_ids, row_k_bytes);
+    std::copy_n(k_ids, length, k_out);
     for (int32_t i = 0; i < length; ++i) v_out[i] = k_ids[i] + num_pages_;
-    std::fill(v_out + length, v_out + max_pages_per_seq_, kNoPage);
+    const int32_t staged = staged_lengths[slot];
+    if (staged > length) {
+      std::fill(k_out + length, k_out + staged, kNoPage);
+      std::fill(v_out + length, v_out + staged, kNoPage);
+    }
+    staged_lengths[slot] = length;
   }
 
   // One copy per maximal run of consecutive dirty rows.
@@ -376,7 +403,8 @@ absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
   }
 
   for (SlotId slot : dirty_rows_) {
-    std::memcpy(uploaded_.data() + RowOffset(slot), Row(slot), row_k_bytes);
+    std::copy_n(Row(slot), Length(slot), uploaded_.data() + RowOffset(slot));
+    uploaded_lengths_[slot] = Length(slot);
   }
   ForgetChanges();
   uploaded_once_ = true;
@@ -440,7 +468,7 @@ void KVPageTable::WriteRow(SlotId slot, const PageId* k_page_ids,
   MarkChanged(slot);
 }
 
-absl::Status KVPageTable::CheckRow(SlotId slot) const {
+absl::Status KVPageTable::CheckLiveIds(SlotId slot) const {
   const int32_t length = Length(slot);
   if (length < 0 || length > max_pages_per_seq_) {
     return absl::InternalError(
@@ -448,13 +476,25 @@ absl::Status KVPageTable::CheckRow(SlotId slot) const {
                      " is outside [0, ", max_pages_per_seq_, "]"));
   }
   const PageId* row = Row(slot);
-  for (int32_t i = 0; i < max_pages_per_seq_; ++i) {
-    const bool live = i < length;
-    if (live ? (row[i] < 0 || row[i] >= num_pages_) : row[i] != kNoPage) {
-      return absl::InternalError(absl::StrCat(
-          "page table row ", slot, ": entry ", i, " is ", row[i], ", want ",
-          live ? absl::StrCat("a page in [0, ", num_pages_, ")")
-               : absl::StrCat("-1 after ", length, " live pages")));
+  for (int32_t i = 0; i < length; ++i) {
+    if (row[i] < 0 || row[i] >= num_pages_) {
+      return absl::InternalError(
+          absl::StrCat("page table row ", slot, ": entry ", i, " is ", row[i],
+                       ", want a page in [0, ", num_pages_, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KVPageTable::CheckRow(SlotId slot) const {
+  KVBLOCK_RETURN_IF_ERROR(CheckLiveIds(slot));
+  const int32_t length = Length(slot);
+  const PageId* row = Row(slot);
+  for (int32_t i = length; i < max_pages_per_seq_; ++i) {
+    if (row[i] != kNoPage) {
+      return absl::InternalError(
+          absl::StrCat("page table row ", slot, ": entry ", i, " is ", row[i],
+                       ", want -1 after ", length, " live pages"));
     }
   }
   return absl::OkStatus();

@@ -200,7 +200,10 @@ class KVPageTable {
   // Writes a validated row (marking it changed unless it stays empty).
   void WriteRow(SlotId slot, const PageId* k_page_ids, int32_t count);
   // The invariants of one row; Internal naming it when broken.
+  // CheckRow: the whole row (live ids in range, kNoPage after them);
+  // CheckLiveIds: the live ids only.
   absl::Status CheckRow(SlotId slot) const;
+  absl::Status CheckLiveIds(SlotId slot) const;
   // Adds `slot` to the rows changed since the last upload.
   void MarkChanged(SlotId slot) {
     if (changed_[slot] != 0) return;
@@ -231,7 +234,9 @@ class KVPageTable {
 
   // The K ids of the device mirror as of the last successful Upload
   // (meaningful once `uploaded_once_`).
+  // Only the first uploaded_lengths_[b] ids of row b are meaningful.
   std::vector<PageId> uploaded_;
+  std::vector<int32_t> uploaded_lengths_;
   bool uploaded_once_ = false;
   // Rows changed since the last successful Upload, each once:
   // `changed_[b] != 0` exactly for the rows in `changed_rows_`.
@@ -248,6 +253,9 @@ class KVPageTable {
   // staging_[i] is laid out as the mirror; staging_done_[i] completes when
   // the last copy from it has.
   std::array<PinnedBuffer, kStagingSlots> staging_;
+  // By staging slot and row: entries from this index on are kNoPage there
+  // (max_pages_per_seq until the row is first written).
+  std::array<std::vector<int32_t>, kStagingSlots> staged_lengths_;
   std::array<DeviceEvent, kStagingSlots> staging_done_;
   int next_staging_ = 0;
 
