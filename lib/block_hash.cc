@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -64,6 +65,12 @@ struct BlockHasher::State {
   // The message of the last page; grows to the largest message seen and is
   // then reused, so hashing does not allocate in steady state.
   std::vector<uint8_t> message;
+  // The last root and its keys: most requests share one (no salt, no
+  // adapter), and a root costs a digest per admitted prompt.
+  bool has_root = false;
+  std::string root_salt;
+  int64_t root_adapter = 0;
+  BlockHash root;
 };
 
 absl::StatusOr<BlockHasher> BlockHasher::Create(HashAlgorithm algorithm) {
@@ -108,6 +115,11 @@ uint8_t* BlockHasher::Message(size_t size) {
 }
 
 BlockHash BlockHasher::RootHash(const HashExtraKeys& extra) {
+  State& state = *state_;
+  if (state.has_root && state.root_adapter == extra.adapter_id &&
+      state.root_salt == extra.cache_salt) {
+    return state.root;
+  }
   const size_t size = kFixedRootBytes + extra.cache_salt.size();
   uint8_t* const message = Message(size);
   uint8_t* p = StoreBytes(message, kDomainTag.data(), kDomainTag.size());
@@ -115,7 +127,11 @@ BlockHash BlockHasher::RootHash(const HashExtraKeys& extra) {
   p = StoreLe64(p, extra.cache_salt.size());
   p = StoreBytes(p, extra.cache_salt.data(), extra.cache_salt.size());
   StoreLe64(p, static_cast<uint64_t>(extra.adapter_id));
-  return Digest(absl::MakeConstSpan(message, size));
+  state.root = Digest(absl::MakeConstSpan(message, size));
+  state.root_salt.assign(extra.cache_salt.data(), extra.cache_salt.size());
+  state.root_adapter = extra.adapter_id;
+  state.has_root = true;
+  return state.root;
 }
 
 BlockHash BlockHasher::HashPage(const BlockHash& parent,
