@@ -17,12 +17,15 @@
 
 namespace kvblock {
 
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+template <MemoryKind kKind>
+OwnedMemory<kKind>::OwnedMemory(OwnedMemory&& other) noexcept
     : device_(std::exchange(other.device_, nullptr)),
       data_(std::exchange(other.data_, nullptr)),
       size_bytes_(std::exchange(other.size_bytes_, 0)) {}
 
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+template <MemoryKind kKind>
+OwnedMemory<kKind>& OwnedMemory<kKind>::operator=(
+    OwnedMemory&& other) noexcept {
   if (this != &other) {
     Reset();
     device_ = std::exchange(other.device_, nullptr);
@@ -32,38 +35,27 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   return *this;
 }
 
-DeviceBuffer::~DeviceBuffer() { Reset(); }
-
-void DeviceBuffer::Reset() {
-  if (device_ != nullptr) device_->FreeRaw(data_);
-  device_ = nullptr;
-  data_ = nullptr;
-  size_bytes_ = 0;
+template <MemoryKind kKind>
+OwnedMemory<kKind>::~OwnedMemory() {
+  Reset();
 }
 
-PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
-    : device_(std::exchange(other.device_, nullptr)),
-      data_(std::exchange(other.data_, nullptr)),
-      size_bytes_(std::exchange(other.size_bytes_, 0)) {}
-
-PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
-  if (this != &other) {
-    Reset();
-    device_ = std::exchange(other.device_, nullptr);
-    data_ = std::exchange(other.data_, nullptr);
-    size_bytes_ = std::exchange(other.size_bytes_, 0);
+template <MemoryKind kKind>
+void OwnedMemory<kKind>::Reset() {
+  if (device_ != nullptr) {
+    if constexpr (kKind == MemoryKind::kDevice) {
+      device_->FreeRaw(data_);
+    } else {
+      device_->FreePinnedRaw(data_);
+    }
   }
-  return *this;
-}
-
-PinnedBuffer::~PinnedBuffer() { Reset(); }
-
-void PinnedBuffer::Reset() {
-  if (device_ != nullptr) device_->FreePinnedRaw(data_);
   device_ = nullptr;
   data_ = nullptr;
   size_bytes_ = 0;
 }
+
+template class OwnedMemory<MemoryKind::kDevice>;
+template class OwnedMemory<MemoryKind::kPinned>;
 
 DeviceEvent::DeviceEvent(DeviceEvent&& other) noexcept
     : device_(std::exchange(other.device_, nullptr)),

@@ -46,20 +46,25 @@ struct DeviceStats {
   int64_t bytes = 0;   // bytes of those copies.
 };
 
-// Owns `size_bytes` of device memory (zero-filled at allocation).
-class DeviceBuffer {
+enum class MemoryKind { kDevice, kPinned };
+
+// Owns `size_bytes` of memory of one kind, zero-filled at allocation:
+// device memory (DeviceBuffer) or pinned, page-locked host memory
+// (PinnedBuffer). Move-only; frees through the Device that allocated it.
+template <MemoryKind kKind>
+class OwnedMemory {
  public:
-  DeviceBuffer() = default;
-  DeviceBuffer(DeviceBuffer&& other) noexcept;
-  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
-  ~DeviceBuffer();
+  OwnedMemory() = default;
+  OwnedMemory(OwnedMemory&& other) noexcept;
+  OwnedMemory& operator=(OwnedMemory&& other) noexcept;
+  ~OwnedMemory();
 
   void* data() const { return data_; }
   size_t size_bytes() const { return size_bytes_; }
 
  private:
   friend class Device;
-  DeviceBuffer(Device* device, void* data, size_t size_bytes)
+  OwnedMemory(Device* device, void* data, size_t size_bytes)
       : device_(device), data_(data), size_bytes_(size_bytes) {}
   void Reset();
 
@@ -68,27 +73,10 @@ class DeviceBuffer {
   size_t size_bytes_ = 0;
 };
 
-// Owns `size_bytes` of pinned (page-locked on CUDA) host memory, zero-filled.
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  PinnedBuffer(PinnedBuffer&& other) noexcept;
-  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
-  ~PinnedBuffer();
-
-  void* data() const { return data_; }
-  size_t size_bytes() const { return size_bytes_; }
-
- private:
-  friend class Device;
-  PinnedBuffer(Device* device, void* data, size_t size_bytes)
-      : device_(device), data_(data), size_bytes_(size_bytes) {}
-  void Reset();
-
-  Device* device_ = nullptr;
-  void* data_ = nullptr;
-  size_t size_bytes_ = 0;
-};
+using DeviceBuffer = OwnedMemory<MemoryKind::kDevice>;
+using PinnedBuffer = OwnedMemory<MemoryKind::kPinned>;
+extern template class OwnedMemory<MemoryKind::kDevice>;
+extern template class OwnedMemory<MemoryKind::kPinned>;
 
 // A point in a stream's work (a cudaEvent on CUDA). A new event counts as
 // complete until it is first recorded.
@@ -203,8 +191,8 @@ class Device {
   static void* EventHandle(const DeviceEvent& event) { return event.handle_; }
 
  private:
-  friend class DeviceBuffer;
-  friend class PinnedBuffer;
+  template <MemoryKind>
+  friend class OwnedMemory;
   friend class DeviceEvent;
 
   DeviceStats stats_;
