@@ -13,7 +13,8 @@
 namespace kvblock {
 namespace {
 
-// V ids reach `2 * num_pages - 1`, which must fit int32.
+// The pool's and the config's limit: num_pages < 2^30, so V ids
+// (`num_pages + id`) stay well inside int32.
 constexpr int64_t kMaxNumPages = int64_t{1} << 30;
 // Kernels index the mirror with 32-bit offsets.
 constexpr int64_t kMaxEntries = std::numeric_limits<int32_t>::max();
@@ -33,10 +34,10 @@ absl::StatusOr<std::unique_ptr<KVPageTable>> KVPageTable::Create(
   KVBLOCK_RETURN_IF_ERROR(
       RequirePositive("max_pages_per_seq", max_pages_per_seq));
   KVBLOCK_RETURN_IF_ERROR(RequirePositive("num_pages", num_pages));
-  if (num_pages > kMaxNumPages) {
+  if (num_pages >= kMaxNumPages) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "page table: num_pages ", num_pages, " is above ", kMaxNumPages,
-        ": V page ids (num_pages + id) would overflow int32"));
+        "page table: num_pages ", num_pages, " is not below ", kMaxNumPages,
+        ", the pool's limit (V page ids are num_pages + id, int32)"));
   }
   const int64_t entries = int64_t{max_batch} * 2 * max_pages_per_seq;
   if (entries > kMaxEntries) {

@@ -88,11 +88,10 @@ TEST_CASE("create rejects non-positive arguments, naming them") {
   }
 }
 
-TEST_CASE("create rejects num_pages whose V ids overflow int32") {
+TEST_CASE("create takes num_pages up to the pool's limit, 2^30 - 1") {
   std::unique_ptr<Device> device = Device::Host();
-  // 2^30 pages: the largest V id is 2^31 - 1.
-  REQUIRE_OK(KVPageTable::Create(1, 1, 1 << 30, *device));
-  REQUIRE_STATUS_IS(KVPageTable::Create(1, 1, (1 << 30) + 1, *device),
+  REQUIRE_OK(KVPageTable::Create(1, 1, (1 << 30) - 1, *device));
+  REQUIRE_STATUS_IS(KVPageTable::Create(1, 1, 1 << 30, *device),
                     kInvalidArgument);
   REQUIRE_STATUS_IS(
       KVPageTable::Create(1, 1, std::numeric_limits<int32_t>::max(), *device),

@@ -82,8 +82,8 @@ class KVPageTable {
   // A table of `max_batch` rows of `max_pages_per_seq` K pages each, over a
   // pool of `num_pages` K pages, every entry kNoPage, mirrored on `device`
   // (which must outlive the table).
-  // InvalidArgument: a non-positive argument; `num_pages` above 2^30 (V ids
-  // `num_pages + id` would overflow int32); a table of more than INT32_MAX
+  // InvalidArgument: a non-positive argument; `num_pages` at or above 2^30
+  // (BlockPool's and PagedKvConfig's limit, for int32 V ids); a table of more than INT32_MAX
   // entries (`max_batch * 2 * max_pages_per_seq`; kernels index it with
   // 32-bit offsets). ResourceExhausted / Internal: the device could not
   // allocate the mirror, the staging or its events.
