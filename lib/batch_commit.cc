@@ -225,8 +225,9 @@ absl::Status BatchCommit::Apply(const StepPlan& plan, bool& table_changed) {
   }
   for (const JoinRequest& join : plan.joins) {
     if (join.fork_of == kNoSequence) {
-      KVBLOCK_ASSIGN_OR_RETURN(const AdmissionPlan admitted,
-                               manager_.Admit(join.id, join.tokens, join.extra));
+      KVBLOCK_ASSIGN_OR_RETURN(
+          const AdmissionPlan admitted,
+          manager_.Admit(join.id, join.tokens, join.extra, join.prompt_hashes));
       new_pages_ += admitted.new_pages;
     } else {
       KVBLOCK_RETURN_IF_ERROR(manager_.Fork(join.fork_of, join.id));

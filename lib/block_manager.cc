@@ -231,7 +231,9 @@ SequenceHandle BlockManager::CreateSequence(SequenceId id) {
 }
 
 absl::StatusOr<AdmissionPlan> BlockManager::Plan(
-    absl::Span<const TokenId> prompt, const HashExtraKeys& extra) const {
+    absl::Span<const TokenId> prompt, const HashExtraKeys& extra,
+    absl::Span<const BlockHash> prompt_hashes,
+    absl::Span<const BlockHash>& hashes) const {
   if (prompt.empty()) {
     return absl::InvalidArgumentError("block manager: the prompt is empty");
   }
@@ -244,17 +246,27 @@ absl::StatusOr<AdmissionPlan> BlockManager::Plan(
   }
   AdmissionPlan plan;
   if (options_.enable_prefix_caching) {
-    KVBLOCK_ASSIGN_OR_RETURN(
-        const int64_t full_pages,
-        HashChain(hasher_, prompt, config_.page_size, extra,
-                  absl::MakeSpan(chain_)));
+    const int64_t full_pages =
+        static_cast<int64_t>(prompt.size()) / config_.page_size;
+    if (prompt_hashes.empty()) {
+      KVBLOCK_RETURN_IF_ERROR(HashChain(hasher_, prompt, config_.page_size,
+                                        extra, absl::MakeSpan(chain_))
+                                  .status());
+      hashes = absl::MakeConstSpan(chain_).first(full_pages);
+    } else if (static_cast<int64_t>(prompt_hashes.size()) == full_pages) {
+      hashes = prompt_hashes;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block manager: ", prompt_hashes.size(),
+          " prompt hashes for a prompt of ", full_pages, " full pages"));
+    }
     // vLLM's rule: at least one prompt token is computed, so a fully cached
     // prompt recomputes its last page.
     const int64_t max_hits =
         std::min<int64_t>(full_pages, (static_cast<int64_t>(prompt.size()) - 1) /
                                           config_.page_size);
     for (int64_t i = 0; i < max_hits; ++i) {
-      std::optional<PageId> page = pool_->Lookup(chain_[i]);
+      std::optional<PageId> page = pool_->Lookup(hashes[i]);
       if (!page.has_value()) break;
       ++plan.hit_pages;
       if (pool_->RefCount(*page) == 0) ++plan.revived_pages;
@@ -265,26 +277,39 @@ absl::StatusOr<AdmissionPlan> BlockManager::Plan(
   return plan;
 }
 
+absl::StatusOr<int64_t> BlockManager::HashPrompt(
+    absl::Span<const TokenId> prompt, const HashExtraKeys& extra,
+    absl::Span<BlockHash> out) const {
+  return HashChain(hasher_, prompt, config_.page_size, extra, out);
+}
+
 absl::StatusOr<AdmissionPlan> BlockManager::PlanAdmission(
-    absl::Span<const TokenId> prompt, const HashExtraKeys& extra) const {
-  return Plan(prompt, extra);
+    absl::Span<const TokenId> prompt, const HashExtraKeys& extra,
+    absl::Span<const BlockHash> prompt_hashes) const {
+  absl::Span<const BlockHash> hashes;
+  return Plan(prompt, extra, prompt_hashes, hashes);
 }
 
 bool BlockManager::CanAdmit(absl::Span<const TokenId> prompt,
-                            const HashExtraKeys& extra) const {
-  absl::StatusOr<AdmissionPlan> plan = Plan(prompt, extra);
+                            const HashExtraKeys& extra,
+                            absl::Span<const BlockHash> prompt_hashes) const {
+  absl::Span<const BlockHash> hashes;
+  absl::StatusOr<AdmissionPlan> plan =
+      Plan(prompt, extra, prompt_hashes, hashes);
   return plan.ok() && plan->pages_consumed() <=
                           pool_->NumFree() - options_.watermark_pages;
 }
 
 absl::StatusOr<AdmissionPlan> BlockManager::Admit(
     SequenceId id, absl::Span<const TokenId> prompt,
-    const HashExtraKeys& extra) {
+    const HashExtraKeys& extra, absl::Span<const BlockHash> prompt_hashes) {
   if (Find(id) != nullptr) {
     return absl::AlreadyExistsError(
         absl::StrCat("block manager: sequence ", id, " is already live"));
   }
-  KVBLOCK_ASSIGN_OR_RETURN(const AdmissionPlan plan, Plan(prompt, extra));
+  absl::Span<const BlockHash> hashes;
+  KVBLOCK_ASSIGN_OR_RETURN(const AdmissionPlan plan,
+                           Plan(prompt, extra, prompt_hashes, hashes));
   if (plan.pages_consumed() > pool_->NumFree() - options_.watermark_pages) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "block manager: sequence ", id, " needs ", plan.pages_consumed(),
@@ -304,9 +329,8 @@ absl::StatusOr<AdmissionPlan> BlockManager::Admit(
     if (plan.hit_pages > 0) {
       KVBLOCK_ASSIGN_OR_RETURN(
           const int32_t hits,
-          pool_->AcquireCachedPrefix(
-              absl::MakeConstSpan(chain_).first(plan.hit_pages),
-              absl::MakeSpan(page_scratch_)));
+          pool_->AcquireCachedPrefix(hashes.first(plan.hit_pages),
+                                     absl::MakeSpan(page_scratch_)));
       if (hits != plan.hit_pages) {
         return absl::InternalError(absl::StrCat(
             "block manager: planned ", plan.hit_pages, " prefix hits, got ",
@@ -321,9 +345,9 @@ absl::StatusOr<AdmissionPlan> BlockManager::Admit(
     if (options_.enable_prefix_caching) {
       for (int32_t i = plan.hit_pages; i < full_pages; ++i) {
         KVBLOCK_RETURN_IF_ERROR(
-            pool_->RegisterCached(*table.Get(i), chain_[i]).status());
+            pool_->RegisterCached(*table.Get(i), hashes[i]).status());
       }
-      sequence.last_full_hash = full_pages > 0 ? chain_[full_pages - 1]
+      sequence.last_full_hash = full_pages > 0 ? hashes[full_pages - 1]
                                                : hasher_.RootHash(extra);
     }
     const auto tail = prompt.subspan(static_cast<size_t>(full_pages) *

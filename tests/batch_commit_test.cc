@@ -117,6 +117,30 @@ TEST_CASE("n samples fork from a prompt that joins in the same step") {
   REQUIRE_OK(f.commit->CheckInvariants());
 }
 
+TEST_CASE("a join with precomputed prompt hashes hashes nothing more") {
+  CommitFixture with_hashes(SmallConfig());
+  CommitFixture without(SmallConfig());
+  const std::vector<TokenId> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  std::vector<BlockHash> hashes(2);
+  REQUIRE_OK(with_hashes.manager->HashPrompt(prompt, {},
+                                             absl::MakeSpan(hashes)));
+  const JoinRequest hashed[] = {{.id = 1, .tokens = prompt,
+                                 .prompt_hashes = hashes}};
+  const JoinRequest plain[] = {{.id = 1, .tokens = prompt}};
+  REQUIRE_OK(with_hashes.commit->Commit({.joins = hashed}));
+  REQUIRE_OK(without.commit->Commit({.joins = plain}));
+  REQUIRE(with_hashes.Capture() == without.Capture());
+
+  // A chain of the wrong length is refused like any bad join.
+  const CommitState before = with_hashes.Capture();
+  const JoinRequest wrong[] = {{.id = 2, .tokens = prompt,
+                                .prompt_hashes = absl::MakeConstSpan(hashes)
+                                                     .first(1)}};
+  REQUIRE_STATUS_IS(with_hashes.commit->Commit({.joins = wrong}),
+                    kInvalidArgument);
+  REQUIRE(with_hashes.Capture() == before);
+}
+
 TEST_CASE("invalid steps are refused and change nothing") {
   PagedKvConfig config = SmallConfig();
   config.num_pages = 8;

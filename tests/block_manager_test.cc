@@ -339,6 +339,51 @@ TEST_CASE("a rolled-back fork keeps copy on write exact") {
   REQUIRE(PagesOf(*manager, 1) == Pages{0, 1});
 }
 
+TEST_CASE("prompt hashes computed once serve planning and admission") {
+  const std::vector<TokenId> system = Range(100, 8);  // 2 pages of 4
+  auto manager = MakeManager(Config(16));
+  auto reference = MakeManager(Config(16));
+  for (BlockManager* m : {manager.get(), reference.get()}) {
+    AdmitOk(*m, 1, Concat(system, Range(1, 3)));
+  }
+  const std::vector<TokenId> prompt = Concat(system, Range(50, 6));
+  const HashExtraKeys extra = {};
+  std::vector<BlockHash> hashes(4);
+  auto count = manager->HashPrompt(prompt, extra, absl::MakeSpan(hashes));
+  REQUIRE_OK(count);
+  REQUIRE(*count == 3);  // 14 tokens: 3 full pages.
+  hashes.resize(3);
+
+  auto plan = manager->PlanAdmission(prompt, extra, hashes);
+  REQUIRE_OK(plan);
+  REQUIRE(plan->hit_pages == 2);
+  REQUIRE(manager->CanAdmit(prompt, extra, hashes));
+  auto admitted = manager->Admit(2, prompt, extra, hashes);
+  REQUIRE_OK(admitted);
+  REQUIRE(admitted->hit_pages == 2);
+  REQUIRE_OK(manager->CheckInvariants());
+  // The same as hashing inside Admit.
+  AdmitOk(*reference, 2, prompt, extra);
+  REQUIRE(manager->Snapshot() == reference->Snapshot());
+
+  SECTION("a wrong count of hashes is rejected, changing nothing") {
+    const BlockManagerSnapshot before = manager->Snapshot();
+    const std::vector<BlockHash> short_chain(hashes.begin(), hashes.end() - 1);
+    REQUIRE_STATUS_IS(manager->PlanAdmission(prompt, extra, short_chain),
+                      kInvalidArgument);
+    REQUIRE_FALSE(manager->CanAdmit(prompt, extra, short_chain));
+    REQUIRE_STATUS_IS(manager->Admit(3, prompt, extra, short_chain),
+                      kInvalidArgument);
+    REQUIRE(manager->Snapshot() == before);
+  }
+  SECTION("without prefix caching the hashes are ignored") {
+    auto uncached = MakeManager(Config(16), {.enable_prefix_caching = false});
+    auto result = uncached->Admit(2, prompt, extra, {hashes.front()});
+    REQUIRE_OK(result);
+    REQUIRE(result->hit_pages == 0);
+  }
+}
+
 TEST_CASE("failing calls change nothing") {
   auto manager = MakeManager(Config(4, 4, 4));
   AdmitOk(*manager, 1, Range(1, 6));

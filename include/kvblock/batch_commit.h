@@ -57,6 +57,9 @@ struct JoinRequest {
   SequenceId fork_of = kNoSequence;
   absl::Span<const TokenId> tokens = {};
   HashExtraKeys extra = {};  // prompts only: cache salt and adapter id.
+  // Prompts only: BlockManager::HashPrompt(tokens, extra), or empty to hash
+  // the prompt in the step.
+  absl::Span<const BlockHash> prompt_hashes = {};
 };
 
 // One step. `append_counts[s]` tokens of `append_tokens` (consumed in slot

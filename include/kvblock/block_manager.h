@@ -149,23 +149,40 @@ class BlockManager {
   static absl::StatusOr<std::unique_ptr<BlockManager>> Create(
       const PagedKvConfig& config, const BlockManagerOptions& options = {});
 
-  // What Admit would take now. InvalidArgument for an empty prompt;
-  // OutOfRange when the prompt needs more than max_pages_per_seq pages.
-  // Changes nothing.
+  // The prefix-cache hashes of the full pages of `prompt` with `extra`
+  // (HashChain under this manager's algorithm and page size) into `out`;
+  // returns how many. A scheduler computes them once per request, on
+  // arrival as vLLM does, and passes them as `prompt_hashes` below, so that
+  // planning a waiting request every step and admitting it hash nothing.
+  // Errors: HashChain's (`out` too short). O(prompt tokens).
+  absl::StatusOr<int64_t> HashPrompt(absl::Span<const TokenId> prompt,
+                                     const HashExtraKeys& extra,
+                                     absl::Span<BlockHash> out) const;
+
+  // What Admit would take now. `prompt_hashes` is empty (the prompt is hashed
+  // here) or HashPrompt's output for this prompt and `extra` (trusted: other
+  // hashes would file pages under wrong keys); ignored without prefix
+  // caching. InvalidArgument for an empty prompt or prompt_hashes of the
+  // wrong length; OutOfRange when the prompt needs more than
+  // max_pages_per_seq pages. Changes nothing.
   absl::StatusOr<AdmissionPlan> PlanAdmission(
-      absl::Span<const TokenId> prompt, const HashExtraKeys& extra = {}) const;
+      absl::Span<const TokenId> prompt, const HashExtraKeys& extra = {},
+      absl::Span<const BlockHash> prompt_hashes = {}) const;
 
   // True when Admit would succeed now, watermark included.
   bool CanAdmit(absl::Span<const TokenId> prompt,
-                const HashExtraKeys& extra = {}) const;
+                const HashExtraKeys& extra = {},
+                absl::Span<const BlockHash> prompt_hashes = {}) const;
 
-  // Admits sequence `id` with `prompt`, taking prefix hits first. Errors:
-  // AlreadyExists for a live id; InvalidArgument / OutOfRange as
-  // PlanAdmission; ResourceExhausted when the pages (after eviction) would
-  // leave fewer than the watermark free. On error, nothing changes.
-  absl::StatusOr<AdmissionPlan> Admit(SequenceId id,
-                                      absl::Span<const TokenId> prompt,
-                                      const HashExtraKeys& extra = {});
+  // Admits sequence `id` with `prompt`, taking prefix hits first;
+  // `prompt_hashes` as for PlanAdmission. Errors: AlreadyExists for a live
+  // id; InvalidArgument / OutOfRange as PlanAdmission; ResourceExhausted when
+  // the pages (after eviction) would leave fewer than the watermark free. On
+  // error, nothing changes.
+  absl::StatusOr<AdmissionPlan> Admit(
+      SequenceId id, absl::Span<const TokenId> prompt,
+      const HashExtraKeys& extra = {},
+      absl::Span<const BlockHash> prompt_hashes = {});
 
   // Appends `tokens` to sequence `id`. Errors: NotFound for an unknown id;
   // OutOfRange past max_pages_per_seq pages; ResourceExhausted when the pool
@@ -315,9 +332,12 @@ class BlockManager {
   // A slab entry for new sequence `id` (journaled as kCreated).
   SequenceHandle CreateSequence(SequenceId id);
   absl::Status Remove(SequenceId id, bool preempted);
-  // Prompt page hashes into chain_ (full pages only) and the plan.
+  // The plan, with `hashes` set to the prompt's full-page hashes: the
+  // caller's `prompt_hashes`, or computed into chain_ when those are empty.
   absl::StatusOr<AdmissionPlan> Plan(absl::Span<const TokenId> prompt,
-                                     const HashExtraKeys& extra) const;
+                                     const HashExtraKeys& extra,
+                                     absl::Span<const BlockHash> prompt_hashes,
+                                     absl::Span<const BlockHash>& hashes) const;
   // Append's work, inside the caller's transaction. AppendToPartialPage
   // takes the common decode case (tokens that go into a partial page held
   // here alone, without filling it) and returns whether it did;

@@ -62,6 +62,9 @@ struct RequestState {
   int32_t fork = -1;
   SequenceId fork_id = 0;
   SequenceId first_id = 0;  // of an admission: sample i gets first_id + i.
+  // The prompt's page hashes, computed once on arrival (empty without
+  // prefix caching): planning every step and admitting reuse them.
+  std::vector<BlockHash> prompt_hashes = {};
 };
 
 // The beam rule: at `position`, a request with `live` of `width` beams forks
@@ -113,6 +116,8 @@ class Runner {
     return commit_.batch() -
            static_cast<int64_t>(finished_.size() + preempted_.size());
   }
+  // Queues an arriving request, hashing its prompt's pages once.
+  absl::Status Arrive(RequestState& request);
   // Plans admissions from the queue head; rejects requests that never fit.
   absl::Status PlanAdmissions(int64_t admit_limit);
   // Applies a committed plan to the request states.
@@ -238,6 +243,21 @@ void Runner::PlanRunning() {
   }
 }
 
+absl::Status Runner::Arrive(RequestState& r) {
+  if (manager_.options().enable_prefix_caching) {
+    const Request& request = *r.request;
+    r.prompt_hashes.resize(request.prompt.size() / kv_.page_size);
+    KVBLOCK_RETURN_IF_ERROR(Timed([&] {
+                              return manager_.HashPrompt(
+                                  request.prompt,
+                                  {.cache_salt = request.cache_salt},
+                                  absl::MakeSpan(r.prompt_hashes));
+                            }).status());
+  }
+  waiting_.push_back(&r);
+  return absl::OkStatus();
+}
+
 absl::Status Runner::PlanAdmissions(int64_t admit_limit) {
   const SchedulerConfig& config = state_.config;
   const int32_t watermark = config.manager.watermark_pages;
@@ -254,7 +274,10 @@ absl::Status Runner::PlanAdmissions(int64_t admit_limit) {
     const HashExtraKeys extra{.cache_salt = request.cache_salt};
     KVBLOCK_ASSIGN_OR_RETURN(
         const AdmissionPlan plan,
-        Timed([&] { return manager_.PlanAdmission(request.prompt, extra); }));
+        Timed([&] {
+          return manager_.PlanAdmission(request.prompt, extra,
+                                        r.prompt_hashes);
+        }));
     const int64_t prompt = static_cast<int64_t>(request.prompt.size());
     const int64_t computed = prompt - plan.hit_tokens;
     const int64_t prompt_pages = CeilDiv(prompt, kv_.page_size);
@@ -279,7 +302,8 @@ absl::Status Runner::PlanAdmissions(int64_t admit_limit) {
     joins_.push_back({.id = next_id,
                       .fork_of = kNoSequence,
                       .tokens = request.prompt,
-                      .extra = extra});
+                      .extra = extra,
+                      .prompt_hashes = r.prompt_hashes});
     for (int32_t sample = 1; sample < samples; ++sample) {
       joins_.push_back({.id = next_id + sample,
                         .fork_of = next_id,
@@ -462,7 +486,7 @@ absl::StatusOr<SimResult> Runner::Run() {
     }
     while (next_arrival_ < requests_.size() &&
            requests_[next_arrival_].request->arrival <= clock_) {
-      waiting_.push_back(&requests_[next_arrival_++]);
+      KVBLOCK_RETURN_IF_ERROR(Arrive(requests_[next_arrival_++]));
     }
     const BlockManagerStats before = manager_.stats();
     KVBLOCK_ASSIGN_OR_RETURN(const std::optional<StepResult> step,
