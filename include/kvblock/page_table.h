@@ -25,10 +25,11 @@
 //
 // Complexity: SetRow / SetRows are O(pages written + pages cleared);
 // CompactRows is O(max_batch + pages of retired rows): rows keep their host
-// storage and change slots by index; Upload is O(rows changed since
-// the last upload x max_pages_per_seq) host work (the first Upload: the whole
-// table), and O(1) with nothing changed. SetIdentity and CheckInvariants are
-// O(table). No call but CheckInvariants allocates memory after Create.
+// storage and change slots by index; Upload is O(live ids of the rows
+// changed since the last upload) host work plus, per run of changed rows,
+// one copy of whole rows (the first Upload: the whole table), and O(1) with
+// nothing changed. SetIdentity and CheckInvariants are O(table). No call but
+// CheckInvariants allocates memory after Create.
 //
 // Errors: every call that returns an error leaves the table unchanged (host
 // rows, is_identity, upload_stats and what the next Upload copies); only a
