@@ -136,6 +136,7 @@ class HostDevice final : public Device {
   absl::Status Synchronize(Stream /*stream*/) override {
     return absl::OkStatus();
   }
+  absl::Status MakeCurrent() override { return absl::OkStatus(); }
   absl::Status RecordEvent(DeviceEvent& /*event*/, Stream /*stream*/) override {
     return absl::OkStatus();
   }

@@ -51,7 +51,7 @@ cudaStream_t ToStream(Stream stream) {
 cudaEvent_t ToEvent(void* handle) { return static_cast<cudaEvent_t>(handle); }
 
 // The CUDA runtime allocates on the calling thread's current device.
-absl::Status MakeCurrent(int ordinal) {
+absl::Status SetCurrentDevice(int ordinal) {
   return CudaStatus(cudaSetDevice(ordinal),
                     absl::StrCat("cudaSetDevice(", ordinal, ")"));
 }
@@ -98,6 +98,7 @@ class CudaDevice final : public Device {
     KVBLOCK_RETURN_IF_ERROR(CudaStatus(error, "cudaEventQuery"));
     return true;
   }
+  absl::Status MakeCurrent() override { return SetCurrentDevice(ordinal_); }
   absl::Status WaitEvent(const DeviceEvent& event) override {
     return CudaStatus(cudaEventSynchronize(ToEvent(EventHandle(event))),
                       "cudaEventSynchronize");
@@ -105,7 +106,7 @@ class CudaDevice final : public Device {
 
  protected:
   absl::StatusOr<void*> AllocateRaw(size_t bytes) override {
-    KVBLOCK_RETURN_IF_ERROR(MakeCurrent(ordinal_));
+    KVBLOCK_RETURN_IF_ERROR(SetCurrentDevice(ordinal_));
     void* data = nullptr;
     KVBLOCK_RETURN_IF_ERROR(
         CudaStatus(cudaMalloc(&data, bytes),
@@ -125,7 +126,7 @@ class CudaDevice final : public Device {
   }
   void FreeRaw(void* ptr) override { cudaFree(ptr); }
   absl::StatusOr<void*> AllocatePinnedRaw(size_t bytes) override {
-    KVBLOCK_RETURN_IF_ERROR(MakeCurrent(ordinal_));
+    KVBLOCK_RETURN_IF_ERROR(SetCurrentDevice(ordinal_));
     void* data = nullptr;
     KVBLOCK_RETURN_IF_ERROR(
         CudaStatus(cudaHostAlloc(&data, bytes, cudaHostAllocDefault),
@@ -135,7 +136,7 @@ class CudaDevice final : public Device {
   }
   void FreePinnedRaw(void* ptr) override { cudaFreeHost(ptr); }
   absl::StatusOr<void*> CreateEventRaw() override {
-    KVBLOCK_RETURN_IF_ERROR(MakeCurrent(ordinal_));
+    KVBLOCK_RETURN_IF_ERROR(SetCurrentDevice(ordinal_));
     cudaEvent_t event = nullptr;
     KVBLOCK_RETURN_IF_ERROR(
         CudaStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
@@ -172,7 +173,7 @@ absl::StatusOr<std::unique_ptr<Device>> OpenCudaDevice(int ordinal) {
     return absl::UnavailableError(absl::StrCat(
         "cuda device ", ordinal, " does not exist: ", count, " devices"));
   }
-  KVBLOCK_RETURN_IF_ERROR(MakeCurrent(ordinal));
+  KVBLOCK_RETURN_IF_ERROR(SetCurrentDevice(ordinal));
   cudaDeviceProp properties;
   KVBLOCK_RETURN_IF_ERROR(
       CudaStatus(cudaGetDeviceProperties(&properties, ordinal),

@@ -34,12 +34,35 @@ static_assert(static_cast<int32_t>(kernels::KvDType::kF32) ==
               static_cast<int32_t>(DType::kF32));
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-// The decode grid puts slots in gridDim.z.
+// The decode grid puts slots in gridDim.z and KV heads in gridDim.y.
 constexpr int32_t kMaxDecodeBatch = 65535;
+constexpr int32_t kMaxDecodeKvHeads = 65535;
 
 template <typename... Args>
 absl::Status Invalid(const Args&... args) {
   return absl::InvalidArgumentError(absl::StrCat(args...));
+}
+
+// InvalidArgument naming the first null pointer of `pointers`.
+absl::Status RequireNonNull(
+    std::initializer_list<std::pair<absl::string_view, const void*>> pointers) {
+  for (const auto& [name, pointer] : pointers) {
+    if (pointer == nullptr) return Invalid(name, " is null");
+  }
+  return absl::OkStatus();
+}
+
+// InvalidArgument naming the first of `pointers` not aligned to `alignment`
+// bytes (the kernels load whole elements, or vectors of them).
+absl::Status RequireAligned(
+    size_t alignment,
+    std::initializer_list<std::pair<absl::string_view, const void*>> pointers) {
+  for (const auto& [name, pointer] : pointers) {
+    if (reinterpret_cast<uintptr_t>(pointer) % alignment != 0) {
+      return Invalid(name, " is not ", alignment, "-byte aligned");
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateConfig(const PagedKvConfig& config) {
@@ -55,7 +78,8 @@ absl::Status ValidateConfig(const PagedKvConfig& config) {
 absl::Status ValidatePool(const KvPool& pool) {
   KVBLOCK_RETURN_IF_ERROR(ValidateConfig(pool.config));
   if (pool.data == nullptr) return Invalid("pool: data is null");
-  return absl::OkStatus();
+  return RequireAligned(DTypeSize(pool.config.dtype),
+                        {{"pool.data", pool.data}});
 }
 
 absl::Status ValidateLayer(const PagedKvConfig& config, int32_t layer) {
@@ -91,15 +115,6 @@ absl::Status ValidateBatch(const PagedKvConfig& config, const KvBatch& batch) {
   return absl::OkStatus();
 }
 
-// InvalidArgument naming the first null pointer of `pointers`.
-absl::Status RequireNonNull(
-    std::initializer_list<std::pair<absl::string_view, const void*>> pointers) {
-  for (const auto& [name, pointer] : pointers) {
-    if (pointer == nullptr) return Invalid(name, " is null");
-  }
-  return absl::OkStatus();
-}
-
 // The launchers' views of the pool and the table (used on CUDA devices).
 kernels::PagedKvPool KernelPool(const KvPool& pool) {
   const PagedKvConfig& c = pool.config;
@@ -125,6 +140,11 @@ absl::Status Dispatch(Device& device, absl::string_view kernel, Host&& host,
                       [[maybe_unused]] Cuda&& cuda) {
   if (device.kind() == Device::Kind::kHost) return host();
 #ifdef KVBLOCK_HAVE_CUDA
+  // Launches go to the current device, and a launcher reports
+  // cudaGetLastError(): drop an error an earlier, unrelated call left (a
+  // sticky error would come back, as it should).
+  KVBLOCK_RETURN_IF_ERROR(device.MakeCurrent());
+  (void)cudaGetLastError();
   return internal::CudaStatus(static_cast<cudaError_t>(cuda()),
                               absl::StrCat(kernel, " launch"));
 #else
@@ -169,6 +189,9 @@ absl::Status WriteKv(Device& device, const KvPool& pool, int32_t layer,
                       {"tokens.value", tokens.value},
                       {"tokens.slots", tokens.slots},
                       {"tokens.positions", tokens.positions}}));
+  KVBLOCK_RETURN_IF_ERROR(RequireAligned(
+      DTypeSize(pool.config.dtype),
+      {{"tokens.key", tokens.key}, {"tokens.value", tokens.value}}));
   return Dispatch(
       device, "WriteKv",
       [&] {
@@ -200,6 +223,9 @@ absl::Status GatherKv(Device& device, const KvPool& pool, int32_t layer,
   if (rows == 0) return absl::OkStatus();
   KVBLOCK_RETURN_IF_ERROR(
       RequireNonNull({{"key_out", key_out}, {"value_out", value_out}}));
+  KVBLOCK_RETURN_IF_ERROR(
+      RequireAligned(DTypeSize(pool.config.dtype),
+                     {{"key_out", key_out}, {"value_out", value_out}}));
   return Dispatch(
       device, "GatherKv",
       [&] {
@@ -234,6 +260,10 @@ absl::Status PagedDecodeAttention(Device& device, const KvPool& pool,
     return Invalid("batch ", batch.batch, " exceeds the decode limit ",
                    kMaxDecodeBatch);
   }
+  if (c.num_kv_heads > kMaxDecodeKvHeads) {
+    return Invalid("num_kv_heads ", c.num_kv_heads,
+                   " exceeds the decode limit ", kMaxDecodeKvHeads);
+  }
   if (query.num_q_heads <= 0 || query.num_q_heads % c.num_kv_heads != 0 ||
       query.num_q_heads / c.num_kv_heads > kernels::kMaxDecodeGroup) {
     return Invalid("query.num_q_heads ", query.num_q_heads,
@@ -257,13 +287,8 @@ absl::Status PagedDecodeAttention(Device& device, const KvPool& pool,
   KVBLOCK_RETURN_IF_ERROR(
       RequireNonNull({{"query.query", query.query}, {"out", out}}));
   // The kernel reads the pool and the query as 16-byte vectors.
-  for (const auto& [name, pointer] :
-       {std::pair<absl::string_view, const void*>{"pool.data", pool.data},
-        {"query.query", query.query}}) {
-    if (reinterpret_cast<uintptr_t>(pointer) % 16 != 0) {
-      return Invalid(name, " is not 16-byte aligned");
-    }
-  }
+  KVBLOCK_RETURN_IF_ERROR(RequireAligned(
+      16, {{"pool.data", pool.data}, {"query.query", query.query}}));
   if (required > 0) {
     KVBLOCK_RETURN_IF_ERROR(RequireNonNull({{"workspace", workspace}}));
   }

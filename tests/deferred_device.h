@@ -61,6 +61,7 @@ class DeferredDevice final : public Device {
     RunThrough(static_cast<int64_t>(copies_.size()));
     return absl::OkStatus();
   }
+  absl::Status MakeCurrent() override { return absl::OkStatus(); }
   absl::Status RecordEvent(DeviceEvent& event, Stream /*stream*/) override {
     const int64_t position = static_cast<int64_t>(copies_.size());
     *Position(event) = position;

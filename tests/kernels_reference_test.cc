@@ -342,6 +342,7 @@ TEST_CASE("bad writes are refused and change nothing") {
   }
   SECTION("null pointer") { tokens.positions = nullptr; }
   SECTION("negative count") { tokens.num_tokens = -1; }
+  SECTION("key not element-aligned") { tokens.key = key.data() + 1; }
   REQUIRE_STATUS_IS(
       WriteKv(kv.device(), kv.pool(), layer, table, tokens, nullptr),
       kInvalidArgument);
@@ -364,8 +365,10 @@ TEST_CASE("bad gathers are refused and write nothing") {
   SECTION("negative max_len") { max_len = -1; }
   SECTION("batch past max_batch") { batch.batch = 3; }
   SECTION("null seq_lens") { batch.seq_lens = nullptr; }
+  uint8_t* value_ptr = value_out.data();
+  SECTION("output not element-aligned") { value_ptr += 1; }
   REQUIRE_STATUS_IS(GatherKv(kv.device(), kv.pool(), 0, batch, max_len,
-                             key_out.data(), value_out.data(), nullptr),
+                             key_out.data(), value_ptr, nullptr),
                     kInvalidArgument);
   REQUIRE(key_out == untouched);
   REQUIRE(value_out == untouched);
@@ -541,6 +544,13 @@ TEST_CASE("bad decodes are refused and write nothing") {
     pool.config.head_dim = 32;  // The pool is big enough for the shape.
   }
   SECTION("batch past max_batch") { batch.batch = 3; }
+  SECTION("more KV heads than the grid takes") {
+    pool.config.num_kv_heads = 70000;  // rejected before any read.
+    decode.num_q_heads = 70000;
+  }
+  SECTION("pool not 16-byte aligned") {
+    pool.data = static_cast<uint8_t*>(pool.data) + 2;
+  }
   REQUIRE_STATUS_IS(PagedDecodeAttention(kv.device(), pool, 0, batch, decode,
                                          nullptr, 0, out.data(), nullptr),
                     kInvalidArgument);

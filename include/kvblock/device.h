@@ -162,6 +162,11 @@ class Device {
   // Blocks until all work enqueued on `stream` is done.
   virtual absl::Status Synchronize(Stream stream) = 0;
 
+  // Makes this device the calling thread's current one (cudaSetDevice), as
+  // kernel launches need; OK and nothing to do on the host device. Errors as
+  // Cuda().
+  virtual absl::Status MakeCurrent() = 0;
+
   // Marks the current end of `stream`'s work in `event`.
   virtual absl::Status RecordEvent(DeviceEvent& event, Stream stream) = 0;
   // True when the work before the last RecordEvent is done (never waits).

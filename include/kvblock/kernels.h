@@ -26,7 +26,7 @@
 // any error, nothing is written.
 //
 // Errors common to every call: InvalidArgument for a bad argument (the
-// message names it and its value); Unavailable for a CUDA device when kvblock
+// message names it and its value; pool.data must be aligned to its dtype); Unavailable for a CUDA device when kvblock
 // was built without CUDA; Internal for a failed kernel launch.
 //
 // Complexity: linear in the bytes each call reads and writes; decode
@@ -94,10 +94,12 @@ absl::Status CopyPages(Device& device, const KvPool& pool, const PageId* copies,
                        int64_t num_copies, Stream stream);
 
 // Writes the K and V rows of `tokens` into layer `layer` through
-// `page_table`; a token with slot kNoSlot is skipped (padding). Errors:
-// InvalidArgument for a bad layer, table shape, count or null pointer, or
-// (host device) a slot outside [0, max_batch), a negative position, or a
-// position whose page is not a live id of its slot's row.
+// `page_table`; a token with slot kNoSlot is skipped (padding). Two tokens
+// with the same slot and position: the last wins on the host device, either
+// on a GPU (do not send both). Errors: InvalidArgument for a bad layer, table
+// shape, count, null or misaligned pointer (key and value need their dtype's
+// alignment), or (host device) a slot outside [0, max_batch), a negative
+// position, or a position whose page is not a live id of its slot's row.
 absl::Status WriteKv(Device& device, const KvPool& pool, int32_t layer,
                      const DeviceTensor& page_table, const KvTokens& tokens,
                      Stream stream);
@@ -145,7 +147,8 @@ absl::Status PagedDecodeAttention(Device& device, const KvPool& pool,
 // an empty batch. Errors: InvalidArgument for a bad config, table shape,
 // batch, small kv_indices_capacity or null pointer, or (host device) a length
 // outside [0, max_pages_per_seq * page_size] or longer than the slot's live
-// pages hold.
+// pages hold. On a CUDA device such a length is not seen: the kernel copies
+// the row's -1 entries into kv_indices, so lengths must match the table.
 absl::Status ToCsr(Device& device, const PagedKvConfig& config,
                    const KvBatch& batch, const CsrPageIndex& csr,
                    Stream stream);
