@@ -7,7 +7,8 @@
 // plus a unique suffix). Reported per step (the time) and per sequence
 // (`ns_per_seq`), at batch 64, 256 and 1024; with and without uploading the
 // page table after each step; with the default SHA-256 and with XXH3 page
-// hashes.
+// hashes; and with prefix caching off (no page hashed, registered or
+// evicted), which isolates the cost of the cache.
 //
 // Heap allocations are counted by replacing the global operator new in this
 // binary and OpenSSL's allocator (SHA-256 page hashes): `allocs_per_step`
@@ -83,7 +84,8 @@ class DecodeWorkload {
  public:
   // Creates the stack and fills the batch; false (with the error reported to
   // `state`) on failure.
-  bool Init(benchmark::State& state, int32_t batch, HashAlgorithm hash) {
+  bool Init(benchmark::State& state, int32_t batch, HashAlgorithm hash,
+            bool prefix_caching) {
     batch_ = batch;
     PagedKvConfig config;
     config.page_size = kPageSize;
@@ -94,6 +96,7 @@ class DecodeWorkload {
     config.num_pages = 16 * batch;
     BlockManagerOptions options;
     options.hash_algorithm = hash;
+    options.enable_prefix_caching = prefix_caching;
     device_ = Device::Host();
     auto manager = BlockManager::Create(config, options);
     if (!manager.ok()) return Fail(state, manager.status());
@@ -209,7 +212,8 @@ class DecodeWorkload {
   std::vector<int32_t> counts_;  // by slot: 1, or 0 while leaving.
 };
 
-// Args: batch, upload (0/1), hash (0: SHA-256, the default; 1: XXH3).
+// Args: batch, upload (0/1), hash (0: SHA-256, the default; 1: XXH3),
+// prefix caching (1, the default; 0: off, so no page is hashed).
 void BM_CommitDecodeStep(benchmark::State& state) {
   if (!crypto_allocations_counted) {
     state.SkipWithError("OpenSSL allocated before its allocator was replaced");
@@ -220,7 +224,7 @@ void BM_CommitDecodeStep(benchmark::State& state) {
   const HashAlgorithm hash =
       state.range(2) == 0 ? HashAlgorithm::kSha256 : HashAlgorithm::kXxh3_128;
   DecodeWorkload workload;
-  if (!workload.Init(state, batch, hash)) return;
+  if (!workload.Init(state, batch, hash, state.range(3) != 0)) return;
   // Counted around each step: the benchmark loop itself allocates once.
   int64_t step_allocations = 0;
   for (auto _ : state) {
@@ -240,8 +244,9 @@ void BM_CommitDecodeStep(benchmark::State& state) {
                          benchmark::Counter::kAvgIterations);
 }
 BENCHMARK(BM_CommitDecodeStep)
-    ->ArgNames({"batch", "upload", "xxh3"})
-    ->ArgsProduct({{64, 256, 1024}, {0, 1}, {0, 1}});
+    ->ArgNames({"batch", "upload", "xxh3", "cache"})
+    ->ArgsProduct({{64, 256, 1024}, {0, 1}, {0, 1}, {1}})
+    ->ArgsProduct({{64, 256, 1024}, {0, 1}, {0}, {0}});
 
 }  // namespace
 }  // namespace kvblock
