@@ -31,14 +31,14 @@ BatchCommit::BatchCommit(BlockManager& manager, KVPageTable& table)
     : manager_(manager), table_(table) {
   const size_t max_batch = static_cast<size_t>(table.max_batch());
   slots_.resize(max_batch, kNoSequence);
-  handles_.resize(max_batch, 0);
+  handles_.resize(max_batch);
   join_numbers_.resize(max_batch, -1);
   join_number_of_handle_.assign(manager.handle_limit(), -1);
   leaving_.assign(max_batch, 0);
   leaving_slots_.reserve(max_batch);
   old_to_new_.assign(max_batch, kNoSlot);
   next_slots_.resize(max_batch, kNoSequence);
-  next_handles_.resize(max_batch, 0);
+  next_handles_.resize(max_batch);
   next_join_numbers_.resize(max_batch, -1);
   survivor_counts_.resize(max_batch, 0);
   appended_.changed.reserve(max_batch);
@@ -47,6 +47,7 @@ BatchCommit::BatchCommit(BlockManager& manager, KVPageTable& table)
   copies_.reserve(max_batch);
   rows_.reserve(max_batch);
   joining_.reserve(max_batch);
+  joined_ids_.reserve(max_batch);
 }
 
 absl::StatusOr<StepResult> BatchCommit::Commit(const StepPlan& plan) {
@@ -71,7 +72,7 @@ absl::StatusOr<StepResult> BatchCommit::Commit(const StepPlan& plan) {
     join_number_of_handle_.resize(manager_.handle_limit(), -1);
   }
   for (SlotId slot = survivors; slot < batch_; ++slot) {
-    join_number_of_handle_[handles_[slot]] = join_numbers_[slot];
+    join_number_of_handle_[handles_[slot].index] = join_numbers_[slot];
   }
   joins_ += static_cast<int64_t>(plan.joins.size());
   return StepResult{
@@ -87,7 +88,10 @@ absl::Status BatchCommit::Validate(const StepPlan& plan) {
   const SlotId batch = batch_;
   for (const SlotId slot : leaving_slots_) leaving_[slot] = 0;
   leaving_slots_.clear();
-  joining_.clear();
+  // Erased one by one: Abseil's clear() frees a large table, and the next
+  // insert would allocate it again.
+  for (const SequenceId id : joined_ids_) joining_.erase(id);
+  joined_ids_.clear();
 
   if (!plan.append_counts.empty() &&
       plan.append_counts.size() != static_cast<size_t>(batch)) {
@@ -168,6 +172,7 @@ absl::Status BatchCommit::Validate(const StepPlan& plan) {
             " tokens: append them in the next step"));
       }
     }
+    joined_ids_.push_back(join.id);
     if (!joining_.insert(join.id).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("batch commit: sequence ", join.id, " joins twice"));
@@ -187,10 +192,10 @@ absl::Status BatchCommit::Validate(const StepPlan& plan) {
 SlotId BatchCommit::RunningSlot(SequenceId id) const {
   const absl::StatusOr<SequenceHandle> handle = manager_.HandleOf(id);
   if (!handle.ok() ||
-      static_cast<size_t>(*handle) >= join_number_of_handle_.size()) {
+      static_cast<size_t>(handle->index) >= join_number_of_handle_.size()) {
     return kNoSlot;
   }
-  const int64_t number = join_number_of_handle_[*handle];
+  const int64_t number = join_number_of_handle_[handle->index];
   const auto begin = join_numbers_.begin();
   const auto it = std::lower_bound(begin, begin + batch_, number);
   if (it == begin + batch_ || *it != number) return kNoSlot;
@@ -346,8 +351,8 @@ absl::Status BatchCommit::CheckInvariants() const {
       const SequenceId id = slots_[slot];
       const absl::StatusOr<SequenceHandle> handle = manager_.HandleOf(id);
       if (!handle.ok() || *handle != handles_[slot] ||
-          static_cast<size_t>(*handle) >= join_number_of_handle_.size() ||
-          join_number_of_handle_[*handle] != join_numbers_[slot] ||
+          static_cast<size_t>(handle->index) >= join_number_of_handle_.size() ||
+          join_number_of_handle_[handle->index] != join_numbers_[slot] ||
           RunningSlot(id) != slot) {
         return absl::InternalError(absl::StrCat(
             "batch commit: slot ", slot, " holds sequence ", id,

@@ -30,7 +30,7 @@ static_assert(sizeof(BlockHash::bytes) == 32);
 // adapter id.
 constexpr size_t kFixedRootBytes = 16 + 1 + 8 + 8;
 
-// Room for a 256-token page (or a root with a salt of up to 1247 bytes)
+// Room for a 256-token page (or a root with a salt of up to 1023 bytes)
 // before the buffer grows.
 constexpr size_t kInitialMessageBytes = 32 + 4 * 256;
 

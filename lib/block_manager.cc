@@ -89,7 +89,7 @@ void BlockManager::CommitTransaction(const Transaction& transaction) {
   token_arena_.clear();
   page_arena_.clear();
   hash_arena_.clear();
-  for (SequenceHandle handle : pending_free_) free_handles_.push_back(handle);
+  for (int32_t handle : pending_free_) free_handles_.push_back(handle);
   pending_free_.clear();
 }
 
@@ -202,14 +202,17 @@ const BlockManager::Sequence* BlockManager::Find(SequenceId id) const {
 }
 
 inline bool BlockManager::IsLive(SequenceHandle handle) const {
-  return handle >= 0 && static_cast<size_t>(handle) < sequences_.size() &&
-         sequences_[handle].live;
+  if (handle.index < 0 || static_cast<size_t>(handle.index) >= sequences_.size()) {
+    return false;
+  }
+  const Sequence& sequence = sequences_[handle.index];
+  return sequence.live && sequence.generation == handle.generation;
 }
 
-SequenceHandle BlockManager::CreateSequence(SequenceId id) {
-  SequenceHandle handle;
+int32_t BlockManager::CreateSequence(SequenceId id) {
+  int32_t handle;
   if (free_handles_.empty()) {
-    handle = static_cast<SequenceHandle>(sequences_.size());
+    handle = static_cast<int32_t>(sequences_.size());
     sequences_.emplace_back(config_.max_pages_per_seq);
     partial_tokens_.resize(partial_tokens_.size() + config_.page_size);
   } else {
@@ -219,6 +222,7 @@ SequenceHandle BlockManager::CreateSequence(SequenceId id) {
   Sequence& sequence = sequences_[handle];
   sequence.id = id;
   sequence.live = true;
+  ++sequence.generation;
   sequence.num_tokens = 0;
   sequence.offset = 0;
   sequence.tail_maybe_shared = false;
@@ -310,6 +314,16 @@ absl::StatusOr<AdmissionPlan> BlockManager::Admit(
   absl::Span<const BlockHash> hashes;
   KVBLOCK_ASSIGN_OR_RETURN(const AdmissionPlan plan,
                            Plan(prompt, extra, prompt_hashes, hashes));
+  // Pages get filed under these hashes: check that the chain starts from
+  // this prompt and these extra keys (one page hash), so that a mismatched
+  // salt cannot leak pages into another tenant's chains.
+  if (!prompt_hashes.empty() && options_.enable_prefix_caching &&
+      hasher_.HashPage(hasher_.RootHash(extra),
+                       prompt.first(config_.page_size)) != hashes[0]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block manager: prompt_hashes of sequence ", id,
+        " do not start from its prompt and extra keys"));
+  }
   if (plan.pages_consumed() > pool_->NumFree() - options_.watermark_pages) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "block manager: sequence ", id, " needs ", plan.pages_consumed(),
@@ -319,7 +333,7 @@ absl::StatusOr<AdmissionPlan> BlockManager::Admit(
   const int32_t full_pages =
       static_cast<int32_t>(prompt.size()) / config_.page_size;
   KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
-    const SequenceHandle handle = CreateSequence(id);
+    const int32_t handle = CreateSequence(id);
     Sequence& sequence = sequences_[handle];
     sequence.num_tokens = static_cast<int64_t>(prompt.size());
     sequence.offset = static_cast<int32_t>(prompt.size() % config_.page_size);
@@ -361,7 +375,7 @@ absl::StatusOr<AdmissionPlan> BlockManager::Admit(
   return plan;
 }
 
-inline bool BlockManager::AppendToPartialPage(SequenceHandle handle,
+inline bool BlockManager::AppendToPartialPage(int32_t handle,
                                               Sequence& sequence,
                                               absl::Span<const TokenId> tokens) {
   const int64_t count = static_cast<int64_t>(tokens.size());
@@ -394,7 +408,7 @@ absl::StatusOr<AppendResult> BlockManager::Append(
   }
   AppendResult result;
   KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
-    const SequenceHandle handle = it->second;
+    const int32_t handle = it->second;
     Sequence& sequence = sequences_[handle];
     if (AppendToPartialPage(handle, sequence, tokens)) return absl::OkStatus();
     return AppendAcrossPages(handle, sequence, tokens, result);
@@ -423,12 +437,12 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
             "block manager: append many counts[", i, "] is ", count, " with ",
             tokens.size() - next, " tokens left"));
       }
-      const SequenceHandle handle = handles[i];
-      if (!IsLive(handle)) {
+      if (!IsLive(handles[i])) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "block manager: append many handles[", i, "] = ", handle,
-            " is not live"));
+            "block manager: append many handles[", i, "] = (", handles[i].index,
+            ", generation ", handles[i].generation, ") is not live"));
       }
+      const int32_t handle = handles[i].index;
       Sequence& sequence = sequences_[handle];
       const absl::Span<const TokenId> entry = tokens.subspan(next, count);
       next += count;
@@ -455,7 +469,7 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
   return status;
 }
 
-absl::Status BlockManager::AppendAcrossPages(SequenceHandle handle,
+absl::Status BlockManager::AppendAcrossPages(int32_t handle,
                                              Sequence& sequence,
                                              absl::Span<const TokenId> tokens,
                                              AppendResult& result) {
@@ -538,7 +552,7 @@ absl::Status BlockManager::Fork(SequenceId parent, SequenceId child) {
         absl::StrCat("block manager: fork child ", child, " is already live"));
   }
   return Transact([&]() -> absl::Status {
-    const SequenceHandle handle = CreateSequence(child);
+    const int32_t handle = CreateSequence(child);
     // After CreateSequence, which may grow the slab.
     Sequence* const source = Find(parent);
     Sequence& target = sequences_[handle];
@@ -546,7 +560,7 @@ absl::Status BlockManager::Fork(SequenceId parent, SequenceId child) {
     target.num_tokens = source->num_tokens;
     target.offset = source->offset;
     // Both now hold the partial page. The parent's flag is not journaled:
-    // a stale `true` only costs a refcount check.
+    // a stale `true` only sends its next append down the slow path once.
     source->tail_maybe_shared = true;
     target.tail_maybe_shared = true;
     target.last_full_hash = source->last_full_hash;
@@ -565,7 +579,7 @@ absl::Status BlockManager::Remove(SequenceId id, bool preempted) {
     return absl::NotFoundError(
         absl::StrCat("block manager: sequence ", id, " is not live"));
   }
-  const SequenceHandle handle = it->second;
+  const int32_t handle = it->second;
   return Transact([&]() -> absl::Status {
     Sequence& sequence = sequences_[handle];
     SequenceBlockTable& table = sequence.table;
@@ -620,7 +634,7 @@ absl::StatusOr<SequenceHandle> BlockManager::HandleOf(SequenceId id) const {
     return absl::NotFoundError(
         absl::StrCat("block manager: sequence ", id, " is not live"));
   }
-  return it->second;
+  return SequenceHandle{it->second, sequences_[it->second].generation};
 }
 
 int32_t BlockManager::handle_limit() const {
@@ -631,9 +645,10 @@ absl::StatusOr<absl::Span<const PageId>> BlockManager::PagesAt(
     SequenceHandle handle) const {
   if (!IsLive(handle)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("block manager: handle ", handle, " is not live"));
+        absl::StrCat("block manager: handle (", handle.index, ", generation ",
+                     handle.generation, ") is not live"));
   }
-  const SequenceBlockTable& table = sequences_[handle].table;
+  const SequenceBlockTable& table = sequences_[handle.index].table;
   return table.entries().first(table.num_pages());
 }
 

@@ -141,6 +141,27 @@ TEST_CASE("a join with precomputed prompt hashes hashes nothing more") {
   REQUIRE(with_hashes.Capture() == before);
 }
 
+TEST_CASE("a sequence freed behind the commit's back is never appended to") {
+  CommitFixture f(SmallConfig());
+  const std::vector<TokenId> p = {1, 2};
+  const std::vector<TokenId> q = {50, 51};
+  const JoinRequest joins[] = {{.id = 1, .tokens = p}, {.id = 2, .tokens = q}};
+  REQUIRE_OK(f.commit->Commit({.joins = joins}));
+  // Misuse: the manager frees a running sequence directly, and its slab
+  // entry goes to another sequence. The commit's handle for slot 0 is now
+  // stale, and the step is refused instead of writing into sequence 9.
+  REQUIRE_OK(f.manager->Free(1));
+  REQUIRE_OK(f.manager->Admit(9, {70, 71}).status());
+  const CommitState before = f.Capture();
+  const int32_t counts[] = {1, 1};
+  const TokenId tokens[] = {6, 52};
+  REQUIRE_STATUS_IS(
+      f.commit->Commit({.append_counts = counts, .append_tokens = tokens}),
+      kInvalidArgument);
+  REQUIRE(f.Capture() == before);
+  REQUIRE(*f.manager->NumTokens(9) == 2);
+}
+
 TEST_CASE("invalid steps are refused and change nothing") {
   PagedKvConfig config = SmallConfig();
   config.num_pages = 8;

@@ -636,7 +636,13 @@ class RandomRun {
       const SequenceId id = LiveId();
       const absl::StatusOr<SequenceHandle> handle = manager_->HandleOf(id);
       const bool live = handle.ok() && !Chance(3);
-      handles.push_back(live ? *handle : manager_->handle_limit());
+      if (live) {
+        handles.push_back(*handle);
+      } else if (handle.ok() && Chance(50)) {  // a stale generation.
+        handles.push_back({handle->index, handle->generation - 1});
+      } else {
+        handles.push_back({manager_->handle_limit(), 0});
+      }
       const std::vector<TokenId> more =
           Chance(5) ? std::vector<TokenId>{} : Generated(id);
       counts.push_back(static_cast<int32_t>(more.size()));

@@ -242,8 +242,8 @@ TEST_CASE("append many appends in entry order and reports changed entries") {
       HandleOk(*manager, 1), HandleOk(*manager, 2), HandleOk(*manager, 3),
       HandleOk(*manager, 1)};
   for (const SequenceHandle handle : handles) {
-    REQUIRE(handle >= 0);
-    REQUIRE(handle < manager->handle_limit());
+    REQUIRE(handle.index >= 0);
+    REQUIRE(handle.index < manager->handle_limit());
   }
   AppendManyResult result;
   // 1 copies its shared partial page; 2 opens a page; 3 then holds page 1
@@ -294,9 +294,13 @@ TEST_CASE("append many fails as a whole") {
                       kInvalidArgument);
     REQUIRE_STATUS_IS(manager->AppendMany({one}, {1}, {7, 8}, result),
                       kInvalidArgument);
-    REQUIRE_STATUS_IS(manager->AppendMany({one, 99}, {1, 1}, {7, 8}, result),
+    REQUIRE_STATUS_IS(
+        manager->AppendMany({one, {99, 0}}, {1, 1}, {7, 8}, result),
+        kInvalidArgument);
+    REQUIRE_STATUS_IS(manager->AppendMany({{-1, 0}}, {1}, {7}, result),
                       kInvalidArgument);
-    REQUIRE_STATUS_IS(manager->AppendMany({-1}, {1}, {7}, result),
+    const SequenceHandle stale = {one.index, one.generation + 1};
+    REQUIRE_STATUS_IS(manager->AppendMany({stale}, {1}, {7}, result),
                       kInvalidArgument);
   }
   SECTION("a later entry runs out of pages") {
@@ -310,7 +314,7 @@ TEST_CASE("append many fails as a whole") {
         manager->AppendMany({two, one}, {1, 11}, Range(21, 12), result),
         kOutOfRange);
   }
-  SECTION("a handle whose sequence left") {
+  SECTION("a handle whose sequence left, even once its entry is reused") {
     REQUIRE_OK(manager->Free(2));
     const BlockManagerSnapshot freed = manager->Snapshot();
     REQUIRE_STATUS_IS(manager->AppendMany({one, two}, {1, 1}, {7, 8}, result),
@@ -318,6 +322,14 @@ TEST_CASE("append many fails as a whole") {
     REQUIRE_STATUS_IS(manager->PagesAt(two), kInvalidArgument);
     REQUIRE_STATUS_IS(manager->HandleOf(2), kNotFound);
     REQUIRE(manager->Snapshot() == freed);
+    AdmitOk(*manager, 3, Range(40, 2));
+    const SequenceHandle three = HandleOk(*manager, 3);
+    REQUIRE(three.index == two.index);  // LIFO reuse of the entry.
+    REQUIRE_FALSE(three == two);
+    const BlockManagerSnapshot reused = manager->Snapshot();
+    REQUIRE_STATUS_IS(manager->AppendMany({two}, {1}, {7}, result),
+                      kInvalidArgument);
+    REQUIRE(manager->Snapshot() == reused);
     return;
   }
   REQUIRE(result.changed.empty());
@@ -373,6 +385,12 @@ TEST_CASE("prompt hashes computed once serve planning and admission") {
                       kInvalidArgument);
     REQUIRE_FALSE(manager->CanAdmit(prompt, extra, short_chain));
     REQUIRE_STATUS_IS(manager->Admit(3, prompt, extra, short_chain),
+                      kInvalidArgument);
+    REQUIRE(manager->Snapshot() == before);
+  }
+  SECTION("hashes of other extra keys are refused at admission") {
+    const BlockManagerSnapshot before = manager->Snapshot();
+    REQUIRE_STATUS_IS(manager->Admit(3, prompt, {"tenant-b", 0}, hashes),
                       kInvalidArgument);
     REQUIRE(manager->Snapshot() == before);
   }

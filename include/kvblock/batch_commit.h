@@ -28,6 +28,11 @@
 // Complexity: O(leaving pages + joined pages + appended tokens + batch) per
 // step; buffers are reserved for max_batch so steady-state steps allocate no
 // memory.
+// Ownership: the running sequences change only through Commit. One freed
+// through the manager directly leaves the commit holding a stale handle, and
+// the next Commit fails with InvalidArgument (it never writes into another
+// sequence).
+//
 // Thread safety: thread-compatible; one scheduler thread owns it.
 #ifndef KVBLOCK_BATCH_COMMIT_H_
 #define KVBLOCK_BATCH_COMMIT_H_
@@ -92,7 +97,9 @@ class BatchCommit {
 
   // Applies `plan` as one transaction. Errors: InvalidArgument (a sequence
   // named twice, an unknown fork parent, append_counts of the wrong length or
-  // not matching append_tokens), NotFound (a leaving sequence not running),
+  // not matching append_tokens, prompt_hashes that do not fit their prompt, a
+  // running sequence changed through the manager behind the commit's back),
+  // NotFound (a leaving sequence not running),
   // AlreadyExists (a joining id already live), ResourceExhausted (pages ran
   // out), OutOfRange (a sequence past max_pages_per_seq), FailedPrecondition
   // (the batch would exceed max_batch); and any error of the page table. On
@@ -135,8 +142,8 @@ class BatchCommit {
   std::vector<SequenceId> slots_;
   std::vector<SequenceHandle> handles_;
   std::vector<int64_t> join_numbers_;
-  // By manager handle: the join number of the sequence that last joined
-  // with it (-1 before any).
+  // By manager handle index: the join number of the sequence that last
+  // joined with it (-1 before any).
   std::vector<int64_t> join_number_of_handle_;
   int64_t joins_ = 0;
 
@@ -154,6 +161,7 @@ class BatchCommit {
   std::vector<PageCopy> copies_;
   std::vector<KVPageTableRowUpdate> rows_;
   absl::flat_hash_set<SequenceId> joining_;
+  std::vector<SequenceId> joined_ids_;  // what joining_ holds.
   int32_t new_pages_ = 0;
 };
 

@@ -35,8 +35,9 @@
 // Every failing call leaves the manager unchanged (strong guarantee).
 //
 // Thread safety: thread-compatible; one scheduler thread owns a manager.
-// PlanAdmission and CanAdmit use internal scratch: not even const calls may
-// run concurrently.
+// HashPrompt, PlanAdmission and CanAdmit use internal scratch: not even const
+// calls may run concurrently (hash prompts on another thread with a
+// BlockHasher of its own and HashChain).
 #ifndef KVBLOCK_BLOCK_MANAGER_H_
 #define KVBLOCK_BLOCK_MANAGER_H_
 
@@ -93,9 +94,16 @@ struct AppendResult {
   std::optional<PageCopy> copy;   // set when a shared last page was copied.
 };
 
-// A live sequence's index in the manager's slab: what the per-step paths
-// (BatchCommit) use to address many sequences without a lookup by id.
-using SequenceHandle = int32_t;
+// A live sequence's place in the manager's slab, what the per-step paths
+// (BatchCommit) use to address many sequences without a lookup by id. The
+// generation tells the sequences that take the same entry in turn apart, so
+// the handle of a sequence that left never reaches the next one.
+struct SequenceHandle {
+  int32_t index = -1;
+  uint32_t generation = 0;
+  friend bool operator==(const SequenceHandle&,
+                         const SequenceHandle&) = default;
+};
 
 // What an AppendMany call did. The caller keeps one and reuses it, so that
 // steady-state calls allocate nothing.
@@ -175,10 +183,11 @@ class BlockManager {
                 absl::Span<const BlockHash> prompt_hashes = {}) const;
 
   // Admits sequence `id` with `prompt`, taking prefix hits first;
-  // `prompt_hashes` as for PlanAdmission. Errors: AlreadyExists for a live
-  // id; InvalidArgument / OutOfRange as PlanAdmission; ResourceExhausted when
-  // the pages (after eviction) would leave fewer than the watermark free. On
-  // error, nothing changes.
+  // `prompt_hashes` as for PlanAdmission, its first hash checked against the
+  // prompt's first page and `extra`. Errors: AlreadyExists for a live id;
+  // InvalidArgument / OutOfRange as PlanAdmission, and for a first hash that
+  // does not match; ResourceExhausted when the pages (after eviction) would
+  // leave fewer than the watermark free. On error, nothing changes.
   absl::StatusOr<AdmissionPlan> Admit(
       SequenceId id, absl::Span<const TokenId> prompt,
       const HashExtraKeys& extra = {},
@@ -220,10 +229,11 @@ class BlockManager {
   // Tokens the sequence holds (prompt + appended). NotFound if unknown.
   absl::StatusOr<int64_t> NumTokens(SequenceId id) const;
 
-  // The handle of live sequence `id`: valid while it lives, handed out again
-  // once its removal commits. NotFound if unknown.
+  // The handle of live sequence `id`, valid while it lives (its index is
+  // handed out again, with another generation, once its removal commits).
+  // NotFound if unknown.
   absl::StatusOr<SequenceHandle> HandleOf(SequenceId id) const;
-  // Every handle handed out so far is below this bound.
+  // Every handle's index is below this bound.
   int32_t handle_limit() const;
   // Pages(id) by handle; InvalidArgument when `handle` is not live.
   absl::StatusOr<absl::Span<const PageId>> PagesAt(SequenceHandle handle) const;
@@ -250,7 +260,8 @@ class BlockManager {
   const BlockManagerOptions& options() const { return options_; }
 
   // The exact observable state: pool snapshot, every live sequence (sorted by
-  // id) and the stats. Two managers with equal snapshots behave the same.
+  // id) and the stats. Two managers with equal snapshots behave the same
+  // through the calls by id (handles may differ).
   // O(num_pages + pages of all sequences). For tests and debugging.
   BlockManagerSnapshot Snapshot() const;
 
@@ -266,6 +277,7 @@ class BlockManager {
     // (a fork shares it; either side's copy on write may end the sharing).
     bool tail_maybe_shared = false;
     bool live = false;
+    uint32_t generation = 0;  // bumped by every CreateSequence of the entry.
     SequenceId id = kNoSequence;
     SequenceBlockTable table;
     // Prefix-cache chain: the hash of the last full page (the root hash of
@@ -289,7 +301,7 @@ class BlockManager {
     };
     Op op = Op::kCreated;
     bool tail_maybe_shared = false;
-    SequenceHandle handle = 0;
+    int32_t handle = 0;
     int32_t arena_offset = 0;
     int32_t count = 0;
     int64_t num_tokens = 0;
@@ -325,12 +337,12 @@ class BlockManager {
   const Sequence* Find(SequenceId id) const;
   bool IsLive(SequenceHandle handle) const;
   // The partial page's tokens of `handle` (page_size entries).
-  TokenId* PartialTokens(SequenceHandle handle) {
+  TokenId* PartialTokens(int32_t handle) {
     return partial_tokens_.data() +
            static_cast<size_t>(handle) * config_.page_size;
   }
   // A slab entry for new sequence `id` (journaled as kCreated).
-  SequenceHandle CreateSequence(SequenceId id);
+  int32_t CreateSequence(SequenceId id);
   absl::Status Remove(SequenceId id, bool preempted);
   // The plan, with `hashes` set to the prompt's full-page hashes: the
   // caller's `prompt_hashes`, or computed into chain_ when those are empty.
@@ -342,9 +354,9 @@ class BlockManager {
   // takes the common decode case (tokens that go into a partial page held
   // here alone, without filling it) and returns whether it did;
   // AppendAcrossPages does the rest.
-  bool AppendToPartialPage(SequenceHandle handle, Sequence& sequence,
+  bool AppendToPartialPage(int32_t handle, Sequence& sequence,
                            absl::Span<const TokenId> tokens);
-  absl::Status AppendAcrossPages(SequenceHandle handle, Sequence& sequence,
+  absl::Status AppendAcrossPages(int32_t handle, Sequence& sequence,
                                  absl::Span<const TokenId> tokens,
                                  AppendResult& result);
 
@@ -356,7 +368,7 @@ class BlockManager {
   mutable std::vector<BlockHash> chain_;
   std::vector<PageId> page_scratch_;
 
-  // Sequence slab, indexed by handle (it grows past max_sequences only by
+  // Sequence slab, indexed by a handle's index (it grows past max_sequences only by
   // reallocation, so no reference into it outlives a CreateSequence);
   // free_handles_ is a LIFO of unused entries; entries removed inside an
   // open transaction wait in pending_free_ until the outermost commit (their
@@ -364,9 +376,9 @@ class BlockManager {
   // flat array beside it.
   std::vector<Sequence> sequences_;
   std::vector<TokenId> partial_tokens_;
-  std::vector<SequenceHandle> free_handles_;
-  std::vector<SequenceHandle> pending_free_;
-  absl::flat_hash_map<SequenceId, SequenceHandle> handle_of_;
+  std::vector<int32_t> free_handles_;
+  std::vector<int32_t> pending_free_;
+  absl::flat_hash_map<SequenceId, int32_t> handle_of_;
 
   // Journal of the open transactions (empty when none is open).
   std::vector<UndoRecord> journal_;

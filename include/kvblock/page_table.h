@@ -147,8 +147,9 @@ class KVPageTable {
   absl::StatusOr<bool> Upload(Stream stream);
 
   // The host K row of `slot`, max_pages_per_seq entries: its live ids, then
-  // kNoPage. The view stays valid for the table's lifetime; its contents
-  // follow later changes. InvalidArgument: `slot` outside [0, max_batch).
+  // kNoPage. The view follows the slot's row until the next CompactRows
+  // (which gives slots other row storage); call again after one.
+  // InvalidArgument: `slot` outside [0, max_batch).
   absl::StatusOr<absl::Span<const PageId>> HostRow(SlotId slot) const;
 
   // The device mirror, int32 [max_batch, 2, max_pages_per_seq]; the same
