@@ -140,6 +140,22 @@ void BlockManager::Undo(const UndoRecord& record) {
       sequence.num_tokens -= record.count;
       sequence.offset -= record.count;
       return;
+    case UndoRecord::Op::kFilled:
+      --sequence.num_tokens;
+      sequence.offset = config_.page_size - 1;
+      if (options_.enable_prefix_caching) {
+        sequence.last_full_hash = hash_arena_[record.hash_index];
+      }
+      return;
+    case UndoRecord::Op::kNewPage:
+      // The pool's rollback takes back the page.
+      sequence.table.ForgetFrom(sequence.table.num_pages() - 1);
+      --sequence.num_tokens;
+      sequence.offset = 0;
+      sequence.tail_maybe_shared = record.tail_maybe_shared;
+      std::copy_n(token_arena_.begin() + record.arena_offset,
+                  config_.page_size, PartialTokens(record.handle));
+      return;
     case UndoRecord::Op::kChanged: {
       SequenceBlockTable& table = sequence.table;
       // Pages appended since, then the last page if a copy replaced it.
@@ -411,7 +427,7 @@ absl::StatusOr<AppendResult> BlockManager::Append(
     const int32_t handle = it->second;
     Sequence& sequence = sequences_[handle];
     if (AppendToPartialPage(handle, sequence, tokens)) return absl::OkStatus();
-    return AppendAcrossPages(handle, sequence, tokens, result);
+    return AppendAtPageBoundary(handle, sequence, tokens, result);
   }));
   return result;
 }
@@ -448,7 +464,8 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
       next += count;
       if (AppendToPartialPage(handle, sequence, entry)) continue;
       AppendResult one;
-      KVBLOCK_RETURN_IF_ERROR(AppendAcrossPages(handle, sequence, entry, one));
+      KVBLOCK_RETURN_IF_ERROR(
+          AppendAtPageBoundary(handle, sequence, entry, one));
       if (one.new_pages == 0 && !one.copy.has_value()) continue;
       result.changed.push_back(static_cast<int32_t>(i));
       if (one.copy.has_value()) result.copies.push_back(*one.copy);
@@ -467,6 +484,79 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
     result.new_pages = 0;
   }
   return status;
+}
+
+absl::Status BlockManager::AppendAtPageBoundary(
+    int32_t handle, Sequence& sequence, absl::Span<const TokenId> tokens,
+    AppendResult& result) {
+  // With one-token pages every page is full at once: the general path.
+  if (tokens.size() == 1 && config_.page_size > 1) {
+    if (sequence.offset == config_.page_size - 1 &&
+        !sequence.tail_maybe_shared) {
+      return FillPage(handle, sequence, tokens[0]);
+    }
+    if (sequence.offset == 0 &&
+        sequence.table.num_pages() < config_.max_pages_per_seq) {
+      KVBLOCK_RETURN_IF_ERROR(StartPage(handle, sequence, tokens[0]));
+      result.new_pages = 1;
+      return absl::OkStatus();
+    }
+  }
+  return AppendAcrossPages(handle, sequence, tokens, result);
+}
+
+absl::Status BlockManager::FillPage(int32_t handle, Sequence& sequence,
+                                    TokenId token) {
+  const int32_t page_size = config_.page_size;
+  TokenId* const partial = PartialTokens(handle);
+  partial[page_size - 1] = token;  // past the partial page until it counts.
+  const UndoRecord record{
+      .op = UndoRecord::Op::kFilled,
+      .handle = handle,
+      .hash_index = static_cast<int32_t>(hash_arena_.size())};
+  if (options_.enable_prefix_caching) {
+    const SequenceBlockTable& table = sequence.table;
+    const BlockHash hash = hasher_.HashPage(
+        sequence.last_full_hash, absl::MakeConstSpan(partial, page_size));
+    KVBLOCK_RETURN_IF_ERROR(
+        pool_->RegisterCached(table.entries()[table.num_pages() - 1], hash)
+            .status());
+    hash_arena_.push_back(sequence.last_full_hash);
+    sequence.last_full_hash = hash;
+  }
+  journal_.push_back(record);
+  ++sequence.num_tokens;
+  sequence.offset = 0;
+  ++stats_.appended_tokens;
+  return absl::OkStatus();
+}
+
+absl::Status BlockManager::StartPage(int32_t handle, Sequence& sequence,
+                                     TokenId token) {
+  if (pool_->NumFree() == 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "block manager: sequence ", sequence.id,
+        " needs 1 pages, 0 are allocatable"));
+  }
+  KVBLOCK_ASSIGN_OR_RETURN(const PageId page, pool_->Allocate());
+  // Cannot fail: the caller checked the table's capacity.
+  KVBLOCK_RETURN_IF_ERROR(
+      sequence.table.AdoptPages(absl::MakeConstSpan(&page, 1)));
+  // The tokens of the last full page: a rollback that also undoes its fill
+  // needs them back.
+  TokenId* const partial = PartialTokens(handle);
+  journal_.push_back(
+      {.op = UndoRecord::Op::kNewPage,
+       .tail_maybe_shared = sequence.tail_maybe_shared,
+       .handle = handle,
+       .arena_offset = static_cast<int32_t>(token_arena_.size())});
+  token_arena_.insert(token_arena_.end(), partial, partial + config_.page_size);
+  partial[0] = token;
+  ++sequence.num_tokens;
+  sequence.offset = 1;
+  sequence.tail_maybe_shared = false;
+  ++stats_.appended_tokens;
+  return absl::OkStatus();
 }
 
 absl::Status BlockManager::AppendAcrossPages(int32_t handle,
@@ -505,11 +595,13 @@ absl::Status BlockManager::AppendAcrossPages(int32_t handle,
                     .last_page = last_page,
                     .hash_index = static_cast<int32_t>(hash_arena_.size())};
   hash_arena_.push_back(sequence.last_full_hash);
-  // The live partial tokens are overwritten only when a page fills.
-  if (offset + count >= page_size) {
+  // The live partial tokens are overwritten only when a page fills; at
+  // offset 0 the tokens are those of the last full page, which an undone
+  // FillPage of this transaction needs back.
+  if (offset == 0 || offset + count >= page_size) {
     record.arena_offset = static_cast<int32_t>(token_arena_.size());
-    record.count = offset;
-    token_arena_.insert(token_arena_.end(), partial, partial + offset);
+    record.count = offset == 0 ? page_size : offset;
+    token_arena_.insert(token_arena_.end(), partial, partial + record.count);
   }
   journal_.push_back(record);
 

@@ -476,6 +476,37 @@ TEST_CASE("a rolled-back step restores the exact state") {
   }
 }
 
+TEST_CASE("appends across page boundaries in one step roll back exactly") {
+  BlockManagerOptions options;
+  SECTION("with prefix caching") {}
+  SECTION("without prefix caching") { options.enable_prefix_caching = false; }
+  auto manager = MakeManager(Config(12), options);
+  AdmitOk(*manager, 1, Range(1, 3));  // a partial page one token short.
+  const BlockManagerSnapshot before = manager->Snapshot();
+
+  // Each script fills the page, then writes the next page's first tokens
+  // over the buffered ones, by a start of one token or of several.
+  using Script = std::vector<std::vector<TokenId>>;
+  const Script script = GENERATE(Script{{50}, {51}, {52}, {53}, {54}, {55}},
+                                 Script{{50}, {51, 52}, {53}, {54}, {55}});
+  REQUIRE_OK(manager->BeginStep());
+  for (const std::vector<TokenId>& tokens : script) {
+    AppendOk(*manager, 1, tokens);
+  }
+  REQUIRE(PagesOf(*manager, 1).size() == 3);
+  REQUIRE_OK(manager->RollbackStep());
+  REQUIRE(manager->Snapshot() == before);
+  REQUIRE_OK(manager->CheckInvariants());
+
+  // The restored partial page fills to the same content as before.
+  AppendOk(*manager, 1, {50});
+  if (options.enable_prefix_caching) {
+    auto plan = manager->PlanAdmission(Concat(Range(1, 3), {50, 9}));
+    REQUIRE_OK(plan);
+    REQUIRE(plan->hit_pages == 1);
+  }
+}
+
 TEST_CASE("create rejects bad configs and options") {
   REQUIRE_STATUS_IS(BlockManager::Create(PagedKvConfig{}), kInvalidArgument);
   REQUIRE_STATUS_IS(BlockManager::Create(Config(8), {.watermark_pages = -1}),

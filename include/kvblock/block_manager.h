@@ -295,6 +295,12 @@ class BlockManager {
       kRemoved,   // `handle`'s sequence left (Free, Preempt); its pages are
                   // in page_arena_[arena_offset, +count).
       kAppended,  // `count` tokens went into the partial page, nothing else.
+      kFilled,    // one token filled the partial page (registered in the
+                  // cache, chaining from hash_arena_[hash_index], with
+                  // prefix caching); nothing else.
+      kNewPage,   // one token went into a newly allocated last page; the
+                  // page_size partial tokens it overwrote are in
+                  // token_arena_[arena_offset, +page_size).
       kChanged,   // `handle`'s sequence appended otherwise: the saved fields
                   // and hash_arena_[hash_index] restore it; its partial tokens
                   // are in token_arena_ when count > 0.
@@ -356,6 +362,16 @@ class BlockManager {
   // AppendAcrossPages does the rest.
   bool AppendToPartialPage(int32_t handle, Sequence& sequence,
                            absl::Span<const TokenId> tokens);
+  // What AppendToPartialPage leaves. The decode cases, one token at a page
+  // boundary, take short paths with short undo records: FillPage completes
+  // a partial page held here alone (and registers it with prefix caching),
+  // StartPage puts the token into a newly allocated page. AppendAcrossPages
+  // takes everything else.
+  absl::Status AppendAtPageBoundary(int32_t handle, Sequence& sequence,
+                                    absl::Span<const TokenId> tokens,
+                                    AppendResult& result);
+  absl::Status FillPage(int32_t handle, Sequence& sequence, TokenId token);
+  absl::Status StartPage(int32_t handle, Sequence& sequence, TokenId token);
   absl::Status AppendAcrossPages(int32_t handle, Sequence& sequence,
                                  absl::Span<const TokenId> tokens,
                                  AppendResult& result);
