@@ -20,13 +20,6 @@ namespace {
 // Largest pool: V page ids (`p + num_pages`) must fit int32.
 constexpr int32_t kMaxPages = 1 << 30;
 
-// Index capacity for `num_pages` entries such that erasures never make an
-// insertion grow the table: Abseil rehashes in place (no allocation) while
-// size <= 25/32 of capacity and capacity exceeds one 16-slot group.
-size_t IndexReserve(int32_t num_pages) {
-  return std::max<size_t>(32, (static_cast<size_t>(num_pages) * 32 + 24) / 25);
-}
-
 std::string ShortHash(const BlockHash& hash) {
   return absl::StrFormat("%02x%02x%02x%02x", hash.bytes[0], hash.bytes[1],
                          hash.bytes[2], hash.bytes[3]);
@@ -74,14 +67,14 @@ absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(
 BlockPool::BlockPool(int32_t num_pages, const BlockPoolOptions& options)
     : num_pages_(num_pages),
       max_refcount_(options.max_refcount),
-      pages_(num_pages + 1) {
+      pages_(num_pages + 1),
+      index_(num_pages) {
   pages_[num_pages_].lru_prev = num_pages_;
   pages_[num_pages_].lru_next = num_pages_;
   free_stack_.reserve(num_pages_);
   for (PageId page = num_pages_ - 1; page >= 0; --page) {
     free_stack_.push_back(page);
   }
-  index_.reserve(IndexReserve(num_pages_));
   journal_.reserve(options.journal_reserve);
 }
 
@@ -142,7 +135,7 @@ PageId BlockPool::AllocateUnchecked() {
   } else {
     page = pages_[num_pages_].lru_next;
     Unlink(page);
-    index_.erase(pages_[page].hash);
+    index_.Erase(pages_[page].hash, page);
     pages_[page].cached = 0;
     ++stats_.evictions;
     Journal(UndoRecord::Op::kEvict, page, kNoPage, pages_[page].hash);
@@ -210,7 +203,7 @@ absl::StatusOr<CopyOnWrite> BlockPool::Writable(PageId page) {
     if (absl::Status status = CheckUsed(page); !status.ok()) return status;
     if (pages_[page].refcount == 1) {
       if (pages_[page].cached) {
-        index_.erase(pages_[page].hash);
+        index_.Erase(pages_[page].hash, page);
         pages_[page].cached = 0;
         Journal(UndoRecord::Op::kUncache, page, kNoPage, pages_[page].hash);
       }
@@ -243,8 +236,10 @@ absl::StatusOr<PageId> BlockPool::RegisterCached(PageId page,
         "block pool: page ", page, " is cached as ", ShortHash(pages_[page].hash),
         "..., not ", ShortHash(hash), "..."));
   }
-  const auto [it, inserted] = index_.try_emplace(hash, page);
-  if (!inserted) return it->second;
+  if (const PageId indexed = index_.Insert(hash, page, hash_of());
+      indexed != page) {
+    return indexed;
+  }
   pages_[page].cached = 1;
   pages_[page].hash = hash;
   ++stats_.cache_registrations;
@@ -253,9 +248,9 @@ absl::StatusOr<PageId> BlockPool::RegisterCached(PageId page,
 }
 
 std::optional<PageId> BlockPool::Lookup(const BlockHash& hash) const {
-  const auto it = index_.find(hash);
-  if (it == index_.end()) return std::nullopt;
-  return it->second;
+  const PageId page = index_.Find(hash, hash_of());
+  if (page == kNoPage) return std::nullopt;
+  return page;
 }
 
 absl::StatusOr<int32_t> BlockPool::AcquireCachedPrefix(
@@ -270,9 +265,8 @@ absl::StatusOr<int32_t> BlockPool::AcquireCachedPrefix(
   const Savepoint savepoint = BeginTransaction();
   int32_t hits = 0;
   for (const BlockHash& hash : chain) {
-    const auto it = index_.find(hash);
-    if (it == index_.end()) break;
-    const PageId page = it->second;
+    const PageId page = index_.Find(hash, hash_of());
+    if (page == kNoPage) break;
     if (internal::FaultInjection::ShouldFail()) {
       RollbackTransaction(savepoint).IgnoreError();  // Innermost: cannot fail.
       return absl::FailedPreconditionError(absl::StrCat(
@@ -314,9 +308,8 @@ absl::Status BlockPool::ResetPrefixCache() {
     Unlink(page);
     free_stack_.push_back(page);
   }
-  for (const auto& [hash, page] : index_) pages_[page].cached = 0;
-  index_.clear();
-  index_.reserve(IndexReserve(num_pages_));
+  index_.ForEach([this](PageId page) { pages_[page].cached = 0; });
+  index_.Clear();
   return absl::OkStatus();
 }
 
@@ -364,7 +357,7 @@ void BlockPool::Undo(const UndoRecord& record) {
       pages_[page].refcount = 0;
       pages_[page].cached = 1;
       pages_[page].hash = record.hash;
-      index_.emplace(record.hash, page);
+      index_.Insert(record.hash, page, hash_of());
       LinkAfter(num_pages_, page);
       break;
     case UndoRecord::Op::kAddRef:
@@ -386,13 +379,13 @@ void BlockPool::Undo(const UndoRecord& record) {
       LinkAfter(record.prev, page);
       break;
     case UndoRecord::Op::kRegister:
-      index_.erase(record.hash);
+      index_.Erase(record.hash, page);
       pages_[page].cached = 0;
       break;
     case UndoRecord::Op::kUncache:
       pages_[page].cached = 1;
       pages_[page].hash = record.hash;
-      index_.emplace(record.hash, page);
+      index_.Insert(record.hash, page, hash_of());
       break;
   }
 }
@@ -459,12 +452,12 @@ absl::Status BlockPool::CheckInvariants() const {
     num_used += refcount > 0 ? 1 : 0;
     if (pages_[page].cached) {
       ++num_cached;
-      const auto it = index_.find(pages_[page].hash);
-      if (it == index_.end() || it->second != page) {
+      if (index_.Find(pages_[page].hash, hash_of()) != page) {
         return broken("cached page ", page, " is not indexed under its hash");
       }
     }
   }
+  KVBLOCK_RETURN_IF_ERROR(index_.CheckInvariants(hash_of()));
   if (num_cached != NumCached()) {
     return broken("index holds ", NumCached(), " hashes for ", num_cached,
                   " cached pages");

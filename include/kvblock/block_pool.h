@@ -9,8 +9,9 @@
 //   - free:      refcount 0, not cached, on the LIFO free stack;
 //   - evictable: refcount 0, cached, on the LRU list (head = least recently
 //                released, evicted first; tail = most recently released).
-// The prefix index maps a BlockHash to exactly the cached pages, one hash per
-// page and one page per hash. `Allocate` pops the free stack first and evicts
+// The prefix index (PrefixIndex: 8-byte slots, the keys stay with the pages)
+// maps a BlockHash to exactly the cached pages, one hash per page and one page
+// per hash. `Allocate` pops the free stack first and evicts
 // the LRU head (dropping its hash) only when the stack is empty. Initially the
 // stack hands out pages 0, 1, 2, ... in that order.
 //
@@ -48,11 +49,11 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kvblock/block_hash.h"
+#include "kvblock/prefix_index.h"
 #include "kvblock/types.h"
 
 namespace kvblock {
@@ -199,8 +200,7 @@ class BlockPool {
   // Forgets every hash. Evictable pages become free, pushed in LRU order (so
   // the most recently released is allocated first); cached used pages stay
   // used but are no longer found. FailedPrecondition inside a transaction
-  // (the reset is not journaled). On error, nothing changes. O(num_pages);
-  // may reallocate the index.
+  // (the reset is not journaled). On error, nothing changes. O(num_pages).
   absl::Status ResetPrefixCache();
 
   // Transactions ------------------------------------------------------------
@@ -235,7 +235,7 @@ class BlockPool {
   // Cached pages with refcount 0 (on the LRU list).
   int32_t NumEvictable() const { return num_evictable_; }
   // Cached pages, used or evictable (entries of the prefix index).
-  int32_t NumCached() const { return static_cast<int32_t>(index_.size()); }
+  int32_t NumCached() const { return index_.size(); }
   // Pages with refcount > 0.
   int32_t NumUsed() const { return num_pages_ - NumFree(); }
   int32_t num_pages() const { return num_pages_; }
@@ -306,8 +306,13 @@ class BlockPool {
   int32_t num_evictable_ = 0;
   // Exactly the free pages, top = back(); capacity num_pages_.
   std::vector<PageId> free_stack_;
-  // Exactly the cached pages: index_[pages_[p].hash] == p for every cached p.
-  absl::flat_hash_map<BlockHash, PageId> index_;
+  // Exactly the cached pages, each under pages_[p].hash (which HashOf reads).
+  PrefixIndex index_;
+  struct HashOf {
+    const std::vector<PageState>* pages;
+    const BlockHash& operator()(PageId page) const { return (*pages)[page].hash; }
+  };
+  HashOf hash_of() const { return HashOf{&pages_}; }
 
   BlockPoolStats stats_;
 

@@ -1,0 +1,156 @@
+// Copyright 2026 The kvblock Authors.
+//
+// PrefixIndex: the prefix cache's index inside BlockPool, block hash -> page.
+//
+// Open addressing with linear probing over 8-byte slots, each a 32-bit tag
+// of the hash and a page id; the hashes themselves stay with the pages (the
+// caller's `hash_of(page)`), and a tag match is confirmed there. The table
+// is at most half full, so a probe reads one or two cache lines, and it is a
+// quarter the size of a map that stores the 32-byte keys: the index of a
+// 16K-page pool (256 KiB) stays in a core's L2 cache. Deletion shifts later
+// entries back instead of leaving tombstones, so lookups never slow down
+// with churn.
+//
+// The tag is the top 32 bits of Abseil's per-process seeded hash of every
+// byte of the key, and a slot's home position is the tag's top bits: crafted
+// keys cannot crowd one probe run, and a deletion finds an entry's home
+// without reading its key.
+//
+// Capacity is fixed at construction (2 * max_entries rounded up to a power
+// of two), so nothing allocates after it. Thread-compatible.
+#ifndef KVBLOCK_PREFIX_INDEX_H_
+#define KVBLOCK_PREFIX_INDEX_H_
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/hash/hash.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kvblock/block_hash.h"
+#include "kvblock/types.h"
+
+namespace kvblock {
+
+class PrefixIndex {
+ public:
+  // Room for `max_entries` (>= 1) pages.
+  explicit PrefixIndex(int32_t max_entries)
+      : shift_(32 - std::countr_zero(std::bit_ceil(
+                        std::max<size_t>(16, 2 * static_cast<size_t>(max_entries))))),
+        slots_(size_t{1} << (32 - shift_)),
+        mask_(slots_.size() - 1) {}
+
+  int32_t size() const { return size_; }
+
+  // The page indexed under `hash`, or kNoPage. O(1) expected.
+  template <typename HashOf>
+  PageId Find(const BlockHash& hash, const HashOf& hash_of) const {
+    const uint32_t tag = Tag(hash);
+    for (size_t i = Home(tag);; i = (i + 1) & mask_) {
+      const Slot& slot = slots_[i];
+      if (slot.page == kNoPage) return kNoPage;
+      if (slot.tag == tag && hash_of(slot.page) == hash) return slot.page;
+    }
+  }
+
+  // Indexes `page` under `hash` unless a page is indexed there already;
+  // returns that page, or `page`. At most max_entries pages are indexed at
+  // once (the caller's invariant: one entry per cached page). O(1) expected.
+  template <typename HashOf>
+  PageId Insert(const BlockHash& hash, PageId page, const HashOf& hash_of) {
+    const uint32_t tag = Tag(hash);
+    for (size_t i = Home(tag);; i = (i + 1) & mask_) {
+      Slot& slot = slots_[i];
+      if (slot.page == kNoPage) {
+        slot = Slot{tag, page};
+        ++size_;
+        return page;
+      }
+      if (slot.tag == tag && hash_of(slot.page) == hash) return slot.page;
+    }
+  }
+
+  // Removes `page`, indexed under `hash`. O(1) expected.
+  void Erase(const BlockHash& hash, PageId page) {
+    size_t hole = Home(Tag(hash));
+    while (slots_[hole].page != page) hole = (hole + 1) & mask_;
+    // Moves back each later entry of the run that may sit at the hole: one
+    // whose home is not cyclically in (hole, j].
+    for (size_t j = (hole + 1) & mask_; slots_[j].page != kNoPage;
+         j = (j + 1) & mask_) {
+      const size_t home = Home(slots_[j].tag);
+      if (((j - home) & mask_) >= ((j - hole) & mask_)) {
+        slots_[hole] = slots_[j];
+        hole = j;
+      }
+    }
+    slots_[hole] = Slot{};
+    --size_;
+  }
+
+  // Calls `f(page)` for every indexed page, in slot order. O(capacity).
+  template <typename F>
+  void ForEach(const F& f) const {
+    for (const Slot& slot : slots_) {
+      if (slot.page != kNoPage) f(slot.page);
+    }
+  }
+
+  void Clear() {
+    std::fill(slots_.begin(), slots_.end(), Slot{});
+    size_ = 0;
+  }
+
+  // Internal when a slot's tag is not its page's, an entry cannot be reached
+  // from its home, or the count is off. O(capacity).
+  template <typename HashOf>
+  absl::Status CheckInvariants(const HashOf& hash_of) const {
+    int32_t count = 0;
+    for (size_t i = 0; i < slots_.size(); ++i) {
+      const Slot& slot = slots_[i];
+      if (slot.page == kNoPage) continue;
+      ++count;
+      if (slot.tag != Tag(hash_of(slot.page))) {
+        return absl::InternalError(absl::StrCat(
+            "prefix index: slot ", i, " holds page ", slot.page,
+            " under a tag not of its hash"));
+      }
+      for (size_t j = Home(slot.tag); j != i; j = (j + 1) & mask_) {
+        if (slots_[j].page == kNoPage) {
+          return absl::InternalError(absl::StrCat(
+              "prefix index: page ", slot.page, " in slot ", i,
+              " is cut off from its home by empty slot ", j));
+        }
+      }
+    }
+    if (count != size_) {
+      return absl::InternalError(absl::StrCat(
+          "prefix index: ", count, " entries, counted ", size_));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Slot {
+    uint32_t tag = 0;
+    PageId page = kNoPage;  // kNoPage: empty.
+  };
+
+  static uint32_t Tag(const BlockHash& hash) {
+    return static_cast<uint32_t>(absl::Hash<BlockHash>{}(hash) >> 32);
+  }
+  size_t Home(uint32_t tag) const { return tag >> shift_; }
+
+  int shift_;  // 32 - log2(capacity).
+  std::vector<Slot> slots_;
+  size_t mask_;
+  int32_t size_ = 0;
+};
+
+}  // namespace kvblock
+
+#endif  // KVBLOCK_PREFIX_INDEX_H_
