@@ -406,9 +406,12 @@ inline bool BlockManager::AppendToPartialPage(int32_t handle,
   } else {
     std::copy(tokens.begin(), tokens.end(), partial);
   }
-  journal_.push_back({.op = UndoRecord::Op::kAppended,
-                      .handle = handle,
-                      .count = static_cast<int32_t>(count)});
+  // Written in place, like every hot record: one built on the stack and
+  // copied out stalls on store forwarding.
+  UndoRecord& record = journal_.emplace_back();
+  record.op = UndoRecord::Op::kAppended;
+  record.handle = handle;
+  record.count = static_cast<int32_t>(count);
   sequence.num_tokens += count;
   sequence.offset += static_cast<int32_t>(count);
   stats_.appended_tokens += count;
@@ -510,10 +513,7 @@ absl::Status BlockManager::FillPage(int32_t handle, Sequence& sequence,
   const int32_t page_size = config_.page_size;
   TokenId* const partial = PartialTokens(handle);
   partial[page_size - 1] = token;  // past the partial page until it counts.
-  const UndoRecord record{
-      .op = UndoRecord::Op::kFilled,
-      .handle = handle,
-      .hash_index = static_cast<int32_t>(hash_arena_.size())};
+  const int32_t hash_index = static_cast<int32_t>(hash_arena_.size());
   if (options_.enable_prefix_caching) {
     const SequenceBlockTable& table = sequence.table;
     const BlockHash hash = hasher_.HashPage(
@@ -524,7 +524,10 @@ absl::Status BlockManager::FillPage(int32_t handle, Sequence& sequence,
     hash_arena_.push_back(sequence.last_full_hash);
     sequence.last_full_hash = hash;
   }
-  journal_.push_back(record);
+  UndoRecord& record = journal_.emplace_back();
+  record.op = UndoRecord::Op::kFilled;
+  record.handle = handle;
+  record.hash_index = hash_index;
   ++sequence.num_tokens;
   sequence.offset = 0;
   ++stats_.appended_tokens;
@@ -545,11 +548,11 @@ absl::Status BlockManager::StartPage(int32_t handle, Sequence& sequence,
   // The tokens of the last full page: a rollback that also undoes its fill
   // needs them back.
   TokenId* const partial = PartialTokens(handle);
-  journal_.push_back(
-      {.op = UndoRecord::Op::kNewPage,
-       .tail_maybe_shared = sequence.tail_maybe_shared,
-       .handle = handle,
-       .arena_offset = static_cast<int32_t>(token_arena_.size())});
+  UndoRecord& record = journal_.emplace_back();
+  record.op = UndoRecord::Op::kNewPage;
+  record.tail_maybe_shared = sequence.tail_maybe_shared;
+  record.handle = handle;
+  record.arena_offset = static_cast<int32_t>(token_arena_.size());
   token_arena_.insert(token_arena_.end(), partial, partial + config_.page_size);
   partial[0] = token;
   ++sequence.num_tokens;

@@ -100,7 +100,14 @@ absl::Status BlockPool::CheckUsed(PageId page) const {
 
 inline void BlockPool::Journal(UndoRecord::Op op, PageId page, PageId prev,
                                const BlockHash& hash) {
-  if (depth_ > 0) journal_.push_back(UndoRecord{op, page, prev, hash});
+  if (depth_ == 0) return;
+  // Written in place: a record built on the stack and copied out stalls on
+  // store forwarding (its copy reads across the narrower stores).
+  UndoRecord& record = journal_.emplace_back();
+  record.op = op;
+  record.page = page;
+  record.prev = prev;
+  record.hash = hash;
 }
 
 void BlockPool::NoteUsed() {
