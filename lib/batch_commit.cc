@@ -210,7 +210,11 @@ absl::Status BatchCommit::AddRow(SlotId slot, SequenceHandle handle) {
   }
   KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> pages,
                            manager_.PagesAt(handle));
-  rows_.push_back({slot, pages.data(), static_cast<int32_t>(pages.size())});
+  // Written in place (see BlockManager's journal): no store-forwarding stall.
+  KVPageTableRowUpdate& row = rows_.emplace_back();
+  row.slot = slot;
+  row.k_page_ids = pages.data();
+  row.count = static_cast<int32_t>(pages.size());
   changed_slots_.push_back(slot);
   return absl::OkStatus();
 }

@@ -246,7 +246,9 @@ int32_t BlockManager::CreateSequence(SequenceId id) {
   sequence.cache_salt.clear();
   sequence.adapter_id = 0;
   handle_of_.emplace(id, handle);
-  journal_.push_back({.op = UndoRecord::Op::kCreated, .handle = handle});
+  UndoRecord& record = journal_.emplace_back();
+  record.op = UndoRecord::Op::kCreated;
+  record.handle = handle;
   return handle;
 }
 
@@ -678,14 +680,16 @@ absl::Status BlockManager::Remove(SequenceId id, bool preempted) {
   return Transact([&]() -> absl::Status {
     Sequence& sequence = sequences_[handle];
     SequenceBlockTable& table = sequence.table;
-    UndoRecord record{.op = UndoRecord::Op::kRemoved,
-                      .handle = handle,
-                      .arena_offset = static_cast<int32_t>(page_arena_.size()),
-                      .count = table.num_pages()};
-    const auto pages = table.entries().first(table.num_pages());
+    const int32_t arena_offset = static_cast<int32_t>(page_arena_.size());
+    const int32_t count = table.num_pages();
+    const auto pages = table.entries().first(count);
     page_arena_.insert(page_arena_.end(), pages.begin(), pages.end());
     KVBLOCK_RETURN_IF_ERROR(table.ReleaseAll(*pool_));
-    journal_.push_back(record);
+    UndoRecord& record = journal_.emplace_back();
+    record.op = UndoRecord::Op::kRemoved;
+    record.handle = handle;
+    record.arena_offset = arena_offset;
+    record.count = count;
     handle_of_.erase(id);
     sequence.live = false;
     pending_free_.push_back(handle);
