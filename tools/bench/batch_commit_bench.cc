@@ -7,15 +7,24 @@
 // plus a unique suffix). Reported per step (the time) and per sequence
 // (`ns_per_seq`), at batch 64, 256 and 1024; with and without uploading the
 // page table after each step; with the default SHA-256 and with XXH3 page
-// hashes; and with prefix caching off (no page hashed, registered or
-// evicted), which isolates the cost of the cache.
+// hashes; with the joining prompts hashed on arrival (HashPrompt, as vLLM
+// and kvblock-sim do, outside the step) or by the step itself; and with
+// prefix caching off (no page hashed, registered or evicted), which
+// isolates the cost of the cache.
+//
+// The time is that of Commit (and Upload) alone, clocked around the calls
+// (manual time): drafting the step, and hashing prompts on arrival, are not
+// in it. `arrival_ns_per_seq` reports that hashing per running sequence, so
+// the two add up to the scheduler thread's cost when it hashes on arrival
+// itself.
 //
 // Heap allocations are counted by replacing the global operator new in this
 // binary and OpenSSL's allocator (SHA-256 page hashes): `allocs_per_step`
-// counts those made inside the timed steps (the goal is 0).
+// counts those made inside the timed calls (the goal is 0).
 #include <benchmark/benchmark.h>
 #include <openssl/crypto.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -85,8 +94,9 @@ class DecodeWorkload {
   // Creates the stack and fills the batch; false (with the error reported to
   // `state`) on failure.
   bool Init(benchmark::State& state, int32_t batch, HashAlgorithm hash,
-            bool prefix_caching) {
+            bool prefix_caching, bool hash_on_arrival) {
     batch_ = batch;
+    hash_on_arrival_ = hash_on_arrival;
     PagedKvConfig config;
     config.page_size = kPageSize;
     config.max_pages_per_seq = kMaxPagesPerSeq;
@@ -118,6 +128,10 @@ class DecodeWorkload {
     for (std::vector<TokenId>& prompt : prompts_) {
       prompt.reserve(kPrefixTokens + kMaxSuffixTokens);
     }
+    prompt_hashes_.resize(batch);
+    for (std::vector<BlockHash>& hashes : prompt_hashes_) {
+      hashes.resize((kPrefixTokens + kMaxSuffixTokens) / kPageSize);
+    }
     joins_.resize(batch);
     finished_.reserve(batch);
     leaving_slots_.reserve(batch);
@@ -129,14 +143,15 @@ class DecodeWorkload {
     auto first = commit_->Commit({.joins = absl::MakeConstSpan(joins_)});
     if (!first.ok()) return Fail(state, first.status());
     for (int i = 0; i < kWarmupSteps; ++i) {
-      if (absl::Status s = Step(false); !s.ok()) return Fail(state, s);
+      Draft();
+      if (absl::Status s = Commit(false); !s.ok()) return Fail(state, s);
     }
     return true;
   }
 
-  // One decode step: ~1% finish at random slots, as many prompts join, every
-  // other sequence appends one token; then, with `upload`, the table upload.
-  absl::Status Step(bool upload) {
+  // Drafts the next decode step: ~1% finish at random slots, as many prompts
+  // arrive and join, every other sequence appends one token.
+  void Draft() {
     finish_credit_ += batch_;
     const int32_t leaving = finish_credit_ / 100;
     finish_credit_ %= 100;
@@ -152,18 +167,25 @@ class DecodeWorkload {
       finished_.push_back(slots[slot]);
     }
     for (int32_t i = 0; i < leaving; ++i) DraftJoin(i);
-    const StepPlan plan{
+    plan_ = StepPlan{
         .finished = finished_,
         .joins = absl::MakeConstSpan(joins_.data(), leaving),
         .append_counts = counts_,
         .append_tokens = NextTokens(batch_ - leaving),
     };
-    absl::StatusOr<StepResult> result = commit_->Commit(plan);
+  }
+
+  // Commits the drafted step; then, with `upload`, uploads the table.
+  absl::Status Commit(bool upload) {
+    absl::StatusOr<StepResult> result = commit_->Commit(plan_);
     for (const SlotId slot : leaving_slots_) counts_[slot] = 1;
     if (!result.ok()) return result.status();
     if (upload) return table_->Upload(nullptr).status();
     return absl::OkStatus();
   }
+
+  // Total time spent hashing prompts on arrival.
+  double arrival_seconds() const { return arrival_seconds_; }
 
  private:
   static bool Fail(benchmark::State& state, const absl::Status& status) {
@@ -180,7 +202,7 @@ class DecodeWorkload {
   }
 
   // Makes joins_[i] a new sequence: the shared prefix, then 1 to
-  // kMaxSuffixTokens unique tokens.
+  // kMaxSuffixTokens unique tokens; hashed here when it arrives, if so.
   void DraftJoin(int32_t i) {
     std::vector<TokenId>& prompt = prompts_[i];
     const absl::Span<const TokenId> prefix =
@@ -191,9 +213,21 @@ class DecodeWorkload {
     const absl::Span<const TokenId> unique = NextTokens(suffix);
     prompt.insert(prompt.end(), unique.begin(), unique.end());
     joins_[i] = {.id = next_id_++, .tokens = prompt};
+    if (!hash_on_arrival_) return;
+    const auto start = std::chrono::steady_clock::now();
+    const absl::StatusOr<int64_t> pages =
+        manager_->HashPrompt(prompt, {}, absl::MakeSpan(prompt_hashes_[i]));
+    arrival_seconds_ += std::chrono::duration<double>(
+                            std::chrono::steady_clock::now() - start)
+                            .count();
+    // Cannot fail: prompt_hashes_[i] holds the longest prompt's pages.
+    joins_[i].prompt_hashes =
+        absl::MakeConstSpan(prompt_hashes_[i]).first(pages.value_or(0));
   }
 
   int32_t batch_ = 0;
+  bool hash_on_arrival_ = false;
+  double arrival_seconds_ = 0;
   std::unique_ptr<Device> device_;
   std::unique_ptr<BlockManager> manager_;
   std::unique_ptr<KVPageTable> table_;
@@ -206,14 +240,17 @@ class DecodeWorkload {
   int32_t finish_credit_ = 0;
   SequenceId next_id_ = 0;
   std::vector<std::vector<TokenId>> prompts_;
+  std::vector<std::vector<BlockHash>> prompt_hashes_;
   std::vector<JoinRequest> joins_;
+  StepPlan plan_;
   std::vector<SequenceId> finished_;
   std::vector<SlotId> leaving_slots_;
   std::vector<int32_t> counts_;  // by slot: 1, or 0 while leaving.
 };
 
 // Args: batch, upload (0/1), hash (0: SHA-256, the default; 1: XXH3),
-// prefix caching (1, the default; 0: off, so no page is hashed).
+// prefix caching (1, the default; 0: off, so no page is hashed), prompts
+// hashed on arrival (1) or in the step (0).
 void BM_CommitDecodeStep(benchmark::State& state) {
   if (!crypto_allocations_counted) {
     state.SkipWithError("OpenSSL allocated before its allocator was replaced");
@@ -224,29 +261,43 @@ void BM_CommitDecodeStep(benchmark::State& state) {
   const HashAlgorithm hash =
       state.range(2) == 0 ? HashAlgorithm::kSha256 : HashAlgorithm::kXxh3_128;
   DecodeWorkload workload;
-  if (!workload.Init(state, batch, hash, state.range(3) != 0)) return;
-  // Counted around each step: the benchmark loop itself allocates once.
+  if (!workload.Init(state, batch, hash, state.range(3) != 0,
+                     state.range(4) != 0)) {
+    return;
+  }
+  const double arrival_before = workload.arrival_seconds();
   int64_t step_allocations = 0;
+  double step_seconds = 0;
   for (auto _ : state) {
+    workload.Draft();
     const int64_t before = allocations;
-    if (absl::Status s = workload.Step(upload); !s.ok()) {
-      state.SkipWithError(s.ToString().c_str());
+    const auto start = std::chrono::steady_clock::now();
+    const absl::Status status = workload.Commit(upload);
+    const double seconds = std::chrono::duration<double>(
+                               std::chrono::steady_clock::now() - start)
+                               .count();
+    step_allocations += allocations - before;
+    if (!status.ok()) {
+      state.SkipWithError(status.ToString().c_str());
       return;
     }
-    step_allocations += allocations - before;
+    state.SetIterationTime(seconds);
+    step_seconds += seconds;
   }
-  state.counters["ns_per_seq"] =
-      benchmark::Counter(static_cast<double>(batch),
-                         benchmark::Counter::kIsIterationInvariantRate |
-                             benchmark::Counter::kInvert);
+  const double per_seq =
+      1e9 / (static_cast<double>(state.iterations()) * batch);
+  state.counters["ns_per_seq"] = step_seconds * per_seq;
+  state.counters["arrival_ns_per_seq"] =
+      (workload.arrival_seconds() - arrival_before) * per_seq;
   state.counters["allocs_per_step"] =
       benchmark::Counter(static_cast<double>(step_allocations),
                          benchmark::Counter::kAvgIterations);
 }
 BENCHMARK(BM_CommitDecodeStep)
-    ->ArgNames({"batch", "upload", "xxh3", "cache"})
-    ->ArgsProduct({{64, 256, 1024}, {0, 1}, {0, 1}, {1}})
-    ->ArgsProduct({{64, 256, 1024}, {0, 1}, {0}, {0}});
+    ->ArgNames({"batch", "upload", "xxh3", "cache", "arrival"})
+    ->ArgsProduct({{64, 256, 1024}, {0, 1}, {0, 1}, {1}, {1, 0}})
+    ->ArgsProduct({{64, 256, 1024}, {0, 1}, {0}, {0}, {0}})
+    ->UseManualTime();
 
 }  // namespace
 }  // namespace kvblock
