@@ -11,12 +11,10 @@
 // entries back instead of leaving tombstones, so lookups never slow down
 // with churn.
 //
-// The tag is the top 32 bits of Abseil's per-process seeded hash of the
-// key's first 8 bytes, and a slot's home position is the tag's top bits, so
-// a deletion finds an entry's home without reading its key. Keys are
-// digests: to crowd one probe run, crafted prompts would need SHA-256
-// outputs that share 64 bits (XXH3, not cryptographic,
-// is only for trusted prompts, as block_hash.h documents).
+// The tag is the top 32 bits of Abseil's per-process seeded hash of every
+// byte of the key, and a slot's home position is the tag's top bits: crafted
+// keys cannot crowd one probe run, and a deletion finds an entry's home
+// without reading its key.
 //
 // Capacity is fixed at construction (2 * max_entries rounded up to a power
 // of two), so nothing allocates after it. Thread-compatible.
@@ -27,7 +25,6 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "absl/hash/hash.h"
@@ -144,9 +141,7 @@ class PrefixIndex {
   };
 
   static uint32_t Tag(const BlockHash& hash) {
-    uint64_t first_word;
-    std::memcpy(&first_word, hash.bytes.data(), sizeof(first_word));
-    return static_cast<uint32_t>(absl::Hash<uint64_t>{}(first_word) >> 32);
+    return static_cast<uint32_t>(absl::Hash<BlockHash>{}(hash) >> 32);
   }
   size_t Home(uint32_t tag) const { return tag >> shift_; }
 
