@@ -541,7 +541,7 @@ absl::Status BlockManager::StartPage(int32_t handle, Sequence& sequence,
   if (pool_->NumFree() == 0) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "block manager: sequence ", sequence.id,
-        " needs 1 pages, 0 are allocatable"));
+        " needs 1 page, 0 are allocatable"));
   }
   KVBLOCK_ASSIGN_OR_RETURN(const PageId page, pool_->Allocate());
   // Cannot fail: the caller checked the table's capacity.

@@ -48,7 +48,7 @@ TEST_CASE("prefix index finds, refuses duplicates and erases") {
   REQUIRE(index.Find(TestHash(11), keys) == kNoPage);
 }
 
-TEST_CASE("prefix index invariants catch a slot cut off from its home") {
+TEST_CASE("prefix index invariants catch a key changed under the index") {
   Keys keys{{TestHash(1), TestHash(2)}};
   PrefixIndex index(2);
   index.Insert(TestHash(1), 0, keys);
@@ -57,9 +57,10 @@ TEST_CASE("prefix index invariants catch a slot cut off from its home") {
   REQUIRE_STATUS_IS(index.CheckInvariants(keys), kInternal);
 }
 
-// Random inserts and erases against a std::map, full to capacity in a
-// 16-slot table, so probe runs are long, wrap around the end and are cut by
-// backward-shift deletion. Every key is looked up after every step.
+// Random inserts and erases against a std::map in the smallest table (16
+// slots, up to 8 entries: half full), so probe runs form, wrap around its end
+// and are cut by backward-shift deletion. Every key is looked up after every
+// step.
 TEST_CASE("prefix index agrees with a map through random churn") {
   const uint32_t seed = GENERATE(1u, 2u, 3u, 4u);
   INFO("seed " << seed);

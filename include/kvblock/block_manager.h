@@ -161,7 +161,9 @@ class BlockManager {
   // (HashChain under this manager's algorithm and page size) into `out`;
   // returns how many. A scheduler computes them once per request, on
   // arrival as vLLM does, and passes them as `prompt_hashes` below, so that
-  // planning a waiting request every step and admitting it hash nothing.
+  // planning a waiting request every step hashes nothing and admitting it
+  // hashes only its first page (the check that the hashes are this
+  // prompt's, under these extra keys).
   // Errors: HashChain's (`out` too short). O(prompt tokens).
   absl::StatusOr<int64_t> HashPrompt(absl::Span<const TokenId> prompt,
                                      const HashExtraKeys& extra,
@@ -359,14 +361,15 @@ class BlockManager {
   // Append's work, inside the caller's transaction. AppendToPartialPage
   // takes the common decode case (tokens that go into a partial page held
   // here alone, without filling it) and returns whether it did;
-  // AppendAcrossPages does the rest.
+  // AppendAtPageBoundary does the rest.
   bool AppendToPartialPage(int32_t handle, Sequence& sequence,
                            absl::Span<const TokenId> tokens);
   // What AppendToPartialPage leaves. The decode cases, one token at a page
   // boundary, take short paths with short undo records: FillPage completes
   // a partial page held here alone (and registers it with prefix caching),
   // StartPage puts the token into a newly allocated page. AppendAcrossPages
-  // takes everything else.
+  // takes everything else (several tokens, a shared partial page to copy,
+  // one-token pages, the errors).
   absl::Status AppendAtPageBoundary(int32_t handle, Sequence& sequence,
                                     absl::Span<const TokenId> tokens,
                                     AppendResult& result);

@@ -17,12 +17,16 @@
 // without reading its key.
 //
 // Capacity is fixed at construction (2 * max_entries rounded up to a power
-// of two), so nothing allocates after it. Thread-compatible.
+// of two, at least 16 slots), so nothing allocates after it. The caller
+// keeps at most max_entries pages indexed and erases only indexed pages
+// (BlockPool: one entry per cached page); a broken contract fails an
+// assert in debug builds instead of probing forever. Thread-compatible.
 #ifndef KVBLOCK_PREFIX_INDEX_H_
 #define KVBLOCK_PREFIX_INDEX_H_
 
 #include <algorithm>
 #include <bit>
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -37,12 +41,16 @@ namespace kvblock {
 
 class PrefixIndex {
  public:
-  // Room for `max_entries` (>= 1) pages.
+  // Room for `max_entries` pages (at least 1; up to 2^30, BlockPool's
+  // largest pool).
   explicit PrefixIndex(int32_t max_entries)
-      : shift_(32 - std::countr_zero(std::bit_ceil(
-                        std::max<size_t>(16, 2 * static_cast<size_t>(max_entries))))),
+      : max_entries_(std::max(max_entries, 1)),
+        shift_(32 - std::countr_zero(std::bit_ceil(
+                        std::max<size_t>(16, 2 * static_cast<size_t>(max_entries_))))),
         slots_(size_t{1} << (32 - shift_)),
-        mask_(slots_.size() - 1) {}
+        mask_(slots_.size() - 1) {
+    assert(max_entries >= 1 && max_entries <= (1 << 30));
+  }
 
   int32_t size() const { return size_; }
 
@@ -58,14 +66,15 @@ class PrefixIndex {
   }
 
   // Indexes `page` under `hash` unless a page is indexed there already;
-  // returns that page, or `page`. At most max_entries pages are indexed at
-  // once (the caller's invariant: one entry per cached page). O(1) expected.
+  // returns that page, or `page`. O(1) expected.
+  // REQUIRES: fewer than max_entries pages indexed, or `hash` among them.
   template <typename HashOf>
   PageId Insert(const BlockHash& hash, PageId page, const HashOf& hash_of) {
     const uint32_t tag = Tag(hash);
     for (size_t i = Home(tag);; i = (i + 1) & mask_) {
       Slot& slot = slots_[i];
       if (slot.page == kNoPage) {
+        assert(size_ < max_entries_);
         slot = Slot{tag, page};
         ++size_;
         return page;
@@ -75,9 +84,13 @@ class PrefixIndex {
   }
 
   // Removes `page`, indexed under `hash`. O(1) expected.
+  // REQUIRES: `page` is indexed under `hash`.
   void Erase(const BlockHash& hash, PageId page) {
     size_t hole = Home(Tag(hash));
-    while (slots_[hole].page != page) hole = (hole + 1) & mask_;
+    while (slots_[hole].page != page) {
+      assert(slots_[hole].page != kNoPage);
+      hole = (hole + 1) & mask_;
+    }
     // Moves back each later entry of the run that may sit at the hole: one
     // whose home is not cyclically in (hole, j].
     for (size_t j = (hole + 1) & mask_; slots_[j].page != kNoPage;
@@ -145,6 +158,7 @@ class PrefixIndex {
   }
   size_t Home(uint32_t tag) const { return tag >> shift_; }
 
+  int32_t max_entries_;
   int shift_;  // 32 - log2(capacity).
   std::vector<Slot> slots_;
   size_t mask_;

@@ -14,9 +14,10 @@
 //
 // The time is that of Commit (and Upload) alone, clocked around the calls
 // (manual time): drafting the step, and hashing prompts on arrival, are not
-// in it. `arrival_ns_per_seq` reports that hashing per running sequence, so
-// the two add up to the scheduler thread's cost when it hashes on arrival
-// itself.
+// in it (the CPU column still is the whole loop's). `arrival_ns_per_seq`
+// reports that hashing per running sequence, so the two add up to the
+// scheduler thread's cost when it hashes on arrival itself; Admit still
+// hashes each prompt's first page, to check the hashes it is given.
 //
 // Heap allocations are counted by replacing the global operator new in this
 // binary and OpenSSL's allocator (SHA-256 page hashes): `allocs_per_step`
