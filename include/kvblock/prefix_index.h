@@ -20,7 +20,7 @@
 // of two, at least 16 slots), so nothing allocates after it. The caller
 // keeps at most max_entries pages indexed and erases only indexed pages
 // (BlockPool: one entry per cached page); a broken contract fails an
-// assert in debug builds instead of probing forever. Thread-compatible.
+// assert (unless NDEBUG) instead of probing forever. Thread-compatible.
 #ifndef KVBLOCK_PREFIX_INDEX_H_
 #define KVBLOCK_PREFIX_INDEX_H_
 
