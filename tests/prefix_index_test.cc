@@ -68,7 +68,7 @@ TEST_CASE("prefix index agrees with a map through random churn") {
   constexpr int32_t kPages = 8;   // the most entries at once.
   constexpr uint32_t kKeys = 24;  // keys drawn; pages are re-keyed.
   Keys keys{std::vector<BlockHash>(kPages)};
-  std::map<uint32_t, PageId> model;  // key number -> page.
+  std::map<uint32_t, PageId> model;         // key number -> page.
   std::vector<int64_t> key_of(kPages, -1);  // page -> key number, or -1.
   PrefixIndex index(kPages);
   for (int step = 0; step < 20000; ++step) {

@@ -11,9 +11,9 @@
 //                released, evicted first; tail = most recently released).
 // The prefix index (PrefixIndex: 8-byte slots, the keys stay with the pages)
 // maps a BlockHash to exactly the cached pages, one hash per page and one page
-// per hash. `Allocate` pops the free stack first and evicts
-// the LRU head (dropping its hash) only when the stack is empty. Initially the
-// stack hands out pages 0, 1, 2, ... in that order.
+// per hash. `Allocate` pops the free stack first and evicts the LRU head
+// (dropping its hash) only when the stack is empty. Initially the stack hands
+// out pages 0, 1, 2, ... in that order.
 //
 // Releasing a sequence's pages last page first (SequenceBlockTable::ReleaseAll
 // does) puts its continuation nearer the LRU head than its prefix, so a shared
@@ -310,7 +310,9 @@ class BlockPool {
   PrefixIndex index_;
   struct HashOf {
     const std::vector<PageState>* pages;
-    const BlockHash& operator()(PageId page) const { return (*pages)[page].hash; }
+    const BlockHash& operator()(PageId page) const {
+      return (*pages)[page].hash;
+    }
   };
   HashOf hash_of() const { return HashOf{&pages_}; }
 

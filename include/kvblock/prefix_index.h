@@ -45,8 +45,8 @@ class PrefixIndex {
   // largest pool).
   explicit PrefixIndex(int32_t max_entries)
       : max_entries_(std::max(max_entries, 1)),
-        shift_(32 - std::countr_zero(std::bit_ceil(
-                        std::max<size_t>(16, 2 * static_cast<size_t>(max_entries_))))),
+        shift_(32 - std::countr_zero(std::bit_ceil(std::max<size_t>(
+                        16, 2 * static_cast<size_t>(max_entries_))))),
         slots_(size_t{1} << (32 - shift_)),
         mask_(slots_.size() - 1) {
     assert(max_entries >= 1 && max_entries <= (1 << 30));
@@ -128,21 +128,21 @@ class PrefixIndex {
       if (slot.page == kNoPage) continue;
       ++count;
       if (slot.tag != Tag(hash_of(slot.page))) {
-        return absl::InternalError(absl::StrCat(
-            "prefix index: slot ", i, " holds page ", slot.page,
-            " under a tag not of its hash"));
+        return absl::InternalError(
+            absl::StrCat("prefix index: slot ", i, " holds page ", slot.page,
+                         " under a tag not of its hash"));
       }
       for (size_t j = Home(slot.tag); j != i; j = (j + 1) & mask_) {
         if (slots_[j].page == kNoPage) {
-          return absl::InternalError(absl::StrCat(
-              "prefix index: page ", slot.page, " in slot ", i,
-              " is cut off from its home by empty slot ", j));
+          return absl::InternalError(
+              absl::StrCat("prefix index: page ", slot.page, " in slot ", i,
+                           " is cut off from its home by empty slot ", j));
         }
       }
     }
     if (count != size_) {
-      return absl::InternalError(absl::StrCat(
-          "prefix index: ", count, " entries, counted ", size_));
+      return absl::InternalError(
+          absl::StrCat("prefix index: ", count, " entries, counted ", size_));
     }
     return absl::OkStatus();
   }
