@@ -309,6 +309,14 @@ TEST_CASE("append many fails as a whole") {
         manager->AppendMany({two, one}, {2, 3}, {21, 22, 7, 8, 9}, result),
         kResourceExhausted);
   }
+  SECTION("a one-token start finds no page after fills and a start") {
+    // Sequence 2 fills its page and starts the free one; sequence 1 fills
+    // its page and then needs a page that is not there.
+    REQUIRE_STATUS_IS(manager->AppendMany({two, two, one, one, one},
+                                          {1, 1, 1, 1, 1}, {21, 22, 7, 8, 9},
+                                          result),
+                      kResourceExhausted);
+  }
   SECTION("a later entry passes max_pages_per_seq") {
     REQUIRE_STATUS_IS(
         manager->AppendMany({two, one}, {1, 11}, Range(21, 12), result),
@@ -420,6 +428,16 @@ TEST_CASE("failing calls change nothing") {
     REQUIRE_STATUS_IS(manager->Append(1, Range(7, 11)), kOutOfRange);
     // A copy of page 1 plus 2 new pages is one more than the 2 free pages.
     REQUIRE_STATUS_IS(manager->Append(1, Range(7, 10)), kResourceExhausted);
+  }
+  SECTION("a one-token start with no page left") {
+    AppendOk(*manager, 1, {7, 8});  // copies page 1 and fills the copy.
+    AppendOk(*manager, 2, {9, 10});  // fills page 1, now held alone.
+    AppendOk(*manager, 2, {11});     // starts the last free page.
+    const BlockManagerSnapshot full = manager->Snapshot();
+    REQUIRE_STATUS_IS(manager->Append(1, {12}), kResourceExhausted);
+    REQUIRE(manager->Snapshot() == full);
+    REQUIRE_OK(manager->CheckInvariants());
+    return;
   }
   SECTION("fork, free, preempt") {
     REQUIRE_STATUS_IS(manager->Fork(9, 3), kNotFound);
