@@ -517,14 +517,9 @@ absl::Status BlockManager::FillPage(int32_t handle, Sequence& sequence,
   partial[page_size - 1] = token;  // past the partial page until it counts.
   const int32_t hash_index = static_cast<int32_t>(hash_arena_.size());
   if (options_.enable_prefix_caching) {
-    const SequenceBlockTable& table = sequence.table;
-    const BlockHash hash = hasher_.HashPage(
-        sequence.last_full_hash, absl::MakeConstSpan(partial, page_size));
-    KVBLOCK_RETURN_IF_ERROR(
-        pool_->RegisterCached(table.entries()[table.num_pages() - 1], hash)
-            .status());
+    // The caller's rollback drops this entry if the registration fails.
     hash_arena_.push_back(sequence.last_full_hash);
-    sequence.last_full_hash = hash;
+    KVBLOCK_RETURN_IF_ERROR(RegisterFullPage(handle, sequence));
   }
   UndoRecord& record = journal_.emplace_back();
   record.op = UndoRecord::Op::kFilled;
@@ -533,6 +528,19 @@ absl::Status BlockManager::FillPage(int32_t handle, Sequence& sequence,
   ++sequence.num_tokens;
   sequence.offset = 0;
   ++stats_.appended_tokens;
+  return absl::OkStatus();
+}
+
+absl::Status BlockManager::RegisterFullPage(int32_t handle,
+                                            Sequence& sequence) {
+  const SequenceBlockTable& table = sequence.table;
+  const BlockHash hash = hasher_.HashPage(
+      sequence.last_full_hash,
+      absl::MakeConstSpan(PartialTokens(handle), config_.page_size));
+  KVBLOCK_RETURN_IF_ERROR(
+      pool_->RegisterCached(table.entries()[table.num_pages() - 1], hash)
+          .status());
+  sequence.last_full_hash = hash;
   return absl::OkStatus();
 }
 
@@ -628,11 +636,7 @@ absl::Status BlockManager::AppendAcrossPages(int32_t handle,
     if (++offset < page_size) continue;
     offset = 0;
     if (!options_.enable_prefix_caching) continue;
-    const BlockHash hash = hasher_.HashPage(
-        sequence.last_full_hash, absl::MakeConstSpan(partial, page_size));
-    KVBLOCK_RETURN_IF_ERROR(
-        pool_->RegisterCached(*table.Get(table.num_pages() - 1), hash).status());
-    sequence.last_full_hash = hash;
+    KVBLOCK_RETURN_IF_ERROR(RegisterFullPage(handle, sequence));
   }
   sequence.offset = offset;
   stats_.appended_tokens += count;

@@ -375,6 +375,9 @@ class BlockManager {
                                     AppendResult& result);
   absl::Status FillPage(int32_t handle, Sequence& sequence, TokenId token);
   absl::Status StartPage(int32_t handle, Sequence& sequence, TokenId token);
+  // Hashes the partial tokens as the full last page, chaining from
+  // last_full_hash, registers that page in the cache and advances the chain.
+  absl::Status RegisterFullPage(int32_t handle, Sequence& sequence);
   absl::Status AppendAcrossPages(int32_t handle, Sequence& sequence,
                                  absl::Span<const TokenId> tokens,
                                  AppendResult& result);
