@@ -7,18 +7,13 @@
 
 #include "kvblock/device.h"
 
-#if __has_include(<catch2/catch_all.hpp>)
-#include <catch2/catch_session.hpp>
-#else
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-#endif
+#define KVBLOCK_CATCH2_RUNNER
+#include "catch.h"
 
 int main(int argc, char** argv) {
   constexpr int kSkipped = 77;
   if (auto device = kvblock::Device::Cuda(0); !device.ok()) {
-    std::printf("gpu suite skipped: %s\n",
-                device.status().ToString().c_str());
+    std::printf("gpu suite skipped: %s\n", device.status().ToString().c_str());
     return kSkipped;
   }
   return Catch::Session().run(argc, argv);
