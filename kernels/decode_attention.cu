@@ -2,178 +2,205 @@
 //
 // Paged decode attention, flash-decoding style: one query token per slot,
 // grouped-query heads, the context split into partitions whose partial
-// softmax results (max, sum, normalized output) a reduce kernel merges.
+// softmax results (max, sum, normalized output) a reduce kernel merges. This
+// file holds the launcher, the reduce kernel and the CUDA-core kernel, which
+// serves every shape the tensor-core kernel (decode_attention_tc.cu) does not.
 //
-// One block serves one (partition, KV head, slot) and all `group` query heads
-// that read that KV head, so each K/V row is fetched from memory once. Its
-// threads form "lanes" of kTpr * group threads; a lane handles one token at a
-// time, kTpr threads per query head splitting head_dim into 16-byte vectors
-// (interleaved, so a row's loads are contiguous). Logits are computed in the
-// log2 domain (q pre-scaled by scale * log2(e)), kept in shared memory, and
-// turned into probabilities once per partition: no running rescale.
+// CUDA-core kernel: one block serves one (partition, KV head, slot) and all
+// `group` query heads that read that KV head. kTpr threads split a K/V row
+// into 16-byte vectors (interleaved, so a row's loads are contiguous), and
+// each thread serves kHeads query heads at once: an element is loaded and
+// converted once and feeds kHeads multiply-adds, with kHeads query slices
+// (pass 1) or accumulators (pass 2) in registers. Larger groups take
+// `subgroups` (a power of two) such sets of kTpr threads, padding heads
+// masked. Those threads form a "lane", which handles one token at a time; the
+// block's lanes split the partition. Logits are computed in the log2 domain
+// (q pre-scaled by scale * log2(e)), kept in shared memory, and turned into
+// probabilities once per partition: no running rescale.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "decode_common.cuh"
 #include "kernel_utils.cuh"
 #include "kernels.h"
 
 namespace kvblock::kernels {
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr int kWarps = kDecodeThreads / 32;
 constexpr int kReduceThreads = 128;
 
 constexpr int Gcd(int a, int b) { return b == 0 ? a : Gcd(b, a % b); }
+constexpr int Min(int a, int b) { return a < b ? a : b; }
+// Smallest power of two >= x, for x >= 1.
+constexpr int CeilPow2(int x) { return x <= 1 ? 1 : 2 * CeilPow2((x + 1) / 2); }
+// Largest power of two <= x, for x >= 1.
+constexpr int FloorPow2(int x) { return x <= 1 ? 1 : 2 * FloorPow2(x / 2); }
 
-// How a lane's threads cover one K/V row of kHeadDim elements of T.
+// How threads cover one K/V row of kHeadDim elements of T.
 template <typename T, int kHeadDim>
 struct DecodeLayout {
   static constexpr int kVec = kVecElems<T>;         // elements per 16 bytes.
   static constexpr int kRowVecs = kHeadDim / kVec;  // 16-byte loads per row.
-  static constexpr int kTpr = Gcd(kRowVecs, 8);     // threads per row.
+  static constexpr int kTpr = Gcd(kRowVecs, 16);    // threads per row.
   static constexpr int kVecsPerThread = kRowVecs / kTpr;
   static constexpr int kElems = kVecsPerThread * kVec;  // per thread.
   // Tokens each lane loads before it computes: ~128 bytes per thread.
   static constexpr int kUnroll = kVecsPerThread >= 8 ? 1 : 8 / kVecsPerThread;
+  // Most query heads one thread serves: their query slices or accumulators
+  // take at most 64 registers, and at most kTpr heads, so that a row's
+  // reduce-scatter leaves every thread one head's logit.
+  static constexpr int kMaxHeads =
+      Min(Min(8, kTpr), FloorPow2(kElems >= 64 ? 1 : 64 / kElems));
   static_assert(kHeadDim % kVec == 0, "head_dim must be whole 16-byte vectors");
   static_assert(32 % kTpr == 0, "a row's threads must not straddle warps");
 };
+
+// Query heads per thread and head subgroups per lane for a GQA group.
+template <typename T, int kHeadDim>
+constexpr int DecodeHeads(int group) {
+  return Min(CeilPow2(group), DecodeLayout<T, kHeadDim>::kMaxHeads);
+}
+template <typename T, int kHeadDim>
+constexpr int DecodeSubgroups(int group) {
+  const int heads = DecodeHeads<T, kHeadDim>(group);
+  return CeilPow2((group + heads - 1) / heads);
+}
 
 // Shared memory of one block, in bytes. Layout (from the start):
 //   int64 rows[2][partition]  element offsets of each token's K and V row
 //                             within the layer (-1: token masked)
 //   float logits[group][partition]
 // overlaid after pass 2 by
-//   float partial[num_lanes][group][kHeadDim]
+//   float sums[group][kHeadDim]
 // and then, after the larger of the two,
 //   float head_max[group], head_sum[group].
-template <typename T, int kHeadDim>
-constexpr int64_t DecodeSmemBytes(int group, int partition) {
-  using L = DecodeLayout<T, kHeadDim>;
+template <int kHeadDim>
+__host__ __device__ constexpr int64_t DecodeSmemBytes(int group,
+                                                      int partition) {
   const int64_t passes =
       16 * int64_t{partition} + 4 * int64_t{group} * partition;
-  const int64_t lanes = kDecodeThreads / (L::kTpr * group);
-  const int64_t reduce = 4 * lanes * group * kHeadDim;
-  return (passes > reduce ? passes : reduce) + 8 * int64_t{group};
+  const int64_t sums = 4 * int64_t{group} * kHeadDim;
+  return (passes > sums ? passes : sums) + 8 * int64_t{group};
 }
 
 // True when every supported group size fits the default 48 KiB of shared
-// memory (no opt-in attribute needed).
+// memory (no opt-in attribute needed) and a lane fits in a block.
 template <typename T, int kHeadDim>
-constexpr bool DecodeSmemFits() {
+constexpr bool DecodeShapeFits() {
   for (int group = 1; group <= kMaxDecodeGroup; ++group) {
-    if (DecodeSmemBytes<T, kHeadDim>(group, DecodePartitionTokens(group)) >
-        48 * 1024) {
+    if (DecodeSmemBytes<kHeadDim>(group, DecodePartitionTokens(group)) >
+            48 * 1024 ||
+        DecodeSubgroups<T, kHeadDim>(group) * DecodeLayout<T, kHeadDim>::kTpr >
+            kDecodeThreads) {
       return false;
     }
   }
   return true;
 }
 
-__device__ __forceinline__ float WarpMax(float x) {
+// `x`'s low log2(kCount) bits reversed.
+template <int kCount>
+__device__ __forceinline__ int BitReverse(int x) {
+  int reversed = 0;
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  for (int bit = 1; bit < kCount; bit *= 2) {
+    reversed = 2 * reversed + ((x & bit) != 0);
   }
-  return x;
+  return reversed;
 }
 
-__device__ __forceinline__ float WarpSum(float x) {
+// Sums each of kHeads values over the kTpr threads of a row (thread `tx` of
+// them) and returns, in every thread, the total of head BitReverse<kHeads>(tx
+// % kHeads). A reduce-scatter (each step halves the values a thread keeps,
+// trading the other half with its partner) and then a butterfly: kHeads - 1 +
+// log2(kTpr / kHeads) shuffles instead of kHeads * log2(kTpr).
+template <int kHeads, int kTpr>
+__device__ __forceinline__ float RowReduceScatter(float (&v)[kHeads], int tx) {
+  static_assert(kHeads <= kTpr, "each thread must end with one head");
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    x += __shfl_xor_sync(0xffffffffu, x, offset);
+  for (int offset = 1; offset < kHeads; offset *= 2) {
+    const int keep = kHeads / offset / 2;  // values kept after this step.
+    const bool upper = (tx & offset) != 0;
+#pragma unroll
+    for (int i = 0; i < keep; ++i) {
+      const float mine = upper ? v[i + keep] : v[i];
+      const float theirs = upper ? v[i] : v[i + keep];
+      v[i] = mine + __shfl_xor_sync(0xffffffffu, theirs, offset);
+    }
   }
-  return x;
+  float total = v[0];
+#pragma unroll
+  for (int offset = kHeads; offset < kTpr; offset *= 2) {
+    total += __shfl_xor_sync(0xffffffffu, total, offset);
+  }
+  return total;
 }
 
-// Grid: (num_partitions, num_kv_heads, batch). Block: kDecodeThreads threads,
-// DecodeSmemBytes() of dynamic shared memory. With one partition the block
-// writes `out`; otherwise it writes its partial output (normalized by its own
-// sum), maximum and sum for DecodeReduceKernel.
-template <typename T, int kHeadDim>
-__global__ void __launch_bounds__(kDecodeThreads)
-    PagedDecodeKernel(PagedKvPool pool, int32_t layer, PageTable table,
-                      const int32_t* __restrict__ seq_lens,
-                      const T* __restrict__ query, int32_t num_q_heads,
-                      float scale_log2, int32_t partition,
-                      float* __restrict__ partial_out,
-                      float* __restrict__ partial_max,
-                      float* __restrict__ partial_sum, T* __restrict__ out) {
+// Block: kDecodeThreads threads, DecodeSmemBytes() of dynamic shared memory;
+// `subgroups` = DecodeSubgroups(group).
+template <typename T, int kHeadDim, int kHeads>
+__global__ void __launch_bounds__(kDecodeThreads, 2)
+    PagedDecodeKernel(DecodeParams p, int32_t subgroups) {
   using L = DecodeLayout<T, kHeadDim>;
-  const int32_t slot = blockIdx.z;
-  const int32_t kv_head = blockIdx.y;
-  const int32_t part = blockIdx.x;
-  const int32_t num_parts = gridDim.x;
-  const int32_t max_tokens = table.max_pages_per_seq * pool.page_size;
-  const int32_t len = min(max(seq_lens[slot], 0), max_tokens);
-  const int32_t start = part * partition;
-  if (num_parts > 1 && start >= len) return;  // The reduce skips this part.
-  const int32_t n = max(0, min(len - start, partition));
-
-  const int group = num_q_heads / pool.num_kv_heads;
+  // Half the loads in flight where the query slices take 64 registers, to
+  // stay within 128 registers (two blocks per multiprocessor).
+  constexpr int kUnroll =
+      kHeads * L::kElems >= 64 && L::kUnroll > 1 ? L::kUnroll / 2 : L::kUnroll;
+  DecodeBlock b;
+  if (!LocateDecodeBlock(p, b)) return;
+  const int32_t n = b.n;
+  const int32_t partition = p.partition;
+  const int group = b.group;
+  const int lane_size = subgroups * L::kTpr;
+  const int num_lanes = kDecodeThreads / lane_size;
   const int tx = static_cast<int>(threadIdx.x) % L::kTpr;
-  const int head = (static_cast<int>(threadIdx.x) / L::kTpr) % group;
-  const int lane = static_cast<int>(threadIdx.x) / (L::kTpr * group);
-  const int num_lanes = kDecodeThreads / (L::kTpr * group);
-  const bool active = lane < num_lanes;
-  const int64_t q_row = int64_t{slot} * num_q_heads + kv_head * group + head;
+  const int first_head =  // of the group, the first this thread serves.
+      (static_cast<int>(threadIdx.x) / L::kTpr) % subgroups * kHeads;
+  const int lane = static_cast<int>(threadIdx.x) / lane_size;
+  // The head whose logit RowReduceScatter leaves in this thread.
+  const int logit_head = first_head + BitReverse<kHeads>(tx % kHeads);
 
   extern __shared__ __align__(16) unsigned char smem[];
   int64_t* k_rows = reinterpret_cast<int64_t*>(smem);
   int64_t* v_rows = k_rows + partition;
   float* logits = reinterpret_cast<float*>(v_rows + partition);
   float* head_max = reinterpret_cast<float*>(
-      smem + DecodeSmemBytes<T, kHeadDim>(group, partition) - 8 * group);
+      smem + DecodeSmemBytes<kHeadDim>(group, partition) - 8 * group);
   float* head_sum = head_max + group;
+  FillRowOffsets(p, b, k_rows, v_rows);
 
-  // Row offsets of the partition's tokens (both -1 when either page id is
-  // unusable, which masks the token).
-  const int64_t row_elems = int64_t{pool.num_kv_heads} * kHeadDim;
-  const int32_t* k_ids =
-      table.data + int64_t{slot} * 2 * table.max_pages_per_seq;
-  const int32_t* v_ids = k_ids + table.max_pages_per_seq;
-  for (int t = threadIdx.x; t < n; t += kDecodeThreads) {
-    const int32_t token = start + t;
-    const int32_t logical_page = token / pool.page_size;
-    const int32_t in_page = token % pool.page_size;
-    const int32_t k_page = k_ids[logical_page];
-    const int32_t v_page = v_ids[logical_page];
-    const bool usable = k_page >= 0 && k_page < pool.num_pages &&
-                        v_page >= pool.num_pages && v_page < 2 * pool.num_pages;
-    k_rows[t] =
-        usable ? (int64_t{k_page} * pool.page_size + in_page) * row_elems : -1;
-    v_rows[t] =
-        usable ? (int64_t{v_page} * pool.page_size + in_page) * row_elems : -1;
-  }
-
-  // Query in registers, in the log2 domain.
-  float q[L::kElems];
-  const uint4* q_vecs =
-      reinterpret_cast<const uint4*>(query + q_row * kHeadDim);
+  // This thread's slices of its heads' queries, in the log2 domain (zero for
+  // padding heads).
+  float q[kHeads][L::kElems];
 #pragma unroll
-  for (int c = 0; c < L::kVecsPerThread; ++c) {
-    float f[L::kVec];
-    VecToFloat<T>(q_vecs[c * L::kTpr + tx], f);
+  for (int j = 0; j < kHeads; ++j) {
+    const bool real = first_head + j < group;
+    const uint4* q_vecs = reinterpret_cast<const uint4*>(
+        static_cast<const T*>(p.query) +
+        (b.first_q_row + (real ? first_head + j : 0)) * kHeadDim);
 #pragma unroll
-    for (int e = 0; e < L::kVec; ++e) q[c * L::kVec + e] = f[e] * scale_log2;
+    for (int c = 0; c < L::kVecsPerThread; ++c) {
+      float f[L::kVec];
+      VecToFloat<T>(real ? q_vecs[c * L::kTpr + tx] : uint4{}, f);
+#pragma unroll
+      for (int e = 0; e < L::kVec; ++e) {
+        q[j][c * L::kVec + e] = f[e] * p.scale_log2;
+      }
+    }
   }
-  const T* layer_base =
-      static_cast<const T*>(pool.data) +
-      int64_t{layer} * 2 * pool.num_pages * pool.page_size * row_elems +
-      int64_t{kv_head} * kHeadDim;
+  const T* layer_base = LayerBase<T>(p, b);
   __syncthreads();
 
   // Pass 1: logits. Every thread runs the same trip count (n is uniform), so
   // the row reductions' full-warp shuffles are safe.
-  const int step = num_lanes * L::kUnroll;
+  const int step = num_lanes * kUnroll;
   for (int base = 0; base < n; base += step) {
-    uint4 k[L::kUnroll][L::kVecsPerThread];
+    uint4 k[kUnroll][L::kVecsPerThread];
 #pragma unroll
-    for (int u = 0; u < L::kUnroll; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       const int t = base + u * num_lanes + lane;
-      const int64_t offset = active && t < n ? k_rows[t] : -1;
+      const int64_t offset = t < n ? k_rows[t] : -1;
       const uint4* row = reinterpret_cast<const uint4*>(
           layer_base + (offset >= 0 ? offset : 0));
 #pragma unroll
@@ -182,59 +209,45 @@ __global__ void __launch_bounds__(kDecodeThreads)
       }
     }
 #pragma unroll
-    for (int u = 0; u < L::kUnroll; ++u) {
-      float dot = 0.f;
+    for (int u = 0; u < kUnroll; ++u) {
+      float dot[kHeads] = {};
 #pragma unroll
       for (int c = 0; c < L::kVecsPerThread; ++c) {
         float f[L::kVec];
         VecToFloat<T>(k[u][c], f);
 #pragma unroll
-        for (int e = 0; e < L::kVec; ++e) dot += q[c * L::kVec + e] * f[e];
-      }
+        for (int j = 0; j < kHeads; ++j) {
 #pragma unroll
-      for (int offset = L::kTpr / 2; offset > 0; offset /= 2) {
-        dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+          for (int e = 0; e < L::kVec; ++e) {
+            dot[j] += q[j][c * L::kVec + e] * f[e];
+          }
+        }
       }
+      const float logit = RowReduceScatter<kHeads, L::kTpr>(dot, tx);
       const int t = base + u * num_lanes + lane;
-      if (active && t < n && tx == 0) {
-        logits[head * partition + t] = k_rows[t] >= 0 ? dot : -INFINITY;
+      if (t < n && tx < kHeads && logit_head < group) {
+        logits[logit_head * partition + t] = k_rows[t] >= 0 ? logit : -INFINITY;
       }
     }
   }
   __syncthreads();
 
-  // Softmax of each query head over the partition: one warp per head.
-  const int warp = static_cast<int>(threadIdx.x) / 32;
-  const int warp_lane = static_cast<int>(threadIdx.x) % 32;
-  for (int h = warp; h < group; h += kWarps) {
-    float* s = logits + h * partition;
-    float m = -INFINITY;
-    for (int t = warp_lane; t < n; t += 32) m = fmaxf(m, s[t]);
-    m = WarpMax(m);
-    float sum = 0.f;
-    for (int t = warp_lane; t < n; t += 32) {
-      const float p = m == -INFINITY ? 0.f : exp2f(s[t] - m);
-      s[t] = p;
-      sum += p;
-    }
-    sum = WarpSum(sum);
-    if (warp_lane == 0) {
-      head_max[h] = m;
-      head_sum[h] = sum;
-    }
-  }
+  // Probabilities in place of the logits (a masked token's is 0).
+  SoftmaxRows(logits, partition, group, n, head_max, head_sum,
+              [&](int h, int t, float prob) {
+                logits[h * partition + t] = prob;
+                return prob;
+              });
   __syncthreads();
 
   // Pass 2: probability-weighted V rows.
-  float acc[L::kElems] = {};
+  float acc[kHeads][L::kElems] = {};
   for (int base = 0; base < n; base += step) {
-    uint4 v[L::kUnroll][L::kVecsPerThread];
-    float p[L::kUnroll];
+    uint4 v[kUnroll][L::kVecsPerThread];
 #pragma unroll
-    for (int u = 0; u < L::kUnroll; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
       const int t = base + u * num_lanes + lane;
-      const int64_t offset = active && t < n ? v_rows[t] : -1;
-      p[u] = offset >= 0 ? logits[head * partition + t] : 0.f;
+      const int64_t offset = t < n ? v_rows[t] : -1;
       const uint4* row = reinterpret_cast<const uint4*>(
           layer_base + (offset >= 0 ? offset : 0));
 #pragma unroll
@@ -243,50 +256,66 @@ __global__ void __launch_bounds__(kDecodeThreads)
       }
     }
 #pragma unroll
-    for (int u = 0; u < L::kUnroll; ++u) {
+    for (int u = 0; u < kUnroll; ++u) {
+      const int t = base + u * num_lanes + lane;
+      float prob[kHeads];
+#pragma unroll
+      for (int j = 0; j < kHeads; ++j) {
+        const int h = first_head + j;
+        prob[j] = t < n && h < group ? logits[h * partition + t] : 0.f;
+      }
 #pragma unroll
       for (int c = 0; c < L::kVecsPerThread; ++c) {
         float f[L::kVec];
         VecToFloat<T>(v[u][c], f);
 #pragma unroll
-        for (int e = 0; e < L::kVec; ++e) acc[c * L::kVec + e] += p[u] * f[e];
+        for (int j = 0; j < kHeads; ++j) {
+#pragma unroll
+          for (int e = 0; e < L::kVec; ++e) {
+            acc[j][c * L::kVec + e] += prob[j] * f[e];
+          }
+        }
       }
     }
   }
-  __syncthreads();  // The partial sums below overlay rows and logits.
 
-  float* partial = reinterpret_cast<float*>(smem);
-  if (active) {
+  // Sum the lanes' accumulators: lanes narrower than a warp first merge
+  // within it by shuffles; then each warp (or each wider lane) adds its sums
+  // into shared memory in turn.
+  for (int offset = lane_size; offset < 32; offset *= 2) {
 #pragma unroll
-    for (int c = 0; c < L::kVecsPerThread; ++c) {
+    for (int j = 0; j < kHeads; ++j) {
 #pragma unroll
-      for (int e = 0; e < L::kVec; ++e) {
-        partial[(lane * group + head) * kHeadDim +
-                (c * L::kTpr + tx) * L::kVec + e] = acc[c * L::kVec + e];
+      for (int i = 0; i < L::kElems; ++i) {
+        acc[j][i] += __shfl_xor_sync(0xffffffffu, acc[j][i], offset);
       }
     }
   }
-  __syncthreads();
-  const int64_t first_row = int64_t{slot} * num_q_heads + kv_head * group;
-  for (int i = threadIdx.x; i < group * kHeadDim; i += kDecodeThreads) {
-    const int h = i / kHeadDim;
-    const int d = i % kHeadDim;
-    float sum = 0.f;
-    for (int l = 0; l < num_lanes; ++l)
-      sum += partial[(l * group + h) * kHeadDim + d];
-    const float total = head_sum[h];
-    const float value = total > 0.f ? sum / total : 0.f;
-    if (num_parts == 1) {
-      out[(first_row + h) * kHeadDim + d] = FromFloat<T>(value);
-    } else {
-      partial_out[((first_row + h) * num_parts + part) * kHeadDim + d] = value;
+  __syncthreads();  // The sums below overlay rows and logits.
+  float* sums = reinterpret_cast<float*>(smem);
+  const int span = lane_size < 32 ? 32 : lane_size;
+  const int turn = static_cast<int>(threadIdx.x) / span;
+  const bool adds = static_cast<int>(threadIdx.x) % span < lane_size;
+  for (int r = 0; r < kDecodeThreads / span; ++r) {
+    if (turn == r && adds) {
+#pragma unroll
+      for (int j = 0; j < kHeads; ++j) {
+        if (first_head + j >= group) continue;
+        float* head_sums = sums + (first_head + j) * kHeadDim;
+#pragma unroll
+        for (int c = 0; c < L::kVecsPerThread; ++c) {
+#pragma unroll
+          for (int e = 0; e < L::kVec; ++e) {
+            float& cell = head_sums[(c * L::kTpr + tx) * L::kVec + e];
+            const float value = acc[j][c * L::kVec + e];
+            cell = r == 0 ? value : cell + value;
+          }
+        }
+      }
     }
+    __syncthreads();
   }
-  if (num_parts > 1 && static_cast<int>(threadIdx.x) < group) {
-    const int64_t index = (first_row + threadIdx.x) * num_parts + part;
-    partial_max[index] = head_max[threadIdx.x];
-    partial_sum[index] = head_sum[threadIdx.x];
-  }
+  WriteDecodeOutput<T>(p, b, sums, head_max, head_sum);
 }
 
 // Grid: (num_q_heads, batch). Block: kReduceThreads threads over head_dim.
@@ -337,25 +366,18 @@ __global__ void __launch_bounds__(kReduceThreads)
   }
 }
 
-template <int N>
-struct HeadDim {
-  static constexpr int kValue = N;
-};
-
-// Calls `f(HeadDim<N>{})` for a head_dim the decode kernel is compiled for.
+// Calls `f(Constant<N>{})` for the query heads per thread N in {1, 2, 4, 8}.
 template <typename F>
-cudaError_t DispatchHeadDim(int32_t head_dim, F&& f) {
-  switch (head_dim) {
-    case 64:
-      return f(HeadDim<64>{});
-    case 80:
-      return f(HeadDim<80>{});
-    case 96:
-      return f(HeadDim<96>{});
-    case 128:
-      return f(HeadDim<128>{});
-    case 256:
-      return f(HeadDim<256>{});
+cudaError_t DispatchHeads(int heads, F&& f) {
+  switch (heads) {
+    case 1:
+      return f(Constant<1>{});
+    case 2:
+      return f(Constant<2>{});
+    case 4:
+      return f(Constant<4>{});
+    case 8:
+      return f(Constant<8>{});
   }
   return cudaErrorInvalidValue;
 }
@@ -380,22 +402,35 @@ int LaunchPagedDecodeAttention(const PagedKvPool& pool, int32_t layer,
       num_parts > 1 ? partial_out + rows * num_parts * pool.head_dim : nullptr;
   float* partial_sum = num_parts > 1 ? partial_max + rows * num_parts : nullptr;
   const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
+  const DecodeParams params = {pool,           layer,       table,
+                               seq_lens,       query,       num_q_heads,
+                               scale * kLog2e, partition,   partial_out,
+                               partial_max,    partial_sum, out};
+  const dim3 grid(num_parts, pool.num_kv_heads, batch);
   return DispatchDType(pool.dtype, [&](auto type) {
     using T = decltype(type);
     return DispatchHeadDim(pool.head_dim, [&](auto dim) {
       constexpr int kHeadDim = decltype(dim)::kValue;
-      static_assert(DecodeSmemFits<T, kHeadDim>());
-      const dim3 grid(num_parts, pool.num_kv_heads, batch);
-      PagedDecodeKernel<T, kHeadDim>
-          <<<grid, kDecodeThreads,
-             DecodeSmemBytes<T, kHeadDim>(group, partition), cuda_stream>>>(
-              pool, layer, table, seq_lens, static_cast<const T*>(query),
-              num_q_heads, scale * kLog2e, partition, partial_out, partial_max,
-              partial_sum, static_cast<T*>(out));
-      if (cudaError_t error = cudaGetLastError(); error != cudaSuccess) {
-        return error;
-      }
-      if (num_parts == 1) return cudaSuccess;
+      static_assert(DecodeShapeFits<T, kHeadDim>());
+      const cudaError_t launched =
+          DecodeTensorCoreShape(pool.dtype, kHeadDim, group)
+              ? LaunchPagedDecodeTensorCore(params, grid, cuda_stream)
+              : DispatchHeads(
+                    DecodeHeads<T, kHeadDim>(group), [&](auto served) {
+                      constexpr int kHeads = decltype(served)::kValue;
+                      if constexpr (kHeads >
+                                    DecodeLayout<T, kHeadDim>::kMaxHeads) {
+                        return cudaErrorInvalidValue;  // Never picked.
+                      } else {
+                        PagedDecodeKernel<T, kHeadDim, kHeads>
+                            <<<grid, kDecodeThreads,
+                               DecodeSmemBytes<kHeadDim>(group, partition),
+                               cuda_stream>>>(
+                                params, DecodeSubgroups<T, kHeadDim>(group));
+                        return cudaGetLastError();
+                      }
+                    });
+      if (launched != cudaSuccess || num_parts == 1) return launched;
       DecodeReduceKernel<T>
           <<<dim3(num_q_heads, batch), kReduceThreads, 0, cuda_stream>>>(
               partial_out, partial_max, partial_sum, seq_lens, max_tokens,

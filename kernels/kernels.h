@@ -137,6 +137,8 @@ constexpr int64_t DecodeWorkspaceFloats(int64_t max_tokens, int32_t batch,
 // `qh` reading KV head `qh / (num_q_heads / num_kv_heads)`. Flash-decoding:
 // the context is split into partitions of DecodePartitionTokens() tokens; a
 // reduce kernel merges the partial results when there is more than one.
+// 16-bit pools with groups of 2 to 16 and head_dim <= 128 run on tensor cores
+// (decode_attention_tc.cu), with probabilities rounded to pool.dtype.
 //   query, out: [batch, num_q_heads, head_dim] of pool.dtype, device.
 //   seq_lens: int32 [batch], device; a length of 0 gives a zero output.
 //   workspace: DecodeWorkspaceFloats(...) floats, device.

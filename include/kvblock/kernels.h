@@ -126,7 +126,11 @@ int64_t PagedDecodeWorkspaceBytes(const PagedKvConfig& config, int32_t batch,
 // accumulation; `out` is [batch, num_q_heads, head_dim] of the pool dtype, and
 // a slot of length 0 gets zeros. Long contexts are split into partitions
 // merged by a second kernel (flash-decoding), using `workspace` of at least
-// PagedDecodeWorkspaceBytes() bytes. The kernel reads 16-byte vectors:
+// PagedDecodeWorkspaceBytes() bytes. On a CUDA device, fp16 and bf16 pools
+// with 2 to 16 query heads per KV head and head_dim <= 128 run on tensor
+// cores, which round the softmax probabilities to the pool dtype before
+// weighting V (fp32 sums, as FlashAttention does); other shapes, and the host
+// device, keep them in fp32. The kernel reads 16-byte vectors:
 // pool.data and query.query must be 16-byte aligned. Errors: InvalidArgument
 // for a bad layer, table shape, batch (> 65535 included), query heads, a
 // head_dim other than 64, 80, 96, 128 or 256, a non-finite scale, a small

@@ -285,7 +285,21 @@ TEST_CASE("gpu paged decode attention equals the reference", "[gpu]") {
                DecodeCase{{DType::kF16, 16, 8, 128},
                           4,
                           {2048, 1, 511, 512, 1536, 77, 2000, 1024}},
-               DecodeCase{{DType::kF32, 16, 2, 128}, 1, {640, 1}});
+               DecodeCase{{DType::kF32, 16, 2, 128}, 1, {640, 1}},
+               // Tensor cores keeping 8 rows (groups 8, 2, and 3 with padding
+               // heads); CUDA cores with 2 query heads per thread and three
+               // padding heads, 4 in four subgroups (a lane of 64 threads),
+               // 4 with four padding heads (a lane of one warp).
+               DecodeCase{{DType::kBf16, 16, 2, 128}, 8, {4096, 1, 17, 513}},
+               DecodeCase{{DType::kF16, 16, 1, 128}, 2, {100, 1025}},
+               DecodeCase{{DType::kBf16, 7, 3, 64}, 3, {1, 700, 64}},
+               DecodeCase{{DType::kF32, 16, 1, 80}, 5, {300, 2}},
+               DecodeCase{{DType::kBf16, 16, 2, 256}, 16, {1500, 3}},
+               DecodeCase{{DType::kF32, 16, 1, 96}, 12, {999}},
+               // Tensor cores keeping 16 rows: a group over 8, a head_dim
+               // that 32-dim slices do not split.
+               DecodeCase{{DType::kBf16, 16, 2, 128}, 12, {2500, 16}},
+               DecodeCase{{DType::kF16, 5, 1, 80}, 4, {1100, 9}});
   const Shape& shape = c.shape;
   INFO("dtype " << DTypeName(shape.dtype) << " head_dim " << shape.head_dim
                 << " page_size " << shape.page_size << " group " << c.group);
