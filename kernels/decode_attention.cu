@@ -366,22 +366,6 @@ __global__ void __launch_bounds__(kReduceThreads)
   }
 }
 
-// Calls `f(Constant<N>{})` for the query heads per thread N in {1, 2, 4, 8}.
-template <typename F>
-cudaError_t DispatchHeads(int heads, F&& f) {
-  switch (heads) {
-    case 1:
-      return f(Constant<1>{});
-    case 2:
-      return f(Constant<2>{});
-    case 4:
-      return f(Constant<4>{});
-    case 8:
-      return f(Constant<8>{});
-  }
-  return cudaErrorInvalidValue;
-}
-
 }  // namespace
 
 int LaunchPagedDecodeAttention(const PagedKvPool& pool, int32_t layer,
@@ -415,7 +399,7 @@ int LaunchPagedDecodeAttention(const PagedKvPool& pool, int32_t layer,
       const cudaError_t launched =
           DecodeTensorCoreShape(pool.dtype, kHeadDim, group)
               ? LaunchPagedDecodeTensorCore(params, grid, cuda_stream)
-              : DispatchHeads(
+              : DispatchConstant<1, 2, 4, 8>(
                     DecodeHeads<T, kHeadDim>(group), [&](auto served) {
                       constexpr int kHeads = decltype(served)::kValue;
                       if constexpr (kHeads >

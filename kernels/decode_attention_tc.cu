@@ -141,18 +141,28 @@ __global__ void __launch_bounds__(kTcThreads, kRows == 8 ? 4 : 3)
   const T* layer_base = LayerBase<T>(p, b);
   __syncthreads();
 
-  // Pass 1: warp w takes tiles w, w + kTcWarps, ...; 16 x 16 logits each.
+  // Runs `compute(first)` on each of this warp's tiles (w, w + kTcWarps, ...
+  // for warp w; tokens first to first + 15) once the tile's rows at
+  // `offsets` are staged in my_stage, with the next tile's loads in flight.
   const int num_tiles = (n + kTile - 1) / kTile;
   T* my_stage = stage + warp * kTile * kP;
-  TileRows<T, kHeadDim> rows;
-  if (warp < num_tiles) rows.Load(layer_base, k_rows, warp * kTile, n, lane);
-  for (int tile = warp; tile < num_tiles; tile += kTcWarps) {
-    const int first = tile * kTile;
-    rows.Store(my_stage, lane);
-    __syncwarp();
-    if (tile + kTcWarps < num_tiles) {
-      rows.Load(layer_base, k_rows, first + kTcWarps * kTile, n, lane);
+  auto for_each_tile = [&](const int64_t* offsets, auto&& compute) {
+    TileRows<T, kHeadDim> rows;
+    if (warp < num_tiles) rows.Load(layer_base, offsets, warp * kTile, n, lane);
+    for (int tile = warp; tile < num_tiles; tile += kTcWarps) {
+      const int first = tile * kTile;
+      rows.Store(my_stage, lane);
+      __syncwarp();
+      if (tile + kTcWarps < num_tiles) {
+        rows.Load(layer_base, offsets, first + kTcWarps * kTile, n, lane);
+      }
+      compute(first);
+      __syncwarp();  // The next tile's store overwrites my_stage.
     }
+  };
+
+  // Pass 1: 16 x 16 logits per tile.
+  for_each_tile(k_rows, [&](int first) {
     Accumulator dots;
     wmma::fill_fragment(dots, 0.f);
 #pragma unroll
@@ -178,8 +188,7 @@ __global__ void __launch_bounds__(kTcThreads, kRows == 8 ? 4 : 3)
                                       ? tile_logits[i] * p.scale_log2
                                       : -INFINITY;
     }
-    __syncwarp();  // The next tile's store overwrites my_stage.
-  }
+  });
   __syncthreads();
 
   // Probabilities of the real heads' rows, over whole tiles (zero past n).
@@ -195,14 +204,7 @@ __global__ void __launch_bounds__(kTcThreads, kRows == 8 ? 4 : 3)
   Sums acc[kHeadDim / kCols];
 #pragma unroll
   for (int d = 0; d < kHeadDim / kCols; ++d) wmma::fill_fragment(acc[d], 0.f);
-  if (warp < num_tiles) rows.Load(layer_base, v_rows, warp * kTile, n, lane);
-  for (int tile = warp; tile < num_tiles; tile += kTcWarps) {
-    const int first = tile * kTile;
-    rows.Store(my_stage, lane);
-    __syncwarp();
-    if (tile + kTcWarps < num_tiles) {
-      rows.Load(layer_base, v_rows, first + kTcWarps * kTile, n, lane);
-    }
+  for_each_tile(v_rows, [&](int first) {
     wmma::fragment<wmma::matrix_a, kRows, kCols, 16, T, wmma::row_major> prob;
     wmma::load_matrix_sync(prob, probs + first, 2 * partition);
 #pragma unroll
@@ -212,8 +214,7 @@ __global__ void __launch_bounds__(kTcThreads, kRows == 8 ? 4 : 3)
       wmma::load_matrix_sync(values, my_stage + d * kCols, kP);
       wmma::mma_sync(acc[d], prob, values, acc[d]);
     }
-    __syncwarp();  // The next tile's store overwrites my_stage.
-  }
+  });
   __syncthreads();  // The sums below overlay q_tile and stage.
 
   // The warps add their accumulators into sums in turn.

@@ -191,22 +191,21 @@ struct Constant {
   static constexpr int kValue = N;
 };
 
-// Calls `f(Constant<N>{})` for a head_dim the decode kernel is compiled for.
+// Calls `f(Constant<N>{})` for the N of kValues that equals `value`
+// (cudaErrorInvalidValue when none does), so a kernel is instantiated for
+// each of them.
+template <int... kValues, typename F>
+cudaError_t DispatchConstant(int value, F&& f) {
+  cudaError_t result = cudaErrorInvalidValue;
+  ((value == kValues && ((result = f(Constant<kValues>{})), true)) || ...);
+  return result;
+}
+
+// Calls `f(Constant<head_dim>{})` for a head_dim the decode kernels are
+// compiled for.
 template <typename F>
 cudaError_t DispatchHeadDim(int32_t head_dim, F&& f) {
-  switch (head_dim) {
-    case 64:
-      return f(Constant<64>{});
-    case 80:
-      return f(Constant<80>{});
-    case 96:
-      return f(Constant<96>{});
-    case 128:
-      return f(Constant<128>{});
-    case 256:
-      return f(Constant<256>{});
-  }
-  return cudaErrorInvalidValue;
+  return DispatchConstant<64, 80, 96, 128, 256>(head_dim, f);
 }
 
 // True when the tensor-core kernel serves this shape.
