@@ -37,34 +37,49 @@ constexpr int CeilPow2(int x) { return x <= 1 ? 1 : 2 * CeilPow2((x + 1) / 2); }
 // Largest power of two <= x, for x >= 1.
 constexpr int FloorPow2(int x) { return x <= 1 ? 1 : 2 * FloorPow2(x / 2); }
 
-// How threads cover one K/V row of kHeadDim elements of T.
-template <typename T, int kHeadDim>
+// How threads cover one K/V row of kHeadDim elements of T when each serves
+// kHeads query heads.
+template <typename T, int kHeadDim, int kHeads>
 struct DecodeLayout {
   static constexpr int kVec = kVecElems<T>;         // elements per 16 bytes.
   static constexpr int kRowVecs = kHeadDim / kVec;  // 16-byte loads per row.
-  static constexpr int kTpr = Gcd(kRowVecs, 16);    // threads per row.
+  // Threads per row: up to 16 when a thread serves several heads (its query
+  // slices stay small), up to 8 for one head (fewer shuffles per token).
+  static constexpr int kTpr = Gcd(kRowVecs, kHeads == 1 ? 8 : 16);
   static constexpr int kVecsPerThread = kRowVecs / kTpr;
   static constexpr int kElems = kVecsPerThread * kVec;  // per thread.
   // Tokens each lane loads before it computes: ~128 bytes per thread.
   static constexpr int kUnroll = kVecsPerThread >= 8 ? 1 : 8 / kVecsPerThread;
-  // Most query heads one thread serves: their query slices or accumulators
-  // take at most 64 registers, and at most kTpr heads, so that a row's
-  // reduce-scatter leaves every thread one head's logit.
-  static constexpr int kMaxHeads =
-      Min(Min(8, kTpr), FloorPow2(kElems >= 64 ? 1 : 64 / kElems));
   static_assert(kHeadDim % kVec == 0, "head_dim must be whole 16-byte vectors");
   static_assert(32 % kTpr == 0, "a row's threads must not straddle warps");
 };
 
-// Query heads per thread and head subgroups per lane for a GQA group.
+// Most query heads one thread serves: their query slices or accumulators
+// take at most 64 registers, and at most kTpr heads, so that a row's
+// reduce-scatter leaves every thread one head's logit.
+template <typename T, int kHeadDim>
+constexpr int DecodeMaxHeads() {
+  using L = DecodeLayout<T, kHeadDim, 2>;
+  return Min(Min(8, L::kTpr), FloorPow2(L::kElems >= 64 ? 1 : 64 / L::kElems));
+}
+
+// Query heads per thread, head subgroups per lane and threads per lane for a
+// GQA group.
 template <typename T, int kHeadDim>
 constexpr int DecodeHeads(int group) {
-  return Min(CeilPow2(group), DecodeLayout<T, kHeadDim>::kMaxHeads);
+  return Min(CeilPow2(group), DecodeMaxHeads<T, kHeadDim>());
 }
 template <typename T, int kHeadDim>
 constexpr int DecodeSubgroups(int group) {
   const int heads = DecodeHeads<T, kHeadDim>(group);
   return CeilPow2((group + heads - 1) / heads);
+}
+template <typename T, int kHeadDim>
+constexpr int DecodeLaneThreads(int group) {
+  return DecodeSubgroups<T, kHeadDim>(group) *
+         (DecodeHeads<T, kHeadDim>(group) == 1
+              ? DecodeLayout<T, kHeadDim, 1>::kTpr
+              : DecodeLayout<T, kHeadDim, 2>::kTpr);
 }
 
 // Shared memory of one block, in bytes. Layout (from the start):
@@ -91,8 +106,7 @@ constexpr bool DecodeShapeFits() {
   for (int group = 1; group <= kMaxDecodeGroup; ++group) {
     if (DecodeSmemBytes<kHeadDim>(group, DecodePartitionTokens(group)) >
             48 * 1024 ||
-        DecodeSubgroups<T, kHeadDim>(group) * DecodeLayout<T, kHeadDim>::kTpr >
-            kDecodeThreads) {
+        DecodeLaneThreads<T, kHeadDim>(group) > kDecodeThreads) {
       return false;
     }
   }
@@ -142,7 +156,7 @@ __device__ __forceinline__ float RowReduceScatter(float (&v)[kHeads], int tx) {
 template <typename T, int kHeadDim, int kHeads>
 __global__ void __launch_bounds__(kDecodeThreads, 2)
     PagedDecodeKernel(DecodeParams p, int32_t subgroups) {
-  using L = DecodeLayout<T, kHeadDim>;
+  using L = DecodeLayout<T, kHeadDim, kHeads>;
   // Half the loads in flight where the query slices take 64 registers, to
   // stay within 128 registers (two blocks per multiprocessor).
   constexpr int kUnroll =
@@ -402,8 +416,7 @@ int LaunchPagedDecodeAttention(const PagedKvPool& pool, int32_t layer,
               : DispatchConstant<1, 2, 4, 8>(
                     DecodeHeads<T, kHeadDim>(group), [&](auto served) {
                       constexpr int kHeads = decltype(served)::kValue;
-                      if constexpr (kHeads >
-                                    DecodeLayout<T, kHeadDim>::kMaxHeads) {
+                      if constexpr (kHeads > DecodeMaxHeads<T, kHeadDim>()) {
                         return cudaErrorInvalidValue;  // Never picked.
                       } else {
                         PagedDecodeKernel<T, kHeadDim, kHeads>
