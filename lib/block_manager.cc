@@ -35,7 +35,8 @@ absl::StatusOr<std::unique_ptr<BlockManager>> BlockManager::Create(
   KVBLOCK_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool,
                            BlockPool::Create(config.num_pages));
   KVBLOCK_ASSIGN_OR_RETURN(BlockHasher hasher,
-                           BlockHasher::Create(options.hash_algorithm));
+                           BlockHasher::Create(options.hash_algorithm,
+                                                config.page_size));
   return std::unique_ptr<BlockManager>(
       new BlockManager(config, options, std::move(pool), std::move(hasher)));
 }
@@ -271,9 +272,8 @@ absl::StatusOr<AdmissionPlan> BlockManager::Plan(
     const int64_t full_pages =
         static_cast<int64_t>(prompt.size()) / config_.page_size;
     if (prompt_hashes.empty()) {
-      KVBLOCK_RETURN_IF_ERROR(HashChain(hasher_, prompt, config_.page_size,
-                                        extra, absl::MakeSpan(chain_))
-                                  .status());
+      KVBLOCK_RETURN_IF_ERROR(
+          HashChain(hasher_, prompt, extra, absl::MakeSpan(chain_)).status());
       hashes = absl::MakeConstSpan(chain_).first(full_pages);
     } else if (static_cast<int64_t>(prompt_hashes.size()) == full_pages) {
       hashes = prompt_hashes;
@@ -302,7 +302,7 @@ absl::StatusOr<AdmissionPlan> BlockManager::Plan(
 absl::StatusOr<int64_t> BlockManager::HashPrompt(
     absl::Span<const TokenId> prompt, const HashExtraKeys& extra,
     absl::Span<BlockHash> out) const {
-  return HashChain(hasher_, prompt, config_.page_size, extra, out);
+  return HashChain(hasher_, prompt, extra, out);
 }
 
 absl::StatusOr<AdmissionPlan> BlockManager::PlanAdmission(

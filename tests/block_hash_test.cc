@@ -13,40 +13,56 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "kvblock/block_manager.h"
 #include "test_util.h"
 
 namespace kvblock {
 namespace {
 
-// Test vectors. Each message was written by a small Python script
-// (struct.pack of the documented fields: "<Q" salt length, "<q" adapter id,
-// "<i" tokens) and hashed with `sha256sum` and `xxhsum -H2` (xxHash 0.8.1),
-// so they pin the format independently of lib/block_hash.cc.
-//   root0: salt "", adapter 0
+// Test vectors. Each was computed by a small Python script, independently
+// of lib/block_hash.cc: the root messages written with struct.pack of the
+// documented fields ("<I" page size, "<Q" salt length, "<q" adapter id) and
+// hashed with hashlib.sha256 and `xxhsum -H2` (xxHash 0.8.1); the SHA-256
+// page steps run by a plain Python transcription of FIPS 180-4's
+// compression function (checked against hashlib on whole messages), the
+// XXH3 page messages (parent || "<i" tokens) hashed by xxhsum.
+//   root0: page size 4, salt "", adapter 0
 //   v1:    parent root0, tokens {1, 2, 3, 4}
 //   v2:    parent v1, tokens {5, 6, 7, 8}
-//   root3: salt "tenant-a", adapter -2
+//   root3: page size 4, salt "tenant-a", adapter -2
 //   v3:    parent root3, tokens {-1, INT32_MAX, INT32_MIN, 0x01020304}
+//   root16: page size 16, salt "", adapter 0
+//   v16:   parent root16, tokens 100..115 (one whole SHA-256 block)
+//   root20: page size 20, salt "s", adapter 5
+//   v20:   parent root20, tokens -10..9 (a block, then a zero-filled one)
 struct Vectors {
   HashAlgorithm algorithm;
-  absl::string_view root0, v1, v2, root3, v3;
+  absl::string_view root0, v1, v2, root3, v3, root16, v16, root20, v20;
 };
 constexpr Vectors kSha256Vectors = {
     HashAlgorithm::kSha256,
-    "d56b502d0e5d483e24db4606fd5cdb93bda488b4e9845780e2c2903c99f9bf6f",
-    "b8c424e04a6f4546583c8d62e568b4cf07fd56065af22b4ed62eb632dad45b84",
-    "eb80828edbee042c8ed72c128ced544a10ddc43b903a3b92536965aeefd41b83",
-    "9ee9bdd5ceeda9a9e79cfc6cf808629a84e85d09a532f45c496ce8ab2f275858",
-    "71cd7c234e1f4b117eb513ef6c59c93feb9c4756c33e6da3f668e9f1a9244fe3",
+    "d0b765e734101faf10bddfeafdc2ddd248b428ec3521677184371a94161571c2",
+    "ee81d733ede1f2106d63efbe3dc524aa7e421ca2503bf7e6bb08095813847de8",
+    "d506f012e05d194625dd37a30b97c0398b9f7e751e294c93b8f114d22d04fb44",
+    "89e3acee8098af3b5ded5dc24825f50e90bd420a1e75d8ed125fdae49006e306",
+    "ef63a99cecc11531378a11d38c87ac760edc0f298da46d25f9badb5d90b7c212",
+    "bc50bcd4f489b90235ed1cda39f1472a05ba8948b58e332ca869bb6ec0cfe0f6",
+    "f441d1939c5b9f2188e40a28efe6ce862215bb8bbfb86f1081b07123804360d5",
+    "2f09708e202db936bb06e820fee8724c0c2bac385bae6e56af21b47f5f08d1cd",
+    "f8548b11d2dbd9c1181a2a45f3c5c96b206923c9617243db441beb6d4689a7f2",
 };
 // XXH3-128 hashes: the 16 canonical bytes, then 16 zero bytes.
 constexpr Vectors kXxh3Vectors = {
     HashAlgorithm::kXxh3_128,
-    "28d92e04b74210f65557fafc36ce3d4400000000000000000000000000000000",
-    "755c8b6248286cfbbb48385c617d169100000000000000000000000000000000",
-    "d88c77228be03c07905ec3814d5686ff00000000000000000000000000000000",
-    "05cd45bdbbdb77a5100f23f71af9f79f00000000000000000000000000000000",
-    "3c6df0b340ab8fdd5adfdf645d859ff300000000000000000000000000000000",
+    "797a1e7abc5810cdacd9a56f0509be5b00000000000000000000000000000000",
+    "f20f2f979b5217bf17d97fa5a9756eb200000000000000000000000000000000",
+    "c0474a0fc3c03ce8de2d14c9bafa60bf00000000000000000000000000000000",
+    "a4fc22c7734aaaa99c44d5652ec4550100000000000000000000000000000000",
+    "d6ac28eb6a7d43bf3ef2b33f1c0acf3e00000000000000000000000000000000",
+    "32fd01765ed801776569e8d66faf8a9800000000000000000000000000000000",
+    "806be83d1a47ad1be3783437edafdcf600000000000000000000000000000000",
+    "4c15f82bf04275063fb3861bbd6696ce00000000000000000000000000000000",
+    "0f9d93f3d49bba12b304767a2619f64700000000000000000000000000000000",
 };
 const Vectors& VectorsOf(HashAlgorithm algorithm) {
   return algorithm == HashAlgorithm::kSha256 ? kSha256Vectors : kXxh3Vectors;
@@ -57,6 +73,14 @@ const std::vector<TokenId> kV2Tokens = {5, 6, 7, 8};
 const std::vector<TokenId> kV3Tokens = {-1, 2147483647, -2147483647 - 1,
                                         0x01020304};
 constexpr HashExtraKeys kV3Extra = {"tenant-a", -2};
+constexpr HashExtraKeys kV20Extra = {"s", 5};
+
+// `count` consecutive tokens from `first`.
+std::vector<TokenId> Iota(TokenId first, int count) {
+  std::vector<TokenId> tokens(static_cast<size_t>(count));
+  for (TokenId& token : tokens) token = first++;
+  return tokens;
+}
 
 std::string Hex(const BlockHash& hash) {
   return absl::BytesToHexString(absl::string_view(
@@ -79,23 +103,92 @@ std::string AppendLe(std::string out, uint64_t value, int bytes) {
   }
   return out;
 }
-std::string RootMessage(HashAlgorithm algorithm, const HashExtraKeys& extra) {
-  std::string m = "kvblock-block-v2";
+std::string RootMessage(HashAlgorithm algorithm, int32_t page_size,
+                        const HashExtraKeys& extra) {
+  std::string m = "kvblock-block-v3";
   m.push_back(static_cast<char>(algorithm));
+  m = AppendLe(std::move(m), static_cast<uint32_t>(page_size), 4);
   m = AppendLe(std::move(m), extra.cache_salt.size(), 8);
   m.append(extra.cache_salt.data(), extra.cache_salt.size());
   return AppendLe(std::move(m), static_cast<uint64_t>(extra.adapter_id), 8);
 }
-std::string PageMessage(const BlockHash& parent,
-                        const std::vector<TokenId>& tokens) {
-  std::string m(reinterpret_cast<const char*>(parent.bytes.data()), 32);
+std::string PageBytes(const std::vector<TokenId>& tokens) {
+  std::string m;
   for (TokenId t : tokens) {
     m = AppendLe(std::move(m), static_cast<uint32_t>(t), 4);
   }
   return m;
 }
 
-// The digests of the documented formats, straight from OpenSSL and xxHash.
+// FIPS 180-4's SHA-256 compression function, transcribed plainly (no
+// OpenSSL), for the page steps.
+using Sha256State = std::array<uint32_t, 8>;
+Sha256State Compress(Sha256State h, const uint8_t* block) {
+  static constexpr uint32_t kK[64] = {
+      0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1,
+      0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3,
+      0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
+      0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+      0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147,
+      0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
+      0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
+      0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+      0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
+      0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208,
+      0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+  const auto rotr = [](uint32_t x, int n) {
+    return (x >> n) | (x << (32 - n));
+  };
+  uint32_t w[64];
+  for (int t = 0; t < 16; ++t) {
+    w[t] = uint32_t{block[4 * t]} << 24 | uint32_t{block[4 * t + 1]} << 16 |
+           uint32_t{block[4 * t + 2]} << 8 | uint32_t{block[4 * t + 3]};
+  }
+  for (int t = 16; t < 64; ++t) {
+    const uint32_t s0 =
+        rotr(w[t - 15], 7) ^ rotr(w[t - 15], 18) ^ (w[t - 15] >> 3);
+    const uint32_t s1 =
+        rotr(w[t - 2], 17) ^ rotr(w[t - 2], 19) ^ (w[t - 2] >> 10);
+    w[t] = w[t - 16] + s0 + w[t - 7] + s1;
+  }
+  Sha256State v = h;
+  for (int t = 0; t < 64; ++t) {
+    const uint32_t s1 = rotr(v[4], 6) ^ rotr(v[4], 11) ^ rotr(v[4], 25);
+    const uint32_t ch = (v[4] & v[5]) ^ (~v[4] & v[6]);
+    const uint32_t t1 = v[7] + s1 + ch + kK[t] + w[t];
+    const uint32_t s0 = rotr(v[0], 2) ^ rotr(v[0], 13) ^ rotr(v[0], 22);
+    const uint32_t maj = (v[0] & v[1]) ^ (v[0] & v[2]) ^ (v[1] & v[2]);
+    v = {t1 + s0 + maj, v[0], v[1], v[2], v[3] + t1, v[4], v[5], v[6]};
+  }
+  for (int i = 0; i < 8; ++i) h[i] += v[i];
+  return h;
+}
+std::string StateHex(const Sha256State& h) {
+  std::string bytes;
+  for (const uint32_t word : h) {
+    for (int b = 3; b >= 0; --b)
+      bytes.push_back(static_cast<char>(word >> (8 * b)));
+  }
+  return absl::BytesToHexString(bytes);
+}
+// The documented SHA-256 page step: the compression function from the
+// parent's words over zero-filled 64-byte blocks of the page bytes.
+std::string Sha256PageHex(const BlockHash& parent, const std::string& page) {
+  Sha256State h;
+  for (int i = 0; i < 8; ++i) {
+    h[i] = uint32_t{parent.bytes[4 * i]} << 24 |
+           uint32_t{parent.bytes[4 * i + 1]} << 16 |
+           uint32_t{parent.bytes[4 * i + 2]} << 8 | parent.bytes[4 * i + 3];
+  }
+  for (size_t offset = 0; offset < page.size(); offset += 64) {
+    uint8_t block[64] = {};
+    page.copy(reinterpret_cast<char*>(block), 64, offset);
+    h = Compress(h, block);
+  }
+  return StateHex(h);
+}
+
+// The digests of the documented formats, from OpenSSL, xxHash and Compress.
 std::string Sha256Hex(const std::string& message) {
   unsigned char digest[32];
   REQUIRE(EVP_Digest(message.data(), message.size(), digest, nullptr,
@@ -111,22 +204,51 @@ std::string Xxh3Hex(const std::string& message) {
              reinterpret_cast<const char*>(canonical.digest), 16)) +
          std::string(32, '0');
 }
-std::string DigestHex(HashAlgorithm algorithm, const std::string& message) {
+std::string RootHex(HashAlgorithm algorithm, int32_t page_size,
+                    const HashExtraKeys& extra) {
+  const std::string message = RootMessage(algorithm, page_size, extra);
   return algorithm == HashAlgorithm::kSha256 ? Sha256Hex(message)
                                              : Xxh3Hex(message);
 }
+std::string PageHex(HashAlgorithm algorithm, const BlockHash& parent,
+                    const std::vector<TokenId>& tokens) {
+  const std::string page = PageBytes(tokens);
+  if (algorithm == HashAlgorithm::kSha256) return Sha256PageHex(parent, page);
+  return Xxh3Hex(
+      std::string(reinterpret_cast<const char*>(parent.bytes.data()), 32) +
+      page);
+}
 
-BlockHasher MakeHasher(HashAlgorithm algorithm) {
-  absl::StatusOr<BlockHasher> hasher = BlockHasher::Create(algorithm);
+BlockHasher MakeHasher(HashAlgorithm algorithm, int32_t page_size) {
+  absl::StatusOr<BlockHasher> hasher =
+      BlockHasher::Create(algorithm, page_size);
   REQUIRE_OK(hasher);
   return *std::move(hasher);
 }
 
-TEST_CASE("test vectors pin the message format of both algorithms") {
+TEST_CASE("the reference compression function is SHA-256's") {
+  // SHA-256 of a message that fits one block: the compression of the padded
+  // block from the initial hash value (FIPS 180-4, 5.3.3).
+  const Sha256State iv = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
+                          0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
+  for (const std::string& message :
+       {std::string("abc"), std::string(55, 'x')}) {
+    uint8_t block[64] = {};
+    message.copy(reinterpret_cast<char*>(block), message.size());
+    block[message.size()] = 0x80;
+    block[62] = static_cast<uint8_t>((8 * message.size()) >> 8);
+    block[63] = static_cast<uint8_t>(8 * message.size());
+    REQUIRE(StateHex(Compress(iv, block)) == Sha256Hex(message));
+  }
+}
+
+TEST_CASE("test vectors pin the format of both algorithms") {
   const Vectors vectors = GENERATE(kSha256Vectors, kXxh3Vectors);
-  INFO(HashAlgorithmName(vectors.algorithm));
-  BlockHasher hasher = MakeHasher(vectors.algorithm);
-  REQUIRE(hasher.algorithm() == vectors.algorithm);
+  const HashAlgorithm algorithm = vectors.algorithm;
+  INFO(HashAlgorithmName(algorithm));
+  BlockHasher hasher = MakeHasher(algorithm, 4);
+  REQUIRE(hasher.algorithm() == algorithm);
+  REQUIRE(hasher.page_size() == 4);
   const BlockHash root0 = hasher.RootHash({});
   REQUIRE(Hex(root0) == vectors.root0);
   const BlockHash v1 = hasher.HashPage(root0, kV1Tokens);
@@ -135,25 +257,32 @@ TEST_CASE("test vectors pin the message format of both algorithms") {
   const BlockHash root3 = hasher.RootHash(kV3Extra);
   REQUIRE(Hex(root3) == vectors.root3);
   REQUIRE(Hex(hasher.HashPage(root3, kV3Tokens)) == vectors.v3);
+  BlockHasher hasher16 = MakeHasher(algorithm, 16);
+  const BlockHash root16 = hasher16.RootHash({});
+  REQUIRE(Hex(root16) == vectors.root16);
+  REQUIRE(Hex(hasher16.HashPage(root16, Iota(100, 16))) == vectors.v16);
+  BlockHasher hasher20 = MakeHasher(algorithm, 20);
+  const BlockHash root20 = hasher20.RootHash(kV20Extra);
+  REQUIRE(Hex(root20) == vectors.root20);
+  REQUIRE(Hex(hasher20.HashPage(root20, Iota(-10, 20))) == vectors.v20);
 
-  // The header's byte tables, written independently here, hash to the same
-  // vectors: the documentation is the format.
-  const HashAlgorithm algorithm = vectors.algorithm;
-  REQUIRE(DigestHex(algorithm, RootMessage(algorithm, {})) == vectors.root0);
-  REQUIRE(DigestHex(algorithm, PageMessage(FromHex(vectors.root0),
-                                           kV1Tokens)) == vectors.v1);
-  REQUIRE(DigestHex(algorithm, PageMessage(FromHex(vectors.v1), kV2Tokens)) ==
-          vectors.v2);
-  REQUIRE(DigestHex(algorithm, RootMessage(algorithm, kV3Extra)) ==
-          vectors.root3);
-  REQUIRE(DigestHex(algorithm, PageMessage(FromHex(vectors.root3),
-                                           kV3Tokens)) == vectors.v3);
+  // The header's byte tables and page steps, written independently here,
+  // give the same vectors: the documentation is the format.
+  REQUIRE(RootHex(algorithm, 4, {}) == vectors.root0);
+  REQUIRE(PageHex(algorithm, FromHex(vectors.root0), kV1Tokens) == vectors.v1);
+  REQUIRE(PageHex(algorithm, FromHex(vectors.v1), kV2Tokens) == vectors.v2);
+  REQUIRE(RootHex(algorithm, 4, kV3Extra) == vectors.root3);
+  REQUIRE(PageHex(algorithm, FromHex(vectors.root3), kV3Tokens) == vectors.v3);
+  REQUIRE(RootHex(algorithm, 16, {}) == vectors.root16);
+  REQUIRE(PageHex(algorithm, FromHex(vectors.root16), Iota(100, 16)) ==
+          vectors.v16);
+  REQUIRE(RootHex(algorithm, 20, kV20Extra) == vectors.root20);
+  REQUIRE(PageHex(algorithm, FromHex(vectors.root20), Iota(-10, 20)) ==
+          vectors.v20);
 }
 
 TEST_CASE("the default algorithm is sha256") {
-  absl::StatusOr<BlockHasher> hasher = BlockHasher::Create();
-  REQUIRE_OK(hasher);
-  REQUIRE(hasher->algorithm() == HashAlgorithm::kSha256);
+  REQUIRE(BlockManagerOptions{}.hash_algorithm == HashAlgorithm::kSha256);
   REQUIRE(HashAlgorithmName(HashAlgorithm::kSha256) == "sha256");
   REQUIRE(HashAlgorithmName(HashAlgorithm::kXxh3_128) == "xxh3_128");
   REQUIRE(HashAlgorithmName(static_cast<HashAlgorithm>(9)) == "unknown");
@@ -161,21 +290,31 @@ TEST_CASE("the default algorithm is sha256") {
 
 TEST_CASE("an unknown algorithm is rejected") {
   const absl::StatusOr<BlockHasher> hasher =
-      BlockHasher::Create(static_cast<HashAlgorithm>(9));
+      BlockHasher::Create(static_cast<HashAlgorithm>(9), 16);
   REQUIRE_STATUS_IS(hasher, kInvalidArgument);
   REQUIRE(hasher.status().message().find("9") != absl::string_view::npos);
+}
+
+TEST_CASE("a non-positive page_size is rejected with its value") {
+  const int32_t page_size = GENERATE(0, -1, -2147483647 - 1);
+  const absl::StatusOr<BlockHasher> hasher =
+      BlockHasher::Create(HashAlgorithm::kSha256, page_size);
+  REQUIRE_STATUS_IS(hasher, kInvalidArgument);
+  REQUIRE(hasher.status().message().find(
+              absl::StrCat("page_size must be positive, got ", page_size)) !=
+          absl::string_view::npos);
 }
 
 TEST_CASE("a chain hashes every full page and skips the partial tail") {
   const HashAlgorithm algorithm =
       GENERATE(HashAlgorithm::kSha256, HashAlgorithm::kXxh3_128);
-  BlockHasher hasher = MakeHasher(algorithm);
+  BlockHasher hasher = MakeHasher(algorithm, 4);
   const std::vector<TokenId> tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
   const BlockHash sentinel = FromHex(std::string(64, 'a'));
   std::vector<BlockHash> out(4, sentinel);
 
   absl::StatusOr<int64_t> pages =
-      HashChain(hasher, tokens, 4, {}, absl::MakeSpan(out));
+      HashChain(hasher, tokens, {}, absl::MakeSpan(out));
   REQUIRE_OK(pages);
   REQUIRE(*pages == 2);
   REQUIRE(Hex(out[0]) == VectorsOf(algorithm).v1);
@@ -184,54 +323,41 @@ TEST_CASE("a chain hashes every full page and skips the partial tail") {
   REQUIRE(out[3] == sentinel);
 
   SECTION("exactly as many outputs as full pages is enough") {
-    pages = HashChain(hasher, tokens, 4, {}, absl::MakeSpan(out).subspan(0, 2));
+    pages = HashChain(hasher, tokens, {}, absl::MakeSpan(out).subspan(0, 2));
     REQUIRE_OK(pages);
     REQUIRE(*pages == 2);
   }
   SECTION("the chain equals page-by-page hashing with the extra keys") {
+    BlockHasher by_three = MakeHasher(algorithm, 3);
     const HashExtraKeys extra = {"salt", 7};
-    pages = HashChain(hasher, tokens, 3, extra, absl::MakeSpan(out));
+    pages = HashChain(by_three, tokens, extra, absl::MakeSpan(out));
     REQUIRE_OK(pages);
     REQUIRE(*pages == 3);
     const std::vector<TokenId> page0 = {1, 2, 3}, page1 = {4, 5, 6},
                                page2 = {7, 8, 9};
-    const BlockHash h0 = hasher.HashPage(hasher.RootHash(extra), page0);
-    const BlockHash h1 = hasher.HashPage(h0, page1);
+    const BlockHash h0 = by_three.HashPage(by_three.RootHash(extra), page0);
+    const BlockHash h1 = by_three.HashPage(h0, page1);
     REQUIRE(out[0] == h0);
     REQUIRE(out[1] == h1);
-    REQUIRE(out[2] == hasher.HashPage(h1, page2));
+    REQUIRE(out[2] == by_three.HashPage(h1, page2));
   }
   SECTION("fewer tokens than a page hash nothing") {
-    pages = HashChain(hasher, absl::MakeSpan(tokens).subspan(0, 3), 4, {},
+    pages = HashChain(hasher, absl::MakeSpan(tokens).subspan(0, 3), {},
                       absl::Span<BlockHash>());
     REQUIRE_OK(pages);
     REQUIRE(*pages == 0);
-    pages = HashChain(hasher, {}, 4, {}, absl::Span<BlockHash>());
+    pages = HashChain(hasher, {}, {}, absl::Span<BlockHash>());
     REQUIRE_OK(pages);
     REQUIRE(*pages == 0);
   }
 }
 
-TEST_CASE("a non-positive page_size is rejected with its value") {
-  BlockHasher hasher = MakeHasher(HashAlgorithm::kSha256);
-  const std::vector<TokenId> tokens = {1, 2, 3, 4};
-  std::vector<BlockHash> out(4);
-  const int32_t page_size = GENERATE(0, -1, -2147483647 - 1);
-  const absl::StatusOr<int64_t> pages =
-      HashChain(hasher, tokens, page_size, {}, absl::MakeSpan(out));
-  REQUIRE_STATUS_IS(pages, kInvalidArgument);
-  REQUIRE(pages.status().message().find(
-              absl::StrCat("page_size must be positive, got ", page_size)) !=
-          absl::string_view::npos);
-  REQUIRE(out == std::vector<BlockHash>(4));
-}
-
 TEST_CASE("an output span shorter than the full pages is rejected, untouched") {
-  BlockHasher hasher = MakeHasher(HashAlgorithm::kXxh3_128);
+  BlockHasher hasher = MakeHasher(HashAlgorithm::kXxh3_128, 3);
   const std::vector<TokenId> tokens(10, 5);
   std::vector<BlockHash> out(2);
   const absl::StatusOr<int64_t> pages =
-      HashChain(hasher, tokens, 3, {}, absl::MakeSpan(out));
+      HashChain(hasher, tokens, {}, absl::MakeSpan(out));
   REQUIRE_STATUS_IS(pages, kInvalidArgument);
   INFO(pages.status().message());
   REQUIRE(pages.status().message().find("out has 2 entries") !=
@@ -245,7 +371,7 @@ TEST_CASE("every input of a page changes its hash") {
   const HashAlgorithm algorithm =
       GENERATE(HashAlgorithm::kSha256, HashAlgorithm::kXxh3_128);
   INFO(HashAlgorithmName(algorithm));
-  BlockHasher hasher = MakeHasher(algorithm);
+  BlockHasher hasher = MakeHasher(algorithm, 4);
   const std::vector<TokenId> tokens = {11, 22, 33, 44};
   // The first page of a sequence with extra keys `extra`.
   const auto first_page = [&](const HashExtraKeys& extra,
@@ -257,7 +383,7 @@ TEST_CASE("every input of a page changes its hash") {
 
   SECTION("equal inputs give equal hashes, from any hasher") {
     REQUIRE(first_page(extra, tokens) == base);
-    BlockHasher other = MakeHasher(algorithm);
+    BlockHasher other = MakeHasher(algorithm, 4);
     REQUIRE(other.HashPage(other.RootHash({"tenant-a", 3}), tokens) == base);
   }
   SECTION("salt") {
@@ -284,38 +410,47 @@ TEST_CASE("every input of a page changes its hash") {
     const HashAlgorithm other_algorithm = algorithm == HashAlgorithm::kSha256
                                               ? HashAlgorithm::kXxh3_128
                                               : HashAlgorithm::kSha256;
-    BlockHasher other = MakeHasher(other_algorithm);
+    BlockHasher other = MakeHasher(other_algorithm, 4);
     REQUIRE(other.HashPage(other.RootHash(extra), tokens) != base);
     // Even from the same parent bytes: the digests differ.
     REQUIRE(other.HashPage(hasher.RootHash(extra), tokens) != base);
+  }
+  SECTION("page size") {
+    // A 4-token page and an 8-token page whose last tokens are zero fill the
+    // same zero-filled SHA-256 block: only the root keeps them apart.
+    BlockHasher eight = MakeHasher(algorithm, 8);
+    REQUIRE(eight.RootHash(extra) != hasher.RootHash(extra));
+    const std::vector<TokenId> padded = {11, 22, 33, 44, 0, 0, 0, 0};
+    REQUIRE(eight.HashPage(eight.RootHash(extra), padded) != base);
   }
 }
 
 TEST_CASE("page boundaries are part of the hash") {
   const HashAlgorithm algorithm =
       GENERATE(HashAlgorithm::kSha256, HashAlgorithm::kXxh3_128);
-  BlockHasher hasher = MakeHasher(algorithm);
+  BlockHasher two = MakeHasher(algorithm, 2);
+  BlockHasher three = MakeHasher(algorithm, 3);
   const std::vector<TokenId> tokens = {1, 2, 3, 4, 5, 6};
   std::vector<BlockHash> by_two(3), by_three(2);
-  REQUIRE_OK(HashChain(hasher, tokens, 2, {}, absl::MakeSpan(by_two)));
-  REQUIRE_OK(HashChain(hasher, tokens, 3, {}, absl::MakeSpan(by_three)));
+  REQUIRE_OK(HashChain(two, tokens, {}, absl::MakeSpan(by_two)));
+  REQUIRE_OK(HashChain(three, tokens, {}, absl::MakeSpan(by_three)));
   // Both chains cover the same six tokens, split differently.
   REQUIRE(by_two[2] != by_three[1]);
 
   // Moving a token from one page to the next changes both pages' hashes.
-  const std::vector<TokenId> a1 = {1, 2, 3}, a2 = {4};
-  const std::vector<TokenId> b1 = {1, 2}, b2 = {3, 4};
-  const BlockHash root = hasher.RootHash({});
-  const BlockHash a_first = hasher.HashPage(root, a1);
-  const BlockHash b_first = hasher.HashPage(root, b1);
+  const std::vector<TokenId> a1 = {1, 2}, a2 = {3, 4};
+  const std::vector<TokenId> b1 = {1, 3}, b2 = {2, 4};
+  const BlockHash root = two.RootHash({});
+  const BlockHash a_first = two.HashPage(root, a1);
+  const BlockHash b_first = two.HashPage(root, b1);
   REQUIRE(a_first != b_first);
-  REQUIRE(hasher.HashPage(a_first, a2) != hasher.HashPage(b_first, b2));
+  REQUIRE(two.HashPage(a_first, a2) != two.HashPage(b_first, b2));
 }
 
 TEST_CASE("salts that differ only in trailing zero bytes give other roots") {
   const HashAlgorithm algorithm =
       GENERATE(HashAlgorithm::kSha256, HashAlgorithm::kXxh3_128);
-  BlockHasher hasher = MakeHasher(algorithm);
+  BlockHasher hasher = MakeHasher(algorithm, 16);
   const std::string zeros(8, '\0');
   REQUIRE(hasher.RootHash({"a", 0}) !=
           hasher.RootHash({absl::StrCat("a", zeros), 0}));
@@ -325,26 +460,22 @@ TEST_CASE("salts that differ only in trailing zero bytes give other roots") {
 TEST_CASE("a hasher carries nothing from one message to the next") {
   const HashAlgorithm algorithm =
       GENERATE(HashAlgorithm::kSha256, HashAlgorithm::kXxh3_128);
-  BlockHasher hasher = MakeHasher(algorithm);
   // A salt and a page larger than the initial message buffer make it grow.
+  BlockHasher hasher = MakeHasher(algorithm, 1000);
   const std::string salt(5000, 's');
-  const std::vector<TokenId> big_page(1000, 9);
+  const std::vector<TokenId> big_page = Iota(9, 1000);
   const BlockHash big_root = hasher.RootHash({salt, 1});
-  REQUIRE(Hex(big_root) == DigestHex(algorithm, RootMessage(algorithm,
-                                                            {salt, 1})));
+  REQUIRE(Hex(big_root) == RootHex(algorithm, 1000, {salt, 1}));
   const BlockHash big = hasher.HashPage(big_root, big_page);
-  REQUIRE(Hex(big) == DigestHex(algorithm, PageMessage(big_root, big_page)));
-  // Short messages after them do not see the longer ones' leftovers.
-  const Vectors& vectors = VectorsOf(algorithm);
-  REQUIRE(Hex(hasher.RootHash({})) == vectors.root0);
-  REQUIRE(Hex(hasher.HashPage(FromHex(vectors.root0), kV1Tokens)) ==
-          vectors.v1);
-  BlockHasher fresh = MakeHasher(algorithm);
+  REQUIRE(Hex(big) == PageHex(algorithm, big_root, big_page));
+  // A short root after them does not see the longer ones' leftovers.
+  REQUIRE(Hex(hasher.RootHash({})) == RootHex(algorithm, 1000, {}));
+  BlockHasher fresh = MakeHasher(algorithm, 1000);
   REQUIRE(fresh.HashPage(fresh.RootHash({salt, 1}), big_page) == big);
 }
 
 TEST_CASE("an xxh3 hash leaves its last 16 bytes zero") {
-  BlockHasher hasher = MakeHasher(HashAlgorithm::kXxh3_128);
+  BlockHasher hasher = MakeHasher(HashAlgorithm::kXxh3_128, 3);
   const BlockHash root = hasher.RootHash({"x", 1});
   const BlockHash hash = hasher.HashPage(root, {7, 7, 7});
   for (size_t i = 16; i < 32; ++i) {
@@ -356,15 +487,17 @@ TEST_CASE("an xxh3 hash leaves its last 16 bytes zero") {
 TEST_CASE("a moved hasher keeps hashing") {
   const HashAlgorithm algorithm =
       GENERATE(HashAlgorithm::kSha256, HashAlgorithm::kXxh3_128);
-  BlockHasher source = MakeHasher(algorithm);
+  BlockHasher source = MakeHasher(algorithm, 4);
   BlockHasher moved(std::move(source));
   REQUIRE(moved.algorithm() == algorithm);
+  REQUIRE(moved.page_size() == 4);
   const Vectors& vectors = VectorsOf(algorithm);
-  REQUIRE(Hex(moved.HashPage(FromHex(vectors.root0), kV1Tokens)) ==
-          vectors.v1);
-  BlockHasher assigned = MakeHasher(HashAlgorithm::kSha256);
+  REQUIRE(Hex(moved.HashPage(FromHex(vectors.root0), kV1Tokens)) == vectors.v1);
+  BlockHasher assigned = MakeHasher(HashAlgorithm::kSha256, 7);
   assigned = std::move(moved);
   REQUIRE(assigned.algorithm() == algorithm);
+  REQUIRE(assigned.page_size() == 4);
+  REQUIRE(Hex(assigned.RootHash({})) == vectors.root0);
   REQUIRE(Hex(assigned.HashPage(FromHex(vectors.root0), kV1Tokens)) ==
           vectors.v1);
 }

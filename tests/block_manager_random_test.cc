@@ -387,7 +387,7 @@ class RandomRun {
                  .hash_algorithm = scenario.algorithm,
                  .watermark_pages = scenario.watermark_pages,
                  .max_sequences = scenario.max_sequences},
-        hasher_(NewHasher(scenario.algorithm)),
+        hasher_(NewHasher(scenario.algorithm, scenario.page_size)),
         model_(config_, options_, hasher_) {
     auto manager = BlockManager::Create(config_, options_);
     REQUIRE_OK(manager);
@@ -418,8 +418,8 @@ class RandomRun {
   }
 
  private:
-  static BlockHasher NewHasher(HashAlgorithm algorithm) {
-    auto hasher = BlockHasher::Create(algorithm);
+  static BlockHasher NewHasher(HashAlgorithm algorithm, int32_t page_size) {
+    auto hasher = BlockHasher::Create(algorithm, page_size);
     REQUIRE_OK(hasher);
     return std::move(hasher).value();
   }

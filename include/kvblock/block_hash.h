@@ -3,66 +3,74 @@
 // Block hashes of the prefix cache: the hash of a full page of tokens chains
 // the hash of the page before it, so one 32-byte value names a whole prefix.
 //
-//   root         = H(root message(algorithm, extra keys))
-//   hash(page 0) = H(hash of root || tokens of page 0)
-//   hash(page i) = H(hash(page i - 1) || tokens of page i)
+//   root         = D(root message(algorithm, page size, extra keys))
+//   hash(page 0) = P(hash of root, tokens of page 0)
+//   hash(page i) = P(hash(page i - 1), tokens of page i)
 //
-// The extra keys (cache salt, adapter id) enter once, through the root, and
-// every page's hash commits to them through its chain. Only full pages have
-// a hash: a partial last page can still grow, so it is never shared through
-// the cache.
+// The extra keys (cache salt, adapter id) and the page size enter once,
+// through the root, and every page's hash commits to them through its chain.
+// Only full pages have a hash: a partial last page can still grow, so it is
+// never shared through the cache.
 //
-// Message format (version 2). Any process or language that writes these
-// bytes and hashes them gets the same `BlockHash`:
+// Format (version 3). Any process or language that writes these bytes and
+// runs these functions gets the same `BlockHash`:
 //
-//   root message (41 + s bytes):
+//   root message (45 + s bytes):
 //   offset  size  field
-//   0       16    ASCII "kvblock-block-v2" (domain tag, no terminator)
+//   0       16    ASCII "kvblock-block-v3" (domain tag, no terminator)
 //   16      1     algorithm id: 0x01 SHA-256, 0x02 XXH3-128
-//   17      8     s = cache salt length, unsigned 64-bit little-endian
-//   25      s     the cache salt bytes, verbatim
-//   25+s    8     adapter id, int64 little-endian (0 = no adapter)
+//   17      4     page size n (tokens), unsigned 32-bit little-endian
+//   21      8     s = cache salt length, unsigned 64-bit little-endian
+//   29      s     the cache salt bytes, verbatim
+//   29+s    8     adapter id, int64 little-endian (0 = no adapter)
 //
-//   page message (32 + 4n bytes):
-//   0       32    parent BlockHash bytes (the root's hash for page 0)
-//   32      4n    the page's n tokens, each int32 little-endian
+//   page bytes (4n bytes): the page's n tokens, each int32 little-endian
+//   (negative numbers are two's complement).
 //
-// (negative numbers are two's complement.)
-//
-// Digest -> BlockHash bytes:
-//   kSha256:   SHA-256 of the message (FIPS 180-4), all 32 bytes. The default:
-//              collision resistant, so a tenant cannot craft a prompt whose
-//              pages collide with another tenant's cached pages.
-//   kXxh3_128: XXH3-128 of the message with seed 0 (XXH3_128bits, the value
-//              `xxhsum -H2` prints), in xxHash's canonical big-endian form
-//              (high 64 bits first), then 16 zero bytes. Fast, not
-//              cryptographic: only for deployments whose prompts are trusted.
+// D (root) and P (page), per algorithm:
+//   kSha256 (the default; collision resistant, so a tenant cannot craft a
+//   prompt whose pages collide with another tenant's cached pages):
+//     D = SHA-256 of the root message (FIPS 180-4), all 32 bytes.
+//     P = the SHA-256 compression function (FIPS 180-4, 6.2.2 steps 1-4)
+//         run from the parent, read as eight big-endian 32-bit words, over
+//         the page bytes in 64-byte blocks (the last block zero-filled when
+//         4n is not a multiple of 64); the resulting eight words,
+//         big-endian. No length padding block: the page size is fixed by the
+//         root, so every page of a chain is the same number of blocks.
+//   kXxh3_128 (fast, not cryptographic: only for deployments whose prompts
+//   are trusted): XXH3-128 with seed 0 (XXH3_128bits, the value `xxhsum -H2`
+//   prints), in xxHash's canonical big-endian form (high 64 bits first),
+//   then 16 zero bytes; D of the root message, P of the 32 parent bytes
+//   followed by the page bytes.
 //
 // Design choices:
-//   - The root is a pure function of the algorithm and the extra keys, not
-//     random per process, so hashes are stable across processes and machines
-//     (a shared or offloaded cache can be keyed by them). Isolation between
-//     tenants comes from the salt, not from a secret.
-//   - A page message is exactly 32 + 4 * page_size bytes: with 16-token pages
-//     SHA-256 runs two compression blocks per page (version 1, which repeated
-//     the tag, the lengths and the extra keys in every page, ran three).
-//     Each message has one parse: the parent is fixed-size, and the digest
-//     itself encodes the message length.
+//   - The root is a pure function of the algorithm, the page size and the
+//     extra keys, not random per process, so hashes are stable across
+//     processes and machines (a shared or offloaded cache can be keyed by
+//     them). Isolation between tenants comes from the salt, not from a
+//     secret.
+//   - A SHA-256 page step is one compression per 64 bytes of tokens: one
+//     for 16-token pages, half the work of hashing parent || tokens as a
+//     message (version 2), which needs a second block for the parent and the
+//     length padding. The chain is SHA-256's own Merkle-Damgard iteration
+//     started from the root digest, so two chains of the same length collide
+//     only where the compression function does, and chains of different
+//     lengths only through a preimage of a root.
 //   - Every root field is length-prefixed or fixed-size, so no two different
-//     (salt, adapter) pairs give the same root message.
+//     (page size, salt, adapter) triples give the same root message. The
+//     page size in the root keeps caches with different page sizes apart
+//     (zero-filled blocks do not encode a page's length).
 //   - The tag and the algorithm id separate root messages from any other use
-//     of the same hash functions and from each other's format versions; a
-//     page message begins with a digest, which no crafted input can make
-//     equal to the tag.
+//     of the same hash functions and from each other's format versions.
 //
 // Complexity: RootHash is O(s); HashPage is O(n); HashChain is
-// O(s + tokens). A BlockHasher reuses its message buffer and hashes with
-// OpenSSL's SHA-256 on a stack context (or XXH3), so steady-state hashing
-// allocates nothing.
+// O(s + tokens). A BlockHasher runs OpenSSL's SHA-256 on stack state (or
+// XXH3) and reuses its message buffer, so steady-state hashing allocates
+// nothing.
 //
 // Thread safety: `BlockHash` and `HashExtraKeys` are plain values. A
-// `BlockHasher` is thread-compatible: HashPage mutates its scratch state, so
-// each thread uses its own hasher.
+// `BlockHasher` is thread-compatible: RootHash and HashPage mutate its
+// scratch state, so each thread uses its own hasher.
 #ifndef KVBLOCK_BLOCK_HASH_H_
 #define KVBLOCK_BLOCK_HASH_H_
 
@@ -130,56 +138,61 @@ struct HashExtraKeys {
   int64_t adapter_id = 0;
 };
 
-// Computes block hashes with one algorithm. Move-only.
+// Computes the block hashes of one algorithm and page size. Move-only.
 class BlockHasher {
  public:
-  // A hasher for `algorithm`.
-  // Errors: InvalidArgument if `algorithm` is not a HashAlgorithm enumerator.
-  static absl::StatusOr<BlockHasher> Create(
-      HashAlgorithm algorithm = HashAlgorithm::kSha256);
+  // A hasher for pages of `page_size` tokens hashed with `algorithm`.
+  // Errors: InvalidArgument (naming the value) if `algorithm` is not a
+  // HashAlgorithm enumerator or `page_size` is not positive.
+  static absl::StatusOr<BlockHasher> Create(HashAlgorithm algorithm,
+                                            int32_t page_size);
 
   BlockHasher(BlockHasher&& other) noexcept;
   BlockHasher& operator=(BlockHasher&& other) noexcept;
   ~BlockHasher();
 
   HashAlgorithm algorithm() const { return algorithm_; }
+  int32_t page_size() const { return page_size_; }
 
   // The parent of the first page of every sequence with these extra keys,
-  // per the format above. Cannot fail.
+  // per the format above (with this hasher's page size). Cannot fail.
   // REQUIRES: this hasher was not moved from.
   BlockHash RootHash(const HashExtraKeys& extra);
 
   // The hash of a page holding `tokens` whose previous page hashed to
   // `parent` (RootHash(extra keys) for the first page), per the format
-  // above. `tokens` is the whole page; any length is hashed as given
-  // (callers pass exactly page_size tokens). Cannot fail.
-  // REQUIRES: this hasher was not moved from.
+  // above. Cannot fail.
+  // REQUIRES: this hasher was not moved from; `tokens.size() == page_size()`
+  // (asserted unless NDEBUG: another length would hash a page of the wrong
+  // size, which the format does not separate from a right-sized one).
   BlockHash HashPage(const BlockHash& parent, absl::Span<const TokenId> tokens);
 
  private:
   struct State;
 
-  BlockHasher(HashAlgorithm algorithm, std::unique_ptr<State> state);
+  BlockHasher(HashAlgorithm algorithm, int32_t page_size,
+              std::unique_ptr<State> state);
   // The scratch message buffer, at least `size` bytes.
   uint8_t* Message(size_t size);
   BlockHash Digest(absl::Span<const uint8_t> message) const;
 
   HashAlgorithm algorithm_;
+  int32_t page_size_;
   std::unique_ptr<State> state_;  // null only after a move.
 };
 
-// Hashes every full page of `tokens`, pages of `page_size` tokens starting at
-// RootHash(extra): `out[i]` = the hash of tokens [i * page_size,
-// (i + 1) * page_size). A partial last page gets no hash. Returns the number
-// of pages hashed, `tokens.size() / page_size`; entries of `out` past it are
-// left as they were.
-// Errors: InvalidArgument if `page_size` <= 0 or `out` has fewer entries than
-// the full pages of `tokens` (the message names both counts). On error,
-// nothing is written to `out`.
+// Hashes every full page of `tokens`, pages of the hasher's page_size
+// tokens starting at RootHash(extra): `out[i]` = the hash of tokens
+// [i * page_size, (i + 1) * page_size). A partial last page gets no hash.
+// Returns the number of pages hashed, `tokens.size() / page_size`; entries of
+// `out` past it are left as they were.
+// Errors: InvalidArgument if `out` has fewer entries than the full pages of
+// `tokens` (the message names both counts). On error, nothing is written to
+// `out`.
 // REQUIRES: `hasher` was not moved from.
 absl::StatusOr<int64_t> HashChain(BlockHasher& hasher,
                                   absl::Span<const TokenId> tokens,
-                                  int32_t page_size, const HashExtraKeys& extra,
+                                  const HashExtraKeys& extra,
                                   absl::Span<BlockHash> out);
 
 }  // namespace kvblock

@@ -29,8 +29,9 @@ std::vector<TokenId> Tokens(int64_t count) {
 // Args: algorithm id, page_size.
 void BM_HashPage(benchmark::State& state) {
   const auto algorithm = static_cast<HashAlgorithm>(state.range(0));
-  const int64_t page_size = state.range(1);
-  absl::StatusOr<BlockHasher> hasher = BlockHasher::Create(algorithm);
+  const int32_t page_size = static_cast<int32_t>(state.range(1));
+  absl::StatusOr<BlockHasher> hasher =
+      BlockHasher::Create(algorithm, page_size);
   if (!hasher.ok()) {
     state.SkipWithError(hasher.status().ToString().c_str());
     return;
@@ -58,7 +59,8 @@ void BM_HashChain(benchmark::State& state) {
   constexpr int32_t kPageSize = 16;
   const auto algorithm = static_cast<HashAlgorithm>(state.range(0));
   const int64_t prompt_tokens = state.range(1);
-  absl::StatusOr<BlockHasher> hasher = BlockHasher::Create(algorithm);
+  absl::StatusOr<BlockHasher> hasher =
+      BlockHasher::Create(algorithm, kPageSize);
   if (!hasher.ok()) {
     state.SkipWithError(hasher.status().ToString().c_str());
     return;
@@ -68,7 +70,7 @@ void BM_HashChain(benchmark::State& state) {
   const HashExtraKeys extra = {kSalt, 0};
   for (auto _ : state) {
     absl::StatusOr<int64_t> pages =
-        HashChain(*hasher, prompt, kPageSize, extra, absl::MakeSpan(hashes));
+        HashChain(*hasher, prompt, extra, absl::MakeSpan(hashes));
     benchmark::DoNotOptimize(pages);
     benchmark::DoNotOptimize(hashes.data());
   }
