@@ -42,6 +42,7 @@ BatchCommit::BatchCommit(BlockManager& manager, KVPageTable& table)
   next_join_numbers_.resize(max_batch, -1);
   survivor_counts_.resize(max_batch, 0);
   appended_.changed.reserve(max_batch);
+  appended_.first_changed_page.reserve(max_batch);
   appended_.copies.reserve(max_batch);
   changed_slots_.reserve(max_batch);
   copies_.reserve(max_batch);
@@ -61,7 +62,8 @@ absl::StatusOr<StepResult> BatchCommit::Commit(const StepPlan& plan) {
   }
   KVBLOCK_RETURN_IF_ERROR(manager_.CommitStep());
 
-  const int32_t survivors = next_batch_ - static_cast<int32_t>(plan.joins.size());
+  const int32_t survivors =
+      next_batch_ - static_cast<int32_t>(plan.joins.size());
   slots_.swap(next_slots_);
   handles_.swap(next_handles_);
   join_numbers_.swap(next_join_numbers_);
@@ -116,13 +118,14 @@ absl::Status BatchCommit::Validate(const StepPlan& plan) {
         "] is ", *negative));
   }
   if (appended != static_cast<int64_t>(plan.append_tokens.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "batch commit: append_counts add up to ", appended,
-        " tokens, append_tokens has ", plan.append_tokens.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch commit: append_counts add up to ", appended,
+                     " tokens, append_tokens has ", plan.append_tokens.size()));
   }
 
   int32_t leaving = 0;
-  for (const absl::Span<const SequenceId> ids : {plan.finished, plan.preempted}) {
+  for (const absl::Span<const SequenceId> ids :
+       {plan.finished, plan.preempted}) {
     for (const SequenceId id : ids) {
       const SlotId slot = RunningSlot(id);
       if (slot == kNoSlot) {
@@ -130,13 +133,13 @@ absl::Status BatchCommit::Validate(const StepPlan& plan) {
             "batch commit: leaving sequence ", id, " is not running"));
       }
       if (leaving_[slot]) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "batch commit: sequence ", id, " leaves twice"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("batch commit: sequence ", id, " leaves twice"));
       }
       if (!plan.append_counts.empty() && plan.append_counts[slot] != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "batch commit: leaving sequence ", id, " appends ",
-            plan.append_counts[slot], " tokens"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("batch commit: leaving sequence ", id, " appends ",
+                         plan.append_counts[slot], " tokens"));
       }
       leaving_[slot] = 1;
       leaving_slots_.push_back(slot);
@@ -160,8 +163,8 @@ absl::Status BatchCommit::Validate(const StepPlan& plan) {
       const bool joined = joining_.contains(join.fork_of);
       if (!running && !joined) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "batch commit: joining sequence ", join.id, " forks ",
-            join.fork_of, ", which is neither running nor joined before it"));
+            "batch commit: joining sequence ", join.id, " forks ", join.fork_of,
+            ", which is neither running nor joined before it"));
       }
       // The parent's prompt is prefilled by this very step: a copy of its
       // partial page would run before that page holds any KV.
@@ -182,9 +185,9 @@ absl::Status BatchCommit::Validate(const StepPlan& plan) {
   const int64_t next_batch =
       int64_t{batch} - leaving + static_cast<int64_t>(plan.joins.size());
   if (next_batch > table_.max_batch()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "batch commit: the step would run ", next_batch,
-        " sequences, more than max_batch = ", table_.max_batch()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("batch commit: the step would run ", next_batch,
+                     " sequences, more than max_batch = ", table_.max_batch()));
   }
   return absl::OkStatus();
 }
@@ -203,7 +206,8 @@ SlotId BatchCommit::RunningSlot(SequenceId id) const {
   return slots_[slot] == id ? slot : kNoSlot;
 }
 
-absl::Status BatchCommit::AddRow(SlotId slot, SequenceHandle handle) {
+absl::Status BatchCommit::AddRow(SlotId slot, SequenceHandle handle,
+                                 int32_t first) {
   if (internal::FaultInjection::ShouldFail()) {
     return absl::InternalError(
         absl::StrCat("batch commit: injected fault at the row of slot ", slot));
@@ -215,6 +219,7 @@ absl::Status BatchCommit::AddRow(SlotId slot, SequenceHandle handle) {
   row.slot = slot;
   row.k_page_ids = pages.data();
   row.count = static_cast<int32_t>(pages.size());
+  row.first = first;
   changed_slots_.push_back(slot);
   return absl::OkStatus();
 }
@@ -276,8 +281,11 @@ absl::Status BatchCommit::Apply(const StepPlan& plan, bool& table_changed) {
   copies_.insert(copies_.end(), appended_.copies.begin(),
                  appended_.copies.end());
   new_pages_ += appended_.new_pages;
-  for (const int32_t slot : appended_.changed) {
-    KVBLOCK_RETURN_IF_ERROR(AddRow(slot, next_handles_[slot]));
+  // A survivor's row moved with it: it changes from its first changed page.
+  for (size_t i = 0; i < appended_.changed.size(); ++i) {
+    const SlotId slot = appended_.changed[i];
+    KVBLOCK_RETURN_IF_ERROR(
+        AddRow(slot, next_handles_[slot], appended_.first_changed_page[i]));
   }
 
   // Joins take the next slots; forks append after every survivor did.
@@ -295,7 +303,7 @@ absl::Status BatchCommit::Apply(const StepPlan& plan, bool& table_changed) {
       if (result.copy.has_value()) copies_.push_back(*result.copy);
       new_pages_ += result.new_pages;
     }
-    KVBLOCK_RETURN_IF_ERROR(AddRow(new_slot, handle));
+    KVBLOCK_RETURN_IF_ERROR(AddRow(new_slot, handle, 0));
   }
 
   // Compaction packs the survivors and clears the rows the joins will take.
@@ -358,9 +366,9 @@ absl::Status BatchCommit::CheckInvariants() const {
           static_cast<size_t>(handle->index) >= join_number_of_handle_.size() ||
           join_number_of_handle_[handle->index] != join_numbers_[slot] ||
           RunningSlot(id) != slot) {
-        return absl::InternalError(absl::StrCat(
-            "batch commit: slot ", slot, " holds sequence ", id,
-            " whose index entry disagrees"));
+        return absl::InternalError(
+            absl::StrCat("batch commit: slot ", slot, " holds sequence ", id,
+                         " whose index entry disagrees"));
       }
       KVBLOCK_ASSIGN_OR_RETURN(expected, manager_.Pages(id));
     }

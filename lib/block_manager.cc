@@ -442,6 +442,7 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
                                       absl::Span<const TokenId> tokens,
                                       AppendManyResult& result) {
   result.changed.clear();
+  result.first_changed_page.clear();
   result.copies.clear();
   result.new_pages = 0;
   if (handles.size() != counts.size()) {
@@ -468,11 +469,15 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
       const absl::Span<const TokenId> entry = tokens.subspan(next, count);
       next += count;
       if (AppendToPartialPage(handle, sequence, entry)) continue;
+      const int32_t pages_before = sequence.table.num_pages();
       AppendResult one;
       KVBLOCK_RETURN_IF_ERROR(
           AppendAtPageBoundary(handle, sequence, entry, one));
       if (one.new_pages == 0 && !one.copy.has_value()) continue;
       result.changed.push_back(static_cast<int32_t>(i));
+      // A copy on write replaces the last page held before.
+      result.first_changed_page.push_back(pages_before -
+                                          (one.copy.has_value() ? 1 : 0));
       if (one.copy.has_value()) result.copies.push_back(*one.copy);
       result.new_pages += one.new_pages;
     }
@@ -485,6 +490,7 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
   });
   if (!status.ok()) {
     result.changed.clear();
+    result.first_changed_page.clear();
     result.copies.clear();
     result.new_pages = 0;
   }

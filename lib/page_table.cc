@@ -122,8 +122,8 @@ absl::Status KVPageTable::SetRows(
   const uint64_t stamp = ++stamp_;
   for (size_t i = 0; i < updates.size(); ++i) {
     const KVPageTableRowUpdate& update = updates[i];
-    if (absl::Status status =
-            ValidateRow(update.slot, update.k_page_ids, update.count);
+    if (absl::Status status = ValidateRow(update.slot, update.k_page_ids,
+                                          update.count, update.first);
         !status.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("update ", i, ": ", status.message()));
@@ -138,7 +138,7 @@ absl::Status KVPageTable::SetRows(
     mark = {stamp, static_cast<int32_t>(i)};
   }
   for (const KVPageTableRowUpdate& update : updates) {
-    WriteRow(update.slot, update.k_page_ids, update.count);
+    WriteRow(update.slot, update.k_page_ids, update.count, update.first);
   }
   is_identity_ = false;
   return absl::OkStatus();
@@ -268,9 +268,9 @@ absl::Status KVPageTable::CheckInvariants() const {
   for (SlotId slot = 0; slot < max_batch_; ++slot) {
     const int32_t buffer = buffer_of_[slot];
     if (buffer < 0 || buffer >= max_batch_ || seen[buffer]++ != 0) {
-      return absl::InternalError(absl::StrCat(
-          "page table: slot ", slot, " has buffer ", buffer,
-          ", not a fresh one in [0, ", max_batch_, ")"));
+      return absl::InternalError(
+          absl::StrCat("page table: slot ", slot, " has buffer ", buffer,
+                       ", not a fresh one in [0, ", max_batch_, ")"));
     }
   }
   for (SlotId slot = 0; slot < max_batch_; ++slot) {
@@ -433,7 +433,7 @@ DeviceTensor KVPageTable::kernel_view() const {
 }
 
 absl::Status KVPageTable::ValidateRow(SlotId slot, const PageId* k_page_ids,
-                                      int64_t count) const {
+                                      int64_t count, int64_t first) const {
   if (slot < 0 || slot >= max_batch_) {
     return absl::InvalidArgumentError(
         absl::StrCat("slot ", slot, " is outside [0, ", max_batch_, ")"));
@@ -447,7 +447,12 @@ absl::Status KVPageTable::ValidateRow(SlotId slot, const PageId* k_page_ids,
     return absl::InvalidArgumentError(
         absl::StrCat("slot ", slot, ": null k_page_ids with count ", count));
   }
-  for (int64_t i = 0; i < count; ++i) {
+  if (first < 0 || first > std::min<int64_t>(count, Length(slot))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slot ", slot, ": first ", first, " is outside [0, min(count ", count,
+        ", live ids ", Length(slot), ")]"));
+  }
+  for (int64_t i = first; i < count; ++i) {
     if (k_page_ids[i] < 0 || k_page_ids[i] >= num_pages_) {
       return absl::InvalidArgumentError(
           absl::StrCat("slot ", slot, ": page id ", k_page_ids[i], " at index ",
@@ -457,13 +462,14 @@ absl::Status KVPageTable::ValidateRow(SlotId slot, const PageId* k_page_ids,
   return absl::OkStatus();
 }
 
-void KVPageTable::WriteRow(SlotId slot, const PageId* k_page_ids,
-                           int32_t count) {
+void KVPageTable::WriteRow(SlotId slot, const PageId* k_page_ids, int32_t count,
+                           int32_t first) {
   int32_t& length = lengths_[buffer_of_[slot]];
   const int32_t old_count = length;
   if (count == 0 && old_count == 0) return;  // stays empty: no change.
   PageId* const row = Row(slot);
-  if (count > 0) std::copy_n(k_page_ids, count, row);
+  if (count > first)
+    std::copy(k_page_ids + first, k_page_ids + count, row + first);
   if (old_count > count) std::fill(row + count, row + old_count, kNoPage);
   length = count;
   MarkChanged(slot);

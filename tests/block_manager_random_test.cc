@@ -652,12 +652,16 @@ class RandomRun {
         code = Code::kInvalidArgument;
         continue;
       }
+      const int32_t pages_before =
+          static_cast<int32_t>(trial.sequences().at(id).pages.size());
       AppendResult one;
       code = trial.Append(id, more, one);
       if (code != Code::kOk || (one.new_pages == 0 && !one.copy.has_value())) {
         continue;
       }
       expected.changed.push_back(static_cast<int32_t>(handles.size() - 1));
+      expected.first_changed_page.push_back(pages_before -
+                                            (one.copy.has_value() ? 1 : 0));
       if (one.copy.has_value()) expected.copies.push_back(*one.copy);
       expected.new_pages += one.new_pages;
     }
@@ -669,11 +673,13 @@ class RandomRun {
     if (code == Code::kOk) {
       model_ = std::move(trial);
       REQUIRE(result.changed == expected.changed);
+      REQUIRE(result.first_changed_page == expected.first_changed_page);
       REQUIRE(result.copies == expected.copies);
       REQUIRE(result.new_pages == expected.new_pages);
       if (!result.copies.empty()) ++(*counts_)["append many with copy"];
     } else {
       REQUIRE(result.changed.empty());
+      REQUIRE(result.first_changed_page.empty());
       REQUIRE(result.copies.empty());
     }
     return code;

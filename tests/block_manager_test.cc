@@ -252,6 +252,8 @@ TEST_CASE("append many appends in entry order and reports changed entries") {
                                  {7, 51, 9, 8}, result));
   REQUIRE_OK(manager->CheckInvariants());
   REQUIRE(result.changed == std::vector<int32_t>{0, 1});
+  // 1 rewrote its page 1 (the copy), 2 added its page 1.
+  REQUIRE(result.first_changed_page == std::vector<int32_t>{1, 1});
   REQUIRE(result.copies == std::vector<PageCopy>{{1, 3}});
   REQUIRE(result.new_pages == 1);
   REQUIRE(PagesOf(*manager, 1) == Pages{0, 3});
@@ -284,6 +286,7 @@ TEST_CASE("append many fails as a whole") {
   const BlockManagerSnapshot before = manager->Snapshot();
   AppendManyResult result;
   result.changed = {5};
+  result.first_changed_page = {2};
 
   SECTION("bad arguments") {
     REQUIRE_STATUS_IS(manager->AppendMany({one}, {1, 1}, {7, 8}, result),
@@ -341,6 +344,7 @@ TEST_CASE("append many fails as a whole") {
     return;
   }
   REQUIRE(result.changed.empty());
+  REQUIRE(result.first_changed_page.empty());
   REQUIRE(result.copies.empty());
   REQUIRE(result.new_pages == 0);
   REQUIRE(manager->Snapshot() == before);

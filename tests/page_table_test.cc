@@ -217,6 +217,45 @@ TEST_CASE("set rows validates every update before applying any") {
   REQUIRE(Row(*table, 0) == std::vector<PageId>{5, kNoPage, kNoPage});
 }
 
+TEST_CASE("set rows writes a row from its first changed page") {
+  std::unique_ptr<Device> device = Device::Host();
+  std::unique_ptr<KVPageTable> table = MakeTable(*device);
+  SetRowOk(*table, 0, {5, 6});
+  SetRowOk(*table, 1, {7, 8, 9});
+  REQUIRE_OK(table->Upload(nullptr));
+  // Entries before `first` are the row's own, whatever the update holds
+  // there: only the ids from `first` on are read.
+  const PageId grown[] = {kNoPage, 99, 10};
+  const PageId shrunk[] = {7, 8};
+  const KVPageTableRowUpdate updates[] = {{0, grown, 3, 2},
+                                          {1, shrunk, 2, 2}};
+  REQUIRE_OK(table->SetRows(updates));
+  REQUIRE(Row(*table, 0) == std::vector<PageId>{5, 6, 10});
+  REQUIRE(Row(*table, 1) == std::vector<PageId>{7, 8, kNoPage});
+  REQUIRE_OK(table->CheckInvariants());
+  // Both rows changed: the next upload carries them, in one copy.
+  REQUIRE(UploadAndCount(*table, *device) ==
+          UploadEffect{true, 1, 2 * 2 * kWidth * sizeof(int32_t)});
+  REQUIRE(ReadMirror(*table, *device) == ExpectedMirror(*table));
+}
+
+TEST_CASE("set rows rejects a first outside the row's live ids or the count") {
+  std::unique_ptr<Device> device = Device::Host();
+  std::unique_ptr<KVPageTable> table = MakeTable(*device);
+  SetRowOk(*table, 0, {5, 6});
+  const PageId ids[] = {5, 6, 7};
+  for (const KVPageTableRowUpdate& update :
+       {KVPageTableRowUpdate{0, ids, 3, 3}, KVPageTableRowUpdate{0, ids, 1, 2},
+        KVPageTableRowUpdate{0, ids, 3, -1},
+        KVPageTableRowUpdate{1, ids, 1, 1}}) {
+    const KVPageTableRowUpdate updates[] = {update};
+    REQUIRE_FAILS_UNCHANGED(*table, table->SetRows(updates), kInvalidArgument);
+  }
+  const KVPageTableRowUpdate past_live[] = {{0, ids, 3, 3}};
+  REQUIRE(table->SetRows(past_live).message() ==
+          "update 0: slot 0: first 3 is outside [0, min(count 3, live ids 2)]");
+}
+
 TEST_CASE("compaction moves surviving rows and clears the rest") {
   std::unique_ptr<Device> device = Device::Host();
   std::unique_ptr<KVPageTable> table = MakeTable(*device);

@@ -81,11 +81,11 @@ struct StepPlan {
 // What a committed step did. Views into BatchCommit's buffers, valid until the
 // next Commit.
 struct StepResult {
-  absl::Span<const int32_t> old_to_new;  // per old slot: new slot or -1.
-  int32_t batch = 0;                     // running sequences after the step.
+  absl::Span<const int32_t> old_to_new;    // per old slot: new slot or -1.
+  int32_t batch = 0;                       // running sequences after the step.
   absl::Span<const SlotId> changed_slots;  // rows rewritten by SetRows.
-  absl::Span<const PageCopy> copies;     // CoW copies to run, in order.
-  int32_t new_pages = 0;                 // pages allocated by the step.
+  absl::Span<const PageCopy> copies;       // CoW copies to run, in order.
+  int32_t new_pages = 0;                   // pages allocated by the step.
 };
 
 class BatchCommit {
@@ -127,7 +127,9 @@ class BatchCommit {
   absl::Status Apply(const StepPlan& plan, bool& table_changed);
   // The slot of running sequence `id`, or kNoSlot.
   SlotId RunningSlot(SequenceId id) const;
-  absl::Status AddRow(SlotId slot, SequenceHandle handle);
+  // Queues slot `slot`'s row update: the pages of `handle`, rewritten from
+  // page `first` on (the row holds the ones before).
+  absl::Status AddRow(SlotId slot, SequenceHandle handle, int32_t first);
   // Rewrites every row from the manager (after its rollback).
   absl::Status RestoreTable();
 
@@ -148,8 +150,8 @@ class BatchCommit {
   int64_t joins_ = 0;
 
   // Step scratch, sized max_batch at construction.
-  std::vector<uint8_t> leaving_;        // by old slot.
-  std::vector<SlotId> leaving_slots_;   // sorted by Apply.
+  std::vector<uint8_t> leaving_;       // by old slot.
+  std::vector<SlotId> leaving_slots_;  // sorted by Apply.
   std::vector<SlotId> old_to_new_;
   int32_t next_batch_ = 0;
   std::vector<SequenceId> next_slots_;

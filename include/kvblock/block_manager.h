@@ -111,6 +111,10 @@ struct AppendManyResult {
   // Indexes (into the call's `handles`, ascending) of the entries whose page
   // list changed: a page was allocated, or the last one was copied.
   std::vector<int32_t> changed;
+  // Per entry of `changed`: the first logical page whose id that entry
+  // changed; the pages before it are the ones the sequence held before the
+  // entry (so a page table row needs rewriting from there only).
+  std::vector<int32_t> first_changed_page;
   std::vector<PageCopy> copies;  // copies on write, in entry order.
   int32_t new_pages = 0;         // pages allocated because one filled.
 };

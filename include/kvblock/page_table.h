@@ -23,7 +23,8 @@
 // image) plus O(max_batch); device one table (2 x that); pinned staging
 // kStagingSlots tables.
 //
-// Complexity: SetRow / SetRows are O(pages written + pages cleared);
+// Complexity: SetRow / SetRows are O(pages written + pages cleared) (a
+// SetRows update writes from its `first` page);
 // CompactRows is O(max_batch + pages of retired rows): rows keep their host
 // storage and change slots by index; Upload is O(live ids of the rows
 // changed since the last upload) host work plus, per run of changed rows,
@@ -54,13 +55,17 @@
 namespace kvblock {
 
 // One row of a SetRows call: slot `slot` gets the K pages
-// `k_page_ids[0, count)` and every entry past `count` is cleared. Non-owning:
-// `k_page_ids` must stay valid during the call; it may be null only when
-// `count` is 0 (which clears the slot).
+// `k_page_ids[0, count)` and every entry past `count` is cleared. Entries
+// before `first` keep the ids the row holds (the caller vouches that they are
+// `k_page_ids[0, first)`, which is not read): only `[first, count)` is
+// validated and written, so a row that grew by one page costs O(1).
+// Non-owning: `k_page_ids` must stay valid during the call; it may be null
+// only when `count` is 0 (which clears the slot).
 struct KVPageTableRowUpdate {
   SlotId slot = kNoSlot;
   const PageId* k_page_ids = nullptr;
   int32_t count = 0;
+  int32_t first = 0;  // in [0, min(count, the row's live ids)].
 };
 
 // What KVPageTable::Upload has done since Create.
@@ -84,9 +89,9 @@ class KVPageTable {
   // pool of `num_pages` K pages, every entry kNoPage, mirrored on `device`
   // (which must outlive the table).
   // InvalidArgument: a non-positive argument; `num_pages` at or above 2^30
-  // (BlockPool's and PagedKvConfig's limit, for int32 V ids); a table of more than INT32_MAX
-  // entries (`max_batch * 2 * max_pages_per_seq`; kernels index it with
-  // 32-bit offsets). ResourceExhausted / Internal: the device could not
+  // (BlockPool's and PagedKvConfig's limit, for int32 V ids); a table of more
+  // than INT32_MAX entries (`max_batch * 2 * max_pages_per_seq`; kernels index
+  // it with 32-bit offsets). ResourceExhausted / Internal: the device could not
   // allocate the mirror, the staging or its events.
   static absl::StatusOr<std::unique_ptr<KVPageTable>> Create(
       int32_t max_batch, int32_t max_pages_per_seq, int32_t num_pages,
@@ -110,9 +115,10 @@ class KVPageTable {
   absl::Status SetRow(SlotId slot, absl::Span<const PageId> k_page_ids);
 
   // Applies every update as one commit, after validating them all: each as
-  // SetRow does, and no slot twice. Slots not named keep their rows. Clears
-  // is_identity(). InvalidArgument names the first bad update by index. On
-  // error, nothing changes.
+  // SetRow does (its ids from `first` on), `first` in [0, min(count, the
+  // row's live ids)], and no slot twice. Slots not named keep their rows.
+  // Clears is_identity(). InvalidArgument names the first bad update by
+  // index. On error, nothing changes.
   absl::Status SetRows(absl::Span<const KVPageTableRowUpdate> updates);
 
   // Moves rows: `old_to_new` has one entry per old slot (max_batch entries);
@@ -191,16 +197,19 @@ class KVPageTable {
     return rows_.data() + RowOffset(buffer_of_[slot]);
   }
   int32_t Length(SlotId slot) const { return lengths_[buffer_of_[slot]]; }
-  // OK when `slot` may be written with `k_page_ids[0, count)`; otherwise
-  // InvalidArgument naming the slot and the bad value.
   // CompactRows for an order-preserving map (what a serving step makes), in
   // one pass over buffer numbers; false, changing nothing, for any other
   // map.
   bool CompactInOrder(absl::Span<const SlotId> old_to_new, int32_t new_batch);
-  absl::Status ValidateRow(SlotId slot, const PageId* k_page_ids,
-                           int64_t count) const;
-  // Writes a validated row (marking it changed unless it stays empty).
-  void WriteRow(SlotId slot, const PageId* k_page_ids, int32_t count);
+  // OK when `slot` may be written with `k_page_ids[first, count)`, keeping
+  // its first `first` ids; otherwise InvalidArgument naming the slot and the
+  // bad value.
+  absl::Status ValidateRow(SlotId slot, const PageId* k_page_ids, int64_t count,
+                           int64_t first = 0) const;
+  // Writes a validated row from its `first` id on (marking it changed unless
+  // it stays empty).
+  void WriteRow(SlotId slot, const PageId* k_page_ids, int32_t count,
+                int32_t first = 0);
   // The invariants of one row; Internal naming it when broken.
   // CheckRow: the whole row (live ids in range, kNoPage after them);
   // CheckLiveIds: the live ids only.
