@@ -19,6 +19,12 @@
 // scheduler thread's cost when it hashes on arrival itself; Admit still
 // hashes each prompt's first page, to check the hashes it is given.
 //
+// With `upload`, `upload_bytes_per_step` is what each step's Upload copied
+// to the device: whole rows, for every row the step changed or moved (a
+// compaction moves every survivor after the first slot that left). On the
+// host device those copies are memcpy and count in the time; on a GPU they
+// are asynchronous DMA.
+//
 // Heap allocations are counted by replacing the global operator new in this
 // binary and OpenSSL's allocator (SHA-256 page hashes): `allocs_per_step`
 // counts those made inside the timed calls (the goal is 0).
@@ -187,6 +193,10 @@ class DecodeWorkload {
 
   // Total time spent hashing prompts on arrival.
   double arrival_seconds() const { return arrival_seconds_; }
+  // What the table's uploads have copied so far.
+  const KVPageTableUploadStats& upload_stats() const {
+    return table_->upload_stats();
+  }
 
  private:
   static bool Fail(benchmark::State& state, const absl::Status& status) {
@@ -218,9 +228,9 @@ class DecodeWorkload {
     const auto start = std::chrono::steady_clock::now();
     const absl::StatusOr<int64_t> pages =
         manager_->HashPrompt(prompt, {}, absl::MakeSpan(prompt_hashes_[i]));
-    arrival_seconds_ += std::chrono::duration<double>(
-                            std::chrono::steady_clock::now() - start)
-                            .count();
+    arrival_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
     // Cannot fail: prompt_hashes_[i] holds the longest prompt's pages.
     joins_[i].prompt_hashes =
         absl::MakeConstSpan(prompt_hashes_[i]).first(pages.value_or(0));
@@ -267,6 +277,7 @@ void BM_CommitDecodeStep(benchmark::State& state) {
     return;
   }
   const double arrival_before = workload.arrival_seconds();
+  const int64_t upload_bytes_before = workload.upload_stats().bytes;
   int64_t step_allocations = 0;
   double step_seconds = 0;
   for (auto _ : state) {
@@ -274,9 +285,9 @@ void BM_CommitDecodeStep(benchmark::State& state) {
     const int64_t before = allocations;
     const auto start = std::chrono::steady_clock::now();
     const absl::Status status = workload.Commit(upload);
-    const double seconds = std::chrono::duration<double>(
-                               std::chrono::steady_clock::now() - start)
-                               .count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
     step_allocations += allocations - before;
     if (!status.ok()) {
       state.SkipWithError(status.ToString().c_str());
@@ -293,6 +304,12 @@ void BM_CommitDecodeStep(benchmark::State& state) {
   state.counters["allocs_per_step"] =
       benchmark::Counter(static_cast<double>(step_allocations),
                          benchmark::Counter::kAvgIterations);
+  if (upload) {
+    state.counters["upload_bytes_per_step"] =
+        benchmark::Counter(static_cast<double>(workload.upload_stats().bytes -
+                                               upload_bytes_before),
+                           benchmark::Counter::kAvgIterations);
+  }
 }
 BENCHMARK(BM_CommitDecodeStep)
     ->ArgNames({"batch", "upload", "xxh3", "cache", "arrival"})
