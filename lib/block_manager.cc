@@ -49,6 +49,7 @@ BlockManager::BlockManager(const PagedKvConfig& config,
       pool_(std::move(pool)),
       hasher_(std::move(hasher)),
       chain_(config.max_pages_per_seq),
+      hit_pages_(config.max_pages_per_seq),
       page_scratch_(config.max_pages_per_seq) {
   const int32_t max_sequences = options.max_sequences > 0
                                     ? options.max_sequences
@@ -290,7 +291,7 @@ absl::StatusOr<AdmissionPlan> BlockManager::Plan(
     for (int64_t i = 0; i < max_hits; ++i) {
       std::optional<PageId> page = pool_->Lookup(hashes[i]);
       if (!page.has_value()) break;
-      ++plan.hit_pages;
+      hit_pages_[plan.hit_pages++] = *page;
       if (pool_->RefCount(*page) == 0) ++plan.revived_pages;
     }
   }
@@ -359,17 +360,11 @@ absl::StatusOr<AdmissionPlan> BlockManager::Admit(
     sequence.adapter_id = extra.adapter_id;
     SequenceBlockTable& table = sequence.table;
     if (plan.hit_pages > 0) {
-      KVBLOCK_ASSIGN_OR_RETURN(
-          const int32_t hits,
-          pool_->AcquireCachedPrefix(hashes.first(plan.hit_pages),
-                                     absl::MakeSpan(page_scratch_)));
-      if (hits != plan.hit_pages) {
-        return absl::InternalError(absl::StrCat(
-            "block manager: planned ", plan.hit_pages, " prefix hits, got ",
-            hits));
-      }
-      KVBLOCK_RETURN_IF_ERROR(
-          table.AdoptPages(absl::MakeConstSpan(page_scratch_).first(hits)));
+      // The pages Plan found: no second lookup.
+      const absl::Span<const PageId> hits =
+          absl::MakeConstSpan(hit_pages_).first(plan.hit_pages);
+      KVBLOCK_RETURN_IF_ERROR(pool_->AcquireCached(hits));
+      KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(hits));
     }
     absl::Span<PageId> fresh = absl::MakeSpan(page_scratch_).first(plan.new_pages);
     KVBLOCK_RETURN_IF_ERROR(pool_->AllocateN(fresh));

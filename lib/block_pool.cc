@@ -267,23 +267,39 @@ absl::StatusOr<int32_t> BlockPool::AcquireCachedPrefix(
         absl::StrCat("block pool: ", pages.size(),
                      " output slots for a chain of ", chain.size(), " hashes"));
   }
-  // A chain may name one page twice (a repeated hash): take the references
-  // one by one in a transaction and undo them all if one is refused.
-  const Savepoint savepoint = BeginTransaction();
   int32_t hits = 0;
   for (const BlockHash& hash : chain) {
     const PageId page = index_.Find(hash, hash_of());
     if (page == kNoPage) break;
-    if (internal::FaultInjection::ShouldFail()) {
-      RollbackTransaction(savepoint).IgnoreError();  // Innermost: cannot fail.
-      return absl::FailedPreconditionError(absl::StrCat(
+    pages[hits++] = page;
+  }
+  KVBLOCK_RETURN_IF_ERROR(AcquireCached(pages.first(hits)));
+  return hits;
+}
+
+absl::Status BlockPool::AcquireCached(absl::Span<const PageId> pages) {
+  // A page may repeat: take the references one by one in a transaction and
+  // undo them all if one is refused.
+  const Savepoint savepoint = BeginTransaction();
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const PageId page = pages[i];
+    absl::Status refused;
+    if (absl::Status status = CheckRange(page); !status.ok()) {
+      refused = status;
+    } else if (!pages_[page].cached) {
+      refused = absl::FailedPreconditionError(absl::StrCat(
+          "block pool: page ", page, " (position ", i, ") is not cached"));
+    } else if (internal::FaultInjection::ShouldFail()) {
+      refused = absl::FailedPreconditionError(absl::StrCat(
           "block pool: injected fault acquiring cached page ", page));
+    } else if (pages_[page].refcount == max_refcount_) {
+      refused = absl::FailedPreconditionError(
+          absl::StrCat("block pool: cached page ", page, " (position ", i,
+                       ") refcount is at the maximum ", max_refcount_));
     }
-    if (pages_[page].refcount == max_refcount_) {
+    if (!refused.ok()) {
       RollbackTransaction(savepoint).IgnoreError();  // Innermost: cannot fail.
-      return absl::FailedPreconditionError(
-          absl::StrCat("block pool: cached page ", page, " (chain position ",
-                       hits, ") refcount is at the maximum ", max_refcount_));
+      return refused;
     }
     if (pages_[page].refcount == 0) {
       const PageId prev = pages_[page].lru_prev;
@@ -296,11 +312,9 @@ absl::StatusOr<int32_t> BlockPool::AcquireCachedPrefix(
       ++pages_[page].refcount;
       Journal(UndoRecord::Op::kAddRef, page);
     }
-    pages[hits++] = page;
   }
-  stats_.cache_hits += hits;
-  KVBLOCK_RETURN_IF_ERROR(CommitTransaction(savepoint));
-  return hits;
+  stats_.cache_hits += static_cast<int64_t>(pages.size());
+  return CommitTransaction(savepoint);
 }
 
 absl::Status BlockPool::ResetPrefixCache() {

@@ -368,6 +368,57 @@ TEST_CASE("acquire cached prefix fails without a change") {
   REQUIRE_OK(pool->CheckInvariants());
 }
 
+TEST_CASE("acquire cached takes found pages, reviving evictable ones") {
+  auto pool = NewPool(8);
+  const std::vector<PageId> pages = CachedPages(*pool, 3, 10);
+  REQUIRE_OK(pool->Release(pages[1]));  // Evictable.
+  REQUIRE_OK(pool->Release(pages[2]));  // Evictable, LRU tail.
+
+  // A repeated page takes one reference per occurrence.
+  const PageId take[] = {pages[0], pages[1], pages[1]};
+  REQUIRE_OK(pool->AcquireCached(take));
+  REQUIRE(pool->RefCount(pages[0]) == 2);
+  REQUIRE(pool->RefCount(pages[1]) == 2);
+  REQUIRE(pool->RefCount(pages[2]) == 0);
+  REQUIRE(pool->NumEvictable() == 1);
+  REQUIRE(pool->stats().cache_hits == 3);
+  REQUIRE(pool->stats().cache_revivals == 1);
+  REQUIRE(pool->Lookup(TestHash(11)) == pages[1]);  // Still cached.
+  REQUIRE_OK(pool->AcquireCached({}));
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("acquire cached fails without a change") {
+  auto pool = NewPool(8, {.max_refcount = 2});
+  const std::vector<PageId> pages = CachedPages(*pool, 3, 10);
+  REQUIRE_OK(pool->Release(pages[0]));  // Evictable.
+  REQUIRE_OK(pool->Retain(pages[2]));   // At the maximum.
+  auto uncached = pool->Allocate();     // Used, never cached.
+  REQUIRE_OK(uncached);
+  const BlockPoolSnapshot before = pool->Snapshot();
+
+  // Each refusal comes after an accepted page (a revival, a reference) that
+  // it undoes.
+  const PageId at_maximum[] = {pages[0], pages[1], pages[2]};
+  REQUIRE_STATUS_IS(pool->AcquireCached(at_maximum), kFailedPrecondition);
+  REQUIRE(pool->Snapshot() == before);
+  const PageId repeated[] = {pages[1], pages[1]};
+  REQUIRE_STATUS_IS(pool->AcquireCached(repeated), kFailedPrecondition);
+  REQUIRE(pool->Snapshot() == before);
+  const PageId not_cached[] = {pages[0], *uncached};
+  REQUIRE_STATUS_IS(pool->AcquireCached(not_cached), kFailedPrecondition);
+  REQUIRE(pool->Snapshot() == before);
+  const PageId free_page[] = {pages[1], 7};
+  REQUIRE_STATUS_IS(pool->AcquireCached(free_page), kFailedPrecondition);
+  REQUIRE(pool->Snapshot() == before);
+  const PageId out_of_range[] = {pages[0], 8};
+  REQUIRE_STATUS_IS(pool->AcquireCached(out_of_range), kInvalidArgument);
+  const PageId negative[] = {kNoPage};
+  REQUIRE_STATUS_IS(pool->AcquireCached(negative), kInvalidArgument);
+  REQUIRE(pool->Snapshot() == before);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
 TEST_CASE("allocate evicts the least recently released cached page last") {
   auto pool = NewPool(4);
   // One sequence of three cached pages, released last page first: the

@@ -357,7 +357,8 @@ class BlockManager {
   int32_t CreateSequence(SequenceId id);
   absl::Status Remove(SequenceId id, bool preempted);
   // The plan, with `hashes` set to the prompt's full-page hashes: the
-  // caller's `prompt_hashes`, or computed into chain_ when those are empty.
+  // caller's `prompt_hashes`, or computed into chain_ when those are empty;
+  // the hit pages are in hit_pages_[0, hit_pages).
   absl::StatusOr<AdmissionPlan> Plan(absl::Span<const TokenId> prompt,
                                      const HashExtraKeys& extra,
                                      absl::Span<const BlockHash> prompt_hashes,
@@ -392,6 +393,7 @@ class BlockManager {
   // Scratch of the const planning calls (hence mutable; see Thread safety).
   mutable BlockHasher hasher_;
   mutable std::vector<BlockHash> chain_;
+  mutable std::vector<PageId> hit_pages_;
   std::vector<PageId> page_scratch_;
 
   // Sequence slab, indexed by a handle's index (it grows past max_sequences only by

@@ -25,8 +25,8 @@
 // index and the stats exactly (`Snapshot()` compares equal to the one taken at
 // `BeginTransaction()`). Transactions nest; the innermost one is closed first.
 //
-// Complexity: every operation is O(1) per page it touches (AllocateN and
-// AcquireCachedPrefix: O(pages)); CheckInvariants, Snapshot and
+// Complexity: every operation is O(1) per page it touches (AllocateN,
+// AcquireCached and AcquireCachedPrefix: O(pages)); CheckInvariants, Snapshot and
 // ResetPrefixCache are O(num_pages). Arrays, the free stack, the prefix index
 // and the journal are reserved at construction: steady-state operations do not
 // allocate memory (a transaction journaling more than `journal_reserve`
@@ -91,7 +91,7 @@ struct BlockPoolStats {
   int64_t evictions = 0;
   // Writable results of kind kCopy.
   int64_t cow_copies = 0;
-  // Pages taken by AcquireCachedPrefix; `cache_revivals` of them were
+  // Pages taken by AcquireCached(Prefix); `cache_revivals` of them were
   // evictable.
   int64_t cache_hits = 0;
   int64_t cache_revivals = 0;
@@ -153,7 +153,7 @@ class BlockPool {
 
   // Adds a reference to a used page. InvalidArgument when `page` is not in
   // [0, num_pages); FailedPrecondition when it is free or evictable (revive a
-  // cached page with AcquireCachedPrefix) or its refcount is at
+  // cached page with AcquireCached) or its refcount is at
   // `max_refcount`. On error, nothing changes.
   absl::Status Retain(PageId page);
 
@@ -188,14 +188,20 @@ class BlockPool {
   std::optional<PageId> Lookup(const BlockHash& hash) const;
 
   // Walks `chain` (a prompt's page hashes, first page first), stops at the
-  // first hash that is not cached, takes one reference on each hit (an
-  // evictable hit is revived: it leaves the LRU list with refcount 1), writes
-  // the hits to `pages[0, hits)` and returns `hits`. All or nothing.
-  // InvalidArgument when `pages` is shorter than `chain`; FailedPrecondition
-  // when a hit's refcount is at `max_refcount`. On error, nothing changes in
-  // the pool (`pages` may be partly overwritten).
+  // first hash that is not cached, writes the hits to `pages[0, hits)`, takes
+  // them as AcquireCached does and returns `hits`. InvalidArgument when
+  // `pages` is shorter than `chain`; AcquireCached's errors. On error,
+  // nothing changes in the pool (`pages` may be partly overwritten).
   absl::StatusOr<int32_t> AcquireCachedPrefix(absl::Span<const BlockHash> chain,
                                               absl::Span<PageId> pages);
+
+  // Takes one reference on each of `pages`, cached pages (used or evictable)
+  // that the caller found with Lookup, in order; an evictable page is revived
+  // (it leaves the LRU list with refcount 1). A page may repeat. All or
+  // nothing. InvalidArgument when a page is not in [0, num_pages);
+  // FailedPrecondition when it is not cached or its refcount is at
+  // `max_refcount`. On error, nothing changes.
+  absl::Status AcquireCached(absl::Span<const PageId> pages);
 
   // Forgets every hash. Evictable pages become free, pushed in LRU order (so
   // the most recently released is allocated first); cached used pages stay
