@@ -142,7 +142,7 @@ PageId BlockPool::AllocateUnchecked() {
   } else {
     page = pages_[num_pages_].lru_next;
     Unlink(page);
-    index_.Erase(pages_[page].hash, page);
+    index_.Erase(pages_[page].tag, page);
     pages_[page].cached = 0;
     ++stats_.evictions;
     Journal(UndoRecord::Op::kEvict, page, kNoPage, pages_[page].hash);
@@ -210,7 +210,7 @@ absl::StatusOr<CopyOnWrite> BlockPool::Writable(PageId page) {
     if (absl::Status status = CheckUsed(page); !status.ok()) return status;
     if (pages_[page].refcount == 1) {
       if (pages_[page].cached) {
-        index_.Erase(pages_[page].hash, page);
+        index_.Erase(pages_[page].tag, page);
         pages_[page].cached = 0;
         Journal(UndoRecord::Op::kUncache, page, kNoPage, pages_[page].hash);
       }
@@ -243,12 +243,14 @@ absl::StatusOr<PageId> BlockPool::RegisterCached(PageId page,
         "block pool: page ", page, " is cached as ", ShortHash(pages_[page].hash),
         "..., not ", ShortHash(hash), "..."));
   }
-  if (const PageId indexed = index_.Insert(hash, page, hash_of());
+  const uint32_t tag = PrefixIndex::Tag(hash);
+  if (const PageId indexed = index_.Insert(tag, hash, page, hash_of());
       indexed != page) {
     return indexed;
   }
   pages_[page].cached = 1;
   pages_[page].hash = hash;
+  pages_[page].tag = tag;
   ++stats_.cache_registrations;
   Journal(UndoRecord::Op::kRegister, page, kNoPage, hash);
   return page;
@@ -364,6 +366,14 @@ absl::Status BlockPool::RollbackTransaction(const Savepoint& savepoint) {
   return absl::OkStatus();
 }
 
+void BlockPool::Recache(PageId page, const BlockHash& hash) {
+  PageState& state = pages_[page];
+  state.cached = 1;
+  state.hash = hash;
+  state.tag = PrefixIndex::Tag(hash);
+  index_.Insert(state.tag, hash, page, hash_of());
+}
+
 // Records are undone newest first, so the pool is exactly as it was right
 // after the recorded change: the free-stack top, the LRU head and tail, and a
 // revived page's old neighbour are where the change left them.
@@ -376,9 +386,7 @@ void BlockPool::Undo(const UndoRecord& record) {
       break;
     case UndoRecord::Op::kEvict:
       pages_[page].refcount = 0;
-      pages_[page].cached = 1;
-      pages_[page].hash = record.hash;
-      index_.Insert(record.hash, page, hash_of());
+      Recache(page, record.hash);
       LinkAfter(num_pages_, page);
       break;
     case UndoRecord::Op::kAddRef:
@@ -400,13 +408,11 @@ void BlockPool::Undo(const UndoRecord& record) {
       LinkAfter(record.prev, page);
       break;
     case UndoRecord::Op::kRegister:
-      index_.Erase(record.hash, page);
+      index_.Erase(pages_[page].tag, page);
       pages_[page].cached = 0;
       break;
     case UndoRecord::Op::kUncache:
-      pages_[page].cached = 1;
-      pages_[page].hash = record.hash;
-      index_.Insert(record.hash, page, hash_of());
+      Recache(page, record.hash);
       break;
   }
 }
@@ -475,6 +481,9 @@ absl::Status BlockPool::CheckInvariants() const {
       ++num_cached;
       if (index_.Find(pages_[page].hash, hash_of()) != page) {
         return broken("cached page ", page, " is not indexed under its hash");
+      }
+      if (pages_[page].tag != PrefixIndex::Tag(pages_[page].hash)) {
+        return broken("cached page ", page, " keeps a tag not of its hash");
       }
     }
   }

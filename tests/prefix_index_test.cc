@@ -24,17 +24,20 @@ TEST_CASE("prefix index finds, refuses duplicates and erases") {
   Keys keys{{TestHash(10), TestHash(11), TestHash(10)}};
   PrefixIndex index(3);
   REQUIRE(index.Find(TestHash(10), keys) == kNoPage);
-  REQUIRE(index.Insert(TestHash(10), 0, keys) == 0);
-  REQUIRE(index.Insert(TestHash(11), 1, keys) == 1);
+  REQUIRE(index.Insert(PrefixIndex::Tag(TestHash(10)), TestHash(10), 0, keys) ==
+          0);
+  REQUIRE(index.Insert(PrefixIndex::Tag(TestHash(11)), TestHash(11), 1, keys) ==
+          1);
   // Page 2 holds the same content as page 0: the index keeps page 0.
-  REQUIRE(index.Insert(TestHash(10), 2, keys) == 0);
+  REQUIRE(index.Insert(PrefixIndex::Tag(TestHash(10)), TestHash(10), 2, keys) ==
+          0);
   REQUIRE(index.size() == 2);
   REQUIRE(index.Find(TestHash(10), keys) == 0);
   REQUIRE(index.Find(TestHash(11), keys) == 1);
   REQUIRE(index.Find(TestHash(12), keys) == kNoPage);
   REQUIRE_OK(index.CheckInvariants(keys));
 
-  index.Erase(TestHash(10), 0);
+  index.Erase(PrefixIndex::Tag(TestHash(10)), 0);
   REQUIRE(index.Find(TestHash(10), keys) == kNoPage);
   REQUIRE(index.Find(TestHash(11), keys) == 1);
   REQUIRE(index.size() == 1);
@@ -51,7 +54,7 @@ TEST_CASE("prefix index finds, refuses duplicates and erases") {
 TEST_CASE("prefix index invariants catch a key changed under the index") {
   Keys keys{{TestHash(1), TestHash(2)}};
   PrefixIndex index(2);
-  index.Insert(TestHash(1), 0, keys);
+  index.Insert(PrefixIndex::Tag(TestHash(1)), TestHash(1), 0, keys);
   // Page 0's key changes under the index: its tag no longer matches.
   keys.by_page[0] = TestHash(3);
   REQUIRE_STATUS_IS(index.CheckInvariants(keys), kInternal);
@@ -76,7 +79,7 @@ TEST_CASE("prefix index agrees with a map through random churn") {
     const PageId page = static_cast<PageId>(rng() % kPages);
     if (key_of[page] >= 0) {
       const BlockHash hash = keys(page);
-      index.Erase(hash, page);
+      index.Erase(PrefixIndex::Tag(hash), page);
       model.erase(static_cast<uint32_t>(key_of[page]));
       key_of[page] = -1;
     } else {
@@ -84,7 +87,8 @@ TEST_CASE("prefix index agrees with a map through random churn") {
       keys.by_page[page] = TestHash(key);
       const auto it = model.find(key);
       const PageId expected = it == model.end() ? page : it->second;
-      REQUIRE(index.Insert(TestHash(key), page, keys) == expected);
+      REQUIRE(index.Insert(PrefixIndex::Tag(TestHash(key)), TestHash(key), page,
+                           keys) == expected);
       if (expected == page) {
         model[key] = page;
         key_of[page] = key;

@@ -288,6 +288,8 @@ class BlockPool {
   void Journal(UndoRecord::Op op, PageId page, PageId prev = kNoPage,
                const BlockHash& hash = BlockHash{});
   void Undo(const UndoRecord& record);
+  // Indexes `page` under `hash` again (undoing an eviction or an uncache).
+  void Recache(PageId page, const BlockHash& hash);
   void NoteUsed();
   // Intrusive LRU list: the sentinel `num_pages_` links head and tail.
   void LinkAfter(PageId prev, PageId page);
@@ -300,6 +302,7 @@ class BlockPool {
   // touches one line instead of one per field.
   struct alignas(64) PageState {
     BlockHash hash;  // the index key while `cached`.
+    uint32_t tag = 0;      // PrefixIndex::Tag(hash) while `cached`.
     int32_t refcount = 0;  // in [0, max_refcount_].
     // Evictable pages only (others hold kNoPage).
     PageId lru_prev = kNoPage;

@@ -54,6 +54,13 @@ class PrefixIndex {
 
   int32_t size() const { return size_; }
 
+  // The tag of `hash`: Insert and Erase take it, so that a caller that keeps
+  // each entry's tag (BlockPool does, beside the page's hash) erases without
+  // hashing the key again.
+  static uint32_t Tag(const BlockHash& hash) {
+    return static_cast<uint32_t>(absl::Hash<BlockHash>{}(hash) >> 32);
+  }
+
   // The page indexed under `hash`, or kNoPage. O(1) expected.
   template <typename HashOf>
   PageId Find(const BlockHash& hash, const HashOf& hash_of) const {
@@ -67,10 +74,12 @@ class PrefixIndex {
 
   // Indexes `page` under `hash` unless a page is indexed there already;
   // returns that page, or `page`. O(1) expected.
-  // REQUIRES: fewer than max_entries pages indexed, or `hash` among them.
+  // REQUIRES: `tag` == Tag(hash); fewer than max_entries pages indexed, or
+  // `hash` among them.
   template <typename HashOf>
-  PageId Insert(const BlockHash& hash, PageId page, const HashOf& hash_of) {
-    const uint32_t tag = Tag(hash);
+  PageId Insert(uint32_t tag, const BlockHash& hash, PageId page,
+                const HashOf& hash_of) {
+    assert(tag == Tag(hash));
     for (size_t i = Home(tag);; i = (i + 1) & mask_) {
       Slot& slot = slots_[i];
       if (slot.page == kNoPage) {
@@ -83,10 +92,10 @@ class PrefixIndex {
     }
   }
 
-  // Removes `page`, indexed under `hash`. O(1) expected.
-  // REQUIRES: `page` is indexed under `hash`.
-  void Erase(const BlockHash& hash, PageId page) {
-    size_t hole = Home(Tag(hash));
+  // Removes `page`, indexed under a hash whose Tag is `tag`. O(1) expected.
+  // REQUIRES: `page` is indexed under such a hash.
+  void Erase(uint32_t tag, PageId page) {
+    size_t hole = Home(tag);
     while (slots_[hole].page != page) {
       assert(slots_[hole].page != kNoPage);
       hole = (hole + 1) & mask_;
@@ -153,9 +162,6 @@ class PrefixIndex {
     PageId page = kNoPage;  // kNoPage: empty.
   };
 
-  static uint32_t Tag(const BlockHash& hash) {
-    return static_cast<uint32_t>(absl::Hash<BlockHash>{}(hash) >> 32);
-  }
   size_t Home(uint32_t tag) const { return tag >> shift_; }
 
   int32_t max_entries_;
