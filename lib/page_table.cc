@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -67,11 +68,14 @@ KVPageTable::KVPageTable(int32_t max_batch, int32_t max_pages_per_seq,
       lengths_(max_batch, 0),
       buffer_of_(max_batch),
       next_buffer_of_(max_batch),
+      retired_slots_(max_batch),
+      slot_numbers_(max_batch),
       uploaded_(rows_.size(), kNoPage),
       uploaded_lengths_(max_batch, 0),
       changed_(max_batch, 0),
       marks_(max_batch) {
-  for (SlotId slot = 0; slot < max_batch; ++slot) buffer_of_[slot] = slot;
+  std::iota(buffer_of_.begin(), buffer_of_.end(), 0);
+  std::iota(slot_numbers_.begin(), slot_numbers_.end(), 0);
   changed_rows_.reserve(max_batch);
   dirty_rows_.reserve(max_batch);
   // Staging starts as garbage: the first write of a row fills all of it.
@@ -220,34 +224,46 @@ absl::Status KVPageTable::CompactRows(absl::Span<const SlotId> old_to_new,
 
 bool KVPageTable::CompactInOrder(absl::Span<const SlotId> old_to_new,
                                  int32_t new_batch) {
-  // Order-preserving: the survivors map to 0, 1, ..., new_batch - 1 in old
-  // slot order. That alone proves the map valid.
-  SlotId expected = 0;
-  SlotId first_moved = max_batch_;
-  for (SlotId old_slot = 0; old_slot < max_batch_; ++old_slot) {
-    const SlotId new_slot = old_to_new[old_slot];
-    if (new_slot == kNoSlot) {
-      first_moved = std::min(first_moved, old_slot);
-      continue;
-    }
-    if (new_slot != expected++) return false;
-  }
-  if (expected != new_batch) return false;
-
-  // Survivors move down in place (a slot's buffer is moved or retired before
-  // a later survivor lands on it); retired buffers are kept in scratch and
-  // fill the slots from new_batch on. A slot is changed when its old or new
-  // contents are not empty.
+  // Order-preserving: each survivor maps to the number of survivors before
+  // it. That alone proves the map valid. Between two retired slots, that is
+  // a run of consecutive numbers: found and compared a run at a time (the
+  // library's vectorized find and memcmp), not slot by slot. The retired
+  // slots are noted for the moves below.
+  const SlotId* const map = old_to_new.data();
   int32_t retired = 0;
-  SlotId next = first_moved;
-  for (SlotId old_slot = first_moved; old_slot < max_batch_; ++old_slot) {
-    const int32_t buffer = buffer_of_[old_slot];
-    if (old_to_new[old_slot] == kNoSlot) {
-      next_buffer_of_[retired++] = buffer;
-      continue;
+  for (SlotId begin = 0; begin < max_batch_;) {
+    const SlotId end = static_cast<SlotId>(
+        std::find(map + begin, map + max_batch_, kNoSlot) - map);
+    if (!std::equal(map + begin, map + end,
+                    slot_numbers_.data() + begin - retired)) {
+      return false;
     }
-    if (lengths_[buffer] > 0 || Length(next) > 0) MarkChanged(next);
-    buffer_of_[next++] = buffer;
+    if (end == max_batch_) break;
+    retired_slots_[retired++] = end;
+    begin = end + 1;
+  }
+  if (max_batch_ - retired != new_batch) return false;
+
+  // Survivors move down in place, a run between retired slots at a time.
+  // Earlier runs wrote only below a run's target slots, which still hold
+  // their own buffers: each is marked changed when its old or new contents
+  // are not empty, then the run moves. The retired buffers are kept in
+  // scratch and fill the slots from new_batch on.
+  SlotId next = retired > 0 ? retired_slots_[0] : max_batch_;
+  for (int32_t r = 0; r < retired; ++r) {
+    next_buffer_of_[r] = buffer_of_[retired_slots_[r]];
+    const SlotId begin = retired_slots_[r] + 1;
+    const SlotId end = r + 1 < retired ? retired_slots_[r + 1] : max_batch_;
+    for (SlotId i = 0; i < end - begin; ++i) {
+      const SlotId slot = next + i;
+      if (changed_[slot] == 0 &&
+          (lengths_[buffer_of_[begin + i]] > 0 || Length(slot) > 0)) {
+        MarkChanged(slot);
+      }
+    }
+    std::copy(buffer_of_.begin() + begin, buffer_of_.begin() + end,
+              buffer_of_.begin() + next);
+    next += end - begin;
   }
   for (int32_t i = 0; i < retired; ++i) {
     const SlotId slot = new_batch + i;

@@ -197,9 +197,9 @@ class KVPageTable {
     return rows_.data() + RowOffset(buffer_of_[slot]);
   }
   int32_t Length(SlotId slot) const { return lengths_[buffer_of_[slot]]; }
-  // CompactRows for an order-preserving map (what a serving step makes), in
-  // one pass over buffer numbers; false, changing nothing, for any other
-  // map.
+  // CompactRows for an order-preserving map (what a serving step makes),
+  // checked and applied a run of survivors at a time, moving buffer numbers
+  // only; false, changing nothing, for any other map.
   bool CompactInOrder(absl::Span<const SlotId> old_to_new, int32_t new_batch);
   // OK when `slot` may be written with `k_page_ids[first, count)`, keeping
   // its first `first` ids; otherwise InvalidArgument naming the slot and the
@@ -240,6 +240,8 @@ class KVPageTable {
   std::vector<int32_t> lengths_;
   std::vector<int32_t> buffer_of_;
   std::vector<int32_t> next_buffer_of_;  // CompactRows scratch.
+  std::vector<SlotId> retired_slots_;    // CompactInOrder scratch.
+  std::vector<SlotId> slot_numbers_;     // 0, 1, ..., max_batch - 1.
   // Set only by SetIdentity; then rows_ is the identity layout.
   bool is_identity_ = false;
 
