@@ -68,6 +68,7 @@ BlockManager::BlockManager(const PagedKvConfig& config,
   }
   // A step journals about one record per running sequence.
   journal_.reserve(2 * static_cast<size_t>(max_sequences));
+  in_place_.reserve(max_sequences);
   token_arena_.reserve(static_cast<size_t>(max_sequences) * config.page_size);
   page_arena_.reserve(static_cast<size_t>(config.max_pages_per_seq) *
                       config.max_batch);
@@ -78,9 +79,13 @@ BlockManager::BlockManager(const PagedKvConfig& config,
 
 BlockManager::Transaction BlockManager::BeginTransaction() {
   ++depth_;
-  return Transaction{pool_->BeginTransaction(), journal_.size(),
-                     token_arena_.size(), page_arena_.size(),
-                     hash_arena_.size(), stats_};
+  return Transaction{pool_->BeginTransaction(),
+                     journal_.size(),
+                     in_place_.size(),
+                     token_arena_.size(),
+                     page_arena_.size(),
+                     hash_arena_.size(),
+                     stats_};
 }
 
 void BlockManager::CommitTransaction(const Transaction& transaction) {
@@ -88,6 +93,7 @@ void BlockManager::CommitTransaction(const Transaction& transaction) {
   (void)pool_->CommitTransaction(transaction.pool_savepoint);
   if (--depth_ > 0) return;
   journal_.clear();
+  in_place_.clear();
   token_arena_.clear();
   page_arena_.clear();
   hash_arena_.clear();
@@ -100,6 +106,7 @@ void BlockManager::RollbackTransaction(const Transaction& transaction) {
     Undo(journal_.back());
     journal_.pop_back();
   }
+  in_place_.resize(transaction.in_place_size);
   token_arena_.resize(transaction.token_arena_size);
   page_arena_.resize(transaction.page_arena_size);
   hash_arena_.resize(transaction.hash_arena_size);
@@ -141,6 +148,14 @@ void BlockManager::Undo(const UndoRecord& record) {
     case UndoRecord::Op::kAppended:
       sequence.num_tokens -= record.count;
       sequence.offset -= record.count;
+      return;
+    case UndoRecord::Op::kAppendedRun:
+      for (int32_t k = record.count - 1; k >= 0; --k) {
+        const InPlaceAppend& append = in_place_[record.arena_offset + k];
+        Sequence& appended = sequences_[append.handle];
+        appended.num_tokens -= append.count;
+        appended.offset -= append.count;
+      }
       return;
     case UndoRecord::Op::kFilled:
       --sequence.num_tokens;
@@ -432,6 +447,43 @@ absl::StatusOr<AppendResult> BlockManager::Append(
   return result;
 }
 
+size_t BlockManager::AppendDecodeRun(absl::Span<const SequenceHandle> handles,
+                                     absl::Span<const int32_t> counts,
+                                     absl::Span<const TokenId> tokens, size_t i,
+                                     size_t& next, InPlaceAppend*& out) {
+  const SequenceHandle* const handle_of = handles.data();
+  const int32_t* const count_of = counts.data();
+  const TokenId* const token_of = tokens.data();
+  Sequence* const slab = sequences_.data();
+  const size_t slab_size = sequences_.size();
+  TokenId* const partial_tokens = partial_tokens_.data();
+  const int32_t page_size = config_.page_size;
+  size_t token = next;
+  InPlaceAppend* entry = out;
+  for (; i < handles.size(); ++i) {
+    const SequenceHandle handle = handle_of[i];
+    if (count_of[i] != 1 || token == tokens.size() ||
+        static_cast<size_t>(handle.index) >= slab_size) {
+      break;
+    }
+    Sequence& sequence = slab[handle.index];
+    const int32_t offset = sequence.offset;
+    if (!sequence.live || sequence.generation != handle.generation ||
+        sequence.tail_maybe_shared || offset == 0 || offset + 1 == page_size) {
+      break;
+    }
+    partial_tokens[static_cast<size_t>(handle.index) * page_size + offset] =
+        token_of[token++];
+    *entry++ = {handle.index, 1};
+    ++sequence.num_tokens;
+    sequence.offset = offset + 1;
+  }
+  stats_.appended_tokens += static_cast<int64_t>(token - next);
+  next = token;
+  out = entry;
+  return i;
+}
+
 absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
                                       absl::Span<const int32_t> counts,
                                       absl::Span<const TokenId> tokens,
@@ -446,42 +498,67 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
         counts.size(), " counts"));
   }
   absl::Status status = Transact([&]() -> absl::Status {
-    size_t next = 0;
-    for (size_t i = 0; i < handles.size(); ++i) {
-      const int32_t count = counts[i];
-      if (count < 0 || static_cast<size_t>(count) > tokens.size() - next) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "block manager: append many counts[", i, "] is ", count, " with ",
-            tokens.size() - next, " tokens left"));
+    // Decode runs note their appends in in_place_, room for every entry
+    // made up front (within its reserve: no allocation in steady state);
+    // each run is journaled as one kAppendedRun record before the next
+    // entry of another kind, so the journal keeps the order of the changes.
+    const size_t base = in_place_.size();
+    in_place_.resize(base + handles.size());
+    InPlaceAppend* const arena = in_place_.data();
+    InPlaceAppend* out = arena + base;
+    InPlaceAppend* run = out;
+    const auto journal_run = [&] {
+      if (out == run) return;
+      UndoRecord& record = journal_.emplace_back();
+      record.op = UndoRecord::Op::kAppendedRun;
+      record.arena_offset = static_cast<int32_t>(run - arena);
+      record.count = static_cast<int32_t>(out - run);
+      run = out;
+    };
+    const absl::Status appended = [&]() -> absl::Status {
+      size_t next = 0;
+      for (size_t i = 0; i < handles.size(); ++i) {
+        i = AppendDecodeRun(handles, counts, tokens, i, next, out);
+        journal_run();
+        if (i == handles.size()) break;
+        const int32_t count = counts[i];
+        if (count < 0 || static_cast<size_t>(count) > tokens.size() - next) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "block manager: append many counts[", i, "] is ", count, " with ",
+              tokens.size() - next, " tokens left"));
+        }
+        if (!IsLive(handles[i])) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("block manager: append many handles[", i, "] = (",
+                           handles[i].index, ", generation ",
+                           handles[i].generation, ") is not live"));
+        }
+        const int32_t handle = handles[i].index;
+        Sequence& sequence = sequences_[handle];
+        const absl::Span<const TokenId> entry = tokens.subspan(next, count);
+        next += count;
+        if (AppendToPartialPage(handle, sequence, entry)) continue;
+        const int32_t pages_before = sequence.table.num_pages();
+        AppendResult one;
+        KVBLOCK_RETURN_IF_ERROR(
+            AppendAtPageBoundary(handle, sequence, entry, one));
+        if (one.new_pages == 0 && !one.copy.has_value()) continue;
+        result.changed.push_back(static_cast<int32_t>(i));
+        // A copy on write replaces the last page held before.
+        result.first_changed_page.push_back(pages_before -
+                                            (one.copy.has_value() ? 1 : 0));
+        if (one.copy.has_value()) result.copies.push_back(*one.copy);
+        result.new_pages += one.new_pages;
       }
-      if (!IsLive(handles[i])) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "block manager: append many handles[", i, "] = (", handles[i].index,
-            ", generation ", handles[i].generation, ") is not live"));
+      if (next != tokens.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("block manager: append many counts add up to ", next,
+                         " tokens, got ", tokens.size()));
       }
-      const int32_t handle = handles[i].index;
-      Sequence& sequence = sequences_[handle];
-      const absl::Span<const TokenId> entry = tokens.subspan(next, count);
-      next += count;
-      if (AppendToPartialPage(handle, sequence, entry)) continue;
-      const int32_t pages_before = sequence.table.num_pages();
-      AppendResult one;
-      KVBLOCK_RETURN_IF_ERROR(
-          AppendAtPageBoundary(handle, sequence, entry, one));
-      if (one.new_pages == 0 && !one.copy.has_value()) continue;
-      result.changed.push_back(static_cast<int32_t>(i));
-      // A copy on write replaces the last page held before.
-      result.first_changed_page.push_back(pages_before -
-                                          (one.copy.has_value() ? 1 : 0));
-      if (one.copy.has_value()) result.copies.push_back(*one.copy);
-      result.new_pages += one.new_pages;
-    }
-    if (next != tokens.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "block manager: append many counts add up to ", next,
-          " tokens, got ", tokens.size()));
-    }
-    return absl::OkStatus();
+      return absl::OkStatus();
+    }();
+    in_place_.resize(static_cast<size_t>(out - arena));
+    return appended;
   });
   if (!status.ok()) {
     result.changed.clear();

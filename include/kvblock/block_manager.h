@@ -297,19 +297,21 @@ class BlockManager {
   // One inverse change of a transaction.
   struct UndoRecord {
     enum class Op : uint8_t {
-      kCreated,   // `handle` got a new sequence (Admit, Fork).
-      kRemoved,   // `handle`'s sequence left (Free, Preempt); its pages are
-                  // in page_arena_[arena_offset, +count).
-      kAppended,  // `count` tokens went into the partial page, nothing else.
-      kFilled,    // one token filled the partial page (registered in the
-                  // cache, chaining from hash_arena_[hash_index], with
-                  // prefix caching); nothing else.
-      kNewPage,   // one token went into a newly allocated last page; the
-                  // page_size partial tokens it overwrote are in
-                  // token_arena_[arena_offset, +page_size).
-      kChanged,   // `handle`'s sequence appended otherwise: the saved fields
-                  // and hash_arena_[hash_index] restore it; its partial tokens
-                  // are in token_arena_ when count > 0.
+      kCreated,      // `handle` got a new sequence (Admit, Fork).
+      kRemoved,      // `handle`'s sequence left (Free, Preempt); its pages are
+                     // in page_arena_[arena_offset, +count).
+      kAppended,     // `count` tokens went into the partial page, nothing else.
+      kAppendedRun,  // so did the in-place appends in_place_[arena_offset,
+                     // +count), entry by entry (AppendMany's decode runs).
+      kFilled,       // one token filled the partial page (registered in the
+                     // cache, chaining from hash_arena_[hash_index], with
+                     // prefix caching); nothing else.
+      kNewPage,      // one token went into a newly allocated last page; the
+                     // page_size partial tokens it overwrote are in
+                     // token_arena_[arena_offset, +page_size).
+      kChanged,      // `handle`'s sequence appended otherwise: the saved fields
+                 // and hash_arena_[hash_index] restore it; its partial tokens
+                 // are in token_arena_ when count > 0.
     };
     Op op = Op::kCreated;
     bool tail_maybe_shared = false;
@@ -322,11 +324,19 @@ class BlockManager {
     int32_t hash_index = 0;
   };
 
+  // One append in place of a kAppendedRun record: 8 bytes instead of an
+  // UndoRecord's 40, for the one write per running sequence a step makes.
+  struct InPlaceAppend {
+    int32_t handle = 0;
+    int32_t count = 0;
+  };
+
   // A nested transaction: the pool's savepoint and the manager's journal
   // sizes and stats when it began.
   struct Transaction {
     BlockPool::Savepoint pool_savepoint;
     size_t journal_size = 0;
+    size_t in_place_size = 0;
     size_t token_arena_size = 0;
     size_t page_arena_size = 0;
     size_t hash_arena_size = 0;
@@ -369,6 +379,14 @@ class BlockManager {
   // AppendAtPageBoundary does the rest.
   bool AppendToPartialPage(int32_t handle, Sequence& sequence,
                            absl::Span<const TokenId> tokens);
+  // AppendMany's decode case, a run at a time: from entry `i` on, appends
+  // each entry that is one token into a partial page held here alone, which
+  // it does not fill, noting it at `out` (advanced); stops at the first
+  // other entry and returns its index. `next` is the entries' next token.
+  size_t AppendDecodeRun(absl::Span<const SequenceHandle> handles,
+                         absl::Span<const int32_t> counts,
+                         absl::Span<const TokenId> tokens, size_t i,
+                         size_t& next, InPlaceAppend*& out);
   // What AppendToPartialPage leaves. The decode cases, one token at a page
   // boundary, take short paths with short undo records: FillPage completes
   // a partial page held here alone (and registers it with prefix caching),
@@ -410,6 +428,7 @@ class BlockManager {
 
   // Journal of the open transactions (empty when none is open).
   std::vector<UndoRecord> journal_;
+  std::vector<InPlaceAppend> in_place_;  // kAppendedRun entries.
   std::vector<TokenId> token_arena_;
   std::vector<PageId> page_arena_;
   std::vector<BlockHash> hash_arena_;
