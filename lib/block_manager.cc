@@ -54,6 +54,7 @@ BlockManager::BlockManager(const PagedKvConfig& config,
   const int32_t max_sequences = options.max_sequences > 0
                                     ? options.max_sequences
                                     : 4 * config.max_batch;
+  first_page_.tokens.reserve(config.page_size);
   free_handles_.reserve(max_sequences);
   pending_free_.reserve(max_sequences);
   handle_of_.reserve(max_sequences);
@@ -315,6 +316,19 @@ absl::StatusOr<AdmissionPlan> BlockManager::Plan(
   return plan;
 }
 
+BlockHash BlockManager::FirstPageHash(absl::Span<const TokenId> first_page,
+                                      const HashExtraKeys& extra) {
+  const BlockHash root = hasher_.RootHash(extra);
+  if (root != first_page_.root ||
+      !std::equal(first_page.begin(), first_page.end(),
+                  first_page_.tokens.begin(), first_page_.tokens.end())) {
+    first_page_.tokens.assign(first_page.begin(), first_page.end());
+    first_page_.root = root;
+    first_page_.hash = hasher_.HashPage(root, first_page);
+  }
+  return first_page_.hash;
+}
+
 absl::StatusOr<int64_t> BlockManager::HashPrompt(
     absl::Span<const TokenId> prompt, const HashExtraKeys& extra,
     absl::Span<BlockHash> out) const {
@@ -352,8 +366,7 @@ absl::StatusOr<AdmissionPlan> BlockManager::Admit(
   // this prompt and these extra keys (one page hash), so that a mismatched
   // salt cannot leak pages into another tenant's chains.
   if (!prompt_hashes.empty() && options_.enable_prefix_caching &&
-      hasher_.HashPage(hasher_.RootHash(extra),
-                       prompt.first(config_.page_size)) != hashes[0]) {
+      FirstPageHash(prompt.first(config_.page_size), extra) != hashes[0]) {
     return absl::InvalidArgumentError(absl::StrCat(
         "block manager: prompt_hashes of sequence ", id,
         " do not start from its prompt and extra keys"));

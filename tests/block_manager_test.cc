@@ -406,6 +406,22 @@ TEST_CASE("prompt hashes computed once serve planning and admission") {
                       kInvalidArgument);
     REQUIRE(manager->Snapshot() == before);
   }
+  SECTION("after a check, other first pages and first hashes are refused") {
+    // Admit remembers the first page it checked; a prompt that differs in
+    // it, or a chain that does not start from it, still fails the check.
+    const BlockManagerSnapshot before = manager->Snapshot();
+    std::vector<TokenId> other_start = prompt;
+    other_start[3] += 1;
+    REQUIRE_STATUS_IS(manager->Admit(3, other_start, extra, hashes),
+                      kInvalidArgument);
+    std::vector<BlockHash> other_first = hashes;
+    other_first[0] = hashes[1];
+    REQUIRE_STATUS_IS(manager->Admit(3, prompt, extra, other_first),
+                      kInvalidArgument);
+    REQUIRE(manager->Snapshot() == before);
+    // And the remembered page still passes.
+    REQUIRE_OK(manager->Admit(3, prompt, extra, hashes));
+  }
   SECTION("without prefix caching the hashes are ignored") {
     auto uncached = MakeManager(Config(16), {.enable_prefix_caching = false});
     auto result = uncached->Admit(2, prompt, extra, {hashes.front()});

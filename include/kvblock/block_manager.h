@@ -363,6 +363,11 @@ class BlockManager {
     return partial_tokens_.data() +
            static_cast<size_t>(handle) * config_.page_size;
   }
+  // The hash of a prompt's first page under `extra` (Admit's check of the
+  // hashes a caller gives), remembered for the last first page it hashed:
+  // prompts that start with one system prompt share it.
+  BlockHash FirstPageHash(absl::Span<const TokenId> first_page,
+                          const HashExtraKeys& extra);
   // A slab entry for new sequence `id` (journaled as kCreated).
   int32_t CreateSequence(SequenceId id);
   absl::Status Remove(SequenceId id, bool preempted);
@@ -412,6 +417,13 @@ class BlockManager {
   mutable BlockHasher hasher_;
   mutable std::vector<BlockHash> chain_;
   mutable std::vector<PageId> hit_pages_;
+  // FirstPageHash's last page: its tokens (empty before the first), root
+  // and hash.
+  struct FirstPage {
+    std::vector<TokenId> tokens;
+    BlockHash root;
+    BlockHash hash;
+  } first_page_;
   std::vector<PageId> page_scratch_;
 
   // Sequence slab, indexed by a handle's index (it grows past max_sequences only by
