@@ -484,8 +484,11 @@ void KVPageTable::WriteRow(SlotId slot, const PageId* k_page_ids, int32_t count,
   const int32_t old_count = length;
   if (count == 0 && old_count == 0) return;  // stays empty: no change.
   PageId* const row = Row(slot);
-  if (count > first)
+  if (count == first + 1) {
+    row[first] = k_page_ids[first];  // a decode row: no call into memmove.
+  } else if (count > first) {
     std::copy(k_page_ids + first, k_page_ids + count, row + first);
+  }
   if (old_count > count) std::fill(row + count, row + old_count, kNoPage);
   length = count;
   MarkChanged(slot);

@@ -116,7 +116,11 @@ absl::Status SequenceBlockTable::AdoptPages(absl::Span<const PageId> pages) {
         absl::StrCat("sequence table: adopting ", pages.size(), " pages after ",
                      num_pages_, " exceeds the capacity of ", capacity()));
   }
-  std::copy(pages.begin(), pages.end(), entries_.begin() + num_pages_);
+  if (pages.size() == 1) {
+    entries_[num_pages_] = pages[0];  // a new last page: no call into memmove.
+  } else {
+    std::copy(pages.begin(), pages.end(), entries_.begin() + num_pages_);
+  }
   num_pages_ += static_cast<int32_t>(pages.size());
   return absl::OkStatus();
 }
