@@ -785,7 +785,7 @@ absl::Status BlockManager::Remove(SequenceId id, bool preempted) {
     record.handle = handle;
     record.arena_offset = arena_offset;
     record.count = count;
-    handle_of_.erase(id);
+    handle_of_.erase(it);  // found above: no second probe.
     sequence.live = false;
     pending_free_.push_back(handle);
     ++(preempted ? stats_.preemptions : stats_.freed);
