@@ -84,15 +84,13 @@ absl::Status BlockPool::InjectedAllocationFault() const {
       "block pool: injected allocation fault (", NumFree(), " pages free)"));
 }
 
-absl::Status BlockPool::CheckRange(PageId page) const {
-  if (page >= 0 && page < num_pages_) return absl::OkStatus();
+absl::Status BlockPool::RangeError(PageId page) const {
   return absl::InvalidArgumentError(absl::StrCat(
       "block pool: page ", page, " is not in [0, ", num_pages_, ")"));
 }
 
-absl::Status BlockPool::CheckUsed(PageId page) const {
-  if (absl::Status status = CheckRange(page); !status.ok()) return status;
-  if (pages_[page].refcount > 0) return absl::OkStatus();
+absl::Status BlockPool::UnusedError(PageId page) const {
+  if (!InRange(page)) return RangeError(page);
   return absl::FailedPreconditionError(
       absl::StrCat("block pool: page ", page, " is not in use (",
                    pages_[page].cached ? "evictable" : "free", ")"));
@@ -176,7 +174,7 @@ absl::Status BlockPool::AllocateN(absl::Span<PageId> pages) {
 }
 
 absl::Status BlockPool::Retain(PageId page) {
-  if (absl::Status status = CheckUsed(page); !status.ok()) return status;
+  if (!IsUsed(page)) return UnusedError(page);
   if (internal::FaultInjection::ShouldFail()) {
     return absl::FailedPreconditionError(
         absl::StrCat("block pool: injected fault retaining page ", page));
@@ -192,7 +190,7 @@ absl::Status BlockPool::Retain(PageId page) {
 }
 
 absl::Status BlockPool::Release(PageId page) {
-  if (absl::Status status = CheckUsed(page); !status.ok()) return status;
+  if (!IsUsed(page)) return UnusedError(page);
   if (--pages_[page].refcount > 0) {
     Journal(UndoRecord::Op::kDropRef, page);
   } else if (pages_[page].cached) {
@@ -207,7 +205,7 @@ absl::Status BlockPool::Release(PageId page) {
 
 absl::StatusOr<CopyOnWrite> BlockPool::Writable(PageId page) {
   if (page != kNoPage) {
-    if (absl::Status status = CheckUsed(page); !status.ok()) return status;
+    if (!IsUsed(page)) return UnusedError(page);
     if (pages_[page].refcount == 1) {
       if (pages_[page].cached) {
         index_.Erase(pages_[page].tag, page);
@@ -236,7 +234,7 @@ absl::StatusOr<CopyOnWrite> BlockPool::Writable(PageId page) {
 
 absl::StatusOr<PageId> BlockPool::RegisterCached(PageId page,
                                                  const BlockHash& hash) {
-  if (absl::Status status = CheckUsed(page); !status.ok()) return status;
+  if (!IsUsed(page)) return UnusedError(page);
   if (pages_[page].cached) {
     if (pages_[page].hash == hash) return page;
     return absl::FailedPreconditionError(absl::StrCat(
@@ -286,8 +284,8 @@ absl::Status BlockPool::AcquireCached(absl::Span<const PageId> pages) {
   for (size_t i = 0; i < pages.size(); ++i) {
     const PageId page = pages[i];
     absl::Status refused;
-    if (absl::Status status = CheckRange(page); !status.ok()) {
-      refused = status;
+    if (!InRange(page)) {
+      refused = RangeError(page);
     } else if (!pages_[page].cached) {
       refused = absl::FailedPreconditionError(absl::StrCat(
           "block pool: page ", page, " (position ", i, ") is not cached"));

@@ -281,8 +281,17 @@ class BlockPool {
   // ResourceExhausted when a rollback test injects a fault here
   // (lib/fault_injection.h); OK otherwise.
   absl::Status InjectedAllocationFault() const;
-  absl::Status CheckRange(PageId page) const;
-  absl::Status CheckUsed(PageId page) const;
+  // The page checks of the hot paths are inline; their errors are built out
+  // of line, only when a check fails.
+  bool InRange(PageId page) const { return page >= 0 && page < num_pages_; }
+  bool IsUsed(PageId page) const {
+    return InRange(page) && pages_[page].refcount > 0;
+  }
+  // InvalidArgument naming `page`, which is not InRange.
+  absl::Status RangeError(PageId page) const;
+  // For a page that is not IsUsed: RangeError, or FailedPrecondition saying
+  // whether it is free or evictable.
+  absl::Status UnusedError(PageId page) const;
   // Allocate() after the caller checked NumFree() > 0.
   PageId AllocateUnchecked();
   void Journal(UndoRecord::Op op, PageId page, PageId prev = kNoPage,
