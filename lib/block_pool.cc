@@ -79,7 +79,6 @@ BlockPool::BlockPool(int32_t num_pages, const BlockPoolOptions& options)
 }
 
 absl::Status BlockPool::InjectedAllocationFault() const {
-  if (!internal::FaultInjection::ShouldFail()) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
       "block pool: injected allocation fault (", NumFree(), " pages free)"));
 }
@@ -106,10 +105,6 @@ inline void BlockPool::Journal(UndoRecord::Op op, PageId page, PageId prev,
   record.page = page;
   record.prev = prev;
   record.hash = hash;
-}
-
-void BlockPool::NoteUsed() {
-  stats_.peak_used = std::max(stats_.peak_used, NumUsed());
 }
 
 void BlockPool::LinkAfter(PageId prev, PageId page) {
@@ -156,7 +151,7 @@ absl::StatusOr<PageId> BlockPool::Allocate() {
     return absl::ResourceExhaustedError(
         absl::StrCat("block pool: all ", num_pages_, " pages are in use"));
   }
-  KVBLOCK_RETURN_IF_ERROR(InjectedAllocationFault());
+  if (internal::FaultInjection::ShouldFail()) return InjectedAllocationFault();
   return AllocateUnchecked();
 }
 
@@ -167,7 +162,8 @@ absl::Status BlockPool::AllocateN(absl::Span<PageId> pages) {
                      NumFree(), " of ", num_pages_, " allocatable"));
   }
   for (size_t i = 0; i < pages.size(); ++i) {
-    KVBLOCK_RETURN_IF_ERROR(InjectedAllocationFault());
+    if (internal::FaultInjection::ShouldFail())
+      return InjectedAllocationFault();
   }
   for (PageId& page : pages) page = AllocateUnchecked();
   return absl::OkStatus();
@@ -221,7 +217,7 @@ absl::StatusOr<CopyOnWrite> BlockPool::Writable(PageId page) {
         page == kNoPage ? "allocate" : absl::StrCat("copy page ", page, " to"),
         ", all ", num_pages_, " pages are in use"));
   }
-  KVBLOCK_RETURN_IF_ERROR(InjectedAllocationFault());
+  if (internal::FaultInjection::ShouldFail()) return InjectedAllocationFault();
   const PageId destination = AllocateUnchecked();
   if (page == kNoPage) {
     return CopyOnWrite{CopyOnWrite::Kind::kAllocated, destination, kNoPage};
@@ -413,14 +409,6 @@ void BlockPool::Undo(const UndoRecord& record) {
       Recache(page, record.hash);
       break;
   }
-}
-
-int32_t BlockPool::RefCount(PageId page) const {
-  return page >= 0 && page < num_pages_ ? pages_[page].refcount : 0;
-}
-
-int32_t BlockPool::NumFree() const {
-  return static_cast<int32_t>(free_stack_.size()) + num_evictable_;
 }
 
 absl::Status BlockPool::CheckInvariants() const {

@@ -40,6 +40,7 @@
 #ifndef KVBLOCK_BLOCK_POOL_H_
 #define KVBLOCK_BLOCK_POOL_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -235,9 +236,13 @@ class BlockPool {
 
   // References on `page`; 0 for a free or evictable page and for an id outside
   // [0, num_pages).
-  int32_t RefCount(PageId page) const;
+  int32_t RefCount(PageId page) const {
+    return InRange(page) ? pages_[page].refcount : 0;
+  }
   // Pages Allocate can hand out now: free + evictable.
-  int32_t NumFree() const;
+  int32_t NumFree() const {
+    return static_cast<int32_t>(free_stack_.size()) + num_evictable_;
+  }
   // Cached pages with refcount 0 (on the LRU list).
   int32_t NumEvictable() const { return num_evictable_; }
   // Cached pages, used or evictable (entries of the prefix index).
@@ -278,8 +283,8 @@ class BlockPool {
 
   BlockPool(int32_t num_pages, const BlockPoolOptions& options);
 
-  // ResourceExhausted when a rollback test injects a fault here
-  // (lib/fault_injection.h); OK otherwise.
+  // The ResourceExhausted a rollback test injects where a page would be
+  // allocated (lib/fault_injection.h).
   absl::Status InjectedAllocationFault() const;
   // The page checks of the hot paths are inline; their errors are built out
   // of line, only when a check fails.
@@ -299,7 +304,7 @@ class BlockPool {
   void Undo(const UndoRecord& record);
   // Indexes `page` under `hash` again (undoing an eviction or an uncache).
   void Recache(PageId page, const BlockHash& hash);
-  void NoteUsed();
+  void NoteUsed() { stats_.peak_used = std::max(stats_.peak_used, NumUsed()); }
   // Intrusive LRU list: the sentinel `num_pages_` links head and tail.
   void LinkAfter(PageId prev, PageId page);
   void Unlink(PageId page);
