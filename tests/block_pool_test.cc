@@ -343,13 +343,36 @@ TEST_CASE("acquire cached prefix stops at the first miss") {
   REQUIRE_OK(pool->CheckInvariants());
 }
 
-TEST_CASE("acquire cached prefix fails without a change") {
+TEST_CASE("acquiring cached pages fails without a change") {
   auto pool = NewPool(8, {.max_refcount = 2});
   const std::vector<PageId> pages = CachedPages(*pool, 3, 10);
   REQUIRE_OK(pool->Release(pages[0]));  // Evictable.
   REQUIRE_OK(pool->Retain(pages[2]));   // At the maximum.
+  auto uncached = pool->Allocate();     // Used, never cached.
+  REQUIRE_OK(uncached);
   const BlockPoolSnapshot before = pool->Snapshot();
 
+  // AcquireCached: each refusal comes after an accepted page (a revival, a
+  // reference) that it undoes.
+  const PageId at_maximum[] = {pages[0], pages[1], pages[2]};
+  REQUIRE_STATUS_IS(pool->AcquireCached(at_maximum), kFailedPrecondition);
+  REQUIRE(pool->Snapshot() == before);
+  const PageId repeated_page[] = {pages[1], pages[1]};
+  REQUIRE_STATUS_IS(pool->AcquireCached(repeated_page), kFailedPrecondition);
+  REQUIRE(pool->Snapshot() == before);
+  const PageId not_cached[] = {pages[0], *uncached};
+  REQUIRE_STATUS_IS(pool->AcquireCached(not_cached), kFailedPrecondition);
+  REQUIRE(pool->Snapshot() == before);
+  const PageId free_page[] = {pages[1], 7};
+  REQUIRE_STATUS_IS(pool->AcquireCached(free_page), kFailedPrecondition);
+  REQUIRE(pool->Snapshot() == before);
+  const PageId out_of_range[] = {pages[0], 8};
+  REQUIRE_STATUS_IS(pool->AcquireCached(out_of_range), kInvalidArgument);
+  const PageId negative[] = {kNoPage};
+  REQUIRE_STATUS_IS(pool->AcquireCached(negative), kInvalidArgument);
+  REQUIRE(pool->Snapshot() == before);
+
+  // AcquireCachedPrefix.
   const BlockHash chain[] = {TestHash(10), TestHash(11), TestHash(12)};
   std::vector<PageId> short_out(2);
   REQUIRE_STATUS_IS(pool->AcquireCachedPrefix(chain, absl::MakeSpan(short_out)),
@@ -385,37 +408,6 @@ TEST_CASE("acquire cached takes found pages, reviving evictable ones") {
   REQUIRE(pool->stats().cache_revivals == 1);
   REQUIRE(pool->Lookup(TestHash(11)) == pages[1]);  // Still cached.
   REQUIRE_OK(pool->AcquireCached({}));
-  REQUIRE_OK(pool->CheckInvariants());
-}
-
-TEST_CASE("acquire cached fails without a change") {
-  auto pool = NewPool(8, {.max_refcount = 2});
-  const std::vector<PageId> pages = CachedPages(*pool, 3, 10);
-  REQUIRE_OK(pool->Release(pages[0]));  // Evictable.
-  REQUIRE_OK(pool->Retain(pages[2]));   // At the maximum.
-  auto uncached = pool->Allocate();     // Used, never cached.
-  REQUIRE_OK(uncached);
-  const BlockPoolSnapshot before = pool->Snapshot();
-
-  // Each refusal comes after an accepted page (a revival, a reference) that
-  // it undoes.
-  const PageId at_maximum[] = {pages[0], pages[1], pages[2]};
-  REQUIRE_STATUS_IS(pool->AcquireCached(at_maximum), kFailedPrecondition);
-  REQUIRE(pool->Snapshot() == before);
-  const PageId repeated[] = {pages[1], pages[1]};
-  REQUIRE_STATUS_IS(pool->AcquireCached(repeated), kFailedPrecondition);
-  REQUIRE(pool->Snapshot() == before);
-  const PageId not_cached[] = {pages[0], *uncached};
-  REQUIRE_STATUS_IS(pool->AcquireCached(not_cached), kFailedPrecondition);
-  REQUIRE(pool->Snapshot() == before);
-  const PageId free_page[] = {pages[1], 7};
-  REQUIRE_STATUS_IS(pool->AcquireCached(free_page), kFailedPrecondition);
-  REQUIRE(pool->Snapshot() == before);
-  const PageId out_of_range[] = {pages[0], 8};
-  REQUIRE_STATUS_IS(pool->AcquireCached(out_of_range), kInvalidArgument);
-  const PageId negative[] = {kNoPage};
-  REQUIRE_STATUS_IS(pool->AcquireCached(negative), kInvalidArgument);
-  REQUIRE(pool->Snapshot() == before);
   REQUIRE_OK(pool->CheckInvariants());
 }
 
