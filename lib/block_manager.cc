@@ -235,14 +235,6 @@ const BlockManager::Sequence* BlockManager::Find(SequenceId id) const {
   return it == handle_of_.end() ? nullptr : &sequences_[it->second];
 }
 
-inline bool BlockManager::IsLive(SequenceHandle handle) const {
-  if (handle.index < 0 || static_cast<size_t>(handle.index) >= sequences_.size()) {
-    return false;
-  }
-  const Sequence& sequence = sequences_[handle.index];
-  return sequence.live && sequence.generation == handle.generation;
-}
-
 int32_t BlockManager::CreateSequence(SequenceId id) {
   int32_t handle;
   if (free_handles_.empty()) {
@@ -835,15 +827,10 @@ int32_t BlockManager::handle_limit() const {
   return static_cast<int32_t>(sequences_.size());
 }
 
-absl::StatusOr<absl::Span<const PageId>> BlockManager::PagesAt(
-    SequenceHandle handle) const {
-  if (!IsLive(handle)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("block manager: handle (", handle.index, ", generation ",
-                     handle.generation, ") is not live"));
-  }
-  const SequenceBlockTable& table = sequences_[handle.index].table;
-  return table.entries().first(table.num_pages());
+absl::Status BlockManager::NotLiveError(SequenceHandle handle) const {
+  return absl::InvalidArgumentError(
+      absl::StrCat("block manager: handle (", handle.index, ", generation ",
+                   handle.generation, ") is not live"));
 }
 
 absl::Status BlockManager::ResetPrefixCache() {

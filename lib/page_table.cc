@@ -7,6 +7,7 @@
 #include <numeric>
 #include <utility>
 
+#include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "status_macros.h"
@@ -109,6 +110,38 @@ absl::Status KVPageTable::SetIdentity() {
     MarkChanged(slot);
   }
   is_identity_ = true;
+  return absl::OkStatus();
+}
+
+// Inlined into SetRow(s): a valid row costs its comparisons only, not a
+// call returning a Status.
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status KVPageTable::ValidateRow(
+    SlotId slot, const PageId* k_page_ids, int64_t count, int64_t first) const {
+  if (slot < 0 || slot >= max_batch_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot ", slot, " is outside [0, ", max_batch_, ")"));
+  }
+  if (count < 0 || count > max_pages_per_seq_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slot ", slot, ": ", count, " page ids, want [0, max_pages_per_seq ",
+        max_pages_per_seq_, "]"));
+  }
+  if (count > 0 && k_page_ids == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot ", slot, ": null k_page_ids with count ", count));
+  }
+  if (first < 0 || first > std::min<int64_t>(count, Length(slot))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slot ", slot, ": first ", first, " is outside [0, min(count ", count,
+        ", live ids ", Length(slot), ")]"));
+  }
+  for (int64_t i = first; i < count; ++i) {
+    if (k_page_ids[i] < 0 || k_page_ids[i] >= num_pages_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("slot ", slot, ": page id ", k_page_ids[i], " at index ",
+                       i, " is outside [0, num_pages ", num_pages_, ")"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -446,36 +479,6 @@ absl::StatusOr<absl::Span<const PageId>> KVPageTable::HostRow(
 DeviceTensor KVPageTable::kernel_view() const {
   return DeviceTensor(static_cast<int32_t*>(mirror_.data()),
                       {max_batch_, 2, max_pages_per_seq_});
-}
-
-absl::Status KVPageTable::ValidateRow(SlotId slot, const PageId* k_page_ids,
-                                      int64_t count, int64_t first) const {
-  if (slot < 0 || slot >= max_batch_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("slot ", slot, " is outside [0, ", max_batch_, ")"));
-  }
-  if (count < 0 || count > max_pages_per_seq_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "slot ", slot, ": ", count, " page ids, want [0, max_pages_per_seq ",
-        max_pages_per_seq_, "]"));
-  }
-  if (count > 0 && k_page_ids == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("slot ", slot, ": null k_page_ids with count ", count));
-  }
-  if (first < 0 || first > std::min<int64_t>(count, Length(slot))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "slot ", slot, ": first ", first, " is outside [0, min(count ", count,
-        ", live ids ", Length(slot), ")]"));
-  }
-  for (int64_t i = first; i < count; ++i) {
-    if (k_page_ids[i] < 0 || k_page_ids[i] >= num_pages_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("slot ", slot, ": page id ", k_page_ids[i], " at index ",
-                       i, " is outside [0, num_pages ", num_pages_, ")"));
-    }
-  }
-  return absl::OkStatus();
 }
 
 void KVPageTable::WriteRow(SlotId slot, const PageId* k_page_ids, int32_t count,

@@ -242,7 +242,13 @@ class BlockManager {
   // Every handle's index is below this bound.
   int32_t handle_limit() const;
   // Pages(id) by handle; InvalidArgument when `handle` is not live.
-  absl::StatusOr<absl::Span<const PageId>> PagesAt(SequenceHandle handle) const;
+  // Inline: BatchCommit reads a row's pages this way for every changed row.
+  absl::StatusOr<absl::Span<const PageId>> PagesAt(
+      SequenceHandle handle) const {
+    if (!IsLive(handle)) return NotLiveError(handle);
+    const SequenceBlockTable& table = sequences_[handle.index].table;
+    return table.entries().first(table.num_pages());
+  }
 
   // Drops every cached prefix; see BlockPool::ResetPrefixCache.
   absl::Status ResetPrefixCache();
@@ -357,7 +363,16 @@ class BlockManager {
   // The slab entry of a live sequence, or nullptr.
   Sequence* Find(SequenceId id);
   const Sequence* Find(SequenceId id) const;
-  bool IsLive(SequenceHandle handle) const;
+  bool IsLive(SequenceHandle handle) const {
+    if (handle.index < 0 ||
+        static_cast<size_t>(handle.index) >= sequences_.size()) {
+      return false;
+    }
+    const Sequence& sequence = sequences_[handle.index];
+    return sequence.live && sequence.generation == handle.generation;
+  }
+  // PagesAt's InvalidArgument for a handle that is not live.
+  absl::Status NotLiveError(SequenceHandle handle) const;
   // The partial page's tokens of `handle` (page_size entries).
   TokenId* PartialTokens(int32_t handle) {
     return partial_tokens_.data() +
