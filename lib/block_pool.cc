@@ -107,7 +107,7 @@ inline void BlockPool::Journal(UndoRecord::Op op, PageId page, PageId prev,
   record.hash = hash;
 }
 
-void BlockPool::LinkAfter(PageId prev, PageId page) {
+inline void BlockPool::LinkAfter(PageId prev, PageId page) {
   const PageId next = pages_[prev].lru_next;
   pages_[page].lru_prev = prev;
   pages_[page].lru_next = next;
@@ -116,7 +116,7 @@ void BlockPool::LinkAfter(PageId prev, PageId page) {
   ++num_evictable_;
 }
 
-void BlockPool::Unlink(PageId page) {
+inline void BlockPool::Unlink(PageId page) {
   const PageId prev = pages_[page].lru_prev;
   const PageId next = pages_[page].lru_next;
   pages_[prev].lru_next = next;
