@@ -1,12 +1,8 @@
 // Copyright 2026 The kvblock Authors.
 #include "kvblock/block_hash.h"
 
-// OpenSSL 3 deprecates the low-level SHA256_* calls in favour of EVP, but its
-// EVP_DigestInit_ex2 allocates on every init: one malloc per page hashed, and
-// EVP has no call for the bare compression function that a page step runs
-// (SHA256_Transform). The low-level calls run the same audited
-// implementation (SHA-NI where the CPU has it) on a stack context and
-// allocate nothing, which the hot path (Append) requires.
+// Root hashes use OpenSSL's low-level SHA256_* calls, which allocate
+// nothing, for the reason sha256_page_step.cc gives.
 #define OPENSSL_SUPPRESS_DEPRECATED
 #include <openssl/sha.h>
 #include <xxhash.h>
@@ -22,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "sha256_page_step.h"
 
 namespace kvblock {
 namespace {
@@ -33,9 +30,6 @@ static_assert(sizeof(BlockHash::bytes) == 32);
 // Root message bytes besides the salt: tag, algorithm id, page size, salt
 // length, adapter id.
 constexpr size_t kFixedRootBytes = 16 + 1 + 4 + 8 + 8;
-
-constexpr size_t kSha256BlockBytes = 64;
-constexpr size_t kTokensPerBlock = kSha256BlockBytes / sizeof(TokenId);
 
 // Room for a 256-token page (or a root with a salt of up to 1023 bytes)
 // before the buffer grows.
@@ -63,50 +57,6 @@ uint8_t* StoreTokens(uint8_t* p, absl::Span<const TokenId> tokens) {
     p = StoreLe32(p, static_cast<uint32_t>(token));
   }
   return p;
-}
-
-// Big-endian words, as whole-word loads and stores (a byte loop vectorizes
-// into shuffles that cost as much as a third of a compression).
-uint32_t ToBigEndian(uint32_t v) {
-  if constexpr (std::endian::native == std::endian::little) {
-    return __builtin_bswap32(v);
-  }
-  return v;
-}
-uint32_t LoadBe32(const uint8_t* p) {
-  uint32_t v;
-  std::memcpy(&v, p, sizeof(v));
-  return ToBigEndian(v);
-}
-void StoreBe32(uint8_t* p, uint32_t v) {
-  v = ToBigEndian(v);
-  std::memcpy(p, &v, sizeof(v));
-}
-
-// SHA-256 page step: the compression function from `parent`'s eight
-// big-endian words over the page's 64-byte blocks, the last zero-filled.
-BlockHash Sha256PageStep(const BlockHash& parent,
-                         absl::Span<const TokenId> tokens) {
-  SHA256_CTX ctx;
-  for (int i = 0; i < 8; ++i) ctx.h[i] = LoadBe32(parent.bytes.data() + 4 * i);
-  size_t done = 0;
-  if constexpr (std::endian::native == std::endian::little) {
-    // Whole blocks straight from the tokens: no copy.
-    for (; tokens.size() - done >= kTokensPerBlock; done += kTokensPerBlock) {
-      SHA256_Transform(
-          &ctx, reinterpret_cast<const unsigned char*>(tokens.data() + done));
-    }
-  }
-  while (done < tokens.size()) {
-    const size_t n = std::min(kTokensPerBlock, tokens.size() - done);
-    uint8_t block[kSha256BlockBytes] = {};
-    StoreTokens(block, tokens.subspan(done, n));
-    SHA256_Transform(&ctx, block);
-    done += n;
-  }
-  BlockHash hash;
-  for (int i = 0; i < 8; ++i) StoreBe32(hash.bytes.data() + 4 * i, ctx.h[i]);
-  return hash;
 }
 
 }  // namespace
@@ -206,7 +156,7 @@ BlockHash BlockHasher::HashPage(const BlockHash& parent,
                                 absl::Span<const TokenId> tokens) {
   assert(tokens.size() == static_cast<size_t>(page_size_));
   if (algorithm_ == HashAlgorithm::kSha256) {
-    return Sha256PageStep(parent, tokens);
+    return internal::Sha256PageStep(parent, tokens);
   }
   const size_t size = sizeof(parent.bytes) + sizeof(TokenId) * tokens.size();
   uint8_t* const message = Message(size);

@@ -120,22 +120,42 @@ std::string PageBytes(const std::vector<TokenId>& tokens) {
   return m;
 }
 
+// FIPS 180-4, 4.2.2: SHA-256's round constants, derived as defined (the
+// first 32 bits of the fractional parts of the cube roots of the first 64
+// primes) rather than copied: floor(cbrt(p) * 2^32) is the largest x with
+// x^3 <= p * 2^96, found by bisection in 128-bit integers.
+std::array<uint32_t, 64> RoundConstants() {
+  std::array<uint32_t, 64> constants;
+  uint32_t prime = 1;
+  for (uint32_t& constant : constants) {
+    const auto is_prime = [](uint32_t n) {
+      for (uint32_t d = 2; d * d <= n; ++d) {
+        if (n % d == 0) return false;
+      }
+      return true;
+    };
+    do {
+      ++prime;
+    } while (!is_prime(prime));
+    const unsigned __int128 target = static_cast<unsigned __int128>(prime)
+                                     << 96;
+    uint64_t low = 0, high = uint64_t{1} << 36;  // cbrt(311) < 8.
+    while (high - low > 1) {
+      const uint64_t mid = low + (high - low) / 2;
+      const unsigned __int128 cube =
+          static_cast<unsigned __int128>(mid) * mid * mid;
+      (cube <= target ? low : high) = mid;
+    }
+    constant = static_cast<uint32_t>(low);  // the fractional bits.
+  }
+  return constants;
+}
+
 // FIPS 180-4's SHA-256 compression function, transcribed plainly (no
 // OpenSSL), for the page steps.
 using Sha256State = std::array<uint32_t, 8>;
 Sha256State Compress(Sha256State h, const uint8_t* block) {
-  static constexpr uint32_t kK[64] = {
-      0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1,
-      0x923f82a4, 0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3,
-      0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786,
-      0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-      0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147,
-      0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13,
-      0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
-      0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-      0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a,
-      0x5b9cca4f, 0x682e6ff3, 0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208,
-      0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
+  static const std::array<uint32_t, 64> kK = RoundConstants();
   const auto rotr = [](uint32_t x, int n) {
     return (x >> n) | (x << (32 - n));
   };
