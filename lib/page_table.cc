@@ -74,6 +74,7 @@ KVPageTable::KVPageTable(int32_t max_batch, int32_t max_pages_per_seq,
       uploaded_(rows_.size(), kNoPage),
       uploaded_lengths_(max_batch, 0),
       changed_(max_batch, 0),
+      changed_from_(max_batch),
       marks_(max_batch) {
   std::iota(buffer_of_.begin(), buffer_of_.end(), 0);
   std::iota(slot_numbers_.begin(), slot_numbers_.end(), 0);
@@ -277,30 +278,21 @@ bool KVPageTable::CompactInOrder(absl::Span<const SlotId> old_to_new,
   }
   if (max_batch_ - retired != new_batch) return false;
 
-  // Survivors move down in place, a run between retired slots at a time.
-  // Earlier runs wrote only below a run's target slots, which still hold
-  // their own buffers: each is marked changed when its old or new contents
-  // are not empty, then the run moves. The retired buffers are kept in
-  // scratch and fill the slots from new_batch on.
-  SlotId next = retired > 0 ? retired_slots_[0] : max_batch_;
+  // Survivors move down in place, a run between retired slots at a time;
+  // the retired buffers are kept in scratch and fill the slots from
+  // new_batch on. Every slot from the first retired one on may change: one
+  // range mark instead of a mark per row (Upload compares each with the
+  // device's copy anyway).
+  if (retired == 0) return true;
+  changed_from_ = std::min(changed_from_, retired_slots_[0]);
+  SlotId next = retired_slots_[0];
   for (int32_t r = 0; r < retired; ++r) {
     next_buffer_of_[r] = buffer_of_[retired_slots_[r]];
     const SlotId begin = retired_slots_[r] + 1;
     const SlotId end = r + 1 < retired ? retired_slots_[r + 1] : max_batch_;
-    for (SlotId i = 0; i < end - begin; ++i) {
-      const SlotId slot = next + i;
-      if (changed_[slot] == 0 &&
-          (lengths_[buffer_of_[begin + i]] > 0 || Length(slot) > 0)) {
-        MarkChanged(slot);
-      }
-    }
     std::copy(buffer_of_.begin() + begin, buffer_of_.begin() + end,
               buffer_of_.begin() + next);
     next += end - begin;
-  }
-  for (int32_t i = 0; i < retired; ++i) {
-    const SlotId slot = new_batch + i;
-    if (Length(slot) > 0) MarkChanged(slot);
   }
   for (int32_t i = 0; i < retired; ++i) {
     const SlotId slot = new_batch + i;
@@ -338,6 +330,10 @@ absl::Status KVPageTable::CheckInvariants() const {
       }
     }
   }
+  if (changed_from_ < 0 || changed_from_ > max_batch_) {
+    return absl::InternalError(absl::StrCat(
+        "page table: rows from ", changed_from_, " on marked changed"));
+  }
   size_t flagged = 0;
   for (uint8_t changed : changed_) flagged += changed != 0;
   if (flagged != changed_rows_.size()) {
@@ -364,6 +360,9 @@ absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
     for (SlotId slot : changed_rows_) {
       KVBLOCK_RETURN_IF_ERROR(CheckLiveIds(slot));
     }
+    for (SlotId slot = changed_from_; slot < max_batch_; ++slot) {
+      KVBLOCK_RETURN_IF_ERROR(CheckLiveIds(slot));
+    }
   }
 
   // Plan: the rows whose K ids differ from the device's, in slot order.
@@ -383,12 +382,19 @@ absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
     };
     // Slot order: a scan of the flags when many rows changed (a compaction
     // marks most of the batch), a sort of the list when few did.
-    if (changed_rows_.size() * 8 > static_cast<size_t>(max_batch_)) {
+    const size_t candidates =
+        changed_rows_.size() + static_cast<size_t>(max_batch_ - changed_from_);
+    if (candidates * 8 > static_cast<size_t>(max_batch_)) {
       for (SlotId slot = 0; slot < max_batch_; ++slot) {
-        if (changed_[slot] != 0 && differs(slot)) dirty_rows_.push_back(slot);
+        if ((changed_[slot] != 0 || slot >= changed_from_) && differs(slot)) {
+          dirty_rows_.push_back(slot);
+        }
       }
     } else {
       for (SlotId slot : changed_rows_) {
+        if (slot < changed_from_ && differs(slot)) dirty_rows_.push_back(slot);
+      }
+      for (SlotId slot = changed_from_; slot < max_batch_; ++slot) {
         if (differs(slot)) dirty_rows_.push_back(slot);
       }
       std::sort(dirty_rows_.begin(), dirty_rows_.end());
@@ -532,6 +538,7 @@ absl::Status KVPageTable::CheckRow(SlotId slot) const {
 void KVPageTable::ForgetChanges() {
   for (SlotId slot : changed_rows_) changed_[slot] = 0;
   changed_rows_.clear();
+  changed_from_ = max_batch_;
 }
 
 absl::StatusOr<int> KVPageTable::AcquireStaging(bool& waited) {

@@ -27,7 +27,8 @@
 // SetRows update writes from its `first` page);
 // CompactRows is O(max_batch + pages of retired rows): rows keep their host
 // storage and change slots by index; Upload is O(live ids of the rows
-// changed since the last upload) host work plus, per run of changed rows,
+// changed since the last upload, which include every row from an in-order
+// compaction's first retired slot on) host work plus, per run of changed rows,
 // one copy of whole rows (the first Upload: the whole table), and O(1) with
 // nothing changed. SetIdentity and CheckInvariants are O(table). No call but
 // CheckInvariants allocates memory after Create.
@@ -251,10 +252,13 @@ class KVPageTable {
   std::vector<PageId> uploaded_;
   std::vector<int32_t> uploaded_lengths_;
   bool uploaded_once_ = false;
-  // Rows changed since the last successful Upload, each once:
-  // `changed_[b] != 0` exactly for the rows in `changed_rows_`.
+  // Rows changed since the last successful Upload: those in
+  // `changed_rows_`, each once (`changed_[b] != 0` exactly for them), and
+  // every row from `changed_from_` on (what in-order compactions moved or
+  // cleared; max_batch_ when none did).
   std::vector<uint8_t> changed_;
   std::vector<SlotId> changed_rows_;
+  SlotId changed_from_;
 
   // Scratch, sized at Create: the rows an Upload copies and duplicate
   // detection for SetRows / CompactRows.
