@@ -358,7 +358,7 @@ absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
     }
   } else {
     for (SlotId slot : changed_rows_) {
-      KVBLOCK_RETURN_IF_ERROR(CheckLiveIds(slot));
+      if (slot < changed_from_) KVBLOCK_RETURN_IF_ERROR(CheckLiveIds(slot));
     }
     for (SlotId slot = changed_from_; slot < max_batch_; ++slot) {
       KVBLOCK_RETURN_IF_ERROR(CheckLiveIds(slot));
