@@ -1,48 +1,14 @@
 // Copyright 2026 The kvblock Authors.
 #include "kvblock/block_pool.h"
 
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
-#include <new>
 #include <random>
 #include <vector>
 
+#include "allocation_counter.h"
 #include "pool_test_util.h"
 #include "test_util.h"
-
-// Counts every global operator new of this test binary, so that a test can
-// prove that a stretch of pool operations does not allocate. Every
-// non-aligned form is replaced, so that allocations and deallocations pair.
-namespace {
-std::atomic<int64_t> g_allocations{0};
-void* CountedAlloc(size_t size) noexcept {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  return std::malloc(size == 0 ? 1 : size);
-}
-void* CountedAllocOrAbort(size_t size) {
-  if (void* p = CountedAlloc(size)) return p;
-  std::abort();
-}
-}  // namespace
-
-void* operator new(size_t size) { return CountedAllocOrAbort(size); }
-void* operator new[](size_t size) { return CountedAllocOrAbort(size); }
-void* operator new(size_t size, const std::nothrow_t&) noexcept {
-  return CountedAlloc(size);
-}
-void* operator new[](size_t size, const std::nothrow_t&) noexcept {
-  return CountedAlloc(size);
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
-void operator delete[](void* p, size_t) noexcept { std::free(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept {
-  std::free(p);
-}
 
 namespace kvblock {
 namespace {
@@ -608,7 +574,7 @@ TEST_CASE("steady-state operations do not allocate memory") {
     std::vector<PageId> hits(8);
     std::vector<BlockHash> chain(8);
     bool ok = true;
-    const int64_t before = g_allocations.load();
+    const int64_t before = testing::HeapAllocations();
     for (int round = 0; round < 4; ++round) {
       // Fill the pool but one page (for the copy below), caching most pages
       // under fresh hashes so the index keeps erasing (eviction) and
@@ -633,7 +599,7 @@ TEST_CASE("steady-state operations do not allocate memory") {
       ok &= pool->AcquireCachedPrefix(chain, absl::MakeSpan(hits)).ok();
       for (int i = 0; i < 7; ++i) ok &= pool->Release(hits[i]).ok();
     }
-    const int64_t allocated = g_allocations.load() - before;
+    const int64_t allocated = testing::HeapAllocations() - before;
     REQUIRE(ok);
     REQUIRE(allocated == 0);
     REQUIRE(pool->stats().evictions > 0);

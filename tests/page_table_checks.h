@@ -15,6 +15,7 @@
 #include <ostream>
 #include <vector>
 
+#include "allocation_counter.h"
 #include "kvblock/device.h"
 #include "kvblock/page_table.h"
 #include "test_util.h"
@@ -193,6 +194,38 @@ inline void UploadChecks(Device& device) {
     }
   }
   REQUIRE(table.kernel_view().data() == mirror);
+}
+
+// Steady-state SetRow, SetRows, CompactRows and Upload calls on `device`
+// allocate no host memory (the commit layer makes them every step).
+// REQUIRES: the test binary links allocation_counter.cc.
+inline void SteadyStateCallsAllocateNothing(Device& device) {
+  absl::StatusOr<std::unique_ptr<KVPageTable>> created =
+      KVPageTable::Create(64, 32, 4096, device);
+  REQUIRE_OK(created);
+  KVPageTable& table = **created;
+  std::vector<PageId> ids(32);
+  std::vector<KVPageTableRowUpdate> updates;
+  std::vector<SlotId> rotate(64);
+  for (SlotId slot = 0; slot < 64; ++slot) rotate[slot] = (slot + 1) % 64;
+  for (int step = 0; step < 3; ++step) {  // the first round warms up.
+    const int64_t before = HeapAllocations();
+    bool ok = true;
+    for (int i = 0; i < 100; ++i) {
+      for (int32_t j = 0; j < 32; ++j) ids[j] = (i * 32 + j) % 4096;
+      ok &= table.SetRow(i % 64, absl::MakeConstSpan(ids).subspan(0, i % 33))
+                .ok();
+      updates.assign(
+          {{(i + 7) % 64, ids.data(), 5}, {(i + 9) % 64, nullptr, 0}});
+      ok &= table.SetRows(updates).ok();
+      ok &= table.CompactRows(rotate, 64).ok();
+      ok &= table.Upload(nullptr).ok();
+    }
+    const int64_t allocated = HeapAllocations() - before;
+    REQUIRE(ok);
+    if (step > 0) REQUIRE(allocated == 0);
+  }
+  REQUIRE(ReadMirror(table, device) == ExpectedMirror(table));
 }
 
 }  // namespace kvblock::testing

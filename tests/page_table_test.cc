@@ -1,37 +1,14 @@
 // Copyright 2026 The kvblock Authors.
 #include "kvblock/page_table.h"
 
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <new>
 #include <vector>
 
 #include "deferred_device.h"
 #include "page_table_checks.h"
 #include "test_util.h"
-
-// Counts the heap allocations of this test binary (every replaceable
-// non-array, unaligned form), to show that steady-state calls allocate nothing.
-namespace {
-std::atomic<int64_t> allocations{0};
-}  // namespace
-
-void* operator new(size_t size) {
-  ++allocations;
-  void* p = std::malloc(size == 0 ? 1 : size);
-  if (p == nullptr) std::abort();
-  return p;
-}
-void* operator new(size_t size, const std::nothrow_t&) noexcept {
-  ++allocations;
-  return std::malloc(size == 0 ? 1 : size);
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace kvblock {
 namespace {
@@ -472,31 +449,7 @@ TEST_CASE("a table waits for its staging before it is destroyed") {
 
 TEST_CASE("steady-state set, compact and upload calls do not allocate") {
   std::unique_ptr<Device> device = Device::Host();
-  absl::StatusOr<std::unique_ptr<KVPageTable>> created =
-      KVPageTable::Create(64, 32, 4096, *device);
-  REQUIRE_OK(created);
-  KVPageTable& table = **created;
-  std::vector<PageId> ids(32);
-  std::vector<KVPageTableRowUpdate> updates;
-  std::vector<SlotId> rotate(64);
-  for (SlotId slot = 0; slot < 64; ++slot) rotate[slot] = (slot + 1) % 64;
-  for (int step = 0; step < 3; ++step) {  // the first round warms up.
-    const int64_t before = allocations.load();
-    bool ok = true;
-    for (int i = 0; i < 100; ++i) {
-      for (int32_t j = 0; j < 32; ++j) ids[j] = (i * 32 + j) % 4096;
-      ok &= table.SetRow(i % 64, absl::MakeConstSpan(ids).subspan(0, i % 33))
-                .ok();
-      updates.assign(
-          {{(i + 7) % 64, ids.data(), 5}, {(i + 9) % 64, nullptr, 0}});
-      ok &= table.SetRows(updates).ok();
-      ok &= table.CompactRows(rotate, 64).ok();
-      ok &= table.Upload(nullptr).ok();
-    }
-    const int64_t allocated = allocations.load() - before;
-    REQUIRE(ok);
-    if (step > 0) REQUIRE(allocated == 0);
-  }
+  testing::SteadyStateCallsAllocateNothing(*device);
 }
 
 }  // namespace

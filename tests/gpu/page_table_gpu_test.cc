@@ -26,6 +26,11 @@ TEST_CASE("upload behaviour on a cuda device", "[gpu]") {
   testing::UploadChecks(*device);
 }
 
+TEST_CASE("steady-state calls on a cuda device do not allocate", "[gpu]") {
+  std::unique_ptr<Device> device = CudaDevice();
+  testing::SteadyStateCallsAllocateNothing(*device);
+}
+
 TEST_CASE("cuda allocations are zero-filled and copies round-trip", "[gpu]") {
   std::unique_ptr<Device> device = CudaDevice();
   constexpr size_t kBytes = 1 << 20;
