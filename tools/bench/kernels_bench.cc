@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "bench_device.h"
 #include "kvblock/config.h"
 #include "kvblock/device.h"
 #include "kvblock/kernels.h"
@@ -32,15 +33,6 @@ namespace kvblock {
 namespace {
 
 constexpr int kLaunchesPerIteration = 10;
-
-// CUDA device 0 when present, else the host device; never deleted.
-Device& BenchDevice() {
-  static Device* const device = [] {
-    absl::StatusOr<std::unique_ptr<Device>> cuda = Device::Cuda(0);
-    return (cuda.ok() ? *std::move(cuda) : Device::Host()).release();
-  }();
-  return *device;
-}
 
 // The batch the benchmarks run: every slot holds `context` tokens.
 struct Geometry {

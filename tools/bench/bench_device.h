@@ -1,0 +1,18 @@
+// Copyright 2026 The kvblock Authors.
+//
+// The device the benchmarks run on: CUDA device 0 when the build has CUDA
+// and a GPU is present, else the host device. Created on first use and never
+// deleted (benchmarks of one binary share it). Not thread-safe beyond the
+// first call's static initialization; Google Benchmark runs one at a time.
+#ifndef KVBLOCK_TOOLS_BENCH_BENCH_DEVICE_H_
+#define KVBLOCK_TOOLS_BENCH_BENCH_DEVICE_H_
+
+#include "kvblock/device.h"
+
+namespace kvblock {
+
+Device& BenchDevice();
+
+}  // namespace kvblock
+
+#endif  // KVBLOCK_TOOLS_BENCH_BENCH_DEVICE_H_
