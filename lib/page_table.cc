@@ -80,6 +80,7 @@ KVPageTable::KVPageTable(int32_t max_batch, int32_t max_pages_per_seq,
   std::iota(slot_numbers_.begin(), slot_numbers_.end(), 0);
   changed_rows_.reserve(max_batch);
   dirty_rows_.reserve(max_batch);
+  copy_runs_.reserve(max_batch);
   // Staging starts as garbage: the first write of a row fills all of it.
   for (std::vector<int32_t>& lengths : staged_lengths_) {
     lengths.assign(max_batch, max_pages_per_seq);
@@ -406,43 +407,51 @@ absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
     return false;
   }
 
-  // Stage each dirty row at its own offset: K half, then V half. Past the
+  // The copies: runs of dirty rows, merged across gaps of at most
+  // kMaxBridgedRows rows.
+  copy_runs_.clear();
+  int64_t copied_rows = 0;
+  for (SlotId slot : dirty_rows_) {
+    if (copy_runs_.empty() || slot - copy_runs_.back().end > kMaxBridgedRows) {
+      copy_runs_.push_back({slot, slot});
+    }
+    copied_rows += slot + 1 - copy_runs_.back().end;
+    copy_runs_.back().end = slot + 1;
+  }
+
+  // Stage each copied row at its own offset: K half, then V half. Past the
   // live ids only what the slot's last row there left live needs clearing.
   bool waited = false;
   KVBLOCK_ASSIGN_OR_RETURN(const int staging_slot, AcquireStaging(waited));
   int32_t* const staging = static_cast<int32_t*>(staging_[staging_slot].data());
   std::vector<int32_t>& staged_lengths = staged_lengths_[staging_slot];
-  for (SlotId slot : dirty_rows_) {
-    const PageId* k_ids = Row(slot);
-    const int32_t length = Length(slot);
-    int32_t* const k_out = staging + 2 * RowOffset(slot);
-    int32_t* const v_out = k_out + max_pages_per_seq_;
-    std::copy_n(k_ids, length, k_out);
-    for (int32_t i = 0; i < length; ++i) v_out[i] = k_ids[i] + num_pages_;
-    const int32_t staged = staged_lengths[slot];
-    if (staged > length) {
-      std::fill(k_out + length, k_out + staged, kNoPage);
-      std::fill(v_out + length, v_out + staged, kNoPage);
+  for (const CopyRun& run : copy_runs_) {
+    for (SlotId slot = run.first; slot < run.end; ++slot) {
+      const PageId* k_ids = Row(slot);
+      const int32_t length = Length(slot);
+      int32_t* const k_out = staging + 2 * RowOffset(slot);
+      int32_t* const v_out = k_out + max_pages_per_seq_;
+      std::copy_n(k_ids, length, k_out);
+      for (int32_t i = 0; i < length; ++i) v_out[i] = k_ids[i] + num_pages_;
+      const int32_t staged = staged_lengths[slot];
+      if (staged > length) {
+        std::fill(k_out + length, k_out + staged, kNoPage);
+        std::fill(v_out + length, v_out + staged, kNoPage);
+      }
+      staged_lengths[slot] = length;
     }
-    staged_lengths[slot] = length;
   }
 
-  // One copy per maximal run of consecutive dirty rows.
   int32_t* const mirror = static_cast<int32_t*>(mirror_.data());
   const size_t row_bytes = 2 * row_k_bytes;
   int64_t copies = 0;
   absl::Status status;
-  for (size_t begin = 0; begin < dirty_rows_.size() && status.ok();) {
-    size_t end = begin + 1;
-    while (end < dirty_rows_.size() &&
-           dirty_rows_[end] == dirty_rows_[end - 1] + 1) {
-      ++end;
-    }
-    const int64_t offset = 2 * RowOffset(dirty_rows_[begin]);
+  for (const CopyRun& run : copy_runs_) {
+    const int64_t offset = 2 * RowOffset(run.first);
     status = device_.CopyToDevice(staging + offset, mirror + offset,
-                                  (end - begin) * row_bytes, stream);
-    copies += status.ok();
-    begin = end;
+                                  (run.end - run.first) * row_bytes, stream);
+    if (!status.ok()) break;
+    ++copies;
   }
   // Guard the slot even after a failed copy: earlier copies may still read
   // it.
@@ -467,8 +476,8 @@ absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
   next_staging_ = (staging_slot + 1) % kStagingSlots;
   ++upload_stats_.calls;
   upload_stats_.copies += copies;
-  upload_stats_.bytes += static_cast<int64_t>(dirty_rows_.size() * row_bytes);
-  upload_stats_.rows += static_cast<int64_t>(dirty_rows_.size());
+  upload_stats_.bytes += copied_rows * static_cast<int64_t>(row_bytes);
+  upload_stats_.rows += copied_rows;
   upload_stats_.host_waits += waited;
   return true;
 }

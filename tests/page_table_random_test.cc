@@ -52,16 +52,24 @@ struct Model {
     return image;
   }
 
-  // The copies and rows the next Upload must enqueue.
+  // The copies and rows the next Upload must enqueue: the runs of rows that
+  // differ from the last upload, two runs at most kMaxBridgedRows rows
+  // apart as one (with the rows between).
   std::pair<int64_t, int64_t> NextUpload() const {
     int64_t copies = 0;
     int64_t rows_copied = 0;
-    bool previous_dirty = false;
+    int64_t last_dirty = -1;  // none yet.
     for (size_t slot = 0; slot < rows.size(); ++slot) {
-      const bool dirty = !uploaded_once || rows[slot] != uploaded[slot];
-      copies += dirty && !previous_dirty;
-      rows_copied += dirty;
-      previous_dirty = dirty;
+      if (uploaded_once && rows[slot] == uploaded[slot]) continue;
+      const auto dirty = static_cast<int64_t>(slot);
+      const int64_t clean_between = dirty - last_dirty - 1;
+      if (last_dirty < 0 || clean_between > KVPageTable::kMaxBridgedRows) {
+        ++copies;
+        ++rows_copied;
+      } else {
+        rows_copied += clean_between + 1;
+      }
+      last_dirty = dirty;
     }
     return {copies, rows_copied};
   }
@@ -310,6 +318,7 @@ const Geometry kGeometries[] = {
     {16, 3, 20},   // identity does not.
     {1, 1, 1},     // the smallest table.
     {33, 9, 500},  // longer runs.
+    {80, 2, 300},  // runs far enough apart to be copied apart.
 };
 
 TEST_CASE("random calls match a model; every upload is exact", "[random]") {

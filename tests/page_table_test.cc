@@ -420,18 +420,23 @@ TEST_CASE("upload waits only when every staging slot is in flight") {
 
 TEST_CASE("a failed copy changes no host state and the next upload is whole") {
   DeferredDevice device;
-  std::unique_ptr<KVPageTable> table = MakeTable(device);
-  REQUIRE(UploadAndCount(*table, device).enqueued);
-  SetRowOk(*table, 0, {1});
-  SetRowOk(*table, 2, {2});
-  const TableSnapshot before = Snapshot(*table);
-  device.FailCopyAfter(1);  // rows 0 and 2 are two copies: the second fails.
-  REQUIRE_STATUS_IS(table->Upload(nullptr), kInternal);
-  REQUIRE(Snapshot(*table) == before);
+  constexpr int32_t kFar = KVPageTable::kMaxBridgedRows + 2;
+  absl::StatusOr<std::unique_ptr<KVPageTable>> created =
+      KVPageTable::Create(kFar + 1, kWidth, kPages, device);
+  REQUIRE_OK(created);
+  KVPageTable& table = **created;
+  REQUIRE(UploadAndCount(table, device).enqueued);
+  SetRowOk(table, 0, {1});
+  SetRowOk(table, kFar, {2});
+  const TableSnapshot before = Snapshot(table);
+  device.FailCopyAfter(1);  // rows 0 and kFar are two copies: one fails.
+  REQUIRE_STATUS_IS(table.Upload(nullptr), kInternal);
+  REQUIRE(Snapshot(table) == before);
   // Row 0 reached the device; setting it back must still be uploaded.
-  SetRowOk(*table, 0, {});
-  REQUIRE(UploadAndCount(*table, device) == UploadEffect{true, 1, 4 * 24});
-  REQUIRE(ReadMirror(*table, device) == ExpectedMirror(*table));
+  SetRowOk(table, 0, {});
+  REQUIRE(UploadAndCount(table, device) ==
+          UploadEffect{true, 1, (kFar + 1) * 24});
+  REQUIRE(ReadMirror(table, device) == ExpectedMirror(table));
 }
 
 TEST_CASE("a table waits for its staging before it is destroyed") {

@@ -14,10 +14,11 @@
 // the V ids `k + num_pages` (kNoPage stays kNoPage). It is allocated once by
 // Create and never moves (safe to capture in CUDA graphs); it holds zeros
 // until the first Upload. Upload enqueues host-to-device copies of the rows
-// that differ from the last uploaded image, one copy per maximal run of such
-// rows, from pinned staging that rotates over kStagingSlots slots: a slot is
-// rewritten only after the device event of its last copy has completed, and
-// Upload blocks only when every slot is still in flight.
+// that differ from the last uploaded image, one copy per run of such rows
+// (runs at most kMaxBridgedRows rows apart count as one), from pinned staging
+// that rotates over kStagingSlots slots: a slot is rewritten only after the
+// device event of its last copy has completed, and Upload blocks only when
+// every slot is still in flight.
 //
 // Memory: host 2 x max_batch x max_pages_per_seq int32 (truth, last uploaded
 // image) plus O(max_batch); device one table (2 x that); pinned staging
@@ -28,10 +29,11 @@
 // CompactRows is O(max_batch + pages of retired rows): rows keep their host
 // storage and change slots by index; Upload is O(live ids of the rows
 // changed since the last upload, which include every row from an in-order
-// compaction's first retired slot on) host work plus, per run of changed rows,
-// one copy of whole rows (the first Upload: the whole table), and O(1) with
-// nothing changed. SetIdentity and CheckInvariants are O(table). No call but
-// CheckInvariants allocates memory after Create.
+// compaction's first retired slot on, and of the unchanged rows bridged
+// between their runs) host work plus, per run, one copy of whole rows (the
+// first Upload: the whole table), and O(1) with nothing changed. SetIdentity
+// and CheckInvariants are O(table). No call but CheckInvariants allocates
+// memory after Create.
 //
 // Errors: every call that returns an error leaves the table unchanged (host
 // rows, is_identity, upload_stats and what the next Upload copies); only a
@@ -85,6 +87,11 @@ class KVPageTable {
  public:
   // Pinned staging slots Upload rotates over.
   static constexpr int kStagingSlots = 3;
+  // Upload copies two runs of changed rows at most this many unchanged rows
+  // apart as one (restaging the rows between, which the device holds
+  // already): on a GPU a copy costs microseconds of host time to enqueue, a
+  // staged row tens of nanoseconds.
+  static constexpr int32_t kMaxBridgedRows = 16;
 
   // A table of `max_batch` rows of `max_pages_per_seq` K pages each, over a
   // pool of `num_pages` K pages, every entry kNoPage, mirrored on `device`
@@ -260,9 +267,15 @@ class KVPageTable {
   std::vector<SlotId> changed_rows_;
   SlotId changed_from_;
 
-  // Scratch, sized at Create: the rows an Upload copies and duplicate
-  // detection for SetRows / CompactRows.
+  // Scratch, sized at Create: the rows an Upload copies, the slot ranges
+  // [first, end) it copies them in, and duplicate detection for SetRows /
+  // CompactRows.
+  struct CopyRun {
+    SlotId first = 0;
+    SlotId end = 0;
+  };
   std::vector<SlotId> dirty_rows_;
+  std::vector<CopyRun> copy_runs_;
   std::vector<Mark> marks_;
   uint64_t stamp_ = 0;
 
