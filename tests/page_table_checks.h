@@ -99,6 +99,19 @@ inline UploadEffect UploadAndCount(KVPageTable& table, Device& device) {
   return effect;
 }
 
+// A table of `max_batch` rows of `width` pages over `num_pages` pages on
+// `device`, uploaded once.
+inline std::unique_ptr<KVPageTable> UploadedTable(Device& device,
+                                                  int32_t max_batch,
+                                                  int32_t width,
+                                                  int32_t num_pages) {
+  absl::StatusOr<std::unique_ptr<KVPageTable>> created =
+      KVPageTable::Create(max_batch, width, num_pages, device);
+  REQUIRE_OK(created);
+  REQUIRE(UploadAndCount(**created, device).enqueued);
+  return *std::move(created);
+}
+
 inline void SetRowOk(KVPageTable& table, SlotId slot,
                      std::initializer_list<PageId> ids) {
   REQUIRE_OK(table.SetRow(slot, ids));
@@ -151,11 +164,9 @@ inline void UploadChecks(Device& device) {
   }
   SECTION("runs more than kMaxBridgedRows rows apart are copied apart") {
     constexpr int32_t kGap = KVPageTable::kMaxBridgedRows;
-    absl::StatusOr<std::unique_ptr<KVPageTable>> wide =
-        KVPageTable::Create(kGap + 3, kWidth, kPages, device);
-    REQUIRE_OK(wide);
-    KVPageTable& rows = **wide;
-    REQUIRE(UploadAndCount(rows, device).enqueued);
+    const std::unique_ptr<KVPageTable> wide =
+        UploadedTable(device, kGap + 3, kWidth, kPages);
+    KVPageTable& rows = *wide;
     // kGap unchanged rows between: bridged.
     SetRowOk(rows, 0, {1});
     SetRowOk(rows, kGap + 1, {2});

@@ -421,11 +421,9 @@ TEST_CASE("upload waits only when every staging slot is in flight") {
 TEST_CASE("a failed copy changes no host state and the next upload is whole") {
   DeferredDevice device;
   constexpr int32_t kFar = KVPageTable::kMaxBridgedRows + 2;
-  absl::StatusOr<std::unique_ptr<KVPageTable>> created =
-      KVPageTable::Create(kFar + 1, kWidth, kPages, device);
-  REQUIRE_OK(created);
-  KVPageTable& table = **created;
-  REQUIRE(UploadAndCount(table, device).enqueued);
+  const std::unique_ptr<KVPageTable> far =
+      testing::UploadedTable(device, kFar + 1, kWidth, kPages);
+  KVPageTable& table = *far;
   SetRowOk(table, 0, {1});
   SetRowOk(table, kFar, {2});
   const TableSnapshot before = Snapshot(table);
