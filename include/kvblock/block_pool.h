@@ -9,11 +9,11 @@
 //   - free:      refcount 0, not cached, on the LIFO free stack;
 //   - evictable: refcount 0, cached, on the LRU list (head = least recently
 //                released, evicted first; tail = most recently released).
-// The prefix index (PrefixIndex: 8-byte slots, the keys stay with the pages)
-// maps a BlockHash to exactly the cached pages, one hash per page and one page
-// per hash. `Allocate` pops the free stack first and evicts the LRU head
-// (dropping its hash) only when the stack is empty. Initially the stack hands
-// out pages 0, 1, 2, ... in that order.
+// The prefix index (PrefixIndex: buckets of one cache line, the keys stay
+// with the pages) maps a BlockHash to exactly the cached pages, one hash per
+// page and one page per hash. `Allocate` pops the free stack first and evicts
+// the LRU head (dropping its hash) only when the stack is empty. Initially the
+// stack hands out pages 0, 1, 2, ... in that order.
 //
 // Releasing a sequence's pages last page first (SequenceBlockTable::ReleaseAll
 // does) puts its continuation nearer the LRU head than its prefix, so a shared
@@ -26,10 +26,10 @@
 // `BeginTransaction()`). Transactions nest; the innermost one is closed first.
 //
 // Complexity: every operation is O(1) per page it touches (AllocateN,
-// AcquireCached and AcquireCachedPrefix: O(pages)); CheckInvariants, Snapshot and
-// ResetPrefixCache are O(num_pages). Arrays, the free stack, the prefix index
-// and the journal are reserved at construction: steady-state operations do not
-// allocate memory (a transaction journaling more than `journal_reserve`
+// AcquireCached and AcquireCachedPrefix: O(pages)); CheckInvariants, Snapshot
+// and ResetPrefixCache are O(num_pages). Arrays, the free stack, the prefix
+// index and the journal are reserved at construction: steady-state operations
+// do not allocate memory (a transaction journaling more than `journal_reserve`
 // records grows the journal once; its capacity is kept).
 //
 // Errors: a failing call changes nothing (not even stats).

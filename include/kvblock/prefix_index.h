@@ -2,25 +2,30 @@
 //
 // PrefixIndex: the prefix cache's index inside BlockPool, block hash -> page.
 //
-// Open addressing with linear probing over 8-byte slots, each a 32-bit tag
-// of the hash and a page id; the hashes themselves stay with the pages (the
-// caller's `hash_of(page)`), and a tag match is confirmed there. The table
-// is at most half full, so a probe reads one or two cache lines, and it is a
-// quarter the size of a map that stores the 32-byte keys: the index of a
-// 16K-page pool (256 KiB) stays in a core's L2 cache. Deletion shifts later
-// entries back instead of leaving tombstones, so lookups never slow down
-// with churn.
+// Buckets of one cache line: 7 entries, each a 32-bit tag of the hash and a
+// page id, plus an overflow count. The hashes themselves stay with the pages
+// (the caller's `hash_of(page)`), and a tag match is confirmed there. A key
+// lives in its home bucket, or when that is full in the next bucket with a
+// free entry (probing bucket by bucket); every bucket passed on the way
+// counts it in its overflow count. So a search compares the 7 tags of a
+// bucket at once (SSE2) and stops at the first bucket whose overflow count
+// is 0 (or after every bucket), an erase clears its entry in place and
+// decrements the counts on its path, and nothing ever moves: no probe loop over
+// single slots, no backward shift, no tombstones. At most 57% of the entries
+// are used, so a key is in its home bucket about 90% of the time (one cache
+// line). The index of a 16K-page pool is 256 KiB, a quarter of a map that
+// stores the 32-byte keys, and stays in a core's L2 cache.
 //
 // The tag is the top 32 bits of Abseil's per-process seeded hash of every
-// byte of the key, and a slot's home position is the tag's top bits: crafted
-// keys cannot crowd one probe run, and a deletion finds an entry's home
-// without reading its key.
+// byte of the key, and a key's home bucket is the tag's top bits: crafted
+// keys cannot crowd one bucket, and an erase finds an entry's home without
+// reading its key.
 //
-// Capacity is fixed at construction (2 * max_entries rounded up to a power
-// of two, at least 16 slots), so nothing allocates after it. The caller
+// Capacity is fixed at construction (max_entries / 4.9 buckets rounded up to
+// a power of two, at least 2), so nothing allocates after it. The caller
 // keeps at most max_entries pages indexed and erases only indexed pages
-// (BlockPool: one entry per cached page); a broken contract fails an
-// assert (unless NDEBUG) instead of probing forever. Thread-compatible.
+// (BlockPool: one entry per cached page); a broken contract fails an assert
+// (unless NDEBUG) instead of probing forever. Thread-compatible.
 #ifndef KVBLOCK_PREFIX_INDEX_H_
 #define KVBLOCK_PREFIX_INDEX_H_
 
@@ -30,6 +35,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
@@ -45,12 +54,14 @@ class PrefixIndex {
   // largest pool).
   explicit PrefixIndex(int32_t max_entries)
       : max_entries_(std::max(max_entries, 1)),
-        shift_(32 - std::countr_zero(std::bit_ceil(std::max<size_t>(
-                        16, 2 * static_cast<size_t>(max_entries_))))),
-        slots_(size_t{1} << (32 - shift_)),
-        mask_(slots_.size() - 1) {
+        shift_(32 - std::countr_zero(NumBuckets(max_entries_))),
+        buckets_(NumBuckets(max_entries_)),
+        mask_(buckets_.size() - 1) {
     assert(max_entries >= 1 && max_entries <= (1 << 30));
   }
+
+  // Entries per bucket.
+  static constexpr int kEntriesPerBucket = 7;
 
   int32_t size() const { return size_; }
 
@@ -61,14 +72,22 @@ class PrefixIndex {
     return static_cast<uint32_t>(absl::Hash<BlockHash>{}(hash) >> 32);
   }
 
+  // The home bucket of keys whose Tag is `tag`: the tag's top bits.
+  size_t Home(uint32_t tag) const { return tag >> shift_; }
+  size_t num_buckets() const { return buckets_.size(); }
+
   // The page indexed under `hash`, or kNoPage. O(1) expected.
   template <typename HashOf>
   PageId Find(const BlockHash& hash, const HashOf& hash_of) const {
     const uint32_t tag = Tag(hash);
-    for (size_t i = Home(tag);; i = (i + 1) & mask_) {
-      const Slot& slot = slots_[i];
-      if (slot.page == kNoPage) return kNoPage;
-      if (slot.tag == tag && hash_of(slot.page) == hash) return slot.page;
+    const size_t home = Home(tag);
+    for (size_t b = home;; b = Next(b)) {
+      const Bucket& bucket = buckets_[b];
+      for (uint32_t m = bucket.Matches(tag); m != 0; m &= m - 1) {
+        const PageId page = bucket.pages[std::countr_zero(m)];
+        if (hash_of(page) == hash) return page;
+      }
+      if (LastOfSearch(bucket, b, home)) return kNoPage;
     }
   }
 
@@ -80,73 +99,107 @@ class PrefixIndex {
   PageId Insert(uint32_t tag, const BlockHash& hash, PageId page,
                 const HashOf& hash_of) {
     assert(tag == Tag(hash));
-    for (size_t i = Home(tag);; i = (i + 1) & mask_) {
-      Slot& slot = slots_[i];
-      if (slot.page == kNoPage) {
-        assert(size_ < max_entries_);
-        slot = Slot{tag, page};
-        ++size_;
-        return page;
+    // Look for the key where a search would, noting the first free entry
+    // on the way.
+    const size_t home = Home(tag);
+    size_t target = kNoBucket;
+    uint32_t free_entries = 0;
+    size_t b = home;
+    for (;; b = Next(b)) {
+      const Bucket& bucket = buckets_[b];
+      for (uint32_t m = bucket.Matches(tag); m != 0; m &= m - 1) {
+        const PageId other = bucket.pages[std::countr_zero(m)];
+        if (hash_of(other) == hash) return other;
       }
-      if (slot.tag == tag && hash_of(slot.page) == hash) return slot.page;
+      if (target == kNoBucket && (free_entries = bucket.Free()) != 0) {
+        target = b;
+      }
+      if (LastOfSearch(bucket, b, home)) break;
     }
+    if (target == kNoBucket) {
+      assert(size_ < max_entries_);
+      do {
+        b = Next(b);
+      } while ((free_entries = buckets_[b].Free()) == 0);
+      target = b;
+    }
+    Bucket& bucket = buckets_[target];
+    const int entry = std::countr_zero(free_entries);
+    bucket.tags[entry] = tag;
+    bucket.pages[entry] = page;
+    for (size_t passed = home; passed != target; passed = Next(passed)) {
+      ++buckets_[passed].tags[kOverflow];
+    }
+    ++size_;
+    return page;
   }
 
   // Removes `page`, indexed under a hash whose Tag is `tag`. O(1) expected.
   // REQUIRES: `page` is indexed under such a hash.
   void Erase(uint32_t tag, PageId page) {
-    size_t hole = Home(tag);
-    while (slots_[hole].page != page) {
-      assert(slots_[hole].page != kNoPage);
-      hole = (hole + 1) & mask_;
+    const size_t home = Home(tag);
+    size_t b = home;
+    uint32_t m;
+    while ((m = buckets_[b].Holds(page)) == 0) {
+      assert(buckets_[b].overflow() > 0);
+      b = Next(b);
     }
-    // Moves back each later entry of the run that may sit at the hole: one
-    // whose home is not cyclically in (hole, j].
-    for (size_t j = (hole + 1) & mask_; slots_[j].page != kNoPage;
-         j = (j + 1) & mask_) {
-      const size_t home = Home(slots_[j].tag);
-      if (((j - home) & mask_) >= ((j - hole) & mask_)) {
-        slots_[hole] = slots_[j];
-        hole = j;
-      }
+    buckets_[b].pages[std::countr_zero(m)] = kNoPage;
+    for (size_t passed = home; passed != b; passed = Next(passed)) {
+      --buckets_[passed].tags[kOverflow];
     }
-    slots_[hole] = Slot{};
     --size_;
   }
 
-  // Calls `f(page)` for every indexed page, in slot order. O(capacity).
+  // Calls `f(page)` for every indexed page, in bucket order. O(capacity).
   template <typename F>
   void ForEach(const F& f) const {
-    for (const Slot& slot : slots_) {
-      if (slot.page != kNoPage) f(slot.page);
+    for (const Bucket& bucket : buckets_) {
+      for (int i = 0; i < kEntriesPerBucket; ++i) {
+        if (bucket.pages[i] != kNoPage) f(bucket.pages[i]);
+      }
     }
   }
 
   void Clear() {
-    std::fill(slots_.begin(), slots_.end(), Slot{});
+    std::fill(buckets_.begin(), buckets_.end(), Bucket{});
     size_ = 0;
   }
 
-  // Internal when a slot's tag is not its page's, an entry cannot be reached
-  // from its home, or the count is off. O(capacity).
+  // Internal when an entry's tag is not its page's, a bucket's overflow
+  // count is not the number of keys placed past it from their home (so a
+  // search could stop before a key), or the count is off. O(capacity).
   template <typename HashOf>
   absl::Status CheckInvariants(const HashOf& hash_of) const {
+    std::vector<uint32_t> passing(buckets_.size(), 0);
     int32_t count = 0;
-    for (size_t i = 0; i < slots_.size(); ++i) {
-      const Slot& slot = slots_[i];
-      if (slot.page == kNoPage) continue;
-      ++count;
-      if (slot.tag != Tag(hash_of(slot.page))) {
-        return absl::InternalError(
-            absl::StrCat("prefix index: slot ", i, " holds page ", slot.page,
-                         " under a tag not of its hash"));
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      const Bucket& bucket = buckets_[b];
+      if (bucket.pages[kOverflow] != kNoPage) {
+        return absl::InternalError(absl::StrCat(
+            "prefix index: bucket ", b, " holds page ", bucket.pages[kOverflow],
+            " in its overflow count's place"));
       }
-      for (size_t j = Home(slot.tag); j != i; j = (j + 1) & mask_) {
-        if (slots_[j].page == kNoPage) {
+      for (int i = 0; i < kEntriesPerBucket; ++i) {
+        const PageId page = bucket.pages[i];
+        if (page == kNoPage) continue;
+        ++count;
+        if (bucket.tags[i] != Tag(hash_of(page))) {
           return absl::InternalError(
-              absl::StrCat("prefix index: page ", slot.page, " in slot ", i,
-                           " is cut off from its home by empty slot ", j));
+              absl::StrCat("prefix index: bucket ", b, " holds page ", page,
+                           " under a tag not of its hash"));
         }
+        for (size_t passed = Home(bucket.tags[i]); passed != b;
+             passed = Next(passed)) {
+          ++passing[passed];
+        }
+      }
+    }
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (buckets_[b].overflow() != passing[b]) {
+        return absl::InternalError(absl::StrCat(
+            "prefix index: bucket ", b, " counts ", buckets_[b].overflow(),
+            " keys placed past it, there are ", passing[b]));
       }
     }
     if (count != size_) {
@@ -157,16 +210,69 @@ class PrefixIndex {
   }
 
  private:
-  struct Slot {
-    uint32_t tag = 0;
-    PageId page = kNoPage;  // kNoPage: empty.
-  };
+  static constexpr size_t kNoBucket = ~size_t{0};
+  // The last of a bucket's 8 tag lanes is its overflow count; its last page
+  // lane stays kNoPage.
+  static constexpr int kOverflow = kEntriesPerBucket;
 
-  size_t Home(uint32_t tag) const { return tag >> shift_; }
+  struct alignas(64) Bucket {
+    uint32_t tags[kEntriesPerBucket + 1] = {};
+    PageId pages[kEntriesPerBucket + 1] = {kNoPage, kNoPage, kNoPage, kNoPage,
+                                           kNoPage, kNoPage, kNoPage, kNoPage};
+
+    // Keys placed in a later bucket whose search passes this one.
+    uint32_t overflow() const { return tags[kOverflow]; }
+    // Bit i set: entry i is used under `tag`.
+    uint32_t Matches(uint32_t tag) const { return Equal(tags, tag) & ~Free(); }
+    // Bit i set: entry i holds `page`.
+    uint32_t Holds(PageId page) const {
+      return Equal(pages, static_cast<uint32_t>(page));
+    }
+    // Bit i set: entry i is free.
+    uint32_t Free() const { return Holds(kNoPage); }
+
+    // Bit i set, for i < kEntriesPerBucket: lanes[i] == value.
+    template <typename Lane>
+    static uint32_t Equal(const Lane (&lanes)[kEntriesPerBucket + 1],
+                          uint32_t value) {
+      constexpr uint32_t kEntries = (1u << kEntriesPerBucket) - 1;
+#if defined(__SSE2__)
+      const __m128i wanted = _mm_set1_epi32(static_cast<int>(value));
+      const auto* vectors = reinterpret_cast<const __m128i*>(lanes);
+      const int low = _mm_movemask_ps(
+          _mm_castsi128_ps(_mm_cmpeq_epi32(_mm_load_si128(vectors), wanted)));
+      const int high = _mm_movemask_ps(_mm_castsi128_ps(
+          _mm_cmpeq_epi32(_mm_load_si128(vectors + 1), wanted)));
+      return static_cast<uint32_t>(low | (high << 4)) & kEntries;
+#else
+      uint32_t mask = 0;
+      for (int i = 0; i < kEntriesPerBucket; ++i) {
+        mask |= static_cast<uint32_t>(static_cast<uint32_t>(lanes[i]) == value)
+                << i;
+      }
+      return mask & kEntries;
+#endif
+    }
+  };
+  static_assert(sizeof(Bucket) == 64);
+
+  // At most 57% of the entries used (max_entries / (7 * 4.9 / 7)), at least
+  // 2 buckets.
+  static size_t NumBuckets(int32_t max_entries) {
+    return std::bit_ceil(
+        std::max<size_t>(2, (static_cast<size_t>(max_entries) * 10 + 48) / 49));
+  }
+  size_t Next(size_t bucket) const { return (bucket + 1) & mask_; }
+  // A search from `home` ends after `bucket` (index `b`) when no key passes
+  // it, or when every bucket was searched (keys may pass all of them, each
+  // placed in another's home).
+  bool LastOfSearch(const Bucket& bucket, size_t b, size_t home) const {
+    return bucket.overflow() == 0 || Next(b) == home;
+  }
 
   int32_t max_entries_;
-  int shift_;  // 32 - log2(capacity).
-  std::vector<Slot> slots_;
+  int shift_;  // 32 - log2(buckets).
+  std::vector<Bucket> buckets_;
   size_t mask_;
   int32_t size_ = 0;
 };
