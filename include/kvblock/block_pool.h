@@ -299,6 +299,8 @@ class BlockPool {
   absl::Status UnusedError(PageId page) const;
   // Allocate() after the caller checked NumFree() > 0.
   PageId AllocateUnchecked();
+  // Evicting `victim`: prefetches for the two evictions after it.
+  void PrefetchNextEvictions(PageId victim) const;
   void Journal(UndoRecord::Op op, PageId page, PageId prev = kNoPage,
                const BlockHash& hash = BlockHash{});
   void Undo(const UndoRecord& record);

@@ -151,6 +151,11 @@ class PrefixIndex {
     --size_;
   }
 
+  // Starts loading the home bucket of keys whose Tag is `tag`.
+  void Prefetch(uint32_t tag) const {
+    __builtin_prefetch(&buckets_[Home(tag)]);
+  }
+
   // Calls `f(page)` for every indexed page, in bucket order. O(capacity).
   template <typename F>
   void ForEach(const F& f) const {
