@@ -2,19 +2,19 @@
 //
 // PrefixIndex: the prefix cache's index inside BlockPool, block hash -> page.
 //
-// Buckets of one cache line: 7 entries, each a 32-bit tag of the hash and a
-// page id, plus an overflow count. The hashes themselves stay with the pages
-// (the caller's `hash_of(page)`), and a tag match is confirmed there. A key
-// lives in its home bucket, or when that is full in the next bucket with a
-// free entry (probing bucket by bucket); every bucket passed on the way
-// counts it in its overflow count. So a search compares the 7 tags of a
-// bucket at once (SSE2) and stops at the first bucket whose overflow count
-// is 0 (or after every bucket), an erase clears its entry in place and
-// decrements the counts on its path, and nothing ever moves: no probe loop over
-// single slots, no backward shift, no tombstones. At most 57% of the entries
-// are used, so a key is in its home bucket about 90% of the time (one cache
-// line). The index of a 16K-page pool is 256 KiB, a quarter of a map that
-// stores the 32-byte keys, and stays in a core's L2 cache.
+// Buckets of one cache line: 7 entries, each a 32-bit tag of the hash (never
+// 0, the tag of a free entry) and a page id, plus an overflow count. The hashes
+// themselves stay with the pages (the caller's `hash_of(page)`), and a tag
+// match is confirmed there. A key lives in its home bucket, or when that is
+// full in the next bucket with a free entry (probing bucket by bucket); every
+// bucket passed on the way counts it in its overflow count. So a search
+// compares the 7 tags of a bucket at once (SSE2) and stops at the first bucket
+// whose overflow count is 0 (or after every bucket), an erase clears its entry
+// in place and decrements the counts on its path, and nothing ever moves: no
+// probe loop over single slots, no backward shift, no tombstones. At most 57%
+// of the entries are used, so a key is in its home bucket about 90% of the time
+// (one cache line). The index of a 16K-page pool is 256 KiB, a quarter of a map
+// that stores the 32-byte keys, and stays in a core's L2 cache.
 //
 // The tag is the top 32 bits of Abseil's per-process seeded hash of every
 // byte of the key, and a key's home bucket is the tag's top bits: crafted
@@ -67,9 +67,9 @@ class PrefixIndex {
 
   // The tag of `hash`: Insert and Erase take it, so that a caller that keeps
   // each entry's tag (BlockPool does, beside the page's hash) erases without
-  // hashing the key again.
+  // hashing the key again. Never 0, the tag of a free entry.
   static uint32_t Tag(const BlockHash& hash) {
-    return static_cast<uint32_t>(absl::Hash<BlockHash>{}(hash) >> 32);
+    return static_cast<uint32_t>(absl::Hash<BlockHash>{}(hash) >> 32) | 1;
   }
 
   // The home bucket of keys whose Tag is `tag`: the tag's top bits.
@@ -144,7 +144,9 @@ class PrefixIndex {
       assert(buckets_[b].overflow() > 0);
       b = Next(b);
     }
-    buckets_[b].pages[std::countr_zero(m)] = kNoPage;
+    const int entry = std::countr_zero(m);
+    buckets_[b].tags[entry] = 0;
+    buckets_[b].pages[entry] = kNoPage;
     for (size_t passed = home; passed != b; passed = Next(passed)) {
       --buckets_[passed].tags[kOverflow];
     }
@@ -171,9 +173,10 @@ class PrefixIndex {
     size_ = 0;
   }
 
-  // Internal when an entry's tag is not its page's, a bucket's overflow
-  // count is not the number of keys placed past it from their home (so a
-  // search could stop before a key), or the count is off. O(capacity).
+  // Internal when an entry's tag is not its page's (or a free entry's is not
+  // 0), a bucket's overflow count is not the number of keys placed past it
+  // from their home (so a search could stop before a key), or the count is
+  // off. O(capacity).
   template <typename HashOf>
   absl::Status CheckInvariants(const HashOf& hash_of) const {
     std::vector<uint32_t> passing(buckets_.size(), 0);
@@ -187,7 +190,14 @@ class PrefixIndex {
       }
       for (int i = 0; i < kEntriesPerBucket; ++i) {
         const PageId page = bucket.pages[i];
-        if (page == kNoPage) continue;
+        if (page == kNoPage) {
+          if (bucket.tags[i] != 0) {
+            return absl::InternalError(
+                absl::StrCat("prefix index: free entry ", i, " of bucket ", b,
+                             " keeps tag ", bucket.tags[i]));
+          }
+          continue;
+        }
         ++count;
         if (bucket.tags[i] != Tag(hash_of(page))) {
           return absl::InternalError(
@@ -228,13 +238,13 @@ class PrefixIndex {
     // Keys placed in a later bucket whose search passes this one.
     uint32_t overflow() const { return tags[kOverflow]; }
     // Bit i set: entry i is used under `tag`.
-    uint32_t Matches(uint32_t tag) const { return Equal(tags, tag) & ~Free(); }
+    uint32_t Matches(uint32_t tag) const { return Equal(tags, tag); }
     // Bit i set: entry i holds `page`.
     uint32_t Holds(PageId page) const {
       return Equal(pages, static_cast<uint32_t>(page));
     }
     // Bit i set: entry i is free.
-    uint32_t Free() const { return Holds(kNoPage); }
+    uint32_t Free() const { return Equal(tags, 0); }
 
     // Bit i set, for i < kEntriesPerBucket: lanes[i] == value.
     template <typename Lane>
