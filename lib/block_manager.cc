@@ -79,7 +79,7 @@ BlockManager::BlockManager(const PagedKvConfig& config,
 // Transactions ----------------------------------------------------------------
 
 BlockManager::Transaction BlockManager::BeginTransaction() {
-  ++depth_;
+  if (depth_++ == 0) ++transaction_serial_;
   return Transaction{pool_->BeginTransaction(),
                      journal_.size(),
                      in_place_.size(),
@@ -171,8 +171,10 @@ void BlockManager::Undo(const UndoRecord& record) {
       --sequence.num_tokens;
       sequence.offset = 0;
       sequence.tail_maybe_shared = record.tail_maybe_shared;
-      std::copy_n(token_arena_.begin() + record.arena_offset,
-                  config_.page_size, PartialTokens(record.handle));
+      if (record.arena_offset >= 0) {
+        std::copy_n(token_arena_.begin() + record.arena_offset,
+                    config_.page_size, PartialTokens(record.handle));
+      }
       return;
     case UndoRecord::Op::kChanged: {
       SequenceBlockTable& table = sequence.table;
@@ -610,6 +612,7 @@ absl::Status BlockManager::FillPage(int32_t handle, Sequence& sequence,
   record.hash_index = hash_index;
   ++sequence.num_tokens;
   sequence.offset = 0;
+  sequence.filled_in_transaction = transaction_serial_;
   ++stats_.appended_tokens;
   return absl::OkStatus();
 }
@@ -638,15 +641,20 @@ absl::Status BlockManager::StartPage(int32_t handle, Sequence& sequence,
   // Cannot fail: the caller checked the table's capacity.
   KVBLOCK_RETURN_IF_ERROR(
       sequence.table.AdoptPages(absl::MakeConstSpan(&page, 1)));
-  // The tokens of the last full page: a rollback that also undoes its fill
-  // needs them back.
   TokenId* const partial = PartialTokens(handle);
   UndoRecord& record = journal_.emplace_back();
   record.op = UndoRecord::Op::kNewPage;
   record.tail_maybe_shared = sequence.tail_maybe_shared;
   record.handle = handle;
-  record.arena_offset = static_cast<int32_t>(token_arena_.size());
-  token_arena_.insert(token_arena_.end(), partial, partial + config_.page_size);
+  record.arena_offset = -1;
+  // The tokens of the last full page: a rollback that also undoes its fill
+  // needs them back. Decode fills a page and starts the next one in two
+  // steps, two transactions, so this is rare.
+  if (sequence.filled_in_transaction == transaction_serial_) {
+    record.arena_offset = static_cast<int32_t>(token_arena_.size());
+    token_arena_.insert(token_arena_.end(), partial,
+                        partial + config_.page_size);
+  }
   partial[0] = token;
   ++sequence.num_tokens;
   sequence.offset = 1;

@@ -291,6 +291,9 @@ class BlockManager {
     bool live = false;
     uint32_t generation = 0;  // bumped by every CreateSequence of the entry.
     SequenceId id = kNoSequence;
+    // transaction_serial_ of the transaction whose FillPage last filled a
+    // page here.
+    uint64_t filled_in_transaction = 0;
     SequenceBlockTable table;
     // Prefix-cache chain: the hash of the last full page (the root hash of
     // the sequence's extra keys before the first; unset without prefix
@@ -313,8 +316,13 @@ class BlockManager {
                      // cache, chaining from hash_arena_[hash_index], with
                      // prefix caching); nothing else.
       kNewPage,      // one token went into a newly allocated last page; the
-                     // page_size partial tokens it overwrote are in
-                     // token_arena_[arena_offset, +page_size).
+                     // page_size partial tokens it overwrote (the page
+                     // filled before) are in token_arena_[arena_offset,
+                     // +page_size) when FillPage filled that page in this
+                     // transaction, whose rollback then needs them for an
+                     // undone kFilled; arena_offset is -1 otherwise (past
+                     // offset 0 they are not state, and a kChanged restores
+                     // the tokens it overwrote itself).
       kChanged,      // `handle`'s sequence appended otherwise: the saved fields
                  // and hash_arena_[hash_index] restore it; its partial tokens
                  // are in token_arena_ when count > 0.
@@ -460,6 +468,8 @@ class BlockManager {
   std::vector<PageId> page_arena_;
   std::vector<BlockHash> hash_arena_;
   int32_t depth_ = 0;
+  // Numbers the outermost transactions (the open one's, while depth_ > 0).
+  uint64_t transaction_serial_ = 0;
   std::optional<Transaction> step_;
 
   // Manager-owned counters (pool-derived ones are filled in by stats()).

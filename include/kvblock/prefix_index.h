@@ -17,9 +17,9 @@
 // that stores the 32-byte keys, and stays in a core's L2 cache.
 //
 // The tag is the top 32 bits of Abseil's per-process seeded hash of every
-// byte of the key, and a key's home bucket is the tag's top bits: crafted
-// keys cannot crowd one bucket, and an erase finds an entry's home without
-// reading its key.
+// byte of the key, lowest bit set, and a key's home bucket is the tag's top
+// bits: crafted keys cannot crowd one bucket, and an erase finds an entry's
+// home without reading its key.
 //
 // Capacity is fixed at construction (max_entries / 4.9 buckets rounded up to
 // a power of two, at least 2), so nothing allocates after it. The caller
@@ -116,8 +116,8 @@ class PrefixIndex {
       }
       if (LastOfSearch(bucket, b, home)) break;
     }
+    assert(size_ < max_entries_);
     if (target == kNoBucket) {
-      assert(size_ < max_entries_);
       do {
         b = Next(b);
       } while ((free_entries = buckets_[b].Free()) == 0);
