@@ -64,6 +64,17 @@ struct PageTable {
   int32_t max_pages_per_seq;
 };
 
+// One range of a page-table patch (the layout of kvblock::PageTablePatchRange):
+// K entries [first, first + count) of row `slot`, where `entry` = slot *
+// max_pages_per_seq + first, get ids[ids_offset, + count), the V half those
+// ids + num_pages, and the `clear` entries after them -1 in both halves.
+struct TablePatchRange {
+  int32_t entry;
+  int32_t count;
+  int32_t clear;
+  int32_t ids_offset;
+};
+
 // Threads of one decode-attention block.
 inline constexpr int kDecodeThreads = 256;
 // Largest num_q_heads / num_kv_heads the decode kernel supports.
@@ -159,6 +170,16 @@ int LaunchPagedDecodeAttention(const PagedKvPool& pool, int32_t layer,
 int LaunchToCsr(const PageTable& table, int32_t page_size,
                 const int32_t* seq_lens, int32_t batch, int32_t* kv_indptr,
                 int32_t* kv_indices, int32_t* kv_last_page_len, void* stream);
+
+// Applies `num_ranges` ranges of a page-table patch to `table` (int32
+// [max_batch, 2, max_pages_per_seq], device), one warp per range; a range
+// that does not fit the table is skipped. The ranges of one patch write
+// disjoint entries, so they run in any order.
+//   ids: int32 K ids the ranges point into; ranges: [num_ranges]; device.
+int LaunchApplyPageTablePatch(int32_t* table, int32_t max_batch,
+                              int32_t max_pages_per_seq, int32_t num_pages,
+                              const int32_t* ids, const TablePatchRange* ranges,
+                              int32_t num_ranges, void* stream);
 
 }  // namespace kvblock::kernels
 

@@ -17,9 +17,6 @@
 namespace kvblock {
 namespace {
 
-// Largest pool: V page ids (`p + num_pages`) must fit int32.
-constexpr int32_t kMaxPages = 1 << 30;
-
 std::string ShortHash(const BlockHash& hash) {
   return absl::StrFormat("%02x%02x%02x%02x", hash.bytes[0], hash.bytes[1],
                          hash.bytes[2], hash.bytes[3]);
@@ -46,10 +43,10 @@ std::string BlockPoolSnapshot::DebugString() const {
 
 absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(
     int32_t num_pages, BlockPoolOptions options) {
-  if (num_pages < 1 || num_pages >= kMaxPages) {
+  if (num_pages < 1 || num_pages > kMaxNumPages) {
     return absl::InvalidArgumentError(
-        absl::StrCat("block pool: num_pages must be in [1, ", kMaxPages,
-                     "), got ", num_pages));
+        absl::StrCat("block pool: num_pages must be in [1, ", kMaxNumPages,
+                     "], got ", num_pages));
   }
   if (options.max_refcount < 1) {
     return absl::InvalidArgumentError(
@@ -245,8 +242,8 @@ absl::StatusOr<PageId> BlockPool::RegisterCached(PageId page,
   if (pages_[page].cached) {
     if (pages_[page].hash == hash) return page;
     return absl::FailedPreconditionError(absl::StrCat(
-        "block pool: page ", page, " is cached as ", ShortHash(pages_[page].hash),
-        "..., not ", ShortHash(hash), "..."));
+        "block pool: page ", page, " is cached as ",
+        ShortHash(pages_[page].hash), "..., not ", ShortHash(hash), "..."));
   }
   const uint32_t tag = PrefixIndex::Tag(hash);
   if (const PageId indexed = index_.Insert(tag, hash, page, hash_of());
@@ -469,8 +466,8 @@ absl::Status BlockPool::CheckInvariants() const {
                     static_cast<int>(listed[page]), ", expected ",
                     static_cast<int>(expected));
     }
-    if (listed[page] != 2 &&
-        (pages_[page].lru_prev != kNoPage || pages_[page].lru_next != kNoPage)) {
+    if (listed[page] != 2 && (pages_[page].lru_prev != kNoPage ||
+                              pages_[page].lru_next != kNoPage)) {
       return broken("page ", page, " is off the lru list but linked");
     }
     num_used += refcount > 0 ? 1 : 0;
@@ -513,7 +510,8 @@ BlockPoolSnapshot BlockPool::Snapshot() const {
     snapshot.lru.push_back(page);
   }
   for (PageId page = 0; page < num_pages_; ++page) {
-    if (pages_[page].cached) snapshot.cached.emplace_back(page, pages_[page].hash);
+    if (pages_[page].cached)
+      snapshot.cached.emplace_back(page, pages_[page].hash);
   }
   snapshot.stats = stats_;
   return snapshot;

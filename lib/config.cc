@@ -41,10 +41,13 @@ absl::Status PagedKvConfig::Validate() const {
     absl::string_view name;
     int32_t value;
   } counts[] = {
-      {"num_pages", num_pages},       {"max_batch", max_batch},
+      {"num_pages", num_pages},
+      {"max_batch", max_batch},
       {"max_pages_per_seq", max_pages_per_seq},
-      {"page_size", page_size},       {"num_layers", num_layers},
-      {"num_kv_heads", num_kv_heads}, {"head_dim", head_dim},
+      {"page_size", page_size},
+      {"num_layers", num_layers},
+      {"num_kv_heads", num_kv_heads},
+      {"head_dim", head_dim},
   };
   for (const auto& count : counts) {
     if (absl::Status s = RequirePositive(count.name, count.value); !s.ok()) {
@@ -52,10 +55,11 @@ absl::Status PagedKvConfig::Validate() const {
     }
   }
   if (dtype != DType::kF16 && dtype != DType::kBf16 && dtype != DType::kF32) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config: dtype must be f16, bf16 or f32, got ", static_cast<int>(dtype)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: dtype must be f16, bf16 or f32, got ",
+                     static_cast<int>(dtype)));
   }
-  if (num_pages > std::numeric_limits<int32_t>::max() / 2) {
+  if (num_pages > kMaxNumPages) {
     return absl::InvalidArgumentError(absl::StrCat(
         "config: num_pages ", num_pages,
         " is too large: V page ids (num_pages + id) would overflow int32"));
@@ -65,15 +69,15 @@ absl::Status PagedKvConfig::Validate() const {
   if (!ProductFits(per_token, page_size) ||
       !ProductFits(per_token * page_size, DTypeSize(dtype)) ||
       !ProductFits(PageBytes(), 2 * int64_t{num_pages})) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config: pool of num_pages ", num_pages, " x page_size ", page_size,
-        " x num_kv_heads ", num_kv_heads, " x head_dim ", head_dim,
-        " overflows int64 bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: pool of num_pages ", num_pages, " x page_size ",
+                     page_size, " x num_kv_heads ", num_kv_heads,
+                     " x head_dim ", head_dim, " overflows int64 bytes"));
   }
   if (!ProductFits(LayerPoolBytes(), num_layers)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config: num_layers ", num_layers, " x layer pool bytes ",
-        LayerPoolBytes(), " overflows int64"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: num_layers ", num_layers, " x layer pool bytes ",
+                     LayerPoolBytes(), " overflows int64"));
   }
   return absl::OkStatus();
 }

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels_reference.h"
 #include "status_macros.h"
 
 #ifdef KVBLOCK_HAVE_CUDA
@@ -113,6 +114,24 @@ absl::Status Device::CopyToDevice(const void* src, void* dst, size_t bytes,
   return absl::OkStatus();
 }
 
+absl::Status Device::ApplyPageTablePatch(const PageTablePatch& patch,
+                                         Stream stream) {
+  if (patch.num_ranges == 0) return absl::OkStatus();
+  if (patch.num_ranges < 0 || patch.max_batch <= 0 ||
+      patch.max_pages_per_seq <= 0 || patch.num_pages <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page table patch: num_ranges ", patch.num_ranges, ", max_batch ",
+        patch.max_batch, ", max_pages_per_seq ", patch.max_pages_per_seq,
+        ", num_pages ", patch.num_pages, ": want positive values"));
+  }
+  if (patch.table == nullptr || patch.ids == nullptr ||
+      patch.ranges == nullptr) {
+    return absl::InvalidArgumentError(
+        "page table patch: null table, ids or ranges");
+  }
+  return ApplyPageTablePatchRaw(patch, stream);
+}
+
 namespace {
 
 // Host emulation: device and pinned memory are calloc'ed host memory, every
@@ -162,6 +181,11 @@ class HostDevice final : public Device {
   absl::Status CopyToDeviceRaw(const void* src, void* dst, size_t bytes,
                                Stream /*stream*/) override {
     std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status ApplyPageTablePatchRaw(const PageTablePatch& patch,
+                                      Stream /*stream*/) override {
+    internal::ApplyPageTablePatchReference(patch);
     return absl::OkStatus();
   }
 

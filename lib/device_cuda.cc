@@ -7,12 +7,14 @@
 // cudaError_t into an absl::Status.
 #include "device_cuda.h"
 
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "kernels/kernels.h"
 #include "status_macros.h"
 
 namespace kvblock::internal {
@@ -43,6 +45,16 @@ absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
 }
 
 namespace {
+
+static_assert(sizeof(kernels::TablePatchRange) == sizeof(PageTablePatchRange));
+static_assert(offsetof(kernels::TablePatchRange, entry) ==
+              offsetof(PageTablePatchRange, entry));
+static_assert(offsetof(kernels::TablePatchRange, count) ==
+              offsetof(PageTablePatchRange, count));
+static_assert(offsetof(kernels::TablePatchRange, clear) ==
+              offsetof(PageTablePatchRange, clear));
+static_assert(offsetof(kernels::TablePatchRange, ids_offset) ==
+              offsetof(PageTablePatchRange, ids_offset));
 
 cudaStream_t ToStream(Stream stream) {
   return static_cast<cudaStream_t>(stream);
@@ -159,6 +171,22 @@ class CudaDevice final : public Device {
     return CopyStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
                                       ToStream(stream)),
                       "host to device", bytes);
+  }
+  absl::Status ApplyPageTablePatchRaw(const PageTablePatch& patch,
+                                      Stream stream) override {
+    // The launch goes to the current device; a launch reports
+    // cudaGetLastError(), so drop what an unrelated call left before it.
+    KVBLOCK_RETURN_IF_ERROR(SetCurrentDevice(ordinal_));
+    (void)cudaGetLastError();
+    const cudaError_t error =
+        static_cast<cudaError_t>(kernels::LaunchApplyPageTablePatch(
+            patch.table, patch.max_batch, patch.max_pages_per_seq,
+            patch.num_pages, patch.ids,
+            reinterpret_cast<const kernels::TablePatchRange*>(patch.ranges),
+            patch.num_ranges, stream));
+    if (error == cudaSuccess) return absl::OkStatus();
+    return CudaStatus(error, absl::StrCat("page table patch of ",
+                                          patch.num_ranges, " ranges"));
   }
 
  private:

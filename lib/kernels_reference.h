@@ -74,6 +74,11 @@ absl::Status PagedDecodeAttentionReference(const KvPool& pool, int32_t layer,
 absl::Status ToCsrReference(const PagedKvConfig& config, const KvBatch& batch,
                             const CsrPageIndex& csr);
 
+// The reference of the page-table patch kernel, and the host device's
+// Device::ApplyPageTablePatch: applies the ranges in order, skipping any
+// that does not fit the table (as the kernel does).
+void ApplyPageTablePatchReference(const PageTablePatch& patch);
+
 }  // namespace kvblock::internal
 
 #endif  // KVBLOCK_LIB_KERNELS_REFERENCE_H_

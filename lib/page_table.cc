@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <numeric>
 #include <utility>
 
@@ -15,11 +16,12 @@
 namespace kvblock {
 namespace {
 
-// The pool's and the config's limit: num_pages < 2^30, so V ids
-// (`num_pages + id`) stay well inside int32.
-constexpr int64_t kMaxNumPages = int64_t{1} << 30;
 // Kernels index the mirror with 32-bit offsets.
 constexpr int64_t kMaxEntries = std::numeric_limits<int32_t>::max();
+// The default staging slot holds at most this much (see KVPageTableOptions).
+constexpr int64_t kDefaultStagingCap = int64_t{1} << 20;
+
+static_assert(sizeof(PageTablePatchRange) == KVPageTable::kRangeBytes);
 
 absl::Status RequirePositive(absl::string_view name, int32_t value) {
   if (value > 0) return absl::OkStatus();
@@ -27,18 +29,29 @@ absl::Status RequirePositive(absl::string_view name, int32_t value) {
       absl::StrCat("page table: ", name, " must be positive, got ", value));
 }
 
+// A patch in staging: the K ids from offset 0, then the ranges from the
+// first kRangeBytes boundary after them.
+int64_t RangesOffset(int64_t ids) {
+  const int64_t bytes = ids * static_cast<int64_t>(sizeof(PageId));
+  return (bytes + KVPageTable::kRangeBytes - 1) / KVPageTable::kRangeBytes *
+         KVPageTable::kRangeBytes;
+}
+int64_t PatchBytes(int64_t ids, int64_t ranges) {
+  return RangesOffset(ids) + ranges * KVPageTable::kRangeBytes;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KVPageTable>> KVPageTable::Create(
     int32_t max_batch, int32_t max_pages_per_seq, int32_t num_pages,
-    Device& device) {
+    Device& device, const KVPageTableOptions& options) {
   KVBLOCK_RETURN_IF_ERROR(RequirePositive("max_batch", max_batch));
   KVBLOCK_RETURN_IF_ERROR(
       RequirePositive("max_pages_per_seq", max_pages_per_seq));
   KVBLOCK_RETURN_IF_ERROR(RequirePositive("num_pages", num_pages));
-  if (num_pages >= kMaxNumPages) {
+  if (num_pages > kMaxNumPages) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "page table: num_pages ", num_pages, " is not below ", kMaxNumPages,
+        "page table: num_pages ", num_pages, " is above ", kMaxNumPages,
         ", the pool's limit (V page ids are num_pages + id, int32)"));
   }
   const int64_t entries = int64_t{max_batch} * 2 * max_pages_per_seq;
@@ -48,49 +61,68 @@ absl::StatusOr<std::unique_ptr<KVPageTable>> KVPageTable::Create(
         max_pages_per_seq, " = ", entries, " entries, more than ", kMaxEntries,
         " (32-bit indexing)"));
   }
-  std::unique_ptr<KVPageTable> table(
-      new KVPageTable(max_batch, max_pages_per_seq, num_pages, device));
-  const size_t bytes = static_cast<size_t>(entries) * sizeof(int32_t);
-  KVBLOCK_ASSIGN_OR_RETURN(table->mirror_, device.Allocate(bytes));
+  const int64_t min_staging = MinStagingBytes(max_pages_per_seq);
+  int64_t staging_bytes = options.staging_bytes;
+  if (staging_bytes == 0) {
+    // The worst patch of the whole table, capped: bigger patches split.
+    const int64_t whole = PatchBytes(entries / 2, max_batch);
+    staging_bytes = std::max(min_staging, std::min(whole, kDefaultStagingCap));
+  } else if (staging_bytes < min_staging) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page table: staging_bytes ", staging_bytes, " is below ", min_staging,
+        ", one row of max_pages_per_seq ", max_pages_per_seq, " ids"));
+  }
+  std::unique_ptr<KVPageTable> table;
+  try {
+    table.reset(new KVPageTable(max_batch, max_pages_per_seq, num_pages, device,
+                                staging_bytes));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("page table: out of host memory for ", max_batch,
+                     " rows of ", max_pages_per_seq, " pages"));
+  }
+  KVBLOCK_ASSIGN_OR_RETURN(
+      table->mirror_,
+      device.Allocate(static_cast<size_t>(entries) * sizeof(int32_t)));
   for (int i = 0; i < kStagingSlots; ++i) {
+    const size_t bytes = static_cast<size_t>(staging_bytes);
     KVBLOCK_ASSIGN_OR_RETURN(table->staging_[i], device.AllocatePinned(bytes));
+    KVBLOCK_ASSIGN_OR_RETURN(table->patches_[i], device.Allocate(bytes));
     KVBLOCK_ASSIGN_OR_RETURN(table->staging_done_[i], device.CreateEvent());
   }
   return table;
 }
 
 KVPageTable::KVPageTable(int32_t max_batch, int32_t max_pages_per_seq,
-                         int32_t num_pages, Device& device)
+                         int32_t num_pages, Device& device,
+                         int64_t staging_bytes)
     : max_batch_(max_batch),
       max_pages_per_seq_(max_pages_per_seq),
       num_pages_(num_pages),
+      staging_bytes_(staging_bytes),
       device_(device),
       rows_(static_cast<size_t>(RowOffset(max_batch)), kNoPage),
       lengths_(max_batch, 0),
       buffer_of_(max_batch),
-      next_buffer_of_(max_batch),
-      retired_slots_(max_batch),
-      slot_numbers_(max_batch),
-      uploaded_(rows_.size(), kNoPage),
-      uploaded_lengths_(max_batch, 0),
       changed_(max_batch, 0),
-      changed_from_(max_batch),
-      marks_(max_batch) {
+      written_from_(max_batch, 0),
+      device_lengths_(max_batch, 0),
+      update_marks_(max_batch),
+      source_marks_(max_batch),
+      destination_marks_(max_batch),
+      moved_buffers_(max_batch),
+      freed_buffers_(max_batch),
+      compaction_moves_(max_batch),
+      compaction_clears_(max_batch) {
   std::iota(buffer_of_.begin(), buffer_of_.end(), 0);
-  std::iota(slot_numbers_.begin(), slot_numbers_.end(), 0);
   changed_rows_.reserve(max_batch);
-  dirty_rows_.reserve(max_batch);
-  copy_runs_.reserve(max_batch);
-  // Staging starts as garbage: the first write of a row fills all of it.
-  for (std::vector<int32_t>& lengths : staged_lengths_) {
-    lengths.assign(max_batch, max_pages_per_seq);
-  }
+  ranges_.reserve(max_batch);
 }
 
 KVPageTable::~KVPageTable() {
   for (const DeviceEvent& done : staging_done_) {
     // Nothing to report to from a destructor; a failed wait means a failed
-    // device, whose copies read nothing more.
+    // device, whose patches read nothing more.
     if (done.valid()) device_.WaitEvent(done).IgnoreError();
   }
 }
@@ -109,20 +141,17 @@ absl::Status KVPageTable::SetIdentity() {
       row[i] = static_cast<PageId>(RowOffset(slot) + i);
     }
     lengths_[buffer_of_[slot]] = max_pages_per_seq_;
-    MarkChanged(slot);
+    MarkWritten(slot, 0);
   }
   is_identity_ = true;
   return absl::OkStatus();
 }
 
-// Inlined into SetRow(s): a valid row costs its comparisons only, not a
-// call returning a Status.
+// Inlined into SetRow(s) and Apply: a valid row costs its comparisons only,
+// not a call returning a Status.
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status KVPageTable::ValidateRow(
-    SlotId slot, const PageId* k_page_ids, int64_t count, int64_t first) const {
-  if (slot < 0 || slot >= max_batch_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("slot ", slot, " is outside [0, ", max_batch_, ")"));
-  }
+    SlotId slot, const PageId* k_page_ids, int64_t count, int64_t first,
+    int32_t length) const {
   if (count < 0 || count > max_pages_per_seq_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "slot ", slot, ": ", count, " page ids, want [0, max_pages_per_seq ",
@@ -132,10 +161,10 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status KVPageTable::ValidateRow(
     return absl::InvalidArgumentError(
         absl::StrCat("slot ", slot, ": null k_page_ids with count ", count));
   }
-  if (first < 0 || first > std::min<int64_t>(count, Length(slot))) {
+  if (first < 0 || first > std::min<int64_t>(count, length)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "slot ", slot, ": first ", first, " is outside [0, min(count ", count,
-        ", live ids ", Length(slot), ")]"));
+        ", live ids ", length, ")]"));
   }
   for (int64_t i = first; i < count; ++i) {
     if (k_page_ids[i] < 0 || k_page_ids[i] >= num_pages_) {
@@ -149,25 +178,72 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status KVPageTable::ValidateRow(
 
 absl::Status KVPageTable::SetRow(SlotId slot,
                                  absl::Span<const PageId> k_page_ids) {
+  if (slot < 0 || slot >= max_batch_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot ", slot, " is outside [0, ", max_batch_, ")"));
+  }
   const int64_t count = static_cast<int64_t>(k_page_ids.size());
-  KVBLOCK_RETURN_IF_ERROR(ValidateRow(slot, k_page_ids.data(), count));
-  WriteRow(slot, k_page_ids.data(), static_cast<int32_t>(count));
+  KVBLOCK_RETURN_IF_ERROR(
+      ValidateRow(slot, k_page_ids.data(), count, 0, Length(slot)));
+  WriteRow(slot, k_page_ids.data(), static_cast<int32_t>(count), 0);
   is_identity_ = false;
   return absl::OkStatus();
 }
 
 absl::Status KVPageTable::SetRows(
     absl::Span<const KVPageTableRowUpdate> updates) {
+  return Apply({.rows = updates});
+}
+
+absl::Status KVPageTable::Apply(const KVPageTableEdit& edit) {
+  KVBLOCK_RETURN_IF_ERROR(Check(edit));
+  ApplyChecked(edit);
+  is_identity_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status KVPageTable::Check(const KVPageTableEdit& edit) {
   const uint64_t stamp = ++stamp_;
-  for (size_t i = 0; i < updates.size(); ++i) {
-    const KVPageTableRowUpdate& update = updates[i];
-    if (absl::Status status = ValidateRow(update.slot, update.k_page_ids,
-                                          update.count, update.first);
+  for (size_t i = 0; i < edit.moves.size(); ++i) {
+    const KVPageTableRowMove& move = edit.moves[i];
+    for (const SlotId slot : {move.from, move.to}) {
+      if (slot < 0 || slot >= max_batch_) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "move ", i, ": slot ", slot, " (from ", move.from, " to ", move.to,
+            ") is outside [0, ", max_batch_, ")"));
+      }
+    }
+    Mark& source = source_marks_[move.from];
+    if (source.stamp == stamp) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("move ", i, ": slot ", move.from,
+                       " is already moved by move ", source.owner));
+    }
+    Mark& destination = destination_marks_[move.to];
+    if (destination.stamp == stamp) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("move ", i, ": slot ", move.to,
+                       " already receives move ", destination.owner));
+    }
+    // At most one move per slot each way, so i < max_batch here.
+    source = {stamp, static_cast<int32_t>(i)};
+    destination = {stamp, static_cast<int32_t>(i)};
+  }
+  for (size_t i = 0; i < edit.rows.size(); ++i) {
+    const KVPageTableRowUpdate& update = edit.rows[i];
+    if (update.slot < 0 || update.slot >= max_batch_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("update ", i, ": slot ", update.slot, " is outside [0, ",
+                       max_batch_, ")"));
+    }
+    if (absl::Status status = ValidateRow(
+            update.slot, update.k_page_ids, update.count, update.first,
+            LengthAfterMoves(update.slot, edit.moves));
         !status.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("update ", i, ": ", status.message()));
     }
-    Mark& mark = marks_[update.slot];
+    Mark& mark = update_marks_[update.slot];
     if (mark.stamp == stamp) {
       return absl::InvalidArgumentError(
           absl::StrCat("update ", i, ": slot ", update.slot,
@@ -176,11 +252,50 @@ absl::Status KVPageTable::SetRows(
     // A slot appears at most once, so i < max_batch here.
     mark = {stamp, static_cast<int32_t>(i)};
   }
-  for (const KVPageTableRowUpdate& update : updates) {
+  return absl::OkStatus();
+}
+
+int32_t KVPageTable::LengthAfterMoves(
+    SlotId slot, absl::Span<const KVPageTableRowMove> moves) const {
+  if (moves.empty()) return Length(slot);
+  const Mark& destination = destination_marks_[slot];
+  if (destination.stamp == stamp_) {
+    return Length(moves[destination.owner].from);
+  }
+  return source_marks_[slot].stamp == stamp_ ? 0 : Length(slot);
+}
+
+void KVPageTable::ApplyChecked(const KVPageTableEdit& edit) {
+  if (!edit.moves.empty()) {
+    // Every destination takes its source's buffer; the buffers of
+    // destinations that are no source are freed, and go, emptied, to the
+    // sources that are no destination (there are as many of each).
+    const uint64_t stamp = stamp_;
+    size_t freed = 0;
+    for (size_t i = 0; i < edit.moves.size(); ++i) {
+      const KVPageTableRowMove& move = edit.moves[i];
+      moved_buffers_[i] = buffer_of_[move.from];
+      if (source_marks_[move.to].stamp != stamp) {
+        freed_buffers_[freed++] = buffer_of_[move.to];
+      }
+    }
+    for (size_t i = 0; i < edit.moves.size(); ++i) {
+      const KVPageTableRowMove& move = edit.moves[i];
+      if (move.from == move.to) continue;
+      buffer_of_[move.to] = moved_buffers_[i];
+      MarkWritten(move.to, 0);
+    }
+    for (const KVPageTableRowMove& move : edit.moves) {
+      if (destination_marks_[move.from].stamp == stamp) continue;
+      const int32_t buffer = freed_buffers_[--freed];
+      ClearBuffer(buffer);
+      buffer_of_[move.from] = buffer;
+      MarkWritten(move.from, 0);
+    }
+  }
+  for (const KVPageTableRowUpdate& update : edit.rows) {
     WriteRow(update.slot, update.k_page_ids, update.count, update.first);
   }
-  is_identity_ = false;
-  return absl::OkStatus();
 }
 
 absl::Status KVPageTable::CompactRows(absl::Span<const SlotId> old_to_new,
@@ -195,114 +310,56 @@ absl::Status KVPageTable::CompactRows(absl::Span<const SlotId> old_to_new,
         absl::StrCat("compact rows: new_batch ", new_batch, " is outside [0, ",
                      max_batch_, "]"));
   }
-  if (CompactInOrder(old_to_new, new_batch)) {
-    is_identity_ = false;
-    return absl::OkStatus();
-  }
-  // Validate while drafting the new slot -> buffer map in scratch: the
-  // survivors take their buffers to their new slots, the retired buffers
-  // fill the slots from new_batch on. No page id moves.
+  // The map as an edit: a move per survivor that changes slot, a clear per
+  // retired row that no survivor lands on (a survivor's old slot that no
+  // one lands on is emptied by its move).
   const uint64_t stamp = ++stamp_;
   int32_t mapped = 0;
-  SlotId next_empty = new_batch;
+  size_t moves = 0;
   for (SlotId old_slot = 0; old_slot < max_batch_; ++old_slot) {
     const SlotId new_slot = old_to_new[old_slot];
-    if (new_slot == kNoSlot) {
-      // More retired slots than max_batch - new_batch means a survivor is
-      // missing, reported below; stop drafting past the end.
-      if (next_empty < max_batch_) {
-        next_buffer_of_[next_empty++] = buffer_of_[old_slot];
-      }
-      continue;
-    }
+    if (new_slot == kNoSlot) continue;
     if (new_slot < 0 || new_slot >= new_batch) {
       return absl::InvalidArgumentError(absl::StrCat(
           "compact rows: old slot ", old_slot, " maps to ", new_slot,
           ", outside [0, new_batch ", new_batch, ") and not -1"));
     }
-    Mark& mark = marks_[new_slot];
+    Mark& mark = update_marks_[new_slot];
     if (mark.stamp == stamp) {
       return absl::InvalidArgumentError(
           absl::StrCat("compact rows: new slot ", new_slot,
                        " receives old slots ", mark.owner, " and ", old_slot));
     }
     mark = {stamp, old_slot};
-    next_buffer_of_[new_slot] = buffer_of_[old_slot];
     ++mapped;
+    if (new_slot != old_slot) compaction_moves_[moves++] = {old_slot, new_slot};
   }
   if (mapped != new_batch) {
     SlotId missing = 0;
-    while (marks_[missing].stamp == stamp) ++missing;
+    while (update_marks_[missing].stamp == stamp) ++missing;
     return absl::InvalidArgumentError(absl::StrCat(
         "compact rows: new slot ", missing, " receives no old slot (", mapped,
         " old slots map to new_batch ", new_batch, ")"));
   }
-  // A slot changes when it gets another buffer, or keeps a retired one.
-  for (SlotId slot = 0; slot < new_batch; ++slot) {
-    const int32_t next = next_buffer_of_[slot];
-    if (next != buffer_of_[slot] && (lengths_[next] > 0 || Length(slot) > 0)) {
-      MarkChanged(slot);
+  size_t clears = 0;
+  for (SlotId slot = 0; slot < max_batch_; ++slot) {
+    if (old_to_new[slot] == kNoSlot && update_marks_[slot].stamp != stamp &&
+        Length(slot) > 0) {
+      compaction_clears_[clears++] = {.slot = slot};
     }
   }
-  for (SlotId slot = new_batch; slot < max_batch_; ++slot) {
-    if (Length(slot) > 0) MarkChanged(slot);
+  const KVPageTableEdit edit{
+      .moves = absl::MakeConstSpan(compaction_moves_).first(moves),
+      .rows = absl::MakeConstSpan(compaction_clears_).first(clears),
+  };
+  // A valid map makes a valid edit: a failure here is a bug of this file.
+  if (absl::Status status = Check(edit); !status.ok()) {
+    return absl::InternalError(
+        absl::StrCat("compact rows: ", status.message()));
   }
-  buffer_of_.swap(next_buffer_of_);
-  for (SlotId slot = new_batch; slot < max_batch_; ++slot) {
-    int32_t& length = lengths_[buffer_of_[slot]];
-    std::fill_n(Row(slot), length, kNoPage);
-    length = 0;
-  }
+  ApplyChecked(edit);
   is_identity_ = false;
   return absl::OkStatus();
-}
-
-bool KVPageTable::CompactInOrder(absl::Span<const SlotId> old_to_new,
-                                 int32_t new_batch) {
-  // Order-preserving: each survivor maps to the number of survivors before
-  // it. That alone proves the map valid. Between two retired slots, that is
-  // a run of consecutive numbers: found and compared a run at a time (the
-  // library's vectorized find and memcmp), not slot by slot. The retired
-  // slots are noted for the moves below.
-  const SlotId* const map = old_to_new.data();
-  int32_t retired = 0;
-  for (SlotId begin = 0; begin < max_batch_;) {
-    const SlotId end = static_cast<SlotId>(
-        std::find(map + begin, map + max_batch_, kNoSlot) - map);
-    if (!std::equal(map + begin, map + end,
-                    slot_numbers_.data() + begin - retired)) {
-      return false;
-    }
-    if (end == max_batch_) break;
-    retired_slots_[retired++] = end;
-    begin = end + 1;
-  }
-  if (max_batch_ - retired != new_batch) return false;
-
-  // Survivors move down in place, a run between retired slots at a time;
-  // the retired buffers are kept in scratch and fill the slots from
-  // new_batch on. Every slot from the first retired one on may change: one
-  // range mark instead of a mark per row (Upload compares each with the
-  // device's copy anyway).
-  if (retired == 0) return true;
-  changed_from_ = std::min(changed_from_, retired_slots_[0]);
-  SlotId next = retired_slots_[0];
-  for (int32_t r = 0; r < retired; ++r) {
-    next_buffer_of_[r] = buffer_of_[retired_slots_[r]];
-    const SlotId begin = retired_slots_[r] + 1;
-    const SlotId end = r + 1 < retired ? retired_slots_[r + 1] : max_batch_;
-    std::copy(buffer_of_.begin() + begin, buffer_of_.begin() + end,
-              buffer_of_.begin() + next);
-    next += end - begin;
-  }
-  for (int32_t i = 0; i < retired; ++i) {
-    const SlotId slot = new_batch + i;
-    buffer_of_[slot] = next_buffer_of_[i];
-    int32_t& length = lengths_[buffer_of_[slot]];
-    std::fill_n(Row(slot), length, kNoPage);
-    length = 0;
-  }
-  return true;
 }
 
 absl::Status KVPageTable::CheckInvariants() const {
@@ -316,24 +373,45 @@ absl::Status KVPageTable::CheckInvariants() const {
     }
   }
   for (SlotId slot = 0; slot < max_batch_; ++slot) {
-    KVBLOCK_RETURN_IF_ERROR(CheckRow(slot));
-    if (is_identity_ && Length(slot) != max_pages_per_seq_) {
+    const int32_t length = Length(slot);
+    if (length < 0 || length > max_pages_per_seq_) {
       return absl::InternalError(
-          absl::StrCat("page table row ", slot, ": identity row has ",
-                       Length(slot), " pages, want ", max_pages_per_seq_));
+          absl::StrCat("page table row ", slot, ": length ", length,
+                       " is outside [0, ", max_pages_per_seq_, "]"));
     }
-    for (int32_t i = 0; is_identity_ && i < max_pages_per_seq_; ++i) {
-      const PageId id = Row(slot)[i];
-      if (id != RowOffset(slot) + i) {
-        return absl::InternalError(
-            absl::StrCat("page table row ", slot, ": identity row holds page ",
-                         id, " at index ", i, ", want ", RowOffset(slot) + i));
+    const PageId* row = Row(slot);
+    for (int32_t i = 0; i < max_pages_per_seq_; ++i) {
+      const bool live = i < length;
+      if (live ? row[i] < 0 || row[i] >= num_pages_ : row[i] != kNoPage) {
+        return absl::InternalError(absl::StrCat(
+            "page table row ", slot, ": entry ", i, " is ", row[i],
+            live ? absl::StrCat(", want a page in [0, ", num_pages_, ")")
+                 : absl::StrCat(", want -1 after ", length, " live pages")));
+      }
+      if (is_identity_ && row[i] != RowOffset(slot) + i) {
+        return absl::InternalError(absl::StrCat(
+            "page table row ", slot, ": identity row holds page ", row[i],
+            " at index ", i, ", want ", RowOffset(slot) + i));
       }
     }
-  }
-  if (changed_from_ < 0 || changed_from_ > max_batch_) {
-    return absl::InternalError(absl::StrCat(
-        "page table: rows from ", changed_from_, " on marked changed"));
+    if (device_lengths_[slot] < 0 ||
+        device_lengths_[slot] > max_pages_per_seq_) {
+      return absl::InternalError(absl::StrCat(
+          "page table row ", slot, ": device length ", device_lengths_[slot],
+          " is outside [0, ", max_pages_per_seq_, "]"));
+    }
+    if (changed_[slot] == 0 && uploaded_once_ &&
+        device_lengths_[slot] != length) {
+      return absl::InternalError(absl::StrCat(
+          "page table row ", slot, ": unchanged since the upload, yet ", length,
+          " live ids here and ", device_lengths_[slot], " on the device"));
+    }
+    if (changed_[slot] != 0 && (written_from_[slot] < 0 ||
+                                written_from_[slot] > device_lengths_[slot])) {
+      return absl::InternalError(absl::StrCat(
+          "page table row ", slot, ": written from entry ", written_from_[slot],
+          ", past the device's ", device_lengths_[slot], " live ids"));
+    }
   }
   size_t flagged = 0;
   for (uint8_t changed : changed_) flagged += changed != 0;
@@ -351,134 +429,188 @@ absl::Status KVPageTable::CheckInvariants() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
-  // Only live ids reach the device; staging writes kNoPage past them.
-  if (!uploaded_once_) {
+int64_t KVPageTable::PlanPatch(bool whole) {
+  ranges_.clear();
+  int64_t ids = 0;
+  // Row `slot` changed from entry `from` on, and the device holds
+  // `device_length` live ids there: send the ids from `from` to the live
+  // end, and clear what the device holds past it.
+  const auto plan_row = [&](SlotId slot, int32_t from, int32_t device_length) {
+    const int32_t length = Length(slot);
+    const int32_t begin = std::min(from, length);
+    const int32_t count = length - begin;
+    const int32_t clear = std::max(length, device_length) - length;
+    if (count == 0 && clear == 0) return;
+    ranges_.push_back({
+        .entry = static_cast<int32_t>(RowOffset(slot) + begin),
+        .count = count,
+        .clear = clear,
+        .ids_offset = static_cast<int32_t>(ids),
+    });
+    ids += count;
+  };
+  if (whole) {
+    // The mirror may hold anything (zeros at first): set every entry.
     for (SlotId slot = 0; slot < max_batch_; ++slot) {
-      KVBLOCK_RETURN_IF_ERROR(CheckLiveIds(slot));
+      plan_row(slot, 0, max_pages_per_seq_);
     }
   } else {
-    for (SlotId slot : changed_rows_) {
-      if (slot < changed_from_) KVBLOCK_RETURN_IF_ERROR(CheckLiveIds(slot));
-    }
-    for (SlotId slot = changed_from_; slot < max_batch_; ++slot) {
-      KVBLOCK_RETURN_IF_ERROR(CheckLiveIds(slot));
+    for (const SlotId slot : changed_rows_) {
+      plan_row(slot, written_from_[slot], device_lengths_[slot]);
     }
   }
+  return ids;
+}
 
-  // Plan: the rows whose K ids differ from the device's, in slot order.
-  const size_t row_k_bytes = sizeof(PageId) * max_pages_per_seq_;
-  dirty_rows_.clear();
-  if (!uploaded_once_) {
-    for (SlotId slot = 0; slot < max_batch_; ++slot) {
-      dirty_rows_.push_back(slot);
-    }
-  } else {
-    // Rows are equal when their live prefixes are (kNoPage follows both).
-    const auto differs = [&](SlotId slot) {
-      const int32_t length = Length(slot);
-      return length != uploaded_lengths_[slot] ||
-             std::memcmp(Row(slot), uploaded_.data() + RowOffset(slot),
-                         sizeof(PageId) * length) != 0;
-    };
-    // Slot order: a scan of the flags when many rows changed (a compaction
-    // marks most of the batch), a sort of the list when few did.
-    const size_t candidates =
-        changed_rows_.size() + static_cast<size_t>(max_batch_ - changed_from_);
-    if (candidates * 8 > static_cast<size_t>(max_batch_)) {
-      for (SlotId slot = 0; slot < max_batch_; ++slot) {
-        if ((changed_[slot] != 0 || slot >= changed_from_) && differs(slot)) {
-          dirty_rows_.push_back(slot);
-        }
-      }
-    } else {
-      for (SlotId slot : changed_rows_) {
-        if (slot < changed_from_ && differs(slot)) dirty_rows_.push_back(slot);
-      }
-      for (SlotId slot = changed_from_; slot < max_batch_; ++slot) {
-        if (differs(slot)) dirty_rows_.push_back(slot);
-      }
-      std::sort(dirty_rows_.begin(), dirty_rows_.end());
+absl::Status KVPageTable::BadIdError(const PageTablePatchRange& range) const {
+  const SlotId slot = range.entry / max_pages_per_seq_;
+  const int32_t first = range.entry % max_pages_per_seq_;
+  const PageId* row = Row(slot);
+  for (int32_t i = first; i < first + range.count; ++i) {
+    if (row[i] < 0 || row[i] >= num_pages_) {
+      return absl::InternalError(
+          absl::StrCat("page table row ", slot, ": entry ", i, " is ", row[i],
+                       ", want a page in [0, ", num_pages_, ")"));
     }
   }
-  if (dirty_rows_.empty()) {
+  return absl::InternalError(
+      absl::StrCat("page table row ", slot, ": a bad id vanished"));
+}
+
+absl::Status KVPageTable::CheckPatchIds() const {
+  for (const PageTablePatchRange& range : ranges_) {
+    const PageId* const ids = RangeIds(range);
+    uint32_t bad = 0;
+    for (int32_t i = 0; i < range.count; ++i) {
+      bad |= static_cast<uint32_t>(ids[i]) >= static_cast<uint32_t>(num_pages_);
+    }
+    if (bad != 0) return BadIdError(range);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> KVPageTable::StagePatch(int slot, size_t begin,
+                                                size_t end, bool check_ids) {
+  char* const staging = static_cast<char*>(staging_[slot].data());
+  PageId* const ids_out = reinterpret_cast<PageId*>(staging);
+  const int32_t base = ranges_[begin].ids_offset;
+  // The ids, checked as they are copied (a branch-free or over each range).
+  for (size_t r = begin; r < end; ++r) {
+    const PageTablePatchRange& range = ranges_[r];
+    const PageId* const ids = RangeIds(range);
+    PageId* const out = ids_out + (range.ids_offset - base);
+    uint32_t bad = 0;
+    for (int32_t i = 0; i < range.count; ++i) {
+      bad |= static_cast<uint32_t>(ids[i]) >= static_cast<uint32_t>(num_pages_);
+      out[i] = ids[i];
+    }
+    if (check_ids && bad != 0) return BadIdError(range);
+  }
+  const PageTablePatchRange& last = ranges_[end - 1];
+  const int64_t ranges_offset =
+      RangesOffset(last.ids_offset + last.count - base);
+  auto* const ranges_out =
+      reinterpret_cast<PageTablePatchRange*>(staging + ranges_offset);
+  for (size_t r = begin; r < end; ++r) {
+    PageTablePatchRange range = ranges_[r];
+    range.ids_offset -= base;
+    ranges_out[r - begin] = range;
+  }
+  return ranges_offset;
+}
+
+absl::Status KVPageTable::EnqueuePatch(int slot, int64_t ranges_offset,
+                                       int32_t num_ranges, Stream stream) {
+  const int64_t bytes = ranges_offset + int64_t{num_ranges} * kRangeBytes;
+  char* const patch = static_cast<char*>(patches_[slot].data());
+  absl::Status status = device_.CopyToDevice(
+      staging_[slot].data(), patch, static_cast<size_t>(bytes), stream);
+  if (!status.ok()) return status;
+  status = device_.ApplyPageTablePatch(
+      {
+          .table = static_cast<int32_t*>(mirror_.data()),
+          .max_batch = max_batch_,
+          .max_pages_per_seq = max_pages_per_seq_,
+          .num_pages = num_pages_,
+          .ids = reinterpret_cast<const int32_t*>(patch),
+          .ranges = reinterpret_cast<const PageTablePatchRange*>(patch +
+                                                                 ranges_offset),
+          .num_ranges = num_ranges,
+      },
+      stream);
+  // Guard the slot even after a failed launch: the copy may still read it.
+  absl::Status recorded = device_.RecordEvent(staging_done_[slot], stream);
+  return status.ok() ? recorded : status;
+}
+
+absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
+  const bool whole = !uploaded_once_;
+  const int64_t ids = PlanPatch(whole);
+  if (ranges_.empty()) {
     ForgetChanges();
     ++upload_stats_.calls;
     return false;
   }
-
-  // The copies: runs of dirty rows, merged across gaps of at most
-  // kMaxBridgedRows rows.
-  copy_runs_.clear();
-  int64_t copied_rows = 0;
-  for (SlotId slot : dirty_rows_) {
-    if (copy_runs_.empty() || slot - copy_runs_.back().end > kMaxBridgedRows) {
-      copy_runs_.push_back({slot, slot});
+  // One patch, its ids checked as they are staged; or several, after every
+  // id is checked, so that a bad id never leaves half a table sent.
+  const bool split =
+      PatchBytes(ids, static_cast<int64_t>(ranges_.size())) > staging_bytes_;
+  if (split) KVBLOCK_RETURN_IF_ERROR(CheckPatchIds());
+  KVPageTableUploadStats sent;
+  for (size_t begin = 0; begin < ranges_.size();) {
+    // The most ranges from `begin` on that fit one staging slot (one whole
+    // row always does).
+    const int32_t base = ranges_[begin].ids_offset;
+    size_t end = begin + 1;
+    while (end < ranges_.size() &&
+           PatchBytes(ranges_[end].ids_offset + ranges_[end].count - base,
+                      static_cast<int64_t>(end + 1 - begin)) <=
+               staging_bytes_) {
+      ++end;
     }
-    copied_rows += slot + 1 - copy_runs_.back().end;
-    copy_runs_.back().end = slot + 1;
-  }
-
-  // Stage each copied row at its own offset: K half, then V half. Past the
-  // live ids only what the slot's last row there left live needs clearing.
-  bool waited = false;
-  KVBLOCK_ASSIGN_OR_RETURN(const int staging_slot, AcquireStaging(waited));
-  int32_t* const staging = static_cast<int32_t*>(staging_[staging_slot].data());
-  std::vector<int32_t>& staged_lengths = staged_lengths_[staging_slot];
-  for (const CopyRun& run : copy_runs_) {
-    for (SlotId slot = run.first; slot < run.end; ++slot) {
-      const PageId* k_ids = Row(slot);
-      const int32_t length = Length(slot);
-      int32_t* const k_out = staging + 2 * RowOffset(slot);
-      int32_t* const v_out = k_out + max_pages_per_seq_;
-      std::copy_n(k_ids, length, k_out);
-      for (int32_t i = 0; i < length; ++i) v_out[i] = k_ids[i] + num_pages_;
-      const int32_t staged = staged_lengths[slot];
-      if (staged > length) {
-        std::fill(k_out + length, k_out + staged, kNoPage);
-        std::fill(v_out + length, v_out + staged, kNoPage);
-      }
-      staged_lengths[slot] = length;
+    const int32_t num_ranges = static_cast<int32_t>(end - begin);
+    // Nothing reaches the device before the first EnqueuePatch; once one
+    // has run, a failure leaves the mirror holding part of the rows.
+    bool waited = false;
+    absl::StatusOr<int> slot = AcquireStaging(waited);
+    absl::StatusOr<int64_t> ranges_offset =
+        slot.ok() ? StagePatch(*slot, begin, end, /*check_ids=*/!split)
+                  : absl::StatusOr<int64_t>(slot.status());
+    absl::Status status = ranges_offset.status();
+    if (status.ok()) {
+      status = EnqueuePatch(*slot, *ranges_offset, num_ranges, stream);
+      ++sent.copies;
     }
+    if (!status.ok()) {
+      if (sent.copies > 0) uploaded_once_ = false;
+      return status;
+    }
+    next_staging_ = (*slot + 1) % kStagingSlots;
+    sent.bytes += *ranges_offset + int64_t{num_ranges} * kRangeBytes;
+    sent.host_waits += waited;
+    begin = end;
   }
 
-  int32_t* const mirror = static_cast<int32_t*>(mirror_.data());
-  const size_t row_bytes = 2 * row_k_bytes;
-  int64_t copies = 0;
-  absl::Status status;
-  for (const CopyRun& run : copy_runs_) {
-    const int64_t offset = 2 * RowOffset(run.first);
-    status = device_.CopyToDevice(staging + offset, mirror + offset,
-                                  (run.end - run.first) * row_bytes, stream);
-    if (!status.ok()) break;
-    ++copies;
+  for (const PageTablePatchRange& range : ranges_) {
+    sent.entries += range.count + range.clear;
   }
-  // Guard the slot even after a failed copy: earlier copies may still read
-  // it.
-  if (copies > 0) {
-    absl::Status recorded =
-        device_.RecordEvent(staging_done_[staging_slot], stream);
-    if (status.ok()) status = std::move(recorded);
-  }
-  if (!status.ok()) {
-    // The mirror may now hold some of the new rows: no longer trust the last
-    // uploaded image, so that the next Upload copies everything.
-    uploaded_once_ = false;
-    return status;
-  }
-
-  for (SlotId slot : dirty_rows_) {
-    std::copy_n(Row(slot), Length(slot), uploaded_.data() + RowOffset(slot));
-    uploaded_lengths_[slot] = Length(slot);
+  if (whole) {
+    for (SlotId slot = 0; slot < max_batch_; ++slot) {
+      device_lengths_[slot] = Length(slot);
+    }
+  } else {
+    for (const SlotId slot : changed_rows_) {
+      device_lengths_[slot] = Length(slot);
+    }
   }
   ForgetChanges();
   uploaded_once_ = true;
-  next_staging_ = (staging_slot + 1) % kStagingSlots;
   ++upload_stats_.calls;
-  upload_stats_.copies += copies;
-  upload_stats_.bytes += copied_rows * static_cast<int64_t>(row_bytes);
-  upload_stats_.rows += copied_rows;
-  upload_stats_.host_waits += waited;
+  upload_stats_.copies += sent.copies;
+  upload_stats_.bytes += sent.bytes;
+  upload_stats_.ranges += static_cast<int64_t>(ranges_.size());
+  upload_stats_.entries += sent.entries;
+  upload_stats_.host_waits += sent.host_waits;
   return true;
 }
 
@@ -509,45 +641,18 @@ void KVPageTable::WriteRow(SlotId slot, const PageId* k_page_ids, int32_t count,
   }
   if (old_count > count) std::fill(row + count, row + old_count, kNoPage);
   length = count;
-  MarkChanged(slot);
+  MarkWritten(slot, first);
 }
 
-absl::Status KVPageTable::CheckLiveIds(SlotId slot) const {
-  const int32_t length = Length(slot);
-  if (length < 0 || length > max_pages_per_seq_) {
-    return absl::InternalError(
-        absl::StrCat("page table row ", slot, ": length ", length,
-                     " is outside [0, ", max_pages_per_seq_, "]"));
-  }
-  const PageId* row = Row(slot);
-  for (int32_t i = 0; i < length; ++i) {
-    if (row[i] < 0 || row[i] >= num_pages_) {
-      return absl::InternalError(
-          absl::StrCat("page table row ", slot, ": entry ", i, " is ", row[i],
-                       ", want a page in [0, ", num_pages_, ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status KVPageTable::CheckRow(SlotId slot) const {
-  KVBLOCK_RETURN_IF_ERROR(CheckLiveIds(slot));
-  const int32_t length = Length(slot);
-  const PageId* row = Row(slot);
-  for (int32_t i = length; i < max_pages_per_seq_; ++i) {
-    if (row[i] != kNoPage) {
-      return absl::InternalError(
-          absl::StrCat("page table row ", slot, ": entry ", i, " is ", row[i],
-                       ", want -1 after ", length, " live pages"));
-    }
-  }
-  return absl::OkStatus();
+void KVPageTable::ClearBuffer(int32_t buffer) {
+  int32_t& length = lengths_[buffer];
+  std::fill_n(rows_.data() + RowOffset(buffer), length, kNoPage);
+  length = 0;
 }
 
 void KVPageTable::ForgetChanges() {
   for (SlotId slot : changed_rows_) changed_[slot] = 0;
   changed_rows_.clear();
-  changed_from_ = max_batch_;
 }
 
 absl::StatusOr<int> KVPageTable::AcquireStaging(bool& waited) {

@@ -1,12 +1,13 @@
 // Copyright 2026 The kvblock Authors.
 //
 // DeferredDevice: a host-memory Device for tests that behaves like a busy
-// GPU. A host-to-device copy does not run when it is enqueued: it runs when
-// the test says so, or when a wait needs it, in enqueue order, reading its
-// source at that time. So a staging byte the host overwrites before its copy
-// has run reaches the "device", as it would on a GPU. Every Device call acts
-// on one stream (the stream argument is ignored). It also counts its live
-// allocations and events, for RAII tests, and can fail a copy on request.
+// GPU. A host-to-device copy or a page-table patch does not run when it is
+// enqueued: it runs when the test says so, or when a wait needs it, in
+// enqueue order, reading its source at that time. So a staging byte the host
+// overwrites before its copy has run reaches the "device", as it would on a
+// GPU. Every Device call acts on one stream (the stream argument is ignored).
+// It also counts its live allocations and events, for RAII tests, and can fail
+// a copy on request.
 //
 // Thread safety: none; one test thread.
 #ifndef KVBLOCK_TESTS_DEFERRED_DEVICE_H_
@@ -18,6 +19,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels_reference.h"
 #include "kvblock/device.h"
 
 namespace kvblock::testing {
@@ -27,9 +29,9 @@ class DeferredDevice final : public Device {
   Kind kind() const override { return Kind::kHost; }
   std::string_view name() const override { return "deferred"; }
 
-  // Host-to-device copies enqueued and not yet run.
-  int64_t pending_copies() const {
-    return static_cast<int64_t>(copies_.size()) - ran_;
+  // Host-to-device copies and patches enqueued and not yet run.
+  int64_t pending_ops() const {
+    return static_cast<int64_t>(ops_.size()) - ran_;
   }
   // Runs the pending copies up to the next recorded event that has not been
   // reached; false when there is none.
@@ -47,23 +49,23 @@ class DeferredDevice final : public Device {
 
   absl::Status CopyToHost(const void* src, void* dst, size_t bytes,
                           Stream /*stream*/) override {
-    RunThrough(static_cast<int64_t>(copies_.size()));
+    RunThrough(static_cast<int64_t>(ops_.size()));
     if (bytes != 0) std::memcpy(dst, src, bytes);
     return absl::OkStatus();
   }
   absl::Status CopyDeviceToDevice(const void* src, void* dst, size_t bytes,
                                   Stream /*stream*/) override {
-    RunThrough(static_cast<int64_t>(copies_.size()));
+    RunThrough(static_cast<int64_t>(ops_.size()));
     if (bytes != 0) std::memmove(dst, src, bytes);
     return absl::OkStatus();
   }
   absl::Status Synchronize(Stream /*stream*/) override {
-    RunThrough(static_cast<int64_t>(copies_.size()));
+    RunThrough(static_cast<int64_t>(ops_.size()));
     return absl::OkStatus();
   }
   absl::Status MakeCurrent() override { return absl::OkStatus(); }
   absl::Status RecordEvent(DeviceEvent& event, Stream /*stream*/) override {
-    const int64_t position = static_cast<int64_t>(copies_.size());
+    const int64_t position = static_cast<int64_t>(ops_.size());
     *Position(event) = position;
     if (recorded_.empty() || recorded_.back() != position) {
       recorded_.push_back(position);
@@ -105,15 +107,23 @@ class DeferredDevice final : public Device {
     if (copies_before_failure_ >= 0 && copies_before_failure_-- == 0) {
       return absl::InternalError("deferred device: injected copy failure");
     }
-    copies_.push_back({src, dst, bytes});
+    ops_.push_back({.src = src, .dst = dst, .bytes = bytes});
+    return absl::OkStatus();
+  }
+  absl::Status ApplyPageTablePatchRaw(const PageTablePatch& patch,
+                                      Stream /*stream*/) override {
+    ops_.push_back({.patch = patch, .is_patch = true});
     return absl::OkStatus();
   }
 
  private:
-  struct Copy {
-    const void* src;
-    void* dst;
-    size_t bytes;
+  // A copy, or a patch (is_patch).
+  struct Op {
+    const void* src = nullptr;
+    void* dst = nullptr;
+    size_t bytes = 0;
+    PageTablePatch patch = {};
+    bool is_patch = false;
   };
 
   static int64_t* Position(const DeviceEvent& event) {
@@ -121,12 +131,16 @@ class DeferredDevice final : public Device {
   }
   void RunThrough(int64_t end) {
     for (; ran_ < end; ++ran_) {
-      const Copy& copy = copies_[ran_];
-      std::memcpy(copy.dst, copy.src, copy.bytes);
+      const Op& op = ops_[ran_];
+      if (op.is_patch) {
+        internal::ApplyPageTablePatchReference(op.patch);
+      } else {
+        std::memcpy(op.dst, op.src, op.bytes);
+      }
     }
   }
 
-  std::vector<Copy> copies_;
+  std::vector<Op> ops_;
   int64_t ran_ = 0;
   std::vector<int64_t> recorded_;       // increasing positions of RecordEvent.
   int64_t copies_before_failure_ = -1;  // -1: no failure planned.

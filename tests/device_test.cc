@@ -135,7 +135,7 @@ TEST_CASE("the deferred test device runs copies only when waited for") {
   REQUIRE_OK(device.RecordEvent(*event, nullptr));
   REQUIRE(*device.EventDone(*event) == false);
   value = 8;  // the copy has not read its source yet.
-  REQUIRE(device.pending_copies() == 1);
+  REQUIRE(device.pending_ops() == 1);
   REQUIRE_OK(device.WaitEvent(*event));
   REQUIRE(*device.EventDone(*event));
   int32_t seen = 0;
@@ -155,6 +155,74 @@ TEST_CASE("cuda device is an error, not a crash, without a GPU") {
     INFO(cuda.status().ToString());
     REQUIRE(cuda.status().code() == absl::StatusCode::kUnavailable);
   }
+}
+
+TEST_CASE("a page-table patch sets K ids, derives V ids and clears") {
+  std::unique_ptr<Device> device = Device::Host();
+  // A table of 2 rows of 4 pages over 10 pages, every entry 5 (stale).
+  std::vector<int32_t> table(2 * 2 * 4, 5);
+  const int32_t ids[] = {1, 2, 3};
+  const PageTablePatchRange ranges[] = {
+      {.entry = 1 * 4 + 1, .count = 2, .clear = 1, .ids_offset = 1},
+      {.entry = 0, .count = 1, .clear = 3, .ids_offset = 0},
+      // Past the row's end, past the table, negative: skipped.
+      {.entry = 3, .count = 2, .clear = 0, .ids_offset = 0},
+      {.entry = 8, .count = 1, .clear = 0, .ids_offset = 0},
+      {.entry = -1, .count = 1, .clear = 0, .ids_offset = 0},
+  };
+  PageTablePatch patch{.table = table.data(),
+                       .max_batch = 2,
+                       .max_pages_per_seq = 4,
+                       .num_pages = 10,
+                       .ids = ids,
+                       .ranges = ranges,
+                       .num_ranges = 5};
+  REQUIRE_OK(device->ApplyPageTablePatch(patch, nullptr));
+  REQUIRE(table == std::vector<int32_t>{1, -1, -1, -1, 11, -1, -1, -1,  //
+                                        5, 2, 3, -1, 5, 12, 13, -1});
+  REQUIRE(device->stats().copies == 0);
+
+  patch.num_ranges = 0;
+  patch.table = nullptr;  // no ranges: nothing is read.
+  REQUIRE_OK(device->ApplyPageTablePatch(patch, nullptr));
+  patch.num_ranges = 1;
+  REQUIRE_STATUS_IS(device->ApplyPageTablePatch(patch, nullptr),
+                    kInvalidArgument);
+  patch.table = table.data();
+  patch.max_pages_per_seq = 0;
+  REQUIRE_STATUS_IS(device->ApplyPageTablePatch(patch, nullptr),
+                    kInvalidArgument);
+}
+
+TEST_CASE("the deferred test device runs patches in order with copies") {
+  DeferredDevice device;
+  absl::StatusOr<DeviceBuffer> table = device.Allocate(2 * sizeof(int32_t));
+  absl::StatusOr<DeviceBuffer> ids = device.Allocate(sizeof(int32_t));
+  absl::StatusOr<DeviceEvent> event = device.CreateEvent();
+  REQUIRE_OK(table);
+  REQUIRE_OK(ids);
+  REQUIRE_OK(event);
+  const int32_t id = 4;
+  const PageTablePatchRange range{.entry = 0, .count = 1};
+  REQUIRE_OK(device.CopyToDevice(&id, ids->data(), sizeof(id), nullptr));
+  REQUIRE_OK(device.ApplyPageTablePatch(
+      {.table = static_cast<int32_t*>(table->data()),
+       .max_batch = 1,
+       .max_pages_per_seq = 1,
+       .num_pages = 6,
+       .ids = static_cast<const int32_t*>(ids->data()),
+       .ranges = &range,
+       .num_ranges = 1},
+      nullptr));
+  REQUIRE_OK(device.RecordEvent(*event, nullptr));
+  REQUIRE(device.pending_ops() == 2);
+  int32_t seen[2] = {};
+  std::memcpy(seen, table->data(), sizeof(seen));
+  REQUIRE(seen[0] == 0);  // not run yet.
+  REQUIRE(device.RunToNextEvent());
+  std::memcpy(seen, table->data(), sizeof(seen));
+  REQUIRE(seen[0] == 4);
+  REQUIRE(seen[1] == 10);
 }
 
 }  // namespace

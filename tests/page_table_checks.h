@@ -117,15 +117,20 @@ inline void SetRowOk(KVPageTable& table, SlotId slot,
   REQUIRE_OK(table.SetRow(slot, ids));
 }
 
-// Upload behaviour on `device`: the first upload copies everything, later
-// ones copy runs of rows that differ from the last upload (runs close
-// together as one, with the rows between), nothing else, and the mirror is
-// exact after each. Uses Catch SECTIONs.
+// Bytes of a patch of `ids` K ids and `ranges` ranges (the ids, padded to
+// a range boundary, then the ranges).
+constexpr int64_t PatchBytes(int64_t ids, int64_t ranges) {
+  return (ids * 4 + 15) / 16 * 16 + ranges * KVPageTable::kRangeBytes;
+}
+
+// Upload behaviour on `device`: the first upload sets every entry, later ones
+// send one patch of the entries written since the last upload (per changed
+// row: its ids from the first written entry, and the clears after them),
+// nothing else, and the mirror is exact after each. Uses Catch SECTIONs.
 inline void UploadChecks(Device& device) {
   constexpr int32_t kBatch = 4;
   constexpr int32_t kWidth = 3;
   constexpr int32_t kPages = 16;
-  constexpr int64_t kRowBytes = 2 * kWidth * sizeof(int32_t);
   absl::StatusOr<std::unique_ptr<KVPageTable>> created =
       KVPageTable::Create(kBatch, kWidth, kPages, device);
   REQUIRE_OK(created);
@@ -133,9 +138,10 @@ inline void UploadChecks(Device& device) {
   const int32_t* const mirror = table.kernel_view().data();
   REQUIRE(mirror != nullptr);
 
-  // The first upload copies the whole (empty) table in one copy.
+  // The first upload clears every entry of every row, in one patch.
   REQUIRE(UploadAndCount(table, device) ==
-          UploadEffect{true, 1, kBatch * kRowBytes});
+          UploadEffect{true, 1, PatchBytes(0, kBatch)});
+  REQUIRE(table.upload_stats().entries == kBatch * kWidth);
   REQUIRE(ReadMirror(table, device) ==
           std::vector<int32_t>(kBatch * 2 * kWidth, kNoPage));
 
@@ -143,9 +149,10 @@ inline void UploadChecks(Device& device) {
     REQUIRE(UploadAndCount(table, device) == UploadEffect{false, 0, 0});
     REQUIRE(table.upload_stats().calls == 2);
   }
-  SECTION("one changed row is one copy of one row, V ids derived") {
+  SECTION("one changed row is one range of its ids, V ids derived") {
     SetRowOk(table, 2, {5, 15});
-    REQUIRE(UploadAndCount(table, device) == UploadEffect{true, 1, kRowBytes});
+    REQUIRE(UploadAndCount(table, device) ==
+            UploadEffect{true, 1, PatchBytes(2, 1)});
     const std::vector<int32_t> image = ReadMirror(table, device);
     REQUIRE(std::vector<int32_t>(image.begin() + 2 * 2 * kWidth,
                                  image.begin() + 3 * 2 * kWidth) ==
@@ -153,83 +160,115 @@ inline void UploadChecks(Device& device) {
     REQUIRE(image == ExpectedMirror(table));
     REQUIRE(UploadAndCount(table, device) == UploadEffect{false, 0, 0});
   }
-  SECTION("close runs of changed rows are one copy, the rows between too") {
+  SECTION("several changed rows are one patch of their ids alone") {
     SetRowOk(table, 0, {1});
     SetRowOk(table, 1, {2, 3});
     SetRowOk(table, 3, {4, 5, 6});
     REQUIRE(UploadAndCount(table, device) ==
-            UploadEffect{true, 1, kBatch * kRowBytes});
+            UploadEffect{true, 1, PatchBytes(6, 3)});
     REQUIRE(ReadMirror(table, device) == ExpectedMirror(table));
-    REQUIRE(table.upload_stats().rows == 2 * kBatch);
+    REQUIRE(table.upload_stats().ranges == kBatch + 3);
   }
-  SECTION("runs more than kMaxBridgedRows rows apart are copied apart") {
-    constexpr int32_t kGap = KVPageTable::kMaxBridgedRows;
-    const std::unique_ptr<KVPageTable> wide =
-        UploadedTable(device, kGap + 3, kWidth, kPages);
-    KVPageTable& rows = *wide;
-    // kGap unchanged rows between: bridged.
-    SetRowOk(rows, 0, {1});
-    SetRowOk(rows, kGap + 1, {2});
-    REQUIRE(UploadAndCount(rows, device) ==
-            UploadEffect{true, 1, (kGap + 2) * kRowBytes});
-    REQUIRE(ReadMirror(rows, device) == ExpectedMirror(rows));
-    // kGap + 1: two copies of one row each.
-    SetRowOk(rows, 0, {3, 4});
-    SetRowOk(rows, kGap + 2, {5});
-    REQUIRE(UploadAndCount(rows, device) ==
-            UploadEffect{true, 2, 2 * kRowBytes});
-    REQUIRE(ReadMirror(rows, device) == ExpectedMirror(rows));
+  SECTION("a row that grew by one page sends one id") {
+    SetRowOk(table, 1, {2, 3});
+    REQUIRE(UploadAndCount(table, device).enqueued);
+    const KVPageTableUploadStats before = table.upload_stats();
+    const PageId grown[] = {2, 3, 9};
+    const KVPageTableRowUpdate update{1, grown, 3, 2};
+    REQUIRE_OK(table.SetRows({&update, 1}));
+    REQUIRE(UploadAndCount(table, device) ==
+            UploadEffect{true, 1, PatchBytes(1, 1)});
+    REQUIRE(table.upload_stats().entries - before.entries == 1);
+    REQUIRE(ReadMirror(table, device) == ExpectedMirror(table));
   }
-  SECTION("a row edited and edited back is not uploaded") {
+  SECTION("a row cut short sends its clears alone") {
+    SetRowOk(table, 1, {2, 3, 4});
+    REQUIRE(UploadAndCount(table, device).enqueued);
+    const PageId kept[] = {2};
+    const KVPageTableRowUpdate update{1, kept, 1, 1};
+    REQUIRE_OK(table.SetRows({&update, 1}));
+    REQUIRE(UploadAndCount(table, device) ==
+            UploadEffect{true, 1, PatchBytes(0, 1)});
+    REQUIRE(ReadMirror(table, device) == ExpectedMirror(table));
+  }
+  SECTION("a row edited and edited back is sent again: nothing compares") {
     SetRowOk(table, 1, {7, 8});
     SetRowOk(table, 1, {});
+    // Never live on the device, empty now: nothing to send.
     REQUIRE(UploadAndCount(table, device) == UploadEffect{false, 0, 0});
     SetRowOk(table, 1, {7, 8});
-    REQUIRE(UploadAndCount(table, device) == UploadEffect{true, 1, kRowBytes});
+    REQUIRE(UploadAndCount(table, device) ==
+            UploadEffect{true, 1, PatchBytes(2, 1)});
     SetRowOk(table, 1, {9});
-    SetRowOk(table, 2, {9});
     SetRowOk(table, 1, {7, 8});
-    REQUIRE(UploadAndCount(table, device) == UploadEffect{true, 1, kRowBytes});
+    REQUIRE(UploadAndCount(table, device) ==
+            UploadEffect{true, 1, PatchBytes(2, 1)});
     REQUIRE(ReadMirror(table, device) == ExpectedMirror(table));
   }
-  SECTION("compaction uploads the rows whose contents moved") {
+  SECTION("compaction sends the rows that moved and the rows it emptied") {
     for (SlotId slot = 0; slot < kBatch; ++slot) SetRowOk(table, slot, {slot});
     REQUIRE(UploadAndCount(table, device) ==
-            UploadEffect{true, 1, kBatch * kRowBytes});
+            UploadEffect{true, 1, PatchBytes(kBatch, kBatch)});
     // Slot 0 stays, 1 retires, 2 and 3 move down, 3 empties.
     REQUIRE_OK(table.CompactRows({0, kNoSlot, 1, 2}, 3));
     REQUIRE(UploadAndCount(table, device) ==
-            UploadEffect{true, 1, 3 * kRowBytes});
+            UploadEffect{true, 1, PatchBytes(2, 3)});
     REQUIRE(ReadMirror(table, device) == ExpectedMirror(table));
-    // Swapping two rows and swapping back leaves nothing to upload.
-    REQUIRE_OK(table.CompactRows({1, 0, 2, 3}, 4));
-    REQUIRE_OK(table.CompactRows({1, 0, 2, 3}, 4));
-    REQUIRE(UploadAndCount(table, device) == UploadEffect{false, 0, 0});
+  }
+  SECTION("a move fills a hole with the last row, which empties") {
+    for (SlotId slot = 0; slot < kBatch; ++slot) {
+      SetRowOk(table, slot, {slot, static_cast<PageId>(slot + 8)});
+    }
+    REQUIRE(UploadAndCount(table, device).enqueued);
+    const KVPageTableRowMove move{3, 1};
+    REQUIRE_OK(table.Apply({.moves = {&move, 1}}));
+    REQUIRE(UploadAndCount(table, device) ==
+            UploadEffect{true, 1, PatchBytes(2, 2)});
+    const std::vector<int32_t> image = ReadMirror(table, device);
+    REQUIRE(image == ExpectedMirror(table));
+    REQUIRE(image[1 * 2 * kWidth] == 3);
+    REQUIRE(image[3 * 2 * kWidth] == kNoPage);
   }
   SECTION("the identity layout is uploaded whole") {
     REQUIRE_OK(table.SetIdentity());
     REQUIRE(UploadAndCount(table, device) ==
-            UploadEffect{true, 1, kBatch * kRowBytes});
+            UploadEffect{true, 1, PatchBytes(kBatch * kWidth, kBatch)});
     const std::vector<int32_t> image = ReadMirror(table, device);
     REQUIRE(image == ExpectedMirror(table));
     REQUIRE(image[2 * 2 * kWidth + kWidth] == 6 + kPages);
   }
   SECTION("every upload leaves an exact mirror as staging slots rotate") {
-    // Rows i % 4 and (i + 2) % 4 change at every step: one copy of three
-    // rows, the one between restaged from whatever its staging slot held.
     for (int i = 0; i < 3 * KVPageTable::kStagingSlots + 1; ++i) {
       SetRowOk(table, i % kBatch, {static_cast<PageId>(i % kPages)});
       SetRowOk(table, (i + 2) % kBatch,
                {static_cast<PageId>((i * 7) % kPages), 1});
-      REQUIRE(UploadAndCount(table, device) ==
-              UploadEffect{true, 1, 3 * kRowBytes});
+      REQUIRE(UploadAndCount(table, device).copies == 1);
       REQUIRE(ReadMirror(table, device) == ExpectedMirror(table));
+    }
+  }
+  SECTION("a patch bigger than a staging slot is split, row by row") {
+    absl::StatusOr<std::unique_ptr<KVPageTable>> small = KVPageTable::Create(
+        kBatch, kWidth, kPages, device,
+        {.staging_bytes = KVPageTable::MinStagingBytes(kWidth)});
+    REQUIRE_OK(small);
+    // The first upload: 4 ranges of no ids, two to a slot.
+    REQUIRE(UploadAndCount(**small, device) ==
+            UploadEffect{true, 2, PatchBytes(0, kBatch)});
+    for (int round = 0; round < 2 * KVPageTable::kStagingSlots; ++round) {
+      for (SlotId slot = 0; slot < kBatch; ++slot) {
+        const PageId id = static_cast<PageId>((slot + round) % kPages);
+        SetRowOk(**small, slot, {id, id, id});
+      }
+      // One full row per patch: four patches, rotating over the slots.
+      REQUIRE(UploadAndCount(**small, device) ==
+              UploadEffect{true, kBatch, kBatch * PatchBytes(kWidth, 1)});
+      REQUIRE(ReadMirror(**small, device) == ExpectedMirror(**small));
     }
   }
   REQUIRE(table.kernel_view().data() == mirror);
 }
 
-// Steady-state SetRow, SetRows, CompactRows and Upload calls on `device`
+// Steady-state SetRow, SetRows, CompactRows, Apply and Upload calls on `device`
 // allocate no host memory (the commit layer makes them every step).
 // REQUIRES: the test binary links allocation_counter.cc.
 inline void SteadyStateCallsAllocateNothing(Device& device) {
@@ -252,6 +291,9 @@ inline void SteadyStateCallsAllocateNothing(Device& device) {
           {{(i + 7) % 64, ids.data(), 5}, {(i + 9) % 64, nullptr, 0}});
       ok &= table.SetRows(updates).ok();
       ok &= table.CompactRows(rotate, 64).ok();
+      const KVPageTableRowMove moves[] = {{i % 64, (i + 5) % 64},
+                                          {(i + 5) % 64, i % 64}};
+      ok &= table.Apply({.moves = moves, .rows = updates}).ok();
       ok &= table.Upload(nullptr).ok();
     }
     const int64_t allocated = HeapAllocations() - before;

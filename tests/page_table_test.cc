@@ -15,6 +15,7 @@ namespace {
 
 using ::kvblock::testing::DeferredDevice;
 using ::kvblock::testing::ExpectedMirror;
+using ::kvblock::testing::PatchBytes;
 using ::kvblock::testing::ReadMirror;
 using ::kvblock::testing::SetRowOk;
 using ::kvblock::testing::Snapshot;
@@ -204,15 +205,14 @@ TEST_CASE("set rows writes a row from its first changed page") {
   // there: only the ids from `first` on are read.
   const PageId grown[] = {kNoPage, 99, 10};
   const PageId shrunk[] = {7, 8};
-  const KVPageTableRowUpdate updates[] = {{0, grown, 3, 2},
-                                          {1, shrunk, 2, 2}};
+  const KVPageTableRowUpdate updates[] = {{0, grown, 3, 2}, {1, shrunk, 2, 2}};
   REQUIRE_OK(table->SetRows(updates));
   REQUIRE(Row(*table, 0) == std::vector<PageId>{5, 6, 10});
   REQUIRE(Row(*table, 1) == std::vector<PageId>{7, 8, kNoPage});
   REQUIRE_OK(table->CheckInvariants());
-  // Both rows changed: the next upload carries them, in one copy.
+  // Both rows changed from entry 2 on: one patch of one id and a clear.
   REQUIRE(UploadAndCount(*table, *device) ==
-          UploadEffect{true, 1, 2 * 2 * kWidth * sizeof(int32_t)});
+          UploadEffect{true, 1, PatchBytes(1, 2)});
   REQUIRE(ReadMirror(*table, *device) == ExpectedMirror(*table));
 }
 
@@ -231,6 +231,113 @@ TEST_CASE("set rows rejects a first outside the row's live ids or the count") {
   const KVPageTableRowUpdate past_live[] = {{0, ids, 3, 3}};
   REQUIRE(table->SetRows(past_live).message() ==
           "update 0: slot 0: first 3 is outside [0, min(count 3, live ids 2)]");
+}
+
+TEST_CASE("create rejects staging that cannot hold one row") {
+  std::unique_ptr<Device> device = Device::Host();
+  const int64_t least = KVPageTable::MinStagingBytes(kWidth);
+  for (const int64_t bytes : {int64_t{-1}, int64_t{1}, least - 1}) {
+    absl::StatusOr<std::unique_ptr<KVPageTable>> table = KVPageTable::Create(
+        kBatch, kWidth, kPages, *device, {.staging_bytes = bytes});
+    REQUIRE_STATUS_IS(table, kInvalidArgument);
+    REQUIRE(table.status().message().find("staging_bytes") !=
+            absl::string_view::npos);
+  }
+  absl::StatusOr<std::unique_ptr<KVPageTable>> table = KVPageTable::Create(
+      kBatch, kWidth, kPages, *device, {.staging_bytes = least});
+  REQUIRE_OK(table);
+  REQUIRE((*table)->staging_bytes() == least);
+  // The default holds the whole table's worst patch when that is small.
+  REQUIRE(MakeTable(*device)->staging_bytes() ==
+          PatchBytes(kBatch * kWidth, kBatch));
+}
+
+TEST_CASE("apply moves rows at once, then updates them") {
+  std::unique_ptr<Device> device = Device::Host();
+  std::unique_ptr<KVPageTable> table = MakeTable(*device);
+  SetRowOk(*table, 0, {0});
+  SetRowOk(*table, 1, {1, 2});
+  SetRowOk(*table, 2, {3, 4, 5});
+  SetRowOk(*table, 3, {6});
+  SECTION("a hole filled by the last row, which empties") {
+    const KVPageTableRowMove moves[] = {{3, 1}};
+    REQUIRE_OK(table->Apply({.moves = moves}));
+    REQUIRE(Row(*table, 1) == std::vector<PageId>{6, kNoPage, kNoPage});
+    REQUIRE(Row(*table, 3) == std::vector<PageId>(kWidth, kNoPage));
+    REQUIRE(Row(*table, 2) == std::vector<PageId>{3, 4, 5});
+  }
+  SECTION("two moves each way swap rows; a cycle rotates them") {
+    const KVPageTableRowMove swap[] = {{0, 2}, {2, 0}};
+    REQUIRE_OK(table->Apply({.moves = swap}));
+    REQUIRE(Row(*table, 0) == std::vector<PageId>{3, 4, 5});
+    REQUIRE(Row(*table, 2) == std::vector<PageId>{0, kNoPage, kNoPage});
+    const KVPageTableRowMove cycle[] = {{0, 1}, {1, 3}, {3, 0}};
+    REQUIRE_OK(table->Apply({.moves = cycle}));
+    REQUIRE(Row(*table, 0) == std::vector<PageId>{6, kNoPage, kNoPage});
+    REQUIRE(Row(*table, 1) == std::vector<PageId>{3, 4, 5});
+    REQUIRE(Row(*table, 3) == std::vector<PageId>{1, 2, kNoPage});
+  }
+  SECTION("updates see the rows after the moves") {
+    // Row 2 moves to slot 0 and grows there from its third page; slot 2,
+    // emptied by the move, takes a new row.
+    const KVPageTableRowMove moves[] = {{2, 0}};
+    const PageId grown[] = {kNoPage, kNoPage, 9};
+    const PageId fresh[] = {7, 8};
+    const KVPageTableRowUpdate updates[] = {{0, grown, 3, 2}, {2, fresh, 2}};
+    // A first past the moved row's length is refused: row 0 held 1 id.
+    const PageId four[] = {1, 2, 3};
+    const KVPageTableRowUpdate past[] = {{2, four, 3, 1}};
+    REQUIRE_FAILS_UNCHANGED(
+        *table, table->Apply({.moves = moves, .rows = past}), kInvalidArgument);
+    REQUIRE_OK(table->Apply({.moves = moves, .rows = updates}));
+    REQUIRE(Row(*table, 0) == std::vector<PageId>{3, 4, 9});
+    REQUIRE(Row(*table, 2) == std::vector<PageId>{7, 8, kNoPage});
+  }
+  SECTION("a move onto itself keeps the row") {
+    const KVPageTableRowMove moves[] = {{1, 1}};
+    REQUIRE_OK(table->Apply({.moves = moves}));
+    REQUIRE(Row(*table, 1) == std::vector<PageId>{1, 2, kNoPage});
+  }
+  REQUIRE_OK(table->CheckInvariants());
+  REQUIRE(device->stats().copies == 0);  // page ids move, KV data never does.
+}
+
+TEST_CASE("apply rejects a bad move or update and changes nothing") {
+  std::unique_ptr<Device> device = Device::Host();
+  std::unique_ptr<KVPageTable> table = MakeTable(*device);
+  for (SlotId slot = 0; slot < kBatch; ++slot) SetRowOk(*table, slot, {slot});
+  using Moves = std::vector<KVPageTableRowMove>;
+  const auto apply = [&](const Moves& moves) {
+    return table->Apply({.moves = moves});
+  };
+  REQUIRE_FAILS_UNCHANGED(*table, apply(Moves{{0, 1}, {kBatch, 0}}),
+                          kInvalidArgument);
+  REQUIRE(apply(Moves{{0, 1}, {kBatch, 0}}).message() ==
+          "move 1: slot 4 (from 4 to 0) is outside [0, 4)");
+  REQUIRE_FAILS_UNCHANGED(*table, apply(Moves{{0, -1}}), kInvalidArgument);
+  REQUIRE_FAILS_UNCHANGED(*table, apply(Moves{{0, 1}, {0, 2}}),
+                          kInvalidArgument);
+  REQUIRE(apply(Moves{{0, 1}, {0, 2}}).message() ==
+          "move 1: slot 0 is already moved by move 0");
+  REQUIRE_FAILS_UNCHANGED(*table, apply(Moves{{0, 1}, {2, 1}}),
+                          kInvalidArgument);
+  REQUIRE(apply(Moves{{0, 1}, {2, 1}}).message() ==
+          "move 1: slot 1 already receives move 0");
+  const PageId ids[] = {1};
+  const KVPageTableRowMove move{0, 1};
+  const KVPageTableRowUpdate twice[] = {{1, ids, 1}, {1, nullptr, 0}};
+  REQUIRE_FAILS_UNCHANGED(*table,
+                          table->Apply({.moves = {&move, 1}, .rows = twice}),
+                          kInvalidArgument);
+  REQUIRE(table->Apply({.moves = {&move, 1}, .rows = twice}).message() ==
+          "update 1: slot 1 is already set by update 0");
+  // The source of a move that no move fills is empty: first 1 is past it.
+  const KVPageTableRowUpdate into_emptied[] = {{0, ids, 1, 1}};
+  REQUIRE_FAILS_UNCHANGED(
+      *table, table->Apply({.moves = {&move, 1}, .rows = into_emptied}),
+      kInvalidArgument);
+  REQUIRE(table->Apply({.moves = {&move, 1}, .rows = into_emptied}).message() ==
+          "update 0: slot 0: first 1 is outside [0, min(count 1, live ids 0)]");
 }
 
 TEST_CASE("compaction moves surviving rows and clears the rest") {
@@ -366,6 +473,9 @@ TEST_CASE("a failed call leaves nothing to upload") {
   REQUIRE_FAILS_UNCHANGED(*table, table->SetRow(0, {kPages}), kInvalidArgument);
   REQUIRE_FAILS_UNCHANGED(*table, table->CompactRows({1, 0, 2, 2}, 4),
                           kInvalidArgument);
+  const KVPageTableRowMove moves[] = {{1, 0}, {1, 2}};
+  REQUIRE_FAILS_UNCHANGED(*table, table->Apply({.moves = moves}),
+                          kInvalidArgument);
   REQUIRE(UploadAndCount(*table, *device) == UploadEffect{false, 0, 0});
 }
 
@@ -396,7 +506,8 @@ TEST_CASE("upload waits only when every staging slot is in flight") {
   // Rewriting row 0 needs a slot: the upload waits for the oldest, and only
   // it, so the device now holds exactly the first image.
   SetRowOk(*table, 0, {9, 10});
-  REQUIRE(UploadAndCount(*table, device) == UploadEffect{true, 1, 24});
+  REQUIRE(UploadAndCount(*table, device) ==
+          UploadEffect{true, 1, PatchBytes(2, 1)});
   REQUIRE(table->upload_stats().host_waits == 1);
   REQUIRE(device_image() == images[0]);
   images.push_back(ExpectedMirror(*table));
@@ -420,21 +531,49 @@ TEST_CASE("upload waits only when every staging slot is in flight") {
 
 TEST_CASE("a failed copy changes no host state and the next upload is whole") {
   DeferredDevice device;
-  constexpr int32_t kFar = KVPageTable::kMaxBridgedRows + 2;
-  const std::unique_ptr<KVPageTable> far =
-      testing::UploadedTable(device, kFar + 1, kWidth, kPages);
-  KVPageTable& table = *far;
-  SetRowOk(table, 0, {1});
-  SetRowOk(table, kFar, {2});
+  // Staging of one row: two changed rows are two patches.
+  absl::StatusOr<std::unique_ptr<KVPageTable>> created = KVPageTable::Create(
+      kBatch, kWidth, kPages, device,
+      {.staging_bytes = KVPageTable::MinStagingBytes(kWidth)});
+  REQUIRE_OK(created);
+  KVPageTable& table = **created;
+  REQUIRE(UploadAndCount(table, device).enqueued);
+  SetRowOk(table, 0, {1, 2, 3});
+  SetRowOk(table, 3, {2, 3, 4});
   const TableSnapshot before = Snapshot(table);
-  device.FailCopyAfter(1);  // rows 0 and kFar are two copies: one fails.
+  device.FailCopyAfter(1);  // the first patch goes, the second fails.
   REQUIRE_STATUS_IS(table.Upload(nullptr), kInternal);
   REQUIRE(Snapshot(table) == before);
-  // Row 0 reached the device; setting it back must still be uploaded.
+  // Row 0 reached the device; setting it back must still be uploaded, and
+  // the whole table is: every row, its clears too, in patches of at most a
+  // row's size: rows 0 and 1, row 2, row 3 (3 ids).
   SetRowOk(table, 0, {});
   REQUIRE(UploadAndCount(table, device) ==
-          UploadEffect{true, 1, (kFar + 1) * 24});
+          UploadEffect{true, 3,
+                       PatchBytes(0, 2) + PatchBytes(0, 1) + PatchBytes(3, 1)});
   REQUIRE(ReadMirror(table, device) == ExpectedMirror(table));
+}
+
+TEST_CASE("a bad id in the host rows fails the upload before it sends") {
+  // Only memory corruption can put one there: reach the row through its
+  // host view, as such a bug would.
+  DeferredDevice device;
+  std::unique_ptr<KVPageTable> table = MakeTable(device);
+  REQUIRE(UploadAndCount(*table, device).enqueued);
+  SetRowOk(*table, 2, {1, 2});
+  PageId* row = const_cast<PageId*>(table->HostRow(2)->data());
+  row[1] = kPages + 3;
+  const DeviceStats before = device.stats();
+  const absl::StatusOr<bool> uploaded = table->Upload(nullptr);
+  REQUIRE_STATUS_IS(uploaded, kInternal);
+  REQUIRE(uploaded.status().message() ==
+          "page table row 2: entry 1 is 19, want a page in [0, 16)");
+  REQUIRE(device.stats().copies == before.copies);
+  REQUIRE_STATUS_IS(table->CheckInvariants(), kInternal);
+  row[1] = 2;
+  REQUIRE(UploadAndCount(*table, device) ==
+          UploadEffect{true, 1, PatchBytes(2, 1)});
+  REQUIRE(ReadMirror(*table, device) == ExpectedMirror(*table));
 }
 
 TEST_CASE("a table waits for its staging before it is destroyed") {
@@ -443,9 +582,9 @@ TEST_CASE("a table waits for its staging before it is destroyed") {
     std::unique_ptr<KVPageTable> table = MakeTable(device);
     SetRowOk(*table, 0, {1});
     REQUIRE(UploadAndCount(*table, device).enqueued);
-    REQUIRE(device.pending_copies() == 1);
+    REQUIRE(device.pending_ops() == 2);  // the patch's copy and its kernel.
   }
-  REQUIRE(device.pending_copies() == 0);
+  REQUIRE(device.pending_ops() == 0);
   REQUIRE(device.live_allocations() == 0);
   REQUIRE(device.live_events() == 0);
 }

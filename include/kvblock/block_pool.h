@@ -134,8 +134,8 @@ class BlockPool {
   };
 
   // A pool of `num_pages` free pages. InvalidArgument when `num_pages` is not
-  // in [1, 2^30) (V page ids `p + num_pages` must fit int32) or an option is
-  // out of range (`max_refcount` < 1, `journal_reserve` < 0).
+  // in [1, kMaxNumPages] (V page ids `p + num_pages` must fit int32) or an
+  // option is out of range (`max_refcount` < 1, `journal_reserve` < 0).
   static absl::StatusOr<std::unique_ptr<BlockPool>> Create(
       int32_t num_pages, BlockPoolOptions options = {});
 
@@ -317,7 +317,7 @@ class BlockPool {
   // What the pool keeps of one page, in one cache line: a page operation
   // touches one line instead of one per field.
   struct alignas(64) PageState {
-    BlockHash hash;  // the index key while `cached`.
+    BlockHash hash;        // the index key while `cached`.
     uint32_t tag = 0;      // PrefixIndex::Tag(hash) while `cached`.
     int32_t refcount = 0;  // in [0, max_refcount_].
     // Evictable pages only (others hold kNoPage).

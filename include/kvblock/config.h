@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "kvblock/types.h"
 
 namespace kvblock {
 
@@ -43,9 +44,10 @@ struct PagedKvConfig {
   int32_t head_dim = 128;
   DType dtype = DType::kBf16;
 
-  // OK when every count is positive, the dtype is known, V ids
-  // (`2 * num_pages - 1`) fit int32, and every derived size below fits int64.
-  // InvalidArgument naming the first bad field and its value otherwise.
+  // OK when every count is positive, the dtype is known, num_pages is at
+  // most kMaxNumPages (V ids `num_pages + id` fit int32), and every derived
+  // size below fits int64. InvalidArgument naming the first bad field and its
+  // value otherwise.
   absl::Status Validate() const;
 
   // `num_layers * max_pages_per_seq`: the pages one sequence of maximal length
@@ -64,7 +66,8 @@ struct PagedKvConfig {
   // Bytes of one layer's pool, K and V: `2 * num_pages * PageBytes()`.
   int64_t LayerPoolBytes() const;
 
-  // int32 entries of the device page table: `max_batch * 2 * max_pages_per_seq`.
+  // int32 entries of the device page table: `max_batch * 2 *
+  // max_pages_per_seq`.
   int64_t PageTableEntries() const;
 };
 

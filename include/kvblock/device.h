@@ -13,6 +13,10 @@
 // (`copies`) and their bytes (`bytes`), for host and CUDA alike, so upload
 // behaviour is testable on a CPU. Filling pinned staging is not a copy.
 //
+// Page-table patches: ApplyPageTablePatch enqueues the one device operation
+// KVPageTable::Upload needs besides copies, so that a device decides where it
+// runs: a small kernel on CUDA, the CPU reference on the host device.
+//
 // Buffers are RAII handles (`DeviceBuffer`, `PinnedBuffer`, `DeviceEvent`)
 // that must not outlive the Device that made them. A device address never
 // changes while its buffer lives (safe to capture in CUDA graphs).
@@ -99,6 +103,30 @@ class DeviceEvent {
   void* handle_ = nullptr;
 };
 
+// One range of a page-table patch, as KVPageTable::Upload builds it: the K
+// entries [first, first + count) of row `slot` get the K ids
+// `ids[ids_offset, ids_offset + count)` and half 1 of the row the V ids
+// (`id + num_pages`); the `clear` entries after them get kNoPage in both
+// halves. `entry` is `slot * max_pages_per_seq + first` (the table has at
+// most INT32_MAX entries, so it fits).
+struct PageTablePatchRange {
+  int32_t entry = 0;
+  int32_t count = 0;
+  int32_t clear = 0;
+  int32_t ids_offset = 0;
+};
+
+// A patch in device memory and the device page table it applies to.
+struct PageTablePatch {
+  int32_t* table = nullptr;  // int32 [max_batch, 2, max_pages_per_seq].
+  int32_t max_batch = 0;
+  int32_t max_pages_per_seq = 0;
+  int32_t num_pages = 0;
+  const int32_t* ids = nullptr;                 // K ids the ranges point into.
+  const PageTablePatchRange* ranges = nullptr;  // [num_ranges].
+  int32_t num_ranges = 0;
+};
+
 // A non-owning view of an int32 device tensor of rank 3, contiguous and
 // unpadded (the kernel view of the page table: [max_batch, 2, max_pages]).
 class DeviceTensor {
@@ -162,6 +190,14 @@ class Device {
   // Blocks until all work enqueued on `stream` is done.
   virtual absl::Status Synchronize(Stream stream) = 0;
 
+  // Enqueues on `stream` the application of `patch`, whose ranges and ids
+  // are in device memory (copied there earlier on the same stream), to its
+  // table. Ranges are independent (the ranges of one patch write disjoint
+  // entries), so they may run in any order; a range that does not fit the
+  // table is skipped. Nothing is enqueued for 0 ranges. InvalidArgument for a
+  // null pointer or a non-positive geometry; Internal on a launch failure.
+  absl::Status ApplyPageTablePatch(const PageTablePatch& patch, Stream stream);
+
   // Makes this device the calling thread's current one (cudaSetDevice), as
   // kernel launches need; OK and nothing to do on the host device. Errors as
   // Cuda().
@@ -192,6 +228,9 @@ class Device {
   virtual void DestroyEventRaw(void* handle) = 0;
   virtual absl::Status CopyToDeviceRaw(const void* src, void* dst, size_t bytes,
                                        Stream stream) = 0;
+  // Gets a validated patch with at least one range.
+  virtual absl::Status ApplyPageTablePatchRaw(const PageTablePatch& patch,
+                                              Stream stream) = 0;
 
   static void* EventHandle(const DeviceEvent& event) { return event.handle_; }
 

@@ -13,30 +13,39 @@
 // [max_batch, 2, max_pages_per_seq]; half 0 of row `b` holds its K ids, half 1
 // the V ids `k + num_pages` (kNoPage stays kNoPage). It is allocated once by
 // Create and never moves (safe to capture in CUDA graphs); it holds zeros
-// until the first Upload. Upload enqueues host-to-device copies of the rows
-// that differ from the last uploaded image, one copy per run of such rows
-// (runs at most kMaxBridgedRows rows apart count as one), from pinned staging
-// that rotates over kStagingSlots slots: a slot is rewritten only after the
-// device event of its last copy has completed, and Upload blocks only when
-// every slot is still in flight.
+// until the first Upload.
 //
-// Memory: host 2 x max_batch x max_pages_per_seq int32 (truth, last uploaded
-// image) plus O(max_batch); device one table (2 x that); pinned staging
-// kStagingSlots tables.
+// Change record: every call that changes a row notes, per slot, the first
+// entry it wrote since the last upload (a moved-in or cleared row: entry 0),
+// and the table remembers how many live ids each slot has on the device.
+// Upload plans from that record alone (no compare against the device image):
+// per changed row one patch range, the ids from the first written entry to
+// the live end plus the count of entries to clear after them. It packs the
+// ranges and their K ids into one patch in pinned staging, copies it with
+// one host-to-device copy, and has the device apply it to both halves
+// (Device::ApplyPageTablePatch: a small kernel on CUDA). Staging rotates over
+// kStagingSlots slots, each with a device twin that the patch is copied into:
+// a slot is rewritten only after the device event of its last patch has
+// completed, and Upload blocks only when every slot is still in flight. A
+// patch bigger than one slot is split into slot-sized patches (rows are
+// independent), waiting for slots as needed.
 //
-// Complexity: SetRow / SetRows are O(pages written + pages cleared) (a
-// SetRows update writes from its `first` page);
-// CompactRows is O(max_batch + pages of retired rows): rows keep their host
-// storage and change slots by index; Upload is O(live ids of the rows
-// changed since the last upload, which include every row from an in-order
-// compaction's first retired slot on, and of the unchanged rows bridged
-// between their runs) host work plus, per run, one copy of whole rows (the
-// first Upload: the whole table), and O(1) with nothing changed. SetIdentity
-// and CheckInvariants are O(table). No call but CheckInvariants allocates
-// memory after Create.
+// Memory: host max_batch x max_pages_per_seq int32 plus O(max_batch); device
+// one table (2 x that) plus kStagingSlots patch buffers; pinned staging
+// kStagingSlots patch buffers (KVPageTableOptions::staging_bytes each).
+//
+// Complexity: SetRow / SetRows are O(ids written + ids cleared) (a SetRows
+// update writes from its `first` id); a move is O(1) plus the ids of a row
+// it empties; Apply is the sum of its moves and updates; CompactRows is
+// O(max_batch) to check its map plus its moves. Upload is O(rows changed
+// since the last upload + the ids written in them, counting every live id of
+// a moved row), and O(1) with nothing changed; a row that grew by one page
+// costs O(1) from commit to upload. SetIdentity, CheckInvariants and the first
+// Upload are O(table). No call but CheckInvariants allocates memory after
+// Create.
 //
 // Errors: every call that returns an error leaves the table unchanged (host
-// rows, is_identity, upload_stats and what the next Upload copies); only a
+// rows, is_identity, upload_stats and what the next Upload sends); only a
 // device failure in the middle of Upload has effects (see Upload).
 //
 // Thread safety: thread-compatible. One thread (the scheduler's) owns a table
@@ -71,13 +80,38 @@ struct KVPageTableRowUpdate {
   int32_t first = 0;  // in [0, min(count, the row's live ids)].
 };
 
+// One row move of an Apply call: slot `to` receives the row slot `from` held
+// before the call.
+struct KVPageTableRowMove {
+  SlotId from = kNoSlot;
+  SlotId to = kNoSlot;
+};
+
+// Row changes applied as one commit (LevelDB's WriteBatch, for rows): the
+// moves first, all at once, then the updates, each against the row its slot
+// holds after the moves. Non-owning views.
+struct KVPageTableEdit {
+  absl::Span<const KVPageTableRowMove> moves = {};
+  absl::Span<const KVPageTableRowUpdate> rows = {};
+};
+
+struct KVPageTableOptions {
+  // Bytes of each pinned staging slot, and of its device twin, that Upload
+  // packs a patch into; 0 picks the whole table's worst-case patch, capped at
+  // 1 MiB (and at least one full row). At least
+  // KVPageTable::MinStagingBytes(max_pages_per_seq).
+  int64_t staging_bytes = 0;
+};
+
 // What KVPageTable::Upload has done since Create.
 struct KVPageTableUploadStats {
   int64_t calls = 0;       // Upload calls that returned OK.
-  int64_t copies = 0;      // host-to-device copies they enqueued.
-  int64_t bytes = 0;       // bytes of those copies.
-  int64_t rows = 0;        // rows those copies carried.
-  int64_t host_waits = 0;  // calls that blocked: every staging slot in flight.
+  int64_t copies = 0;      // host-to-device patch copies they enqueued.
+  int64_t bytes = 0;       // bytes of those copies (ranges and ids).
+  int64_t ranges = 0;      // patch ranges sent: one per row patched.
+  int64_t entries = 0;     // K entries those ranges set: ids and clears
+                           // (the V half mirrors each).
+  int64_t host_waits = 0;  // staging slots that Upload had to wait for.
 
   friend bool operator==(const KVPageTableUploadStats&,
                          const KVPageTableUploadStats&) = default;
@@ -87,27 +121,32 @@ class KVPageTable {
  public:
   // Pinned staging slots Upload rotates over.
   static constexpr int kStagingSlots = 3;
-  // Upload copies two runs of changed rows at most this many unchanged rows
-  // apart as one (restaging the rows between, which the device holds
-  // already): on a GPU a copy costs microseconds of host time to enqueue, a
-  // staged row tens of nanoseconds.
-  static constexpr int32_t kMaxBridgedRows = 16;
+  // Bytes of one patch range on the wire (PageTablePatchRange).
+  static constexpr int64_t kRangeBytes = 16;
+
+  // The least staging that holds one full row's range: its header, its ids
+  // and the alignment between them.
+  static constexpr int64_t MinStagingBytes(int32_t max_pages_per_seq) {
+    return 2 * kRangeBytes + int64_t{max_pages_per_seq} * sizeof(PageId);
+  }
 
   // A table of `max_batch` rows of `max_pages_per_seq` K pages each, over a
   // pool of `num_pages` K pages, every entry kNoPage, mirrored on `device`
   // (which must outlive the table).
-  // InvalidArgument: a non-positive argument; `num_pages` at or above 2^30
-  // (BlockPool's and PagedKvConfig's limit, for int32 V ids); a table of more
-  // than INT32_MAX entries (`max_batch * 2 * max_pages_per_seq`; kernels index
-  // it with 32-bit offsets). ResourceExhausted / Internal: the device could not
-  // allocate the mirror, the staging or its events.
+  // InvalidArgument: a non-positive argument; `num_pages` above
+  // INT32_MAX / 2 (V ids are `num_pages + id`, int32; PagedKvConfig's limit);
+  // a table of more than INT32_MAX entries (`max_batch * 2 *
+  // max_pages_per_seq`; kernels index it with 32-bit offsets); staging_bytes
+  // negative or below MinStagingBytes. ResourceExhausted: the host rows, the
+  // device mirror or the staging could not be allocated. Internal: the
+  // device failed otherwise.
   static absl::StatusOr<std::unique_ptr<KVPageTable>> Create(
       int32_t max_batch, int32_t max_pages_per_seq, int32_t num_pages,
-      Device& device);
+      Device& device, const KVPageTableOptions& options = {});
 
   KVPageTable(const KVPageTable&) = delete;
   KVPageTable& operator=(const KVPageTable&) = delete;
-  // Waits for the copies still reading its staging, then frees it.
+  // Waits for the patches still reading its staging, then frees it.
   ~KVPageTable();
 
   // Gives slot `b` the K pages [b * max_pages_per_seq, (b + 1) *
@@ -129,6 +168,15 @@ class KVPageTable {
   // index. On error, nothing changes.
   absl::Status SetRows(absl::Span<const KVPageTableRowUpdate> updates);
 
+  // Applies `edit` as one commit, after validating it whole: the moves at
+  // once (a slot is the source of at most one move and the destination of
+  // at most one; a source that no move fills is left empty, so moving row a
+  // to b and b to a swaps them), then the updates as SetRows does, each
+  // checked against its slot's row after the moves. Only page ids move,
+  // never KV data. Clears is_identity(). InvalidArgument names the first bad
+  // move or update by index. On error, nothing changes.
+  absl::Status Apply(const KVPageTableEdit& edit);
+
   // Moves rows: `old_to_new` has one entry per old slot (max_batch entries);
   // entry `s` is the new slot of old slot `s`, or kNoSlot to retire it. Every
   // new slot in [0, new_batch) receives exactly one old row; rows from
@@ -141,29 +189,31 @@ class KVPageTable {
                            int32_t new_batch);
 
   // Internal when an invariant of the host rows (see the top of this file)
-  // is broken, naming the row; OK otherwise. O(table).
+  // or of the change record is broken, naming the row; OK otherwise.
+  // O(table).
   absl::Status CheckInvariants() const;
 
-  // Enqueues on `stream` the host-to-device copies that bring the device
-  // mirror up to date, and returns whether it enqueued any. First checks the
-  // invariants of every row that may differ from the device (all rows on the
-  // first call; afterwards the rows changed since the last upload: the others
-  // passed that check when they were uploaded). The first call copies the
-  // whole table; later calls compare each changed row with the last uploaded
-  // image (a row edited and edited back is clean) and enqueue one copy per
-  // maximal run of differing rows. With nothing to copy it does no device
-  // operation and never waits. The host rows may change as soon as it
-  // returns; the caller orders kernels after it on `stream`.
-  // Internal: a broken invariant, or a device failure (ResourceExhausted or
-  // Unavailable where the device says so). On error the host rows and
-  // upload_stats are unchanged; after a failed copy the mirror may hold part
-  // of the new rows, and the next Upload copies the whole table.
+  // Enqueues on `stream` the patch that brings the device mirror up to date,
+  // and returns whether it enqueued any. The first call (and the first after
+  // a failed one) sets every entry of the table; later calls send, for each
+  // row changed since the last upload, its ids from the first entry written
+  // (checking each is in [0, num_pages) as it is staged: the other ids were
+  // checked when they were sent) and the clears after them. With nothing
+  // changed it does no device operation and never waits. The host rows may
+  // change as soon as it returns; the caller orders kernels after it on
+  // `stream`.
+  // Internal: a staged id out of range, or a device failure
+  // (ResourceExhausted or Unavailable where the device says so). On error
+  // the host rows and upload_stats are unchanged; after a failed device call
+  // the mirror may hold part of the new rows, and the next Upload sets the
+  // whole table.
   absl::StatusOr<bool> Upload(Stream stream);
 
   // The host K row of `slot`, max_pages_per_seq entries: its live ids, then
-  // kNoPage. The view follows the slot's row until the next CompactRows
-  // (which gives slots other row storage); call again after one.
-  // InvalidArgument: `slot` outside [0, max_batch).
+  // kNoPage. The view follows the slot's row until the next call that moves
+  // rows (Apply with moves, CompactRows), which gives slots other row
+  // storage; call again after one. InvalidArgument: `slot` outside
+  // [0, max_batch).
   absl::StatusOr<absl::Span<const PageId>> HostRow(SlotId slot) const;
 
   // The device mirror, int32 [max_batch, 2, max_pages_per_seq]; the same
@@ -172,13 +222,14 @@ class KVPageTable {
   DeviceTensor kernel_view() const;
 
   // True only while the rows were last set by SetIdentity(): any later
-  // successful SetRow, SetRows or CompactRows clears it, even one that
+  // successful SetRow, SetRows, Apply or CompactRows clears it, even one that
   // changes nothing or happens to describe the identity.
   bool is_identity() const { return is_identity_; }
 
   int32_t max_batch() const { return max_batch_; }
   int32_t max_pages_per_seq() const { return max_pages_per_seq_; }
   int32_t num_pages() const { return num_pages_; }
+  int64_t staging_bytes() const { return staging_bytes_; }
   const KVPageTableUploadStats& upload_stats() const { return upload_stats_; }
 
  private:
@@ -190,10 +241,9 @@ class KVPageTable {
   };
 
   KVPageTable(int32_t max_batch, int32_t max_pages_per_seq, int32_t num_pages,
-              Device& device);
+              Device& device, int64_t staging_bytes);
 
-  // Offset of row `slot`'s first entry in the host arrays.
-  // Offset of row `index` in a [max_batch, max_pages_per_seq] array.
+  // Offset of row buffer `index` in rows_.
   int64_t RowOffset(int32_t index) const {
     return int64_t{index} * max_pages_per_seq_;
   }
@@ -205,87 +255,109 @@ class KVPageTable {
     return rows_.data() + RowOffset(buffer_of_[slot]);
   }
   int32_t Length(SlotId slot) const { return lengths_[buffer_of_[slot]]; }
-  // CompactRows for an order-preserving map (what a serving step makes),
-  // checked and applied a run of survivors at a time, moving buffer numbers
-  // only; false, changing nothing, for any other map.
-  bool CompactInOrder(absl::Span<const SlotId> old_to_new, int32_t new_batch);
-  // OK when `slot` may be written with `k_page_ids[first, count)`, keeping
-  // its first `first` ids; otherwise InvalidArgument naming the slot and the
-  // bad value.
+
+  // Checks `edit` whole under a fresh stamp, leaving the move marks for
+  // ApplyChecked. InvalidArgument naming the first bad move or update.
+  absl::Status Check(const KVPageTableEdit& edit);
+  // Applies an edit that Check has just passed.
+  void ApplyChecked(const KVPageTableEdit& edit);
+  // Slot `slot`'s live ids once the moves Check marked are done.
+  int32_t LengthAfterMoves(SlotId slot,
+                           absl::Span<const KVPageTableRowMove> moves) const;
+  // OK when `slot`, whose row has `length` live ids, may be written with
+  // `k_page_ids[first, count)`, keeping its first `first` ids; otherwise
+  // InvalidArgument naming the slot and the bad value.
   absl::Status ValidateRow(SlotId slot, const PageId* k_page_ids, int64_t count,
-                           int64_t first = 0) const;
-  // Writes a validated row from its `first` id on (marking it changed unless
-  // it stays empty).
+                           int64_t first, int32_t length) const;
+  // Writes a validated row from its `first` id on.
   void WriteRow(SlotId slot, const PageId* k_page_ids, int32_t count,
-                int32_t first = 0);
-  // The invariants of one row; Internal naming it when broken.
-  // CheckRow: the whole row (live ids in range, kNoPage after them);
-  // CheckLiveIds: the live ids only.
-  absl::Status CheckRow(SlotId slot) const;
-  absl::Status CheckLiveIds(SlotId slot) const;
-  // Adds `slot` to the rows changed since the last upload.
-  void MarkChanged(SlotId slot) {
-    if (changed_[slot] != 0) return;
-    changed_[slot] = 1;
-    changed_rows_.push_back(slot);
+                int32_t first);
+  // Empties the row buffer `buffer`.
+  void ClearBuffer(int32_t buffer);
+  // Notes that `slot`'s row changed from entry `first` on.
+  void MarkWritten(SlotId slot, int32_t first) {
+    if (changed_[slot] == 0) {
+      changed_[slot] = 1;
+      changed_rows_.push_back(slot);
+      written_from_[slot] = first;
+    } else if (first < written_from_[slot]) {
+      written_from_[slot] = first;
+    }
   }
-  // Empties the rows changed since the last upload.
+  // Forgets the changes, once they are on the device.
   void ForgetChanges();
-  // A staging slot no copy reads any more; waits (and says so) when every
+
+  // Upload's parts. PlanPatch lists the ranges of the changed rows (of every
+  // row, when `whole`) in ranges_ and returns how many ids they carry.
+  // StagePatch packs ranges_[begin, end) into staging slot `slot` (the ids,
+  // checked when `check_ids`, then the ranges) and returns the ranges'
+  // offset; EnqueuePatch copies that patch to the slot's device twin and
+  // applies it. CheckPatchIds checks every id of ranges_.
+  int64_t PlanPatch(bool whole);
+  absl::StatusOr<int64_t> StagePatch(int slot, size_t begin, size_t end,
+                                     bool check_ids);
+  absl::Status EnqueuePatch(int slot, int64_t ranges_offset, int32_t num_ranges,
+                            Stream stream);
+  absl::Status CheckPatchIds() const;
+  // Internal naming the bad id of `range` (one that CheckPatchIds or
+  // StagePatch found).
+  absl::Status BadIdError(const PageTablePatchRange& range) const;
+  // The host ids a range sends.
+  const PageId* RangeIds(const PageTablePatchRange& range) const {
+    return Row(range.entry / max_pages_per_seq_) +
+           range.entry % max_pages_per_seq_;
+  }
+  // A staging slot no patch reads any more; waits (and says so) when every
   // slot is in flight.
   absl::StatusOr<int> AcquireStaging(bool& waited);
 
   const int32_t max_batch_;
   const int32_t max_pages_per_seq_;
   const int32_t num_pages_;
+  const int64_t staging_bytes_;
   Device& device_;
 
   // Host truth: max_batch row buffers of max_pages_per_seq K ids; buffer `r`
   // holds `lengths_[r]` live ids in [0, num_pages_), then kNoPage. Slot `b`
   // reads buffer `buffer_of_[b]` (a permutation of [0, max_batch)), so that
-  // CompactRows moves buffer numbers instead of page ids.
+  // a row moves by its buffer number, not its page ids.
   std::vector<PageId> rows_;
   std::vector<int32_t> lengths_;
   std::vector<int32_t> buffer_of_;
-  std::vector<int32_t> next_buffer_of_;  // CompactRows scratch.
-  std::vector<SlotId> retired_slots_;    // CompactInOrder scratch.
-  std::vector<SlotId> slot_numbers_;     // 0, 1, ..., max_batch - 1.
   // Set only by SetIdentity; then rows_ is the identity layout.
   bool is_identity_ = false;
 
-  // The K ids of the device mirror as of the last successful Upload
-  // (meaningful once `uploaded_once_`).
-  // Only the first uploaded_lengths_[b] ids of row b are meaningful.
-  std::vector<PageId> uploaded_;
-  std::vector<int32_t> uploaded_lengths_;
-  bool uploaded_once_ = false;
-  // Rows changed since the last successful Upload: those in
-  // `changed_rows_`, each once (`changed_[b] != 0` exactly for them), and
-  // every row from `changed_from_` on (what in-order compactions moved or
-  // cleared; max_batch_ when none did).
+  // The change record since the last successful Upload, by slot: the slots
+  // in changed_rows_, each once (changed_[b] != 0 exactly for them), changed
+  // from entry written_from_[b] on (entries before it hold what the device
+  // holds). device_lengths_[b]: the live ids the device holds in row b
+  // (meaningful once uploaded_once_; every entry after them is kNoPage
+  // there).
   std::vector<uint8_t> changed_;
   std::vector<SlotId> changed_rows_;
-  SlotId changed_from_;
+  std::vector<int32_t> written_from_;
+  std::vector<int32_t> device_lengths_;
+  bool uploaded_once_ = false;
 
-  // Scratch, sized at Create: the rows an Upload copies, the slot ranges
-  // [first, end) it copies them in, and duplicate detection for SetRows /
-  // CompactRows.
-  struct CopyRun {
-    SlotId first = 0;
-    SlotId end = 0;
-  };
-  std::vector<SlotId> dirty_rows_;
-  std::vector<CopyRun> copy_runs_;
-  std::vector<Mark> marks_;
+  // Scratch, sized at Create: Check's marks by slot (updates, move sources,
+  // move destinations), the buffers moves carry and free, CompactRows' edit,
+  // and Upload's ranges.
+  std::vector<Mark> update_marks_;
+  std::vector<Mark> source_marks_;
+  std::vector<Mark> destination_marks_;
   uint64_t stamp_ = 0;
+  std::vector<int32_t> moved_buffers_;
+  std::vector<int32_t> freed_buffers_;
+  std::vector<KVPageTableRowMove> compaction_moves_;
+  std::vector<KVPageTableRowUpdate> compaction_clears_;
+  std::vector<PageTablePatchRange> ranges_;
 
   DeviceBuffer mirror_;
-  // staging_[i] is laid out as the mirror; staging_done_[i] completes when
-  // the last copy from it has.
+  // staging_[i] is packed by StagePatch and copied to patches_[i], which the
+  // device applies; staging_done_[i] completes when that patch has been
+  // applied, so both may be rewritten.
   std::array<PinnedBuffer, kStagingSlots> staging_;
-  // By staging slot and row: entries from this index on are kNoPage there
-  // (max_pages_per_seq until the row is first written).
-  std::array<std::vector<int32_t>, kStagingSlots> staged_lengths_;
+  std::array<DeviceBuffer, kStagingSlots> patches_;
   std::array<DeviceEvent, kStagingSlots> staging_done_;
   int next_staging_ = 0;
 

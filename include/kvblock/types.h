@@ -17,6 +17,10 @@ namespace kvblock {
 // K page `p` is `p + num_pages` (derived only in the device table).
 using PageId = int32_t;
 inline constexpr PageId kNoPage = -1;
+// The most K pages a pool may have, in every layer that takes a page count
+// (PagedKvConfig, BlockPool, KVPageTable): V ids `id + num_pages` stay below
+// 2^31.
+inline constexpr int32_t kMaxNumPages = (1 << 30) - 1;
 
 // A row of the batched device page table, in [0, max_batch).
 using SlotId = int32_t;

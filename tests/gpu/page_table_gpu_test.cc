@@ -9,6 +9,7 @@
 #include "kvblock/device.h"
 #include "kvblock/page_table.h"
 #include "page_table_checks.h"
+#include "page_table_random_run.h"
 #include "test_util.h"
 
 namespace kvblock {
@@ -24,6 +25,30 @@ TEST_CASE("upload behaviour on a cuda device", "[gpu]") {
   std::unique_ptr<Device> device = CudaDevice();
   REQUIRE(device->kind() == Device::Kind::kCuda);
   testing::UploadChecks(*device);
+}
+
+TEST_CASE("random calls on a cuda device: every upload is exact", "[gpu]") {
+  std::unique_ptr<Device> device = CudaDevice();
+  const testing::Geometry geometry =
+      GENERATE(from_range(std::begin(testing::kRandomGeometries),
+                          std::end(testing::kRandomGeometries)));
+  const bool small_staging = GENERATE(false, true);
+  INFO("geometry " << geometry.max_batch << " x " << geometry.max_pages_per_seq
+                   << ", small staging " << small_staging);
+  testing::PageTableRandomRun run(
+      7, geometry, *device,
+      small_staging ? KVPageTable::MinStagingBytes(geometry.max_pages_per_seq)
+                    : 0);
+  for (int op = 0; op < 2000; ++op) {
+    INFO("op " << op);
+    if (run.Uniform(0, 99) >= 30) {
+      run.Mutate();
+      continue;
+    }
+    run.UploadAndCheck(*device);
+    REQUIRE(testing::ReadMirror(run.table(), *device) ==
+            run.model().Image(run.model().rows));
+  }
 }
 
 TEST_CASE("steady-state calls on a cuda device do not allocate", "[gpu]") {
