@@ -32,15 +32,15 @@ BatchCommit::BatchCommit(BlockManager& manager, KVPageTable& table)
   const size_t max_batch = static_cast<size_t>(table.max_batch());
   slots_.resize(max_batch, kNoSequence);
   handles_.resize(max_batch);
-  join_numbers_.resize(max_batch, -1);
-  join_number_of_handle_.assign(manager.handle_limit(), -1);
+  slot_of_handle_.assign(manager.handle_limit(), kNoSlot);
   leaving_.assign(max_batch, 0);
   leaving_slots_.reserve(max_batch);
+  moves_.reserve(max_batch);
+  leaving_handles_.reserve(max_batch);
+  joined_handles_.reserve(max_batch);
   old_to_new_.assign(max_batch, kNoSlot);
-  next_slots_.resize(max_batch, kNoSequence);
-  next_handles_.resize(max_batch);
-  next_join_numbers_.resize(max_batch, -1);
-  survivor_counts_.resize(max_batch, 0);
+  map_marks_.reserve(2 * max_batch);
+  zero_counts_.assign(max_batch, 0);
   appended_.changed.reserve(max_batch);
   appended_.first_changed_page.reserve(max_batch);
   appended_.copies.reserve(max_batch);
@@ -54,32 +54,17 @@ BatchCommit::BatchCommit(BlockManager& manager, KVPageTable& table)
 absl::StatusOr<StepResult> BatchCommit::Commit(const StepPlan& plan) {
   KVBLOCK_RETURN_IF_ERROR(Validate(plan));
   KVBLOCK_RETURN_IF_ERROR(manager_.BeginStep());
-  bool table_changed = false;
-  if (absl::Status status = Apply(plan, table_changed); !status.ok()) {
+  if (absl::Status status = Apply(plan); !status.ok()) {
+    RestoreHandles();
     KVBLOCK_RETURN_IF_ERROR(manager_.RollbackStep());
-    if (table_changed) KVBLOCK_RETURN_IF_ERROR(RestoreTable());
     return status;
   }
   KVBLOCK_RETURN_IF_ERROR(manager_.CommitStep());
-
-  const int32_t survivors =
-      next_batch_ - static_cast<int32_t>(plan.joins.size());
-  slots_.swap(next_slots_);
-  handles_.swap(next_handles_);
-  join_numbers_.swap(next_join_numbers_);
-  batch_ = next_batch_;
-  // Joins may have grown the manager's slab (allocation only then).
-  if (join_number_of_handle_.size() <
-      static_cast<size_t>(manager_.handle_limit())) {
-    join_number_of_handle_.resize(manager_.handle_limit(), -1);
-  }
-  for (SlotId slot = survivors; slot < batch_; ++slot) {
-    join_number_of_handle_[handles_[slot].index] = join_numbers_[slot];
-  }
-  joins_ += static_cast<int64_t>(plan.joins.size());
+  Adopt(plan);
   return StepResult{
       .old_to_new = absl::MakeConstSpan(old_to_new_),
       .batch = batch_,
+      .moves = moves_,
       .changed_slots = changed_slots_,
       .copies = copies_,
       .new_pages = new_pages_,
@@ -195,15 +180,14 @@ absl::Status BatchCommit::Validate(const StepPlan& plan) {
 SlotId BatchCommit::RunningSlot(SequenceId id) const {
   const absl::StatusOr<SequenceHandle> handle = manager_.HandleOf(id);
   if (!handle.ok() ||
-      static_cast<size_t>(handle->index) >= join_number_of_handle_.size()) {
+      static_cast<size_t>(handle->index) >= slot_of_handle_.size()) {
     return kNoSlot;
   }
-  const int64_t number = join_number_of_handle_[handle->index];
-  const auto begin = join_numbers_.begin();
-  const auto it = std::lower_bound(begin, begin + batch_, number);
-  if (it == begin + batch_ || *it != number) return kNoSlot;
-  const SlotId slot = static_cast<SlotId>(it - begin);
-  return slots_[slot] == id ? slot : kNoSlot;
+  const SlotId slot = slot_of_handle_[handle->index];
+  if (slot == kNoSlot || slot >= batch_ || handles_[slot] != *handle) {
+    return kNoSlot;
+  }
+  return slot;
 }
 
 absl::Status BatchCommit::AddRow(SlotId slot, SequenceHandle handle,
@@ -224,12 +208,27 @@ absl::Status BatchCommit::AddRow(SlotId slot, SequenceHandle handle,
   return absl::OkStatus();
 }
 
-absl::Status BatchCommit::Apply(const StepPlan& plan, bool& table_changed) {
-  const SlotId batch = batch_;
+void BatchCommit::ResetSlotMap() {
+  for (const SlotId slot : map_marks_) {
+    old_to_new_[slot] = slot < batch_ ? slot : kNoSlot;
+  }
+  map_marks_.clear();
+  for (SlotId slot = std::min(map_batch_, batch_);
+       slot < std::max(map_batch_, batch_); ++slot) {
+    old_to_new_[slot] = slot < batch_ ? slot : kNoSlot;
+  }
+  map_batch_ = batch_;
+}
+
+absl::Status BatchCommit::Apply(const StepPlan& plan) {
   copies_.clear();
   rows_.clear();
   changed_slots_.clear();
+  moves_.clear();
+  leaving_handles_.clear();
+  joined_handles_.clear();
   new_pages_ = 0;
+  ResetSlotMap();
 
   for (const SequenceId id : plan.finished) {
     KVBLOCK_RETURN_IF_ERROR(manager_.Free(id));
@@ -248,87 +247,108 @@ absl::Status BatchCommit::Apply(const StepPlan& plan, bool& table_changed) {
     }
   }
 
-  // Survivors: each run between leaving slots moves down as a block.
+  // Holes below the survivors take the last surviving rows, in order.
   std::sort(leaving_slots_.begin(), leaving_slots_.end());
-  SlotId survivors = 0;
-  for (size_t i = 0, begin = 0; i <= leaving_slots_.size(); ++i) {
-    const SlotId end = i < leaving_slots_.size() ? leaving_slots_[i] : batch;
-    const SlotId first = static_cast<SlotId>(begin);
-    const int32_t run = end - first;
-    std::copy_n(slots_.begin() + first, run, next_slots_.begin() + survivors);
-    std::copy_n(handles_.begin() + first, run,
-                next_handles_.begin() + survivors);
-    std::copy_n(join_numbers_.begin() + first, run,
-                next_join_numbers_.begin() + survivors);
-    if (plan.append_counts.empty()) {
-      std::fill_n(survivor_counts_.begin() + survivors, run, 0);
-    } else {
-      std::copy_n(plan.append_counts.begin() + first, run,
-                  survivor_counts_.begin() + survivors);
-    }
-    for (SlotId slot = first; slot < end; ++slot) {
-      old_to_new_[slot] = slot - first + survivors;
-    }
-    survivors += run;
-    if (end < batch) old_to_new_[end] = kNoSlot;
-    begin = static_cast<size_t>(end) + 1;
+  const SlotId survivors = batch_ - static_cast<int32_t>(leaving_slots_.size());
+  survivors_ = survivors;
+  SlotId tail = batch_;
+  for (const SlotId hole : leaving_slots_) {
+    old_to_new_[hole] = kNoSlot;
+    map_marks_.push_back(hole);
+    if (hole >= survivors) continue;
+    do {
+      --tail;
+    } while (leaving_[tail]);
+    moves_.push_back({tail, hole});
+    old_to_new_[tail] = hole;
+    map_marks_.push_back(tail);
   }
-  std::fill(old_to_new_.begin() + batch, old_to_new_.end(), kNoSlot);
-  KVBLOCK_RETURN_IF_ERROR(manager_.AppendMany(
-      absl::MakeConstSpan(next_handles_).first(survivors),
-      absl::MakeConstSpan(survivor_counts_).first(survivors),
-      plan.append_tokens, appended_));
+  // AppendMany reads the batch in slot order, as the plan's tokens are, with
+  // the leaving slots as empty handles (until the step fails: RestoreHandles).
+  for (const SlotId slot : leaving_slots_) {
+    leaving_handles_.push_back(handles_[slot]);
+    handles_[slot] = {};
+  }
+  handles_blanked_ = true;
+  KVBLOCK_RETURN_IF_ERROR(
+      manager_.AppendMany(absl::MakeConstSpan(handles_).first(batch_),
+                          plan.append_counts.empty()
+                              ? absl::MakeConstSpan(zero_counts_).first(batch_)
+                              : plan.append_counts,
+                          plan.append_tokens, appended_));
   copies_.insert(copies_.end(), appended_.copies.begin(),
                  appended_.copies.end());
   new_pages_ += appended_.new_pages;
   // A survivor's row moved with it: it changes from its first changed page.
   for (size_t i = 0; i < appended_.changed.size(); ++i) {
-    const SlotId slot = appended_.changed[i];
-    KVBLOCK_RETURN_IF_ERROR(
-        AddRow(slot, next_handles_[slot], appended_.first_changed_page[i]));
+    const SlotId old_slot = appended_.changed[i];
+    KVBLOCK_RETURN_IF_ERROR(AddRow(old_to_new_[old_slot], handles_[old_slot],
+                                   appended_.first_changed_page[i]));
   }
 
   // Joins take the next slots; forks append after every survivor did.
-  next_batch_ = survivors;
+  SlotId next = survivors;
   for (const JoinRequest& join : plan.joins) {
-    const SlotId new_slot = next_batch_++;
+    const SlotId slot = next++;
     KVBLOCK_ASSIGN_OR_RETURN(const SequenceHandle handle,
                              manager_.HandleOf(join.id));
-    next_slots_[new_slot] = join.id;
-    next_handles_[new_slot] = handle;
-    next_join_numbers_[new_slot] = joins_ + (new_slot - survivors);
+    joined_handles_.push_back(handle);
     if (join.fork_of != kNoSequence && !join.tokens.empty()) {
       KVBLOCK_ASSIGN_OR_RETURN(const AppendResult result,
                                manager_.Append(join.id, join.tokens));
       if (result.copy.has_value()) copies_.push_back(*result.copy);
       new_pages_ += result.new_pages;
     }
-    KVBLOCK_RETURN_IF_ERROR(AddRow(new_slot, handle, 0));
+    KVBLOCK_RETURN_IF_ERROR(AddRow(slot, handle, 0));
+  }
+  // Leaving rows past the joins are emptied (a moved row's old slot is
+  // emptied by its move, or rewritten by a join).
+  for (const SlotId slot : leaving_slots_) {
+    if (slot >= next) rows_.push_back({.slot = slot});
   }
 
-  // Compaction packs the survivors and clears the rows the joins will take.
-  // Both calls validate before they change anything; only a failing SetRows
-  // after a successful CompactRows leaves the table to restore.
-  KVBLOCK_RETURN_IF_ERROR(table_.CompactRows(old_to_new_, survivors));
-  table_changed = true;
+  // The table validates the whole edit before it changes anything.
   if (internal::FaultInjection::ShouldFail()) {
-    return absl::InternalError("batch commit: injected fault before SetRows");
+    return absl::InternalError(
+        "batch commit: injected fault before the page table edit");
   }
-  return table_.SetRows(rows_);
+  return table_.Apply({.moves = moves_, .rows = rows_});
 }
 
-absl::Status BatchCommit::RestoreTable() {
-  rows_.clear();
-  for (SlotId slot = 0; slot < table_.max_batch(); ++slot) {
-    if (slot < batch_) {
-      KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> pages,
-                               manager_.Pages(slots_[slot]));
-      rows_.push_back({slot, pages.data(), static_cast<int32_t>(pages.size())});
-    } else {
-      rows_.push_back({slot, nullptr, 0});
-    }
+void BatchCommit::RestoreHandles() {
+  if (!handles_blanked_) return;
+  for (size_t i = 0; i < leaving_handles_.size(); ++i) {
+    handles_[leaving_slots_[i]] = leaving_handles_[i];
   }
-  return table_.SetRows(rows_);
+  handles_blanked_ = false;
+}
+
+void BatchCommit::Adopt(const StepPlan& plan) {
+  handles_blanked_ = false;
+  // Leaving sequences first: their handle indexes may come back.
+  for (const SequenceHandle& left : leaving_handles_) {
+    slot_of_handle_[left.index] = kNoSlot;
+  }
+  for (const KVPageTableRowMove& move : moves_) {
+    slots_[move.to] = slots_[move.from];
+    handles_[move.to] = handles_[move.from];
+    slot_of_handle_[handles_[move.to].index] = move.to;
+  }
+  // Joins may have grown the manager's slab (allocation only then).
+  if (slot_of_handle_.size() < static_cast<size_t>(manager_.handle_limit())) {
+    slot_of_handle_.resize(manager_.handle_limit(), kNoSlot);
+  }
+  SlotId slot = survivors_;
+  for (size_t i = 0; i < plan.joins.size(); ++i, ++slot) {
+    slots_[slot] = plan.joins[i].id;
+    handles_[slot] = joined_handles_[i];
+    slot_of_handle_[joined_handles_[i].index] = slot;
+  }
+  for (; slot < batch_; ++slot) {
+    slots_[slot] = kNoSequence;
+    handles_[slot] = {};
+  }
+  batch_ = survivors_ + static_cast<int32_t>(plan.joins.size());
 }
 
 absl::Span<const SequenceId> BatchCommit::slots() const {
@@ -349,12 +369,6 @@ int32_t BatchCommit::batch() const { return batch_; }
 absl::Status BatchCommit::CheckInvariants() const {
   KVBLOCK_RETURN_IF_ERROR(manager_.CheckInvariants());
   KVBLOCK_RETURN_IF_ERROR(table_.CheckInvariants());
-  for (SlotId slot = 1; slot < batch_; ++slot) {
-    if (join_numbers_[slot - 1] >= join_numbers_[slot]) {
-      return absl::InternalError(absl::StrCat(
-          "batch commit: join numbers do not increase at slot ", slot));
-    }
-  }
   for (SlotId slot = 0; slot < table_.max_batch(); ++slot) {
     KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> row,
                              table_.HostRow(slot));
@@ -363,8 +377,6 @@ absl::Status BatchCommit::CheckInvariants() const {
       const SequenceId id = slots_[slot];
       const absl::StatusOr<SequenceHandle> handle = manager_.HandleOf(id);
       if (!handle.ok() || *handle != handles_[slot] ||
-          static_cast<size_t>(handle->index) >= join_number_of_handle_.size() ||
-          join_number_of_handle_[handle->index] != join_numbers_[slot] ||
           RunningSlot(id) != slot) {
         return absl::InternalError(
             absl::StrCat("batch commit: slot ", slot, " holds sequence ", id,

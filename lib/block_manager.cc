@@ -22,7 +22,8 @@ BlockManager::Sequence::Sequence(int32_t max_pages_per_seq)
 absl::StatusOr<std::unique_ptr<BlockManager>> BlockManager::Create(
     const PagedKvConfig& config, const BlockManagerOptions& options) {
   KVBLOCK_RETURN_IF_ERROR(config.Validate());
-  if (options.watermark_pages < 0 || options.watermark_pages > config.num_pages) {
+  if (options.watermark_pages < 0 ||
+      options.watermark_pages > config.num_pages) {
     return absl::InvalidArgumentError(absl::StrCat(
         "block manager: watermark_pages must be in [0, num_pages = ",
         config.num_pages, "], got ", options.watermark_pages));
@@ -34,9 +35,9 @@ absl::StatusOr<std::unique_ptr<BlockManager>> BlockManager::Create(
   }
   KVBLOCK_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool,
                            BlockPool::Create(config.num_pages));
-  KVBLOCK_ASSIGN_OR_RETURN(BlockHasher hasher,
-                           BlockHasher::Create(options.hash_algorithm,
-                                                config.page_size));
+  KVBLOCK_ASSIGN_OR_RETURN(
+      BlockHasher hasher,
+      BlockHasher::Create(options.hash_algorithm, config.page_size));
   return std::unique_ptr<BlockManager>(
       new BlockManager(config, options, std::move(pool), std::move(hasher)));
 }
@@ -51,9 +52,8 @@ BlockManager::BlockManager(const PagedKvConfig& config,
       chain_(config.max_pages_per_seq),
       hit_pages_(config.max_pages_per_seq),
       page_scratch_(config.max_pages_per_seq) {
-  const int32_t max_sequences = options.max_sequences > 0
-                                    ? options.max_sequences
-                                    : 4 * config.max_batch;
+  const int32_t max_sequences =
+      options.max_sequences > 0 ? options.max_sequences : 4 * config.max_batch;
   first_page_.tokens.reserve(config.page_size);
   free_handles_.reserve(max_sequences);
   pending_free_.reserve(max_sequences);
@@ -199,7 +199,8 @@ void BlockManager::Undo(const UndoRecord& record) {
 
 absl::Status BlockManager::BeginStep() {
   if (step_.has_value()) {
-    return absl::FailedPreconditionError("block manager: a step is already open");
+    return absl::FailedPreconditionError(
+        "block manager: a step is already open");
   }
   step_ = BeginTransaction();
   return absl::OkStatus();
@@ -271,8 +272,8 @@ absl::StatusOr<AdmissionPlan> BlockManager::Plan(
   if (prompt.empty()) {
     return absl::InvalidArgumentError("block manager: the prompt is empty");
   }
-  const int64_t pages = CeilDiv(static_cast<int64_t>(prompt.size()),
-                                config_.page_size);
+  const int64_t pages =
+      CeilDiv(static_cast<int64_t>(prompt.size()), config_.page_size);
   if (pages > config_.max_pages_per_seq) {
     return absl::OutOfRangeError(absl::StrCat(
         "block manager: a prompt of ", prompt.size(), " tokens needs ", pages,
@@ -295,9 +296,9 @@ absl::StatusOr<AdmissionPlan> BlockManager::Plan(
     }
     // vLLM's rule: at least one prompt token is computed, so a fully cached
     // prompt recomputes its last page.
-    const int64_t max_hits =
-        std::min<int64_t>(full_pages, (static_cast<int64_t>(prompt.size()) - 1) /
-                                          config_.page_size);
+    const int64_t max_hits = std::min<int64_t>(
+        full_pages,
+        (static_cast<int64_t>(prompt.size()) - 1) / config_.page_size);
     for (int64_t i = 0; i < max_hits; ++i) {
       std::optional<PageId> page = pool_->Lookup(hashes[i]);
       if (!page.has_value()) break;
@@ -342,13 +343,13 @@ bool BlockManager::CanAdmit(absl::Span<const TokenId> prompt,
   absl::Span<const BlockHash> hashes;
   absl::StatusOr<AdmissionPlan> plan =
       Plan(prompt, extra, prompt_hashes, hashes);
-  return plan.ok() && plan->pages_consumed() <=
-                          pool_->NumFree() - options_.watermark_pages;
+  return plan.ok() &&
+         plan->pages_consumed() <= pool_->NumFree() - options_.watermark_pages;
 }
 
 absl::StatusOr<AdmissionPlan> BlockManager::Admit(
-    SequenceId id, absl::Span<const TokenId> prompt,
-    const HashExtraKeys& extra, absl::Span<const BlockHash> prompt_hashes) {
+    SequenceId id, absl::Span<const TokenId> prompt, const HashExtraKeys& extra,
+    absl::Span<const BlockHash> prompt_hashes) {
   if (Find(id) != nullptr) {
     return absl::AlreadyExistsError(
         absl::StrCat("block manager: sequence ", id, " is already live"));
@@ -361,9 +362,9 @@ absl::StatusOr<AdmissionPlan> BlockManager::Admit(
   // salt cannot leak pages into another tenant's chains.
   if (!prompt_hashes.empty() && options_.enable_prefix_caching &&
       FirstPageHash(prompt.first(config_.page_size), extra) != hashes[0]) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "block manager: prompt_hashes of sequence ", id,
-        " do not start from its prompt and extra keys"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("block manager: prompt_hashes of sequence ", id,
+                     " do not start from its prompt and extra keys"));
   }
   if (plan.pages_consumed() > pool_->NumFree() - options_.watermark_pages) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -378,7 +379,8 @@ absl::StatusOr<AdmissionPlan> BlockManager::Admit(
     Sequence& sequence = sequences_[handle];
     sequence.num_tokens = static_cast<int64_t>(prompt.size());
     sequence.offset = static_cast<int32_t>(prompt.size() % config_.page_size);
-    sequence.cache_salt.assign(extra.cache_salt.data(), extra.cache_salt.size());
+    sequence.cache_salt.assign(extra.cache_salt.data(),
+                               extra.cache_salt.size());
     sequence.adapter_id = extra.adapter_id;
     SequenceBlockTable& table = sequence.table;
     if (plan.hit_pages > 0) {
@@ -388,7 +390,8 @@ absl::StatusOr<AdmissionPlan> BlockManager::Admit(
       KVBLOCK_RETURN_IF_ERROR(pool_->AcquireCached(hits));
       KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(hits));
     }
-    absl::Span<PageId> fresh = absl::MakeSpan(page_scratch_).first(plan.new_pages);
+    absl::Span<PageId> fresh =
+        absl::MakeSpan(page_scratch_).first(plan.new_pages);
     KVBLOCK_RETURN_IF_ERROR(pool_->AllocateN(fresh));
     KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(fresh));
     if (options_.enable_prefix_caching) {
@@ -396,11 +399,11 @@ absl::StatusOr<AdmissionPlan> BlockManager::Admit(
         KVBLOCK_RETURN_IF_ERROR(
             pool_->RegisterCached(*table.Get(i), hashes[i]).status());
       }
-      sequence.last_full_hash = full_pages > 0 ? hashes[full_pages - 1]
-                                               : hasher_.RootHash(extra);
+      sequence.last_full_hash =
+          full_pages > 0 ? hashes[full_pages - 1] : hasher_.RootHash(extra);
     }
-    const auto tail = prompt.subspan(static_cast<size_t>(full_pages) *
-                                     config_.page_size);
+    const auto tail =
+        prompt.subspan(static_cast<size_t>(full_pages) * config_.page_size);
     std::copy(tail.begin(), tail.end(), PartialTokens(handle));
     ++stats_.admitted;
     stats_.prompt_tokens += sequence.num_tokens;
@@ -410,9 +413,8 @@ absl::StatusOr<AdmissionPlan> BlockManager::Admit(
   return plan;
 }
 
-inline bool BlockManager::AppendToPartialPage(int32_t handle,
-                                              Sequence& sequence,
-                                              absl::Span<const TokenId> tokens) {
+inline bool BlockManager::AppendToPartialPage(
+    int32_t handle, Sequence& sequence, absl::Span<const TokenId> tokens) {
   const int64_t count = static_cast<int64_t>(tokens.size());
   if (count == 0) return true;
   if (sequence.offset == 0 || sequence.offset + count >= config_.page_size ||
@@ -500,9 +502,9 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
   result.copies.clear();
   result.new_pages = 0;
   if (handles.size() != counts.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "block manager: append many got ", handles.size(), " handles and ",
-        counts.size(), " counts"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("block manager: append many got ", handles.size(),
+                     " handles and ", counts.size(), " counts"));
   }
   absl::Status status = Transact([&]() -> absl::Status {
     // Decode runs note their appends in in_place_, room for every entry
@@ -534,6 +536,7 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
               "block manager: append many counts[", i, "] is ", count, " with ",
               tokens.size() - next, " tokens left"));
         }
+        if (handles[i] == SequenceHandle{} && count == 0) continue;  // a gap.
         if (!IsLive(handles[i])) {
           return absl::InvalidArgumentError(
               absl::StrCat("block manager: append many handles[", i, "] = (",
@@ -633,9 +636,9 @@ absl::Status BlockManager::RegisterFullPage(int32_t handle,
 absl::Status BlockManager::StartPage(int32_t handle, Sequence& sequence,
                                      TokenId token) {
   if (pool_->NumFree() == 0) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "block manager: sequence ", sequence.id,
-        " needs 1 page, 0 are allocatable"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("block manager: sequence ", sequence.id,
+                     " needs 1 page, 0 are allocatable"));
   }
   KVBLOCK_ASSIGN_OR_RETURN(const PageId page, pool_->Allocate());
   // Cannot fail: the caller checked the table's capacity.
@@ -663,8 +666,7 @@ absl::Status BlockManager::StartPage(int32_t handle, Sequence& sequence,
   return absl::OkStatus();
 }
 
-absl::Status BlockManager::AppendAcrossPages(int32_t handle,
-                                             Sequence& sequence,
+absl::Status BlockManager::AppendAcrossPages(int32_t handle, Sequence& sequence,
                                              absl::Span<const TokenId> tokens,
                                              AppendResult& result) {
   const int32_t page_size = config_.page_size;
@@ -677,17 +679,17 @@ absl::Status BlockManager::AppendAcrossPages(int32_t handle,
   if (pages > config_.max_pages_per_seq) {
     return absl::OutOfRangeError(absl::StrCat(
         "block manager: sequence ", sequence.id, " would hold ", new_tokens,
-        " tokens in ", pages, " pages, more than max_pages_per_seq = ",
-        config_.max_pages_per_seq));
+        " tokens in ", pages,
+        " pages, more than max_pages_per_seq = ", config_.max_pages_per_seq));
   }
   const PageId last_page = old_pages > 0 ? *table.Get(old_pages - 1) : kNoPage;
   const bool copy = sequence.offset != 0 && sequence.tail_maybe_shared &&
                     pool_->RefCount(last_page) > 1;
   const int64_t needed = pages - old_pages + (copy ? 1 : 0);
   if (needed > pool_->NumFree()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "block manager: sequence ", sequence.id, " needs ", needed,
-        " pages, ", pool_->NumFree(), " are allocatable"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("block manager: sequence ", sequence.id, " needs ", needed,
+                     " pages, ", pool_->NumFree(), " are allocatable"));
   }
 
   int32_t offset = sequence.offset;
@@ -875,16 +877,16 @@ absl::Status BlockManager::CheckInvariants() const {
     if (!sequence.tail_maybe_shared && sequence.offset != 0 &&
         pool_->RefCount(*sequence.table.Get(sequence.table.num_pages() - 1)) !=
             1) {
-      return absl::InternalError(absl::StrCat(
-          "block manager: sequence ", id,
-          "'s partial page is shared but not flagged"));
+      return absl::InternalError(
+          absl::StrCat("block manager: sequence ", id,
+                       "'s partial page is shared but not flagged"));
     }
     const int64_t pages = CeilDiv(sequence.num_tokens, config_.page_size);
     if (sequence.table.num_pages() != pages) {
-      return absl::InternalError(absl::StrCat(
-          "block manager: sequence ", id, " holds ", sequence.num_tokens,
-          " tokens in ", sequence.table.num_pages(), " pages, expected ",
-          pages));
+      return absl::InternalError(
+          absl::StrCat("block manager: sequence ", id, " holds ",
+                       sequence.num_tokens, " tokens in ",
+                       sequence.table.num_pages(), " pages, expected ", pages));
     }
     for (const PageId page : sequence.table.entries().first(pages)) {
       ++references[page];
@@ -893,9 +895,8 @@ absl::Status BlockManager::CheckInvariants() const {
   for (PageId page = 0; page < config_.num_pages; ++page) {
     if (pool_->RefCount(page) != references[page]) {
       return absl::InternalError(absl::StrCat(
-          "block manager: page ", page, " has refcount ",
-          pool_->RefCount(page), " but ", references[page],
-          " sequence references"));
+          "block manager: page ", page, " has refcount ", pool_->RefCount(page),
+          " but ", references[page], " sequence references"));
     }
   }
   if (depth_ == 0 && !journal_.empty()) {
@@ -909,9 +910,11 @@ BlockManagerSnapshot BlockManager::Snapshot() const {
   snapshot.pool = pool_->Snapshot();
   for (const auto& [id, handle] : handle_of_) {
     const Sequence& sequence = sequences_[handle];
-    const auto pages = sequence.table.entries().first(sequence.table.num_pages());
-    const TokenId* const partial = partial_tokens_.data() +
-                                   static_cast<size_t>(handle) * config_.page_size;
+    const auto pages =
+        sequence.table.entries().first(sequence.table.num_pages());
+    const TokenId* const partial =
+        partial_tokens_.data() +
+        static_cast<size_t>(handle) * config_.page_size;
     snapshot.sequences.push_back(BlockManagerSnapshot::SequenceState{
         .id = id,
         .pages = {pages.begin(), pages.end()},

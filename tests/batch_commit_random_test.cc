@@ -8,7 +8,8 @@
 // must change nothing; the scheduler then preempts and retries.
 //
 // After every step the run is checked against a trivially correct model: the
-// slot order, the old-to-new map, the rewritten rows, the copy-on-write list
+// slot order (holes filled by the last rows), the old-to-new map, the
+// rewritten rows, the copy-on-write list
 // (exactly the shared last pages that changed identity), the KV content each
 // sequence reads (a model of the copy and write kernels run on the step's
 // result), the invariants and the uploaded device view.
@@ -358,15 +359,23 @@ class Scheduler {
   void Verify(const Draft& draft,
               const absl::flat_hash_map<SequenceId, Pages>& start_pages,
               const StepResult& result) {
-    // Slots: survivors keep their order, joins follow.
+    // Slots: survivors below the survivor count stay; each hole there takes
+    // the last surviving row; joins follow.
     std::vector<SlotId> old_to_new(f_.table->max_batch(), kNoSlot);
-    std::vector<SequenceId> next_slots;
-    for (size_t slot = 0; slot < slots_.size(); ++slot) {
-      if (Leaves(draft, slots_[slot])) continue;
-      old_to_new[slot] = static_cast<SlotId>(next_slots.size());
-      next_slots.push_back(slots_[slot]);
+    size_t survivors = 0;
+    for (const SequenceId id : slots_) survivors += Leaves(draft, id) ? 0 : 1;
+    std::vector<SequenceId> next_slots(survivors);
+    for (size_t slot = 0, tail = slots_.size(); slot < survivors; ++slot) {
+      size_t from = slot;
+      if (Leaves(draft, slots_[slot])) {
+        do {
+          --tail;
+        } while (Leaves(draft, slots_[tail]));
+        from = tail;
+      }
+      old_to_new[from] = static_cast<SlotId>(slot);
+      next_slots[slot] = slots_[from];
     }
-    const size_t survivors = next_slots.size();
     for (const DraftJoin& join : draft.joins) next_slots.push_back(join.id);
     REQUIRE(result.batch == static_cast<int32_t>(next_slots.size()));
     REQUIRE(std::vector<SlotId>(result.old_to_new.begin(),
@@ -381,12 +390,13 @@ class Scheduler {
     std::vector<Tokens> base_tokens(next_slots.size());
     std::vector<Tokens> appended(next_slots.size());
     absl::flat_hash_map<SequenceId, size_t> new_slot_of;
-    for (size_t slot = 0, s = 0; slot < slots_.size(); ++slot) {
+    for (size_t slot = 0; slot < slots_.size(); ++slot) {
       if (Leaves(draft, slots_[slot])) continue;
+      const size_t s = static_cast<size_t>(old_to_new[slot]);
       base_pages[s] = start_pages.at(slots_[slot]);
       base_tokens[s] = tokens_[slots_[slot]];
       appended[s] = draft.appends[slot];
-      new_slot_of[slots_[slot]] = s++;
+      new_slot_of[slots_[slot]] = s;
     }
     for (size_t j = 0; j < draft.joins.size(); ++j) {
       const DraftJoin& join = draft.joins[j];
@@ -402,9 +412,18 @@ class Scheduler {
       }
     }
 
-    // Copy-on-write, predicted: in slot order, a sequence appending to a
-    // partial last page that another sequence still holds gets a copy of it
-    // (and stops holding it). Changed rows: joins and changed pages.
+    // Copy-on-write, predicted: in append order (survivors by old slot, then
+    // joins), a sequence appending to a partial last page that another
+    // sequence still holds gets a copy of it (and stops holding it). Changed
+    // rows, in that order: joins and changed pages.
+    std::vector<size_t> append_order;
+    for (size_t slot = 0; slot < slots_.size(); ++slot) {
+      if (!Leaves(draft, slots_[slot]))
+        append_order.push_back(old_to_new[slot]);
+    }
+    for (size_t s = survivors; s < next_slots.size(); ++s) {
+      append_order.push_back(s);
+    }
     absl::flat_hash_map<PageId, int32_t> holders;
     for (const Pages& pages : base_pages) {
       for (const PageId page : pages) ++holders[page];
@@ -412,7 +431,7 @@ class Scheduler {
     std::vector<PageCopy> copies;
     std::vector<SlotId> changed;
     std::vector<Pages> final_pages(next_slots.size());
-    for (size_t s = 0; s < next_slots.size(); ++s) {
+    for (const size_t s : append_order) {
       CAPTURE(next_slots[s]);
       final_pages[s] = PagesOf(next_slots[s]);
       const Pages& base = base_pages[s];

@@ -51,7 +51,8 @@ TEST_CASE("scripted steps: joins, fork, copy-on-write, finish and compaction") {
 
   // Step 2: a beam forks from 10 (before 10 appends); everyone writes a token.
   const std::vector<TokenId> fork_tokens = {50};
-  const JoinRequest joins2[] = {{.id = 12, .fork_of = 10, .tokens = fork_tokens}};
+  const JoinRequest joins2[] = {
+      {.id = 12, .fork_of = 10, .tokens = fork_tokens}};
   const int32_t counts2[] = {1, 1};
   const TokenId tokens2[] = {7, 105};
   auto step2 = f.commit->Commit(
@@ -69,7 +70,8 @@ TEST_CASE("scripted steps: joins, fork, copy-on-write, finish and compaction") {
   REQUIRE(f.commit->slots()[2] == 12);
   REQUIRE_OK(f.commit->CheckInvariants());
 
-  // Step 3: 10 finishes; 11 crosses into a new page (10's freed page 4).
+  // Step 3: 10 finishes and the last row (12) fills its slot; 11 stays
+  // and crosses into a new page (10's freed page 4).
   const SequenceId finished3[] = {10};
   const int32_t counts3[] = {0, 3, 1};
   const TokenId tokens3[] = {106, 107, 108, 51};
@@ -78,18 +80,111 @@ TEST_CASE("scripted steps: joins, fork, copy-on-write, finish and compaction") {
                                  .append_tokens = tokens3});
   REQUIRE_OK(step3);
   REQUIRE(step3->batch == 2);
-  REQUIRE(OldToNew(*step3, 3) == std::vector<SlotId>{kNoSlot, 0, 1});
+  REQUIRE(OldToNew(*step3, 3) == std::vector<SlotId>{kNoSlot, 1, 0});
+  REQUIRE(step3->moves.size() == 1);
+  REQUIRE(step3->moves[0].from == 2);
+  REQUIRE(step3->moves[0].to == 0);
   REQUIRE(Pages(step3->changed_slots.begin(), step3->changed_slots.end()) ==
-          Pages{0});
+          Pages{1});
   REQUIRE(step3->copies.empty());
-  REQUIRE(f.Row(0) == Pages{2, 3, 4});
-  REQUIRE(f.Row(1) == Pages{0, 1});
+  REQUIRE(f.Row(0) == Pages{0, 1});
+  REQUIRE(f.Row(1) == Pages{2, 3, 4});
   REQUIRE(f.Row(2).empty());
-  REQUIRE(*f.commit->SlotOf(12) == 1);
+  REQUIRE(*f.commit->SlotOf(12) == 0);
+  REQUIRE(*f.commit->SlotOf(11) == 1);
   REQUIRE_STATUS_IS(f.commit->SlotOf(10), kNotFound);
   REQUIRE_OK(f.commit->CheckInvariants());
 
   // The uploaded device view matches the host rows.
+  REQUIRE_OK(f.UploadAndCheck());
+}
+
+// A batch of `n` one-page prompts 100, 101, ... in slots 0..n-1.
+void FillBatch(CommitFixture& f, int32_t n) {
+  std::vector<std::vector<TokenId>> prompts;
+  std::vector<JoinRequest> joins;
+  for (int32_t i = 0; i < n; ++i) prompts.push_back({i + 1});
+  for (int32_t i = 0; i < n; ++i) {
+    joins.push_back({.id = 100 + i, .tokens = prompts[i]});
+  }
+  REQUIRE_OK(f.commit->Commit({.joins = joins}));
+}
+
+TEST_CASE("a leaving slot is filled by the last surviving row") {
+  PagedKvConfig config = SmallConfig();
+  config.max_batch = 8;
+  config.num_pages = 32;
+  CommitFixture f(config);
+  FillBatch(f, 6);
+  const std::vector<TokenId> prompt = {9};
+  using Slots = std::vector<SequenceId>;
+  SECTION("one hole below the survivors, one leaving slot above them") {
+    // Slots 1 and 4 leave: survivors 4; hole 1 takes row 5, slot 4 was past
+    // the survivors. Two joins take slots 4 and 5.
+    const SequenceId finished[] = {101, 104};
+    const JoinRequest joins[] = {{.id = 7, .tokens = prompt},
+                                 {.id = 8, .tokens = prompt}};
+    auto step = f.commit->Commit({.finished = finished, .joins = joins});
+    REQUIRE_OK(step);
+    REQUIRE(OldToNew(*step, 6) ==
+            std::vector<SlotId>{0, kNoSlot, 2, 3, kNoSlot, 1});
+    REQUIRE(step->moves.size() == 1);
+    REQUIRE(step->moves[0].from == 5);
+    REQUIRE(step->moves[0].to == 1);
+    REQUIRE(Slots(f.commit->slots().begin(), f.commit->slots().end()) ==
+            Slots{100, 105, 102, 103, 7, 8});
+    REQUIRE(Pages(step->changed_slots.begin(), step->changed_slots.end()) ==
+            Pages{4, 5});
+  }
+  SECTION("holes take the last rows in order, the highest first") {
+    const SequenceId finished[] = {100, 101};
+    auto step = f.commit->Commit({.finished = finished});
+    REQUIRE_OK(step);
+    REQUIRE(OldToNew(*step, 6) ==
+            std::vector<SlotId>{kNoSlot, kNoSlot, 2, 3, 1, 0});
+    REQUIRE(Slots(f.commit->slots().begin(), f.commit->slots().end()) ==
+            Slots{105, 104, 102, 103});
+    REQUIRE(step->changed_slots.empty());
+  }
+  SECTION("a hole's filler skips rows that leave too") {
+    const SequenceId finished[] = {102, 105};
+    const SequenceId preempted[] = {104};
+    auto step =
+        f.commit->Commit({.finished = finished, .preempted = preempted});
+    REQUIRE_OK(step);
+    REQUIRE(OldToNew(*step, 6) ==
+            std::vector<SlotId>{0, 1, kNoSlot, 2, kNoSlot, kNoSlot});
+    REQUIRE(Slots(f.commit->slots().begin(), f.commit->slots().end()) ==
+            Slots{100, 101, 103});
+  }
+  SECTION("the last rows leaving moves nothing") {
+    const SequenceId finished[] = {104, 105};
+    auto step = f.commit->Commit({.finished = finished});
+    REQUIRE_OK(step);
+    REQUIRE(step->moves.empty());
+    REQUIRE(OldToNew(*step, 6) ==
+            std::vector<SlotId>{0, 1, 2, 3, kNoSlot, kNoSlot});
+  }
+  SECTION("the moved row's appends land in its new slot") {
+    // Slot 0 leaves; row 5 moves to slot 0 and gets its own token, 15.
+    const SequenceId finished[] = {100};
+    const int32_t counts[] = {0, 1, 1, 1, 1, 1};
+    const TokenId tokens[] = {11, 12, 13, 14, 15};
+    const absl::Span<const PageId> before = *f.manager->Pages(105);
+    const PageId first_page = before[0];
+    auto step = f.commit->Commit({.finished = finished,
+                                  .append_counts = counts,
+                                  .append_tokens = tokens});
+    REQUIRE_OK(step);
+    REQUIRE(f.commit->slots()[0] == 105);
+    REQUIRE(*f.manager->NumTokens(105) == 2);
+    REQUIRE(f.Row(0) == Pages(f.manager->Pages(105)->begin(),
+                              f.manager->Pages(105)->end()));
+    REQUIRE(f.Row(0)[0] == first_page);
+  }
+  // Every row is its sequence's pages, rows past the batch are empty, and
+  // the device view follows.
+  REQUIRE_OK(f.commit->CheckInvariants());
   REQUIRE_OK(f.UploadAndCheck());
 }
 
@@ -107,7 +202,8 @@ TEST_CASE("n samples fork from a prompt that joins in the same step") {
   // Each sample's first token copies the shared partial page but the last.
   const int32_t counts[] = {1, 1, 1};
   const TokenId tokens[] = {7, 8, 9};
-  auto next = f.commit->Commit({.append_counts = counts, .append_tokens = tokens});
+  auto next =
+      f.commit->Commit({.append_counts = counts, .append_tokens = tokens});
   REQUIRE_OK(next);
   REQUIRE(std::vector<PageCopy>(next->copies.begin(), next->copies.end()) ==
           std::vector<PageCopy>{{1, 2}, {1, 3}});
@@ -122,10 +218,10 @@ TEST_CASE("a join with precomputed prompt hashes hashes nothing more") {
   CommitFixture without(SmallConfig());
   const std::vector<TokenId> prompt = {1, 2, 3, 4, 5, 6, 7, 8, 9};
   std::vector<BlockHash> hashes(2);
-  REQUIRE_OK(with_hashes.manager->HashPrompt(prompt, {},
-                                             absl::MakeSpan(hashes)));
-  const JoinRequest hashed[] = {{.id = 1, .tokens = prompt,
-                                 .prompt_hashes = hashes}};
+  REQUIRE_OK(
+      with_hashes.manager->HashPrompt(prompt, {}, absl::MakeSpan(hashes)));
+  const JoinRequest hashed[] = {
+      {.id = 1, .tokens = prompt, .prompt_hashes = hashes}};
   const JoinRequest plain[] = {{.id = 1, .tokens = prompt}};
   REQUIRE_OK(with_hashes.commit->Commit({.joins = hashed}));
   REQUIRE_OK(without.commit->Commit({.joins = plain}));
@@ -133,9 +229,10 @@ TEST_CASE("a join with precomputed prompt hashes hashes nothing more") {
 
   // A chain of the wrong length is refused like any bad join.
   const CommitState before = with_hashes.Capture();
-  const JoinRequest wrong[] = {{.id = 2, .tokens = prompt,
-                                .prompt_hashes = absl::MakeConstSpan(hashes)
-                                                     .first(1)}};
+  const JoinRequest wrong[] = {
+      {.id = 2,
+       .tokens = prompt,
+       .prompt_hashes = absl::MakeConstSpan(hashes).first(1)}};
   REQUIRE_STATUS_IS(with_hashes.commit->Commit({.joins = wrong}),
                     kInvalidArgument);
   REQUIRE(with_hashes.Capture() == before);
@@ -187,7 +284,8 @@ TEST_CASE("invalid steps are refused and change nothing") {
   const JoinRequest negative_id[] = {{.id = -3, .tokens = prompt}};
   const std::vector<TokenId> sample_token = {9};
   const JoinRequest fork_appends_in_prefill[] = {
-      {.id = 5, .tokens = prompt}, {.id = 6, .fork_of = 5, .tokens = sample_token}};
+      {.id = 5, .tokens = prompt},
+      {.id = 6, .fork_of = 5, .tokens = sample_token}};
   const JoinRequest too_many[] = {{.id = 5, .tokens = prompt},
                                   {.id = 6, .tokens = prompt},
                                   {.id = 7, .tokens = prompt}};
@@ -198,12 +296,14 @@ TEST_CASE("invalid steps are refused and change nothing") {
   const JoinRequest exhausting[] = {{.id = 5, .tokens = big1},
                                     {.id = 6, .tokens = big2}};
 
-  REQUIRE_STATUS_IS(f.commit->Commit({.append_counts = one_count,
-                                      .append_tokens = absl::MakeSpan(tokens, 1)}),
-                    kInvalidArgument);
-  REQUIRE_STATUS_IS(f.commit->Commit({.append_counts = counts,
-                                      .append_tokens = absl::MakeSpan(tokens, 1)}),
-                    kInvalidArgument);
+  REQUIRE_STATUS_IS(
+      f.commit->Commit({.append_counts = one_count,
+                        .append_tokens = absl::MakeSpan(tokens, 1)}),
+      kInvalidArgument);
+  REQUIRE_STATUS_IS(
+      f.commit->Commit({.append_counts = counts,
+                        .append_tokens = absl::MakeSpan(tokens, 1)}),
+      kInvalidArgument);
   REQUIRE_STATUS_IS(
       f.commit->Commit({.append_counts = negative, .append_tokens = tokens}),
       kInvalidArgument);
@@ -240,9 +340,8 @@ TEST_CASE("pool exhausted half-way through the appends rolls the step back") {
   const std::vector<TokenId> a = {1, 2, 3, 4};
   const std::vector<TokenId> b = {11, 12, 13, 14};
   const std::vector<TokenId> c = {21, 22, 23, 24};
-  const JoinRequest joins[] = {{.id = 1, .tokens = a},
-                               {.id = 2, .tokens = b},
-                               {.id = 3, .tokens = c}};
+  const JoinRequest joins[] = {
+      {.id = 1, .tokens = a}, {.id = 2, .tokens = b}, {.id = 3, .tokens = c}};
   REQUIRE_OK(f.commit->Commit({.joins = joins}));  // 3 pages, 3 free
   const CommitState before = f.Capture();
   // Each needs a new page; the third and fourth tokens of 3 need a second.

@@ -13,11 +13,17 @@
 //      shares its parent's pages as they were at the start of the step;
 //   3. appends: survivors in slot order, then joined sequences, in order; a
 //      shared partial last page is copied on write.
-// Then it assigns slots so the batch stays dense in [0, batch): survivors keep
-// their relative order, joins take the next slots. It compacts the page table
-// (one old-to-new map), rewrites only the rows whose pages changed, and
-// returns the (source, destination) copies the copy-on-write kernel must run
-// before the step's attention.
+// Slot policy. The batch stays dense in [0, batch): survivors keep slots in
+// [0, survivors), where survivors = batch - leaving; a slot a leaving
+// sequence held below that is filled by the last surviving row (the highest
+// survivor at or past `survivors`, taken in order of the holes, as vLLM's
+// input batch condenses), so at most one row moves per leaving sequence and
+// survivors do NOT keep their relative order. Joins take the slots
+// [survivors, batch), in order: a step's prefills come after its decodes.
+// The page table gets one edit (KVPageTable::Apply): the moves, then only
+// the rows whose pages changed (from their first changed page); Commit
+// returns the slot map, the moves and the (source, destination) copies the
+// copy-on-write kernel must run before the step's attention.
 //
 // Rollback: if any part fails (pool exhausted half-way through the appends, a
 // bad id, a page-table invariant), every change of the step is undone:
@@ -25,9 +31,10 @@
 // assignment and page-table rows. The state is then bit-identical to the
 // state before the step, so the scheduler can preempt a sequence and retry.
 //
-// Complexity: O(leaving pages + joined pages + appended tokens + batch) per
-// step; buffers are reserved for max_batch so steady-state steps allocate no
-// memory.
+// Complexity: O(batch) to read the append counts, plus O(leaving pages +
+// joined pages + appended tokens + pages of moved rows); nothing depends on
+// max_pages_per_seq or on where in the batch the leaving slots are. Buffers
+// are reserved for max_batch so steady-state steps allocate no memory.
 // Ownership: the running sequences change only through Commit. One freed
 // through the manager directly leaves the commit holding a stale handle, and
 // the next Commit fails with InvalidArgument (it never writes into another
@@ -81,11 +88,17 @@ struct StepPlan {
 // What a committed step did. Views into BatchCommit's buffers, valid until the
 // next Commit.
 struct StepResult {
-  absl::Span<const int32_t> old_to_new;    // per old slot: new slot or -1.
-  int32_t batch = 0;                       // running sequences after the step.
-  absl::Span<const SlotId> changed_slots;  // rows rewritten by SetRows.
-  absl::Span<const PageCopy> copies;       // CoW copies to run, in order.
-  int32_t new_pages = 0;                   // pages allocated by the step.
+  // Per old slot (max_batch entries): its sequence's new slot, or -1 when it
+  // left (or held none).
+  absl::Span<const SlotId> old_to_new;
+  int32_t batch = 0;  // running sequences after the step.
+  // The rows that moved, {old slot, new slot}: one per hole filled.
+  absl::Span<const KVPageTableRowMove> moves;
+  // New slots whose rows were rewritten (after the moves): survivors whose
+  // pages changed, in the order of their old slots, then every join.
+  absl::Span<const SlotId> changed_slots;
+  absl::Span<const PageCopy> copies;  // CoW copies to run, in order.
+  int32_t new_pages = 0;              // pages allocated by the step.
 };
 
 class BatchCommit {
@@ -122,42 +135,51 @@ class BatchCommit {
   // Checks everything that can be checked before changing anything; marks the
   // leaving slots.
   absl::Status Validate(const StepPlan& plan);
-  // Runs the step inside an open manager step; `table_changed` tells whether
-  // the page table was touched.
-  absl::Status Apply(const StepPlan& plan, bool& table_changed);
+  // Runs the step inside an open manager step, up to and including the page
+  // table's edit; the slot arrays change only in Adopt, once it succeeded
+  // (and the leaving slots' handles, blanked for AppendMany, are restored).
+  absl::Status Apply(const StepPlan& plan);
+  // Makes the committed step's slots the running ones.
+  void Adopt(const StepPlan& plan);
+  // Undoes what Apply did to handles_ (the leaving slots it blanked).
+  void RestoreHandles();
+  // Returns old_to_new_ to its resting state for batch_: identity below it,
+  // -1 past it.
+  void ResetSlotMap();
   // The slot of running sequence `id`, or kNoSlot.
   SlotId RunningSlot(SequenceId id) const;
   // Queues slot `slot`'s row update: the pages of `handle`, rewritten from
   // page `first` on (the row holds the ones before).
   absl::Status AddRow(SlotId slot, SequenceHandle handle, int32_t first);
-  // Rewrites every row from the manager (after its rollback).
-  absl::Status RestoreTable();
 
   BlockManager& manager_;
   KVPageTable& table_;
-  // Running sequences by slot (the first batch_ entries of max_batch): ids,
-  // manager handles, and join numbers. Join numbers count joins since
-  // creation; survivors keep their order and joins take the last slots, so
-  // they increase with the slot, and a lookup by id is a binary search.
-  // A step moves these arrays by runs; nothing is reindexed per slot.
+  // Running sequences by slot (the first batch_ entries of max_batch): ids
+  // and manager handles; and by manager handle index, the slot of the
+  // sequence that holds it (or kNoSlot): a lookup by id is a hash lookup in
+  // the manager and two loads.
   int32_t batch_ = 0;
   std::vector<SequenceId> slots_;
   std::vector<SequenceHandle> handles_;
-  std::vector<int64_t> join_numbers_;
-  // By manager handle index: the join number of the sequence that last
-  // joined with it (-1 before any).
-  std::vector<int64_t> join_number_of_handle_;
-  int64_t joins_ = 0;
+  std::vector<SlotId> slot_of_handle_;
 
   // Step scratch, sized max_batch at construction.
   std::vector<uint8_t> leaving_;       // by old slot.
   std::vector<SlotId> leaving_slots_;  // sorted by Apply.
+  int32_t survivors_ = 0;
+  std::vector<KVPageTableRowMove> moves_;  // {mover's slot, hole}.
+  // What the leaving slots held (by leaving_slots_ entry), while handles_
+  // holds empty handles there (handles_blanked_).
+  std::vector<SequenceHandle> leaving_handles_;
+  bool handles_blanked_ = false;
+  std::vector<SequenceHandle> joined_handles_;  // by join.
+  // The slot map, at rest identity in [0, batch_) and -1 past it; a step
+  // marks its leaving and moving slots, listed in map_marks_, and the next
+  // step puts them back (with the slots between the two batch sizes).
   std::vector<SlotId> old_to_new_;
-  int32_t next_batch_ = 0;
-  std::vector<SequenceId> next_slots_;
-  std::vector<SequenceHandle> next_handles_;
-  std::vector<int64_t> next_join_numbers_;
-  std::vector<int32_t> survivor_counts_;  // by new slot.
+  std::vector<SlotId> map_marks_;
+  int32_t map_batch_ = 0;
+  std::vector<int32_t> zero_counts_;  // max_batch zeros: no appends.
   AppendManyResult appended_;
   std::vector<SlotId> changed_slots_;
   std::vector<PageCopy> copies_;

@@ -90,8 +90,8 @@ struct AdmissionPlan {
 };
 
 struct AppendResult {
-  int32_t new_pages = 0;          // pages allocated because one filled.
-  std::optional<PageCopy> copy;   // set when a shared last page was copied.
+  int32_t new_pages = 0;         // pages allocated because one filled.
+  std::optional<PageCopy> copy;  // set when a shared last page was copied.
 };
 
 // A live sequence's place in the manager's slab, what the per-step paths
@@ -120,7 +120,7 @@ struct AppendManyResult {
 };
 
 struct BlockManagerStats {
-  int64_t admitted = 0;           // Admit calls that succeeded.
+  int64_t admitted = 0;  // Admit calls that succeeded.
   int64_t forks = 0;
   int64_t freed = 0;              // Free calls (finished sequences).
   int64_t preemptions = 0;        // Preempt calls.
@@ -128,8 +128,8 @@ struct BlockManagerStats {
   int64_t prefix_hit_tokens = 0;  // of those, served from the cache.
   int64_t appended_tokens = 0;    // tokens added by Append.
   int64_t cow_copies = 0;
-  int64_t evictions = 0;          // cached pages reused for other content.
-  int32_t pages_in_use = 0;       // pages with refcount > 0.
+  int64_t evictions = 0;     // cached pages reused for other content.
+  int32_t pages_in_use = 0;  // pages with refcount > 0.
   int32_t peak_pages_in_use = 0;
   friend bool operator==(const BlockManagerStats&,
                          const BlockManagerStats&) = default;
@@ -207,10 +207,13 @@ class BlockManager {
 
   // Appends to many sequences in one transaction, without lookups by id:
   // entry i appends the next `counts[i]` tokens of `tokens` to the sequence
-  // at `handles[i]` (a handle may repeat; its appends run in order). Fills
-  // `result` (cleared first). Errors: InvalidArgument when the spans'
-  // lengths disagree, a count is negative, or a handle is not live; and the
-  // errors of Append. On error, nothing changes and `result` is cleared.
+  // at `handles[i]` (a handle may repeat; its appends run in order). An
+  // entry whose handle is the empty SequenceHandle{} (index -1) is a gap: it
+  // must have count 0 and is skipped (BatchCommit passes its batch in slot
+  // order, leaving slots as gaps). Fills `result` (cleared first). Errors:
+  // InvalidArgument when the spans' lengths disagree, a count is negative, a
+  // gap has a count, or another handle is not live; and the errors of
+  // Append. On error, nothing changes and `result` is cleared.
   // O(entries + tokens), plus a page hash per page that fills.
   absl::Status AppendMany(absl::Span<const SequenceHandle> handles,
                           absl::Span<const int32_t> counts,
@@ -449,8 +452,8 @@ class BlockManager {
   } first_page_;
   std::vector<PageId> page_scratch_;
 
-  // Sequence slab, indexed by a handle's index (it grows past max_sequences only by
-  // reallocation, so no reference into it outlives a CreateSequence);
+  // Sequence slab, indexed by a handle's index (it grows past max_sequences
+  // only by reallocation, so no reference into it outlives a CreateSequence);
   // free_handles_ is a LIFO of unused entries; entries removed inside an
   // open transaction wait in pending_free_ until the outermost commit (their
   // state is needed to undo the removal). Partial-page tokens sit in one
