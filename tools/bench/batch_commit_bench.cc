@@ -5,12 +5,17 @@
 // into a new page); about 1% of the batch finishes, at random slots, and as
 // many prompts join (a shared 4-page prefix, so they hit the prefix cache,
 // plus a unique suffix). Reported per step (the time) and per sequence
-// (`ns_per_seq`), at batch 64, 256 and 1024; with and without uploading the
-// page table after each step; with the default SHA-256 and with XXH3 page
-// hashes; with the joining prompts hashed on arrival (HashPrompt, as vLLM
-// and kvblock-sim do, outside the step) or by the step itself; and with
-// prefix caching off (no page hashed, registered or evicted), which
-// isolates the cost of the cache.
+// (`ns_per_seq`), at batch 64, 256 and 1024.
+//
+// The headline rows (`upload:1`) time the whole step a scheduler pays for:
+// Commit, then KVPageTable::Upload of the step's patch, at page-table widths
+// (`width`, max_pages_per_seq) of 128, 256 and 2048 pages (2k-, 4k- and
+// 32k-token rows; the sequences themselves are about 6 pages long, so the
+// width must not matter). The `upload:0` rows leave the upload out, to
+// isolate Commit; they also compare SHA-256 with XXH3 page hashes, prompts
+// hashed on arrival (HashPrompt, as vLLM and kvblock-sim do, outside the
+// step) with prompts hashed by the step itself, and prefix caching off (no
+// page hashed, registered or evicted), which isolates the cost of the cache.
 //
 // The time is that of Commit (and Upload) alone, clocked around the calls
 // (manual time): drafting the step, and hashing prompts on arrival, are not
@@ -19,13 +24,14 @@
 // scheduler thread's cost when it hashes on arrival itself; Admit still
 // hashes each prompt's first page, to check the hashes it is given.
 //
-// With `upload`, `upload_bytes_per_step` is what each step's Upload copied
-// to the device: whole rows, for every row the step changed or moved (a
-// compaction moves every survivor after the first slot that left), in
-// `upload_copies_per_step` copies. The table lives on CUDA device 0 when
-// there is one (the label names the device): there the time is the host's
-// (staging, and enqueueing the asynchronous copies); on the host device the
-// copies are memcpy and count in the time.
+// With `upload`, each step's patch is reported as `upload_bytes_per_step`
+// (ids and ranges copied to the device), `upload_entries_per_step` (K entries
+// it sets: ids written and entries cleared; the V half mirrors them),
+// `upload_ranges_per_step` (rows patched) and `upload_copies_per_step`. The
+// table lives on CUDA device 0 when there is one (the label names the
+// device): there the time is the host's (staging, and enqueueing the copy
+// and the patch kernel); on the host device the copy is a memcpy and the
+// patch is applied by the CPU, both inside the time.
 //
 // Heap allocations are counted by replacing the global operator new in this
 // binary and OpenSSL's allocator (SHA-256 page hashes): `allocs_per_step`
@@ -93,7 +99,6 @@ namespace kvblock {
 namespace {
 
 constexpr int32_t kPageSize = 16;
-constexpr int32_t kMaxPagesPerSeq = 128;  // 2048 tokens.
 constexpr int32_t kPrefixTokens = 4 * kPageSize;
 constexpr int32_t kMaxSuffixTokens = 2 * kPageSize;
 constexpr int32_t kWarmupSteps = 1000;
@@ -104,13 +109,13 @@ class DecodeWorkload {
  public:
   // Creates the stack and fills the batch; false (with the error reported to
   // `state`) on failure.
-  bool Init(benchmark::State& state, int32_t batch, HashAlgorithm hash,
-            bool prefix_caching, bool hash_on_arrival) {
+  bool Init(benchmark::State& state, int32_t batch, int32_t width,
+            HashAlgorithm hash, bool prefix_caching, bool hash_on_arrival) {
     batch_ = batch;
     hash_on_arrival_ = hash_on_arrival;
     PagedKvConfig config;
     config.page_size = kPageSize;
-    config.max_pages_per_seq = kMaxPagesPerSeq;
+    config.max_pages_per_seq = width;
     config.max_batch = batch;
     // Steady state: about half the pool in use, the rest cached pages that
     // the steps evict.
@@ -121,19 +126,18 @@ class DecodeWorkload {
     auto manager = BlockManager::Create(config, options);
     if (!manager.ok()) return Fail(state, manager.status());
     manager_ = *std::move(manager);
-    auto table = KVPageTable::Create(batch, kMaxPagesPerSeq, config.num_pages,
-                                     BenchDevice());
+    auto table =
+        KVPageTable::Create(batch, width, config.num_pages, BenchDevice());
     if (!table.ok()) return Fail(state, table.status());
     table_ = *std::move(table);
     auto commit = BatchCommit::Create(*manager_, *table_);
     if (!commit.ok()) return Fail(state, commit.status());
     commit_ = *std::move(commit);
 
-    std::mt19937 rng(batch);
+    rng_.seed(batch);
+    std::mt19937& rng = rng_;
     tokens_.resize(1 << 16);
     for (TokenId& token : tokens_) token = static_cast<TokenId>(rng() % 32000);
-    slot_picks_.resize(1 << 12);
-    for (uint32_t& pick : slot_picks_) pick = rng();
     prompts_.resize(batch);
     for (std::vector<TokenId>& prompt : prompts_) {
       prompt.reserve(kPrefixTokens + kMaxSuffixTokens);
@@ -154,7 +158,7 @@ class DecodeWorkload {
     if (!first.ok()) return Fail(state, first.status());
     for (int i = 0; i < kWarmupSteps; ++i) {
       Draft();
-      if (absl::Status s = Commit(false); !s.ok()) return Fail(state, s);
+      if (absl::Status s = Commit(true); !s.ok()) return Fail(state, s);
     }
     return true;
   }
@@ -170,7 +174,7 @@ class DecodeWorkload {
     const absl::Span<const SequenceId> slots = commit_->slots();
     while (static_cast<int32_t>(finished_.size()) < leaving) {
       const SlotId slot = static_cast<SlotId>(
-          slot_picks_[pick_++ % slot_picks_.size()] % batch_);
+          rng_() % static_cast<uint32_t>(batch_));
       if (counts_[slot] == 0) continue;  // already leaving.
       counts_[slot] = 0;
       leaving_slots_.push_back(slot);
@@ -248,8 +252,10 @@ class DecodeWorkload {
 
   std::vector<TokenId> tokens_;
   size_t token_offset_ = 0;
-  std::vector<uint32_t> slot_picks_;
-  size_t pick_ = 0;
+  // Picks the leaving slots: a fresh draw every step (a fixed cycle of picks
+  // would leave some slots never picked, and with rows that stay in their
+  // slot, sequences that never finish).
+  std::mt19937 rng_;
   int32_t finish_credit_ = 0;
   SequenceId next_id_ = 0;
   std::vector<std::vector<TokenId>> prompts_;
@@ -261,21 +267,22 @@ class DecodeWorkload {
   std::vector<int32_t> counts_;  // by slot: 1, or 0 while leaving.
 };
 
-// Args: batch, upload (0/1), hash (0: SHA-256, the default; 1: XXH3),
-// prefix caching (1, the default; 0: off, so no page is hashed), prompts
-// hashed on arrival (1) or in the step (0).
+// Args: batch, width (max_pages_per_seq), upload (0/1), hash (0: SHA-256,
+// the default; 1: XXH3), prefix caching (1, the default; 0: off, so no page
+// is hashed), prompts hashed on arrival (1) or in the step (0).
 void BM_CommitDecodeStep(benchmark::State& state) {
   if (!crypto_allocations_counted) {
     state.SkipWithError("OpenSSL allocated before its allocator was replaced");
     return;
   }
   const int32_t batch = static_cast<int32_t>(state.range(0));
-  const bool upload = state.range(1) != 0;
+  const int32_t width = static_cast<int32_t>(state.range(1));
+  const bool upload = state.range(2) != 0;
   const HashAlgorithm hash =
-      state.range(2) == 0 ? HashAlgorithm::kSha256 : HashAlgorithm::kXxh3_128;
+      state.range(3) == 0 ? HashAlgorithm::kSha256 : HashAlgorithm::kXxh3_128;
   DecodeWorkload workload;
-  if (!workload.Init(state, batch, hash, state.range(3) != 0,
-                     state.range(4) != 0)) {
+  if (!workload.Init(state, batch, width, hash, state.range(4) != 0,
+                     state.range(5) != 0)) {
     return;
   }
   const double arrival_before = workload.arrival_seconds();
@@ -308,19 +315,28 @@ void BM_CommitDecodeStep(benchmark::State& state) {
                          benchmark::Counter::kAvgIterations);
   if (upload) {
     const KVPageTableUploadStats& uploads = workload.upload_stats();
-    state.counters["upload_bytes_per_step"] = benchmark::Counter(
-        static_cast<double>(uploads.bytes - uploads_before.bytes),
-        benchmark::Counter::kAvgIterations);
-    state.counters["upload_copies_per_step"] = benchmark::Counter(
-        static_cast<double>(uploads.copies - uploads_before.copies),
-        benchmark::Counter::kAvgIterations);
+    const auto per_step = [](int64_t n) {
+      return benchmark::Counter(static_cast<double>(n),
+                                benchmark::Counter::kAvgIterations);
+    };
+    state.counters["upload_bytes_per_step"] =
+        per_step(uploads.bytes - uploads_before.bytes);
+    state.counters["upload_entries_per_step"] =
+        per_step(uploads.entries - uploads_before.entries);
+    state.counters["upload_ranges_per_step"] =
+        per_step(uploads.ranges - uploads_before.ranges);
+    state.counters["upload_copies_per_step"] =
+        per_step(uploads.copies - uploads_before.copies);
   }
   state.SetLabel(std::string(BenchDevice().name()));
 }
 BENCHMARK(BM_CommitDecodeStep)
-    ->ArgNames({"batch", "upload", "xxh3", "cache", "arrival"})
-    ->ArgsProduct({{64, 256, 1024}, {0, 1}, {0, 1}, {1}, {1, 0}})
-    ->ArgsProduct({{64, 256, 1024}, {0, 1}, {0}, {0}, {0}})
+    ->ArgNames({"batch", "width", "upload", "xxh3", "cache", "arrival"})
+    // The whole step, upload included, at three row widths.
+    ->ArgsProduct({{64, 256, 1024}, {128, 256, 2048}, {1}, {0}, {1}, {1}})
+    // Commit alone: the hash algorithms, hashing in the step, no caching.
+    ->ArgsProduct({{64, 256, 1024}, {128}, {0}, {0, 1}, {1}, {1, 0}})
+    ->ArgsProduct({{64, 256, 1024}, {128}, {0}, {0}, {0}, {0}})
     ->UseManualTime();
 
 }  // namespace
