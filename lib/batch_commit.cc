@@ -2,9 +2,11 @@
 #include "kvblock/batch_commit.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "fault_injection.h"
 #include "status_macros.h"
@@ -51,7 +53,16 @@ BatchCommit::BatchCommit(BlockManager& manager, KVPageTable& table)
   joined_ids_.reserve(max_batch);
 }
 
+int64_t BatchCommit::PhaseClock() const {
+  if (!time_phases_) return 0;
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 absl::StatusOr<StepResult> BatchCommit::Commit(const StepPlan& plan) {
+  const int64_t start = PhaseClock();
+  absl::Cleanup timed = [&] { phase_times_.total_ns += PhaseClock() - start; };
   KVBLOCK_RETURN_IF_ERROR(Validate(plan));
   KVBLOCK_RETURN_IF_ERROR(manager_.BeginStep());
   if (absl::Status status = Apply(plan); !status.ok()) {
@@ -230,12 +241,22 @@ absl::Status BatchCommit::Apply(const StepPlan& plan) {
   new_pages_ = 0;
   ResetSlotMap();
 
+  // Each part's time is added when it ends, or fails.
+  int64_t mark = PhaseClock();
+  const auto lap = [&](int64_t& phase) {
+    const int64_t now = PhaseClock();
+    phase += now - mark;
+    mark = now;
+  };
+  absl::Cleanup frees_timed = [&] { lap(phase_times_.frees_ns); };
   for (const SequenceId id : plan.finished) {
     KVBLOCK_RETURN_IF_ERROR(manager_.Free(id));
   }
   for (const SequenceId id : plan.preempted) {
     KVBLOCK_RETURN_IF_ERROR(manager_.Preempt(id));
   }
+  std::move(frees_timed).Invoke();
+  absl::Cleanup admissions_timed = [&] { lap(phase_times_.admissions_ns); };
   for (const JoinRequest& join : plan.joins) {
     if (join.fork_of == kNoSequence) {
       KVBLOCK_ASSIGN_OR_RETURN(
@@ -246,6 +267,7 @@ absl::Status BatchCommit::Apply(const StepPlan& plan) {
       KVBLOCK_RETURN_IF_ERROR(manager_.Fork(join.fork_of, join.id));
     }
   }
+  std::move(admissions_timed).Invoke();
 
   // Holes below the survivors take the last surviving rows, in order.
   std::sort(leaving_slots_.begin(), leaving_slots_.end());
@@ -270,6 +292,8 @@ absl::Status BatchCommit::Apply(const StepPlan& plan) {
     handles_[slot] = {};
   }
   handles_blanked_ = true;
+  mark = PhaseClock();  // the slot assignment: bookkeeping.
+  absl::Cleanup appends_timed = [&] { lap(phase_times_.appends_ns); };
   KVBLOCK_RETURN_IF_ERROR(
       manager_.AppendMany(absl::MakeConstSpan(handles_).first(batch_),
                           plan.append_counts.empty()
@@ -301,6 +325,7 @@ absl::Status BatchCommit::Apply(const StepPlan& plan) {
     }
     KVBLOCK_RETURN_IF_ERROR(AddRow(slot, handle, 0));
   }
+  std::move(appends_timed).Invoke();
   // Leaving rows past the joins are emptied (a moved row's old slot is
   // emptied by its move, or rewritten by a join).
   for (const SlotId slot : leaving_slots_) {
@@ -312,7 +337,10 @@ absl::Status BatchCommit::Apply(const StepPlan& plan) {
     return absl::InternalError(
         "batch commit: injected fault before the page table edit");
   }
-  return table_.Apply({.moves = moves_, .rows = rows_});
+  mark = PhaseClock();
+  absl::Status edited = table_.Apply({.moves = moves_, .rows = rows_});
+  lap(phase_times_.page_table_ns);
+  return edited;
 }
 
 void BatchCommit::RestoreHandles() {

@@ -24,10 +24,22 @@ SimResult SampleResult() {
   result.num_pages = 256;
   result.peak_pages_used = 250;
   result.mean_pages_used = 180.5;
-  result.host_ns_total = 5'000'000;
+  result.host_ns_by_phase = {.planning_ns = 1'000'000,
+                             .frees_ns = 250'000,
+                             .admissions_ns = 1'500'000,
+                             .appends_ns = 1'000'000,
+                             .page_table_ns = 250'000,
+                             .bookkeeping_ns = 500'000,
+                             .upload_ns = 400'000,
+                             .copy_on_write_ns = 100'000};
+  result.host_ns_total = result.host_ns_by_phase.total_ns();
+  result.sequence_steps = 100'000;
   result.wall_seconds = 0.5;
   result.upload_copies = 600;
   result.upload_bytes = 123456;
+  result.upload_entries = 5000;
+  result.upload_ranges = 1500;
+  result.table_setup_ns = 2'000'000;
   return result;
 }
 
@@ -60,7 +72,18 @@ TEST_CASE("the readable report states every number") {
            "evictions         40 cached pages reused\n",
            "preemptions       3 requests recomputed\n",
            "copy-on-write     12 page copies\n",
-           "host time         5.00 ms in the library, 10.0 us per step\n",
+           "host time         5.00 ms in the library, 10.0 us per step, 50 ns "
+           "per running sequence per step\n",
+           "  planning          1.00 ms   20.0%  admission planning, prompt "
+           "hashing\n",
+           "  admissions        1.50 ms   30.0%",
+           "  frees            250.0 us    5.0%",
+           "  page table       250.0 us    5.0%",
+           "  upload           400.0 us    8.0%",
+           "  copy-on-write    100.0 us    2.0%",
+           "page table        247 bytes uploaded per step: 10.0 entries set in "
+           "3.0 rows, 600 copies in all (the whole table at start-up: 2.00 ms, "
+           "not in host time)\n",
            "throughput        12000 tokens/s, 1000 steps/s (0.500 s wall)\n",
            "rejected          r7: its prompt needs 80 pages\n",
        }) {
@@ -91,6 +114,20 @@ TEST_CASE("the JSON report has the design's fields") {
   REQUIRE(report["tokens_per_second"] == 12'000.0);
   REQUIRE(report["steps_per_second"] == 1'000.0);
   REQUIRE(report["upload_bytes"] == 123456);
+  REQUIRE(report["upload_entries"] == 5000);
+  REQUIRE(report["upload_ranges"] == 1500);
+  REQUIRE(report["table_setup_ns"] == 2'000'000);
+  REQUIRE(report["host_ns_per_sequence_step"] == 50.0);
+  const nlohmann::json& phases = report["host_ns_by_phase"];
+  REQUIRE(phases.size() == 8);
+  REQUIRE(phases["planning"] == 1'000'000);
+  REQUIRE(phases["admissions"] == 1'500'000);
+  REQUIRE(phases["appends"] == 1'000'000);
+  REQUIRE(phases["frees"] == 250'000);
+  REQUIRE(phases["bookkeeping"] == 500'000);
+  REQUIRE(phases["page_table"] == 250'000);
+  REQUIRE(phases["upload"] == 400'000);
+  REQUIRE(phases["copy_on_write"] == 100'000);
   REQUIRE(report["device"] == "host");
   REQUIRE(report["config"]["num_pages"] == 256);
   REQUIRE(report["config"]["hash"] == "sha256");

@@ -320,6 +320,7 @@ TEST_CASE("every built-in workload runs to completion with its pages back") {
   config.manager.hash_algorithm = HashAlgorithm::kXxh3_128;
   config.manager.watermark_pages = 3;
   for (const WorkloadInfo& workload : Workloads()) {
+    if (workload.name == "serving") continue;  // its own test, below.
     INFO(workload.name);
     auto requests = MakeWorkload(workload.name, 7);
     REQUIRE_OK(requests);
@@ -333,6 +334,39 @@ TEST_CASE("every built-in workload runs to completion with its pages back") {
       REQUIRE(result.cow_copies > 0);
     }
   }
+}
+
+TEST_CASE("the serving workload runs at its geometry; time adds up by phase") {
+  SchedulerConfig config;
+  config.kv.num_pages = 16384;
+  config.kv.max_batch = 256;
+  config.kv.max_pages_per_seq = 144;
+  config.kv.num_kv_heads = 1;
+  config.kv.head_dim = 8;
+  config.max_tokens_per_step = 1 << 20;
+  config.manager.hash_algorithm = HashAlgorithm::kXxh3_128;
+  auto requests = MakeWorkload("serving", 1);
+  REQUIRE_OK(requests);
+  const SimResult result = RunChecked(config, *requests);
+  REQUIRE(result.completed == 2000);
+  REQUIRE(result.rejected.empty());
+  // About 100 running at once.
+  const double mean_batch = static_cast<double>(result.sequence_steps) /
+                            static_cast<double>(result.steps);
+  REQUIRE(mean_batch > 50);
+  REQUIRE(mean_batch < 200);
+  const HostPhases& phases = result.host_ns_by_phase;
+  REQUIRE(phases.total_ns() == result.host_ns_total);
+  for (const int64_t ns :
+       {phases.planning_ns, phases.frees_ns, phases.admissions_ns,
+        phases.appends_ns, phases.page_table_ns, phases.bookkeeping_ns,
+        phases.upload_ns}) {
+    REQUIRE(ns > 0);
+  }
+  // The patches: a few ids per changed row, never whole rows.
+  REQUIRE(result.upload_ranges > 0);
+  REQUIRE(result.upload_bytes <
+          result.upload_ranges * (16 + 4 * int64_t{144}) / 4);
 }
 
 TEST_CASE("runs are deterministic") {

@@ -22,14 +22,17 @@ std::vector<Request> Make(absl::string_view name, uint64_t seed) {
 }
 
 TEST_CASE("every workload is deterministic for a seed and valid") {
-  REQUIRE(Workloads().size() == 6);
+  REQUIRE(Workloads().size() == 7);
   for (const WorkloadInfo& workload : Workloads()) {
     INFO(workload.name);
     const std::vector<Request> a = Make(workload.name, 42);
     REQUIRE(!a.empty());
     REQUIRE(a == Make(workload.name, 42));
     REQUIRE(a != Make(workload.name, 43));
-    REQUIRE_OK(ValidateRequests(a, kDefaultLimits));
+    TraceLimits limits = kDefaultLimits;
+    limits.max_tokens_per_seq = workload.max_tokens_per_seq;
+    REQUIRE(workload.max_tokens_per_seq >= kDefaultLimits.max_tokens_per_seq);
+    REQUIRE_OK(ValidateRequests(a, limits));
     REQUIRE(std::is_sorted(a.begin(), a.end(),
                            [](const Request& x, const Request& y) {
                              return x.arrival < y.arrival;
@@ -43,7 +46,9 @@ TEST_CASE("workloads round-trip through WriteTrace and ParseTrace") {
     const std::vector<Request> requests = Make(workload.name, 5);
     std::stringstream trace;
     WriteTrace(requests, trace);
-    const auto parsed = ParseTrace(trace, kDefaultLimits);
+    TraceLimits limits = kDefaultLimits;
+    limits.max_tokens_per_seq = workload.max_tokens_per_seq;
+    const auto parsed = ParseTrace(trace, limits);
     REQUIRE_OK(parsed);
     REQUIRE(*parsed == requests);
   }
@@ -99,6 +104,16 @@ TEST_CASE("each workload has the shape its name promises") {
     }
   }
   REQUIRE(continued > 0);
+
+  // serving: 2000 unrelated long prompts.
+  const std::vector<Request> serving = Make("serving", 1);
+  REQUIRE(serving.size() == 2000);
+  for (const Request& r : serving) {
+    REQUIRE(r.prompt.size() >= 128);
+    REQUIRE(r.prompt.size() <= 2048);
+    REQUIRE(r.max_tokens >= 32);
+    REQUIRE(r.max_tokens <= 256);
+  }
 
   // mixed: every kind at once.
   std::set<std::string> kinds;

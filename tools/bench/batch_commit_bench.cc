@@ -173,8 +173,8 @@ class DecodeWorkload {
     leaving_slots_.clear();
     const absl::Span<const SequenceId> slots = commit_->slots();
     while (static_cast<int32_t>(finished_.size()) < leaving) {
-      const SlotId slot = static_cast<SlotId>(
-          rng_() % static_cast<uint32_t>(batch_));
+      const SlotId slot =
+          static_cast<SlotId>(rng_() % static_cast<uint32_t>(batch_));
       if (counts_[slot] == 0) continue;  // already leaving.
       counts_[slot] = 0;
       leaving_slots_.push_back(slot);

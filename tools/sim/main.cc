@@ -40,7 +40,8 @@ ABSL_FLAG(std::string, trace, "",
           "JSON Lines trace to replay, one request a line (DESIGN.md, "
           "\"Trace format\"); excludes --workload");
 ABSL_FLAG(std::string, workload, "",
-          "built-in workload: sysprompt, multiturn, parallel, beam, unique or "
+          "built-in workload: sysprompt, multiturn, parallel, beam, unique, "
+          "serving or "
           "mixed (the default when no --trace is given)");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the built-in workload");
 ABSL_FLAG(int32_t, pages, 384, "KV pages in the pool");

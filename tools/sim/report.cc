@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "kvblock/block_hash.h"
@@ -19,6 +20,7 @@ constexpr size_t kListedRejections = 10;
 struct Rates {
   double hit_rate = 0;  // prefix_hit_tokens / prompt_tokens.
   double host_ns_per_step = 0;
+  double host_ns_per_sequence_step = 0;
   double tokens_per_second = 0;
   double steps_per_second = 0;
 };
@@ -33,11 +35,42 @@ Rates RatesOf(const SimResult& result) {
                         static_cast<double>(result.prompt_tokens)),
       .host_ns_per_step = Ratio(static_cast<double>(result.host_ns_total),
                                 static_cast<double>(result.steps)),
+      .host_ns_per_sequence_step =
+          Ratio(static_cast<double>(result.host_ns_total),
+                static_cast<double>(result.sequence_steps)),
       .tokens_per_second = Ratio(
           static_cast<double>(result.prompt_tokens + result.generated_tokens),
           result.wall_seconds),
       .steps_per_second =
           Ratio(static_cast<double>(result.steps), result.wall_seconds),
+  };
+}
+
+// One phase of the host time: its JSON key, its name in the text report,
+// what it covers, and its nanoseconds.
+struct Phase {
+  const char* key;
+  const char* name;
+  const char* what;
+  int64_t ns;
+};
+
+std::vector<Phase> PhasesOf(const HostPhases& p) {
+  return {
+      {"planning", "planning", "admission planning, prompt hashing",
+       p.planning_ns},
+      {"admissions", "admissions", "prefix hits, allocation, registration",
+       p.admissions_ns},
+      {"appends", "appends", "tokens, new pages, copy-on-write decisions",
+       p.appends_ns},
+      {"frees", "frees", "finished and preempted sequences", p.frees_ns},
+      {"bookkeeping", "bookkeeping", "validation, slots, the transaction",
+       p.bookkeeping_ns},
+      {"page_table", "page table", "the step's row moves and updates",
+       p.page_table_ns},
+      {"upload", "upload", "the page-table patch to the device", p.upload_ns},
+      {"copy_on_write", "copy-on-write", "copy list, copy kernel, waits",
+       p.copy_on_write_ns},
   };
 }
 
@@ -83,9 +116,32 @@ void PrintReport(const SimResult& result, const RunSetup& setup,
                          result.preemptions);
   out << absl::StrFormat("copy-on-write     %d page copies\n",
                          result.cow_copies);
-  out << absl::StrFormat("host time         %s in the library, %s per step\n",
-                         FormatNanos(static_cast<double>(result.host_ns_total)),
-                         FormatNanos(rates.host_ns_per_step));
+  out << absl::StrFormat(
+      "host time         %s in the library, %s per step, %s per running "
+      "sequence per step\n",
+      FormatNanos(static_cast<double>(result.host_ns_total)),
+      FormatNanos(rates.host_ns_per_step),
+      FormatNanos(rates.host_ns_per_sequence_step));
+  for (const Phase& phase : PhasesOf(result.host_ns_by_phase)) {
+    out << absl::StrFormat(
+        "  %-15s %9s  %5.1f%%  %s\n", phase.name,
+        FormatNanos(static_cast<double>(phase.ns)),
+        100 * Ratio(static_cast<double>(phase.ns),
+                    static_cast<double>(result.host_ns_total)),
+        phase.what);
+  }
+  out << absl::StrFormat(
+      "page table        %.0f bytes uploaded per step: %.1f entries set in "
+      "%.1f rows, %d copies in all (the whole table at start-up: %s, not in "
+      "host time)\n",
+      Ratio(static_cast<double>(result.upload_bytes),
+            static_cast<double>(result.steps)),
+      Ratio(static_cast<double>(result.upload_entries),
+            static_cast<double>(result.steps)),
+      Ratio(static_cast<double>(result.upload_ranges),
+            static_cast<double>(result.steps)),
+      result.upload_copies,
+      FormatNanos(static_cast<double>(result.table_setup_ns)));
   out << absl::StrFormat(
       "throughput        %.0f tokens/s, %.0f steps/s (%.3f s wall)\n",
       rates.tokens_per_second, rates.steps_per_second, result.wall_seconds);
@@ -123,11 +179,24 @@ void WriteJsonReport(const SimResult& result, const RunSetup& setup,
   report["mean_pages_used"] = result.mean_pages_used;
   report["host_ns_total"] = result.host_ns_total;
   report["host_ns_per_step"] = rates.host_ns_per_step;
+  report["host_ns_per_sequence_step"] = rates.host_ns_per_sequence_step;
+  report["sequence_steps"] = result.sequence_steps;
+  nlohmann::ordered_json& phases = report["host_ns_by_phase"];
+  phases = nlohmann::ordered_json::object();
+  for (const Phase& phase : PhasesOf(result.host_ns_by_phase)) {
+    phases[phase.key] = phase.ns;
+  }
   report["wall_seconds"] = result.wall_seconds;
   report["tokens_per_second"] = rates.tokens_per_second;
   report["steps_per_second"] = rates.steps_per_second;
   report["upload_copies"] = result.upload_copies;
   report["upload_bytes"] = result.upload_bytes;
+  report["upload_entries"] = result.upload_entries;
+  report["upload_ranges"] = result.upload_ranges;
+  report["table_setup_ns"] = result.table_setup_ns;
+  report["upload_bytes_per_step"] =
+      Ratio(static_cast<double>(result.upload_bytes),
+            static_cast<double>(result.steps));
   nlohmann::ordered_json& rejected = report["rejected_requests"];
   rejected = nlohmann::ordered_json::array();
   for (const RejectedRequest& request : result.rejected) {

@@ -7,9 +7,14 @@
 // ([{id, reason}]), prompt_tokens, prefix_hit_tokens, prefix_hit_rate (0..1),
 // generated_tokens, steps, preemptions, cow_copies, evictions, num_pages,
 // peak_pages_used, mean_pages_used, host_ns_total, host_ns_per_step,
+// host_ns_per_sequence_step (per running sequence per step), sequence_steps,
+// host_ns_by_phase ({planning, admissions, appends, frees, bookkeeping,
+// page_table, upload, copy_on_write}: HostPhases, summing to host_ns_total),
 // wall_seconds, tokens_per_second and steps_per_second (of wall time; tokens
-// are prompt plus generated), upload_copies, upload_bytes, source, device,
-// and config (the geometry and options of the run). The meaning of each
+// are prompt plus generated), upload_copies, upload_bytes, upload_entries,
+// upload_ranges, upload_bytes_per_step, table_setup_ns (the whole-table
+// upload at start-up, not in host_ns_total), source, device, and config (the
+// geometry and options of the run). The meaning of each
 // count is SimResult's.
 //
 // Complexity: linear in the rejected requests.

@@ -35,6 +35,9 @@ struct SchedulerState {
   PinnedBuffer copy_staging;
   DeviceBuffer copy_list;
   DeviceEvent copies_done;
+  // The whole-table upload Create makes: its time and what it sent.
+  int64_t table_setup_ns = 0;
+  KVPageTableUploadStats setup_uploads;
   bool ran = false;
 };
 
@@ -93,14 +96,14 @@ class Runner {
   absl::StatusOr<SimResult> Run();
 
  private:
-  // Times a library call into host_ns_.
+  // Times a library call into `phase` (a field of phases_).
   template <typename Call>
-  auto Timed(Call&& call) -> decltype(call()) {
+  auto Timed(int64_t& phase, Call&& call) -> decltype(call()) {
     const auto start = std::chrono::steady_clock::now();
     auto result = call();
-    host_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                    std::chrono::steady_clock::now() - start)
-                    .count();
+    phase += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                 std::chrono::steady_clock::now() - start)
+                 .count();
     return result;
   }
 
@@ -143,7 +146,10 @@ class Runner {
   std::vector<RequestState*> still_running_;  // ApplyStep's scratch.
   SequenceId next_sequence_id_ = 0;
   int64_t clock_ = 0;
-  int64_t host_ns_ = 0;
+  // Host time in library calls: by phase, and Commit's whole (whose parts
+  // BatchCommit times).
+  HostPhases phases_;
+  int64_t commit_ns_ = 0;
   SimResult result_;
 
   // The step being planned. Victims of this step (preempted or rejected
@@ -247,7 +253,7 @@ absl::Status Runner::Arrive(RequestState& r) {
   if (manager_.options().enable_prefix_caching) {
     const Request& request = *r.request;
     r.prompt_hashes.resize(request.prompt.size() / kv_.page_size);
-    KVBLOCK_RETURN_IF_ERROR(Timed([&] {
+    KVBLOCK_RETURN_IF_ERROR(Timed(phases_.planning_ns, [&] {
                               return manager_.HashPrompt(
                                   request.prompt,
                                   {.cache_salt = request.cache_salt},
@@ -263,8 +269,9 @@ absl::Status Runner::PlanAdmissions(int64_t admit_limit) {
   const int32_t watermark = config.manager.watermark_pages;
   int64_t seats = kv_.max_batch - BatchAfterLeaving() - forks_;
   int64_t budget = config.max_tokens_per_step - decode_tokens_;
-  int64_t pages = Timed([&] { return manager_.pool().NumFree(); }) - watermark -
-                  append_pages_;
+  int64_t pages =
+      Timed(phases_.planning_ns, [&] { return manager_.pool().NumFree(); }) -
+      watermark - append_pages_;
   SequenceId next_id = next_sequence_id_ + forks_;
   for (size_t i = 0; i < waiting_.size() && admitted_ < admit_limit;) {
     RequestState& r = *waiting_[i];
@@ -273,10 +280,8 @@ absl::Status Runner::PlanAdmissions(int64_t admit_limit) {
     if (samples > seats) break;
     const HashExtraKeys extra{.cache_salt = request.cache_salt};
     KVBLOCK_ASSIGN_OR_RETURN(
-        const AdmissionPlan plan,
-        Timed([&] {
-          return manager_.PlanAdmission(request.prompt, extra,
-                                        r.prompt_hashes);
+        const AdmissionPlan plan, Timed(phases_.planning_ns, [&] {
+          return manager_.PlanAdmission(request.prompt, extra, r.prompt_hashes);
         }));
     const int64_t prompt = static_cast<int64_t>(request.prompt.size());
     const int64_t computed = prompt - plan.hit_tokens;
@@ -404,8 +409,9 @@ void Runner::ApplyStep() {
 
 absl::Status Runner::RunDevice(absl::Span<const PageCopy> copies) {
   Device& device = state_.device;
-  KVBLOCK_RETURN_IF_ERROR(
-      Timed([&] { return state_.table->Upload(nullptr); }).status());
+  KVBLOCK_RETURN_IF_ERROR(Timed(phases_.upload_ns, [&] {
+                            return state_.table->Upload(nullptr);
+                          }).status());
   if (copies.empty()) return absl::OkStatus();
   if (copies.size() > static_cast<size_t>(kv_.max_batch)) {
     return absl::InternalError(
@@ -413,14 +419,15 @@ absl::Status Runner::RunDevice(absl::Span<const PageCopy> copies) {
                         clock_, copies.size(), kv_.max_batch));
   }
   // The previous step's list may still be in flight from the staging.
-  KVBLOCK_RETURN_IF_ERROR(
-      Timed([&] { return device.WaitEvent(state_.copies_done); }));
+  KVBLOCK_RETURN_IF_ERROR(Timed(phases_.copy_on_write_ns, [&] {
+    return device.WaitEvent(state_.copies_done);
+  }));
   auto* staging = static_cast<PageId*>(state_.copy_staging.data());
   for (size_t i = 0; i < copies.size(); ++i) {
     staging[2 * i] = copies[i].source;
     staging[2 * i + 1] = copies[i].destination;
   }
-  return Timed([&]() -> absl::Status {
+  return Timed(phases_.copy_on_write_ns, [&]() -> absl::Status {
     KVBLOCK_RETURN_IF_ERROR(
         device.CopyToDevice(staging, state_.copy_list.data(),
                             copies.size() * 2 * sizeof(PageId), nullptr));
@@ -460,7 +467,7 @@ absl::StatusOr<std::optional<StepResult>> Runner::CommitStep() {
                         .append_counts = append_counts_,
                         .append_tokens = append_tokens_};
     absl::StatusOr<StepResult> step =
-        Timed([&] { return commit_.Commit(plan); });
+        Timed(commit_ns_, [&] { return commit_.Commit(plan); });
     if (step.ok()) return *step;
     if (step.status().code() != absl::StatusCode::kResourceExhausted) {
       return absl::InternalError(absl::StrFormat("step %d: commit: %s", clock_,
@@ -515,6 +522,7 @@ absl::StatusOr<SimResult> Runner::Run() {
         .evictions = static_cast<int32_t>(after.evictions - before.evictions),
     };
     result_.timeline.push_back(record);
+    result_.sequence_steps += step->batch;
     result_.preemptions += step_preemptions_;
     pages_sum += record.pages_used;
     ++clock_;
@@ -527,8 +535,9 @@ absl::StatusOr<SimResult> Runner::Run() {
                  .total = total});
     }
   }
-  KVBLOCK_RETURN_IF_ERROR(
-      Timed([&] { return state_.device.Synchronize(nullptr); }));
+  KVBLOCK_RETURN_IF_ERROR(Timed(phases_.copy_on_write_ns, [&] {
+    return state_.device.Synchronize(nullptr);
+  }));
   KVBLOCK_RETURN_IF_ERROR(CheckFinalState());
   const BlockManagerStats& stats = manager_.stats();
   result_.prompt_tokens = stats.prompt_tokens;
@@ -540,9 +549,23 @@ absl::StatusOr<SimResult> Runner::Run() {
   result_.steps = static_cast<int64_t>(result_.timeline.size());
   result_.mean_pages_used =
       result_.steps > 0 ? pages_sum / static_cast<double>(result_.steps) : 0;
-  result_.host_ns_total = host_ns_;
-  result_.upload_copies = state_.table->upload_stats().copies;
-  result_.upload_bytes = state_.table->upload_stats().bytes;
+  const CommitPhaseTimes& commit = commit_.phase_times();
+  phases_.frees_ns = commit.frees_ns;
+  phases_.admissions_ns = commit.admissions_ns;
+  phases_.appends_ns = commit.appends_ns;
+  phases_.page_table_ns = commit.page_table_ns;
+  // The rest of each Commit call, and of the calls into it.
+  phases_.bookkeeping_ns = commit_ns_ - commit.frees_ns - commit.admissions_ns -
+                           commit.appends_ns - commit.page_table_ns;
+  result_.host_ns_by_phase = phases_;
+  result_.host_ns_total = phases_.total_ns();
+  const KVPageTableUploadStats& uploads = state_.table->upload_stats();
+  const KVPageTableUploadStats& setup = state_.setup_uploads;
+  result_.table_setup_ns = state_.table_setup_ns;
+  result_.upload_copies = uploads.copies - setup.copies;
+  result_.upload_bytes = uploads.bytes - setup.bytes;
+  result_.upload_entries = uploads.entries - setup.entries;
+  result_.upload_ranges = uploads.ranges - setup.ranges;
   result_.wall_seconds = std::chrono::duration<double>(
                              std::chrono::steady_clock::now() - wall_start)
                              .count();
@@ -574,6 +597,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
                           config.kv.num_pages, device));
   KVBLOCK_ASSIGN_OR_RETURN(state->commit,
                            BatchCommit::Create(*state->manager, *state->table));
+  state->commit->set_time_phases(true);
   KVBLOCK_ASSIGN_OR_RETURN(
       state->kv_pool, device.Allocate(static_cast<size_t>(
                           config.kv.num_layers * config.kv.LayerPoolBytes())));
@@ -583,6 +607,16 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
                            device.AllocatePinned(list_bytes));
   KVBLOCK_ASSIGN_OR_RETURN(state->copy_list, device.Allocate(list_bytes));
   KVBLOCK_ASSIGN_OR_RETURN(state->copies_done, device.CreateEvent());
+  // The first upload sets every entry of the device table, O(max_batch x
+  // max_pages_per_seq) once: done here, at start-up, as a serving engine
+  // would, so that a run's host time is the steps' alone.
+  const auto start = std::chrono::steady_clock::now();
+  KVBLOCK_RETURN_IF_ERROR(state->table->Upload(nullptr).status());
+  KVBLOCK_RETURN_IF_ERROR(device.Synchronize(nullptr));
+  state->table_setup_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::chrono::steady_clock::now() - start)
+                              .count();
+  state->setup_uploads = state->table->upload_stats();
   return std::unique_ptr<Scheduler>(new Scheduler(std::move(state)));
 }
 

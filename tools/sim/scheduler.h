@@ -37,8 +37,14 @@
 // chunked prefill), or a request that runs out of pages while it is the only
 // one running.
 //
+// Start-up: Create uploads the empty page table once (the first upload sets
+// every entry, O(max_batch x max_pages_per_seq)); its time is
+// SimResult::table_setup_ns, apart from the steps'.
+//
 // Host time (SimResult::host_ns_total) is the wall time spent inside library
-// calls: planning, commits, uploads, copy launches and device waits.
+// calls during the steps, by phase (SimResult::host_ns_by_phase, see
+// HostPhases): planning, the parts of each commit (BatchCommit times them),
+// uploads, copy launches and device waits.
 //
 // After a run every sequence has left: every page is free or evictable, and
 // the manager, commit layer and page table pass CheckInvariants (Run checks).
@@ -94,6 +100,31 @@ struct StepRecord {
   friend bool operator==(const StepRecord&, const StepRecord&) = default;
 };
 
+// Host time inside library calls, by phase, in nanoseconds.
+struct HostPhases {
+  // Admission planning: hashing prompts on arrival, PlanAdmission, NumFree.
+  int64_t planning_ns = 0;
+  // The parts of BatchCommit::Commit (CommitPhaseTimes): frees, admissions
+  // (hits, allocation, registering pages, the first-page hash check),
+  // appends, the page table's edit, and the rest of Commit (validation,
+  // slot assignment, row updates, the transaction, the timing itself).
+  int64_t frees_ns = 0;
+  int64_t admissions_ns = 0;
+  int64_t appends_ns = 0;
+  int64_t page_table_ns = 0;
+  int64_t bookkeeping_ns = 0;
+  int64_t upload_ns = 0;  // KVPageTable::Upload.
+  // Copy-on-write: staging the copy list, its copy, the copy kernel, and
+  // waiting for the device.
+  int64_t copy_on_write_ns = 0;
+
+  int64_t total_ns() const {
+    return planning_ns + frees_ns + admissions_ns + appends_ns + page_table_ns +
+           bookkeeping_ns + upload_ns + copy_on_write_ns;
+  }
+  friend bool operator==(const HostPhases&, const HostPhases&) = default;
+};
+
 struct RejectedRequest {
   std::string id;
   std::string reason;
@@ -117,10 +148,20 @@ struct SimResult {
   int32_t num_pages = 0;
   int32_t peak_pages_used = 0;
   double mean_pages_used = 0;  // over committed steps.
-  int64_t host_ns_total = 0;   // inside library calls.
-  double wall_seconds = 0;     // of the whole run.
-  int64_t upload_copies = 0;   // page-table host-to-device copies.
+  int64_t host_ns_total = 0;   // inside library calls: the phases' sum.
+  HostPhases host_ns_by_phase;
+  // Running sequences summed over committed steps (host time per running
+  // sequence per step is host_ns_total / sequence_steps).
+  int64_t sequence_steps = 0;
+  double wall_seconds = 0;  // of the whole run.
+  // The steps' page-table patches: host-to-device copies, their bytes, the
+  // K entries they set and the rows (ranges) they patched; and the time of
+  // the whole-table upload at start-up, not in host_ns_total.
+  int64_t upload_copies = 0;
   int64_t upload_bytes = 0;
+  int64_t upload_entries = 0;
+  int64_t upload_ranges = 0;
+  int64_t table_setup_ns = 0;
   std::vector<StepRecord> timeline;
 };
 

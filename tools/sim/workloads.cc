@@ -108,13 +108,26 @@ void AddUnique(Rng& rng, Shape shape, std::vector<Request>& out) {
   AddFresh(rng, "uniq-", shape, 32, 384, 16, 160, /*n=*/1, /*beam=*/1, out);
 }
 
+// A serving trace at scale: unrelated prompts of 128 to 2048 tokens, 32 to
+// 256 output tokens, arriving about 0.7 a step, so that about 100 run at
+// once.
+void AddServing(Rng& rng, Shape shape, std::vector<Request>& out) {
+  AddFresh(rng, "req-", shape, 128, 2048, 32, 256, /*n=*/1, /*beam=*/1, out);
+}
+
 constexpr WorkloadInfo kWorkloads[] = {
-    {"sysprompt", "requests sharing a few long system prompts, two tenants"},
-    {"multiturn", "conversations whose next turn contains the last answer"},
-    {"parallel", "n = 4 parallel samples per prompt"},
-    {"beam", "beam search of width 4"},
-    {"unique", "unrelated prompts, no sharing"},
-    {"mixed", "all of the above at once"},
+    {"sysprompt", "requests sharing a few long system prompts, two tenants",
+     1024},
+    {"multiturn", "conversations whose next turn contains the last answer",
+     1024},
+    {"parallel", "n = 4 parallel samples per prompt", 1024},
+    {"beam", "beam search of width 4", 1024},
+    {"unique", "unrelated prompts, no sharing", 1024},
+    {"mixed", "all of the above at once", 1024},
+    {"serving",
+     "2000 unrelated 128-2048-token prompts, ~100 running: the scale of a "
+     "serving replica (needs --max_pages_per_seq=144 --pages=16384 or more)",
+     2048 + 256},
 };
 
 }  // namespace
@@ -136,6 +149,8 @@ absl::StatusOr<std::vector<Request>> MakeWorkload(absl::string_view name,
     AddBeam(rng, {.count = 48, .span = kSpan}, requests);
   } else if (name == "unique") {
     AddUnique(rng, {.count = 200, .span = kSpan}, requests);
+  } else if (name == "serving") {
+    AddServing(rng, {.count = 2000, .span = 2900}, requests);
   } else if (name == "mixed") {
     AddSysprompt(rng, {.count = 100, .span = kSpan}, requests);
     AddMultiturn(rng, {.count = 16, .span = kSpan}, requests);

@@ -11,10 +11,13 @@
 //   beam       beam search of width 4: forks and frees every step.
 //   unique     no sharing at all: evictions and preemptions under load.
 //   mixed      all of the above at once (the default).
+//   serving    2000 unrelated long prompts, about 100 running at once: the
+//              scale of one serving replica, for measuring the library's
+//              cost per step (needs a wider table and a bigger pool).
 //
-// Every workload fits a sequence of 1024 tokens (64 pages of 16) and a batch
-// of 4, and arrives over a few hundred steps, so a default run takes well
-// under a second yet keeps the pool under pressure.
+// Every workload but `serving` fits a sequence of 1024 tokens (64 pages of
+// 16) and a batch of 4, and arrives over a few hundred steps, so a default run
+// takes well under a second yet keeps the pool under pressure.
 //
 // Contract: MakeWorkload is a pure function of (name, seed): the same
 // requests, in the same order (by arrival, ties in generation order), on every
@@ -37,7 +40,8 @@ namespace kvblock::sim {
 
 struct WorkloadInfo {
   absl::string_view name;
-  absl::string_view description;  // one line.
+  absl::string_view description;   // one line.
+  int64_t max_tokens_per_seq = 0;  // of its longest sequence, at most.
 };
 
 inline constexpr absl::string_view kDefaultWorkload = "mixed";
