@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "reservation.h"
 #include "status_macros.h"
 
 namespace kvblock {
@@ -38,8 +40,39 @@ absl::StatusOr<std::unique_ptr<BlockManager>> BlockManager::Create(
   KVBLOCK_ASSIGN_OR_RETURN(
       BlockHasher hasher,
       BlockHasher::Create(options.hash_algorithm, config.page_size));
-  return std::unique_ptr<BlockManager>(
-      new BlockManager(config, options, std::move(pool), std::move(hasher)));
+  // What the constructor reserves, checked before it tries: a config that
+  // Validate() accepts may still need more memory than the machine has.
+  const int64_t sequences = MaxSequences(config, options);
+  const int64_t page_size = config.page_size;
+  const int64_t width = config.max_pages_per_seq;
+  internal::Reservation reservation("block manager");
+  reservation.Add(sequences, sizeof(Sequence));
+  reservation.Add(sequences, width * int64_t{sizeof(PageId)});  // tables.
+  reservation.Add(sequences, 2 * page_size * int64_t{sizeof(TokenId)});
+  reservation.Add(sequences, 2 * int64_t{sizeof(UndoRecord)} +
+                                 int64_t{sizeof(InPlaceAppend)} +
+                                 int64_t{sizeof(BlockHash)} +
+                                 2 * int64_t{sizeof(int32_t)});
+  reservation.Add(sequences,
+                  2 * int64_t{sizeof(std::pair<SequenceId, int32_t>)});
+  reservation.Add(width,
+                  int64_t{sizeof(BlockHash)} + 2 * int64_t{sizeof(PageId)});
+  reservation.Add(width, int64_t{config.max_batch} * int64_t{sizeof(PageId)});
+  reservation.Add(page_size, sizeof(TokenId));
+  KVBLOCK_RETURN_IF_ERROR(reservation.Check());
+  std::unique_ptr<BlockManager> manager;
+  KVBLOCK_RETURN_IF_ERROR(reservation.Run([&] {
+    manager.reset(
+        new BlockManager(config, options, std::move(pool), std::move(hasher)));
+  }));
+  return manager;
+}
+
+int32_t BlockManager::MaxSequences(const PagedKvConfig& config,
+                                   const BlockManagerOptions& options) {
+  if (options.max_sequences > 0) return options.max_sequences;
+  return static_cast<int32_t>(std::min<int64_t>(
+      4 * int64_t{config.max_batch}, std::numeric_limits<int32_t>::max()));
 }
 
 BlockManager::BlockManager(const PagedKvConfig& config,
@@ -72,7 +105,7 @@ BlockManager::BlockManager(const PagedKvConfig& config,
   in_place_.reserve(max_sequences);
   token_arena_.reserve(static_cast<size_t>(max_sequences) * config.page_size);
   page_arena_.reserve(static_cast<size_t>(config.max_pages_per_seq) *
-                      config.max_batch);
+                      static_cast<size_t>(config.max_batch));
   hash_arena_.reserve(max_sequences);
 }
 

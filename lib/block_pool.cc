@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "fault_injection.h"
+#include "reservation.h"
 #include "status_macros.h"
 
 namespace kvblock {
@@ -58,7 +59,16 @@ absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(
         absl::StrCat("block pool: journal_reserve must be non-negative, got ",
                      options.journal_reserve));
   }
-  return std::unique_ptr<BlockPool>(new BlockPool(num_pages, options));
+  internal::Reservation reservation("block pool");
+  reservation.Add(int64_t{num_pages} + 1, sizeof(PageState));
+  reservation.Add(1, PrefixIndex::ReservedBytes(num_pages));
+  reservation.Add(num_pages, sizeof(PageId));  // the free stack.
+  reservation.Add(options.journal_reserve, sizeof(UndoRecord));
+  KVBLOCK_RETURN_IF_ERROR(reservation.Check());
+  std::unique_ptr<BlockPool> pool;
+  KVBLOCK_RETURN_IF_ERROR(
+      reservation.Run([&] { pool.reset(new BlockPool(num_pages, options)); }));
+  return pool;
 }
 
 BlockPool::BlockPool(int32_t num_pages, const BlockPoolOptions& options)

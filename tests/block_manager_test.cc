@@ -2,6 +2,7 @@
 #include "kvblock/block_manager.h"
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <vector>
@@ -64,6 +65,32 @@ AppendResult AppendOk(BlockManager& manager, SequenceId id,
   REQUIRE_OK(result);
   REQUIRE_OK(manager.CheckInvariants());
   return *result;
+}
+
+TEST_CASE("a config no machine can hold is ResourceExhausted, not a crash") {
+  // Each passes Validate(); before, 4 * max_batch overflowed int32 (at
+  // 2^30 + 1 it wrapped to 4) and the huge reservations aborted the process.
+  constexpr int32_t kMax = std::numeric_limits<int32_t>::max();
+  struct Case {
+    int32_t max_batch, page_size, max_pages_per_seq;
+  };
+  for (const Case& c :
+       {Case{1 << 29, 16, 8}, Case{(1 << 30) + 1, 16, 8}, Case{kMax, 16, 8},
+        Case{4, kMax, 8}, Case{4, 16, kMax}, Case{1 << 20, 16, 1 << 20}}) {
+    PagedKvConfig config = Config(64, c.page_size, c.max_pages_per_seq);
+    config.max_batch = c.max_batch;
+    INFO(c.max_batch << " " << c.page_size << " " << c.max_pages_per_seq);
+    REQUIRE_OK(config.Validate());
+    const auto manager = BlockManager::Create(config);
+    REQUIRE_STATUS_IS(manager, kResourceExhausted);
+    REQUIRE(manager.status().message().find("block manager: reserving ") !=
+            absl::string_view::npos);
+  }
+  // An explicit max_sequences is honoured the same way.
+  BlockManagerOptions options;
+  options.max_sequences = kMax;
+  REQUIRE_STATUS_IS(BlockManager::Create(Config(64), options),
+                    kResourceExhausted);
 }
 
 TEST_CASE("shared system prompt is served from the cache in whole pages") {
@@ -163,7 +190,8 @@ TEST_CASE("beam forked in the middle of a page diverges into own pages") {
   }
 }
 
-TEST_CASE("under memory pressure the continuation is evicted before the prefix") {
+TEST_CASE(
+    "under memory pressure the continuation is evicted before the prefix") {
   auto manager = MakeManager(Config(6, 4, 6));
   AdmitOk(*manager, 1, Range(1, 9));  // pages 0, 1 cached; 2 partial
   REQUIRE_OK(manager->Free(1));
@@ -189,13 +217,15 @@ TEST_CASE("a salted request never hits another salt's pages") {
   auto manager = MakeManager(Config(16));
   const std::vector<TokenId> prompt = Range(1, 9);
   AdmitOk(*manager, 1, prompt, {.cache_salt = "tenant-a"});
-  const AdmissionPlan other = AdmitOk(*manager, 2, prompt, {.cache_salt = "tenant-b"});
+  const AdmissionPlan other =
+      AdmitOk(*manager, 2, prompt, {.cache_salt = "tenant-b"});
   REQUIRE(other.hit_pages == 0);
   REQUIRE(PagesOf(*manager, 2) == Pages{3, 4, 5});
   const AdmissionPlan adapter =
       AdmitOk(*manager, 3, prompt, {.cache_salt = "tenant-a", .adapter_id = 7});
   REQUIRE(adapter.hit_pages == 0);
-  const AdmissionPlan same = AdmitOk(*manager, 4, prompt, {.cache_salt = "tenant-a"});
+  const AdmissionPlan same =
+      AdmitOk(*manager, 4, prompt, {.cache_salt = "tenant-a"});
   REQUIRE(same.hit_pages == 2);
   REQUIRE(PagesOf(*manager, 4) == Pages{0, 1, 9});
 }
@@ -248,8 +278,7 @@ TEST_CASE("append many appends in entry order and reports changed entries") {
   AppendManyResult result;
   // 1 copies its shared partial page; 2 opens a page; 3 then holds page 1
   // alone and writes in place; 1 appends again, filling its copy.
-  REQUIRE_OK(manager->AppendMany(handles, {1, 1, 1, 1},
-                                 {7, 51, 9, 8}, result));
+  REQUIRE_OK(manager->AppendMany(handles, {1, 1, 1, 1}, {7, 51, 9, 8}, result));
   REQUIRE_OK(manager->CheckInvariants());
   REQUIRE(result.changed == std::vector<int32_t>{0, 1});
   // 1 rewrote its page 1 (the copy), 2 added its page 1.
@@ -315,10 +344,10 @@ TEST_CASE("append many fails as a whole") {
   SECTION("a one-token start finds no page after fills and a start") {
     // Sequence 2 fills its page and starts the free one; sequence 1 fills
     // its page and then needs a page that is not there.
-    REQUIRE_STATUS_IS(manager->AppendMany({two, two, one, one, one},
-                                          {1, 1, 1, 1, 1}, {21, 22, 7, 8, 9},
-                                          result),
-                      kResourceExhausted);
+    REQUIRE_STATUS_IS(
+        manager->AppendMany({two, two, one, one, one}, {1, 1, 1, 1, 1},
+                            {21, 22, 7, 8, 9}, result),
+        kResourceExhausted);
   }
   SECTION("a later entry passes max_pages_per_seq") {
     REQUIRE_STATUS_IS(
@@ -450,7 +479,7 @@ TEST_CASE("failing calls change nothing") {
     REQUIRE_STATUS_IS(manager->Append(1, Range(7, 10)), kResourceExhausted);
   }
   SECTION("a one-token start with no page left") {
-    AppendOk(*manager, 1, {7, 8});  // copies page 1 and fills the copy.
+    AppendOk(*manager, 1, {7, 8});   // copies page 1 and fills the copy.
     AppendOk(*manager, 2, {9, 10});  // fills page 1, now held alone.
     AppendOk(*manager, 2, {11});     // starts the last free page.
     const BlockManagerSnapshot full = manager->Snapshot();

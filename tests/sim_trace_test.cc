@@ -131,6 +131,30 @@ TEST_CASE("every malformed line is an error naming its line and field") {
   }
 }
 
+TEST_CASE("a deeply nested value is an error, not a stack overflow") {
+  // 100,000 nested arrays: the message must describe the value without
+  // walking it (json::dump recursed once per level and overflowed).
+  for (const char* field : {"prompt", "output", "id", "max_tokens"}) {
+    std::string line = R"({"id": "x", "prompt": [1], "max_tokens": 2, ")";
+    line += field;
+    line += R"(": )";
+    line += std::string(100'000, '[') + std::string(100'000, ']') + "}\n";
+    const auto requests = Parse(line);
+    INFO(field << " -> " << requests.status().ToString().substr(0, 200));
+    REQUIRE_STATUS_IS(requests, kInvalidArgument);
+    REQUIRE(requests.status().message().find("line 1: ") !=
+            absl::string_view::npos);
+    REQUIRE(requests.status().message().size() < 200);
+  }
+  const auto deep_token =
+      Parse(R"({"id": "x", "max_tokens": 2, "prompt": [1, )" +
+            std::string(50'000, '[') + std::string(50'000, ']') + "]}\n");
+  REQUIRE_STATUS_IS(deep_token, kInvalidArgument);
+  REQUIRE(deep_token.status().message().find(
+              "prompt[1]: expected an integer, got an array of 1 elements") !=
+          absl::string_view::npos);
+}
+
 TEST_CASE("a prompt longer than a sequence names the prompt") {
   std::string tokens = "0";
   for (int i = 1; i < 65; ++i) tokens += ",0";

@@ -66,8 +66,8 @@ struct BlockManagerOptions {
   // Admission leaves at least this many allocatable pages for the appends of
   // running sequences (vLLM's watermark). Appends may use them.
   int32_t watermark_pages = 0;
-  // Sequence slots reserved up front (0: 4 * max_batch). More sequences still
-  // work, at the cost of allocation.
+  // Sequence slots reserved up front (0: 4 * max_batch, at most INT32_MAX).
+  // More sequences still work, at the cost of allocation.
   int32_t max_sequences = 0;
 };
 
@@ -158,6 +158,10 @@ struct BlockManagerSnapshot {
 class BlockManager {
  public:
   // InvalidArgument when `config` fails Validate() or an option is negative.
+  // ResourceExhausted when what the manager reserves up front (a slab entry
+  // per reserved sequence, each with a page table of max_pages_per_seq ids
+  // and page_size partial tokens, and journals sized for max_batch) is more
+  // than the machine's memory, or cannot be allocated.
   static absl::StatusOr<std::unique_ptr<BlockManager>> Create(
       const PagedKvConfig& config, const BlockManagerOptions& options = {});
 
@@ -362,6 +366,10 @@ class BlockManager {
 
   BlockManager(const PagedKvConfig& config, const BlockManagerOptions& options,
                std::unique_ptr<BlockPool> pool, BlockHasher hasher);
+  // Slab entries reserved up front: options.max_sequences, or 4 * max_batch
+  // (at most INT32_MAX).
+  static int32_t MaxSequences(const PagedKvConfig& config,
+                              const BlockManagerOptions& options);
 
   Transaction BeginTransaction();
   void CommitTransaction(const Transaction& transaction);

@@ -63,6 +63,12 @@ class PrefixIndex {
   // Entries per bucket.
   static constexpr int kEntriesPerBucket = 7;
 
+  // Bytes an index of `max_entries` entries allocates.
+  static int64_t ReservedBytes(int32_t max_entries) {
+    return static_cast<int64_t>(NumBuckets(std::max(max_entries, 1)) *
+                                sizeof(Bucket));
+  }
+
   int32_t size() const { return size_; }
 
   // The tag of `hash`: Insert and Erase take it, so that a caller that keeps

@@ -201,7 +201,16 @@ int Main() {
   }
   absl::StatusOr<std::unique_ptr<Scheduler>> scheduler =
       Scheduler::Create(*config, **device);
-  if (!scheduler.ok()) return Fail(kExitFailure, scheduler.status());
+  if (!scheduler.ok()) {
+    // A geometry the library refuses, or that needs more memory than the
+    // machine has, is bad input: the flags ask for it.
+    const absl::StatusCode code = scheduler.status().code();
+    return Fail(code == absl::StatusCode::kInvalidArgument ||
+                        code == absl::StatusCode::kResourceExhausted
+                    ? kExitBadInput
+                    : kExitFailure,
+                scheduler.status());
+  }
 
   ProgressLine progress(std::cerr, isatty(STDERR_FILENO) != 0,
                         std::chrono::milliseconds(250));

@@ -20,8 +20,16 @@ namespace {
 
 using nlohmann::json;
 
-// A JSON value as it appears in the line, shortened for error messages.
+// A JSON value for error messages: a scalar as it appears in the line
+// (shortened), an array or object by its size. Never recursive: a line may
+// nest arrays 100,000 deep, and dump() would recurse as deep.
 std::string Quote(const json& value) {
+  if (value.is_array()) {
+    return absl::StrCat("an array of ", value.size(), " elements");
+  }
+  if (value.is_object()) {
+    return absl::StrCat("an object of ", value.size(), " members");
+  }
   std::string text = value.dump();
   constexpr size_t kMaxChars = 40;
   if (text.size() > kMaxChars) text = text.substr(0, kMaxChars) + "...";
@@ -74,10 +82,18 @@ absl::StatusOr<std::vector<TokenId>> ReadTokens(const json& value,
   std::vector<TokenId> tokens;
   tokens.reserve(value.size());
   for (size_t i = 0; i < value.size(); ++i) {
+    const json& token = value[i];
+    // The common case (JSON parses a non-negative integer as unsigned)
+    // without building the element's name.
+    if (token.is_number_unsigned() &&
+        token.get<uint64_t>() <=
+            static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
+      tokens.push_back(static_cast<TokenId>(token.get<uint64_t>()));
+      continue;
+    }
     KVBLOCK_ASSIGN_OR_RETURN(
-        const int32_t token,
-        ReadInt32(value[i], absl::StrCat(field, "[", i, "]")));
-    tokens.push_back(token);
+        const int32_t id, ReadInt32(token, absl::StrCat(field, "[", i, "]")));
+    tokens.push_back(id);
   }
   return tokens;
 }
