@@ -383,6 +383,11 @@ bool BlockManager::CanAdmit(absl::Span<const TokenId> prompt,
 absl::StatusOr<AdmissionPlan> BlockManager::Admit(
     SequenceId id, absl::Span<const TokenId> prompt, const HashExtraKeys& extra,
     absl::Span<const BlockHash> prompt_hashes) {
+  if (id < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block manager: sequence id ", id,
+        " is negative (ids are non-negative; kNoSequence = -1 names none)"));
+  }
   if (Find(id) != nullptr) {
     return absl::AlreadyExistsError(
         absl::StrCat("block manager: sequence ", id, " is already live"));
@@ -773,6 +778,11 @@ absl::Status BlockManager::Fork(SequenceId parent, SequenceId child) {
   if (Find(parent) == nullptr) {
     return absl::NotFoundError(
         absl::StrCat("block manager: fork parent ", parent, " is not live"));
+  }
+  if (child < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block manager: fork child id ", child,
+        " is negative (ids are non-negative; kNoSequence = -1 names none)"));
   }
   if (Find(child) != nullptr) {
     return absl::AlreadyExistsError(

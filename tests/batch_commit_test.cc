@@ -68,6 +68,8 @@ TEST_CASE("scripted steps: joins, fork, copy-on-write, finish and compaction") {
   REQUIRE(f.Row(1) == Pages{2, 3});
   REQUIRE(f.Row(2) == Pages{0, 1});
   REQUIRE(f.commit->slots()[2] == 12);
+  // Page 4, the copy-on-write destination, is not a new page of the step.
+  REQUIRE(step2->new_pages == 0);
   REQUIRE_OK(f.commit->CheckInvariants());
 
   // Step 3: 10 finishes and the last row (12) fills its slot; 11 stays
@@ -211,6 +213,37 @@ TEST_CASE("n samples fork from a prompt that joins in the same step") {
   REQUIRE(f.Row(1) == Pages{0, 3});
   REQUIRE(f.Row(2) == Pages{0, 1});
   REQUIRE_OK(f.commit->CheckInvariants());
+}
+
+TEST_CASE("a fork of a same-step fork shares what that fork joined with") {
+  CommitFixture f(SmallConfig());
+  const std::vector<TokenId> prompt = {1, 2, 3, 4, 5, 6};
+  const JoinRequest first[] = {{.id = 1, .tokens = prompt}};
+  REQUIRE_OK(f.commit->Commit({.joins = first}));
+  // 2 forks 1 and appends 7; 3 forks 2 in the same step: forks are made
+  // before any append, so 3 holds 1's six tokens, not 2's seventh.
+  const std::vector<TokenId> seven = {7};
+  const JoinRequest joins[] = {{.id = 2, .fork_of = 1, .tokens = seven},
+                               {.id = 3, .fork_of = 2}};
+  auto step = f.commit->Commit({.joins = joins});
+  REQUIRE_OK(step);
+  REQUIRE(*f.manager->NumTokens(2) == 7);
+  REQUIRE(*f.manager->NumTokens(3) == 6);
+  REQUIRE(*f.manager->Pages(3) == *f.manager->Pages(1));
+  // 2 wrote into the partial page the three shared: it got its own copy.
+  REQUIRE(step->copies.size() == 1);
+  REQUIRE((*f.manager->Pages(2))[1] == step->copies[0].destination);
+  REQUIRE_OK(f.commit->CheckInvariants());
+  // A fork of a same-step join may not append in that step.
+  const JoinRequest appending[] = {{.id = 4, .fork_of = 1},
+                                   {.id = 5, .fork_of = 4, .tokens = seven}};
+  const CommitState before = f.Capture();
+  const absl::StatusOr<StepResult> refused =
+      f.commit->Commit({.joins = appending});
+  REQUIRE_STATUS_IS(refused, kInvalidArgument);
+  REQUIRE(refused.status().message().find("append them in the next step") !=
+          absl::string_view::npos);
+  REQUIRE(f.Capture() == before);
 }
 
 TEST_CASE("a join with precomputed prompt hashes hashes nothing more") {

@@ -93,6 +93,23 @@ TEST_CASE("a config no machine can hold is ResourceExhausted, not a crash") {
                     kResourceExhausted);
 }
 
+TEST_CASE("negative sequence ids are refused; kNoSequence names none") {
+  auto manager = MakeManager(Config(16));
+  REQUIRE_OK(manager->Admit(1, Range(0, 5)).status());
+  const BlockManagerSnapshot before = manager->Snapshot();
+  for (const SequenceId id :
+       {kNoSequence, SequenceId{-7}, std::numeric_limits<SequenceId>::min()}) {
+    const auto admitted = manager->Admit(id, Range(0, 5));
+    REQUIRE_STATUS_IS(admitted, kInvalidArgument);
+    REQUIRE(admitted.status().message().find("is negative") !=
+            absl::string_view::npos);
+    const absl::Status forked = manager->Fork(1, id);
+    REQUIRE_STATUS_IS(forked, kInvalidArgument);
+    REQUIRE(forked.message().find("is negative") != absl::string_view::npos);
+    REQUIRE(manager->Snapshot() == before);
+  }
+}
+
 TEST_CASE("shared system prompt is served from the cache in whole pages") {
   auto manager = MakeManager(Config(16));
   const std::vector<TokenId> system = Range(1, 8);  // two full pages

@@ -3,7 +3,11 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 
+#include "kvblock/block_pool.h"
+#include "kvblock/device.h"
+#include "kvblock/page_table.h"
 #include "test_util.h"
 
 namespace kvblock {
@@ -26,13 +30,13 @@ TEST_CASE("default config needs its counts chosen") {
 
 TEST_CASE("every non-positive count is rejected with its name") {
   int32_t PagedKvConfig::*fields[] = {
-      &PagedKvConfig::num_pages,    &PagedKvConfig::max_batch,
+      &PagedKvConfig::num_pages,         &PagedKvConfig::max_batch,
       &PagedKvConfig::max_pages_per_seq, &PagedKvConfig::page_size,
-      &PagedKvConfig::num_layers,   &PagedKvConfig::num_kv_heads,
+      &PagedKvConfig::num_layers,        &PagedKvConfig::num_kv_heads,
       &PagedKvConfig::head_dim,
   };
-  const char* names[] = {"num_pages",  "max_batch",    "max_pages_per_seq",
-                         "page_size",  "num_layers",   "num_kv_heads",
+  const char* names[] = {"num_pages", "max_batch",  "max_pages_per_seq",
+                         "page_size", "num_layers", "num_kv_heads",
                          "head_dim"};
   for (int i = 0; i < 7; ++i) {
     for (int32_t bad : {0, -1}) {
@@ -55,6 +59,26 @@ TEST_CASE("num_pages whose V ids overflow int32 is rejected") {
   config.head_dim = 1;
   config.page_size = 1;
   REQUIRE_OK(config.Validate());
+}
+
+TEST_CASE("config, pool and page table agree on the largest pool") {
+  // kMaxNumPages, 2^30 - 1, is accepted by all three; one more by none.
+  PagedKvConfig config = SmallConfig();
+  config.num_kv_heads = 1;
+  config.head_dim = 1;
+  config.page_size = 1;
+  config.num_pages = kMaxNumPages;
+  REQUIRE_OK(config.Validate());
+  std::unique_ptr<Device> device = Device::Host();
+  REQUIRE_OK(KVPageTable::Create(1, 1, kMaxNumPages, *device));
+  config.num_pages = kMaxNumPages + 1;
+  REQUIRE_STATUS_IS(config.Validate(), kInvalidArgument);
+  REQUIRE_STATUS_IS(KVPageTable::Create(1, 1, kMaxNumPages + 1, *device),
+                    kInvalidArgument);
+  const auto pool = BlockPool::Create(kMaxNumPages + 1);
+  REQUIRE_STATUS_IS(pool, kInvalidArgument);
+  REQUIRE(pool.status().message().find("1073741823") !=
+          absl::string_view::npos);
 }
 
 TEST_CASE("pool sizes that overflow int64 are rejected") {

@@ -61,9 +61,14 @@ namespace kvblock {
 
 // A sequence joining the batch: a prompt (fork_of == kNoSequence; `tokens` is
 // the prompt), or a fork of `fork_of` that then appends `tokens` (may be
-// empty). `fork_of` is running at the start of the step or joined earlier in
-// the same step; a fork of a prompt joining in the same step appends nothing
-// in that step (its prompt is prefilled by the step: nothing to copy yet).
+// empty). `id` is non-negative. `fork_of` is running at the start of the step
+// and not leaving in it, or joined earlier in the same step. Every fork is
+// made before any sequence appends, so it shares its parent's pages as they
+// were before this step's appends: a running parent's as at the start of the
+// step, a parent joining in this step's as it joined (a fork of a fork that
+// appends does not see the tokens that fork appends in this step). A fork of
+// a sequence joining in the same step appends nothing in that step (a
+// prompt's pages are prefilled by the step: nothing to copy yet).
 struct JoinRequest {
   SequenceId id = kNoSequence;
   SequenceId fork_of = kNoSequence;
@@ -98,7 +103,11 @@ struct StepResult {
   // pages changed, in the order of their old slots, then every join.
   absl::Span<const SlotId> changed_slots;
   absl::Span<const PageCopy> copies;  // CoW copies to run, in order.
-  int32_t new_pages = 0;              // pages allocated by the step.
+  // Pages the step allocated for tokens: the admitted prompts' pages that
+  // were not prefix hits, and the pages appends started. Copy-on-write
+  // destinations (one per entry of `copies`) and revived cached pages are
+  // not counted.
+  int32_t new_pages = 0;
 };
 
 // Host time of Commit's parts, summed over the calls made while phase timing
@@ -133,6 +142,19 @@ class BatchCommit {
   // out), OutOfRange (a sequence past max_pages_per_seq), FailedPrecondition
   // (the batch would exceed max_batch); and any error of the page table. On
   // error, everything is rolled back.
+  //
+  // The first error found is returned, in this order. Before any change:
+  // append_counts' length, a negative count, the counts' sum against
+  // append_tokens; then each leaving sequence, finished before preempted, in
+  // order (not running: NotFound; leaving twice, or given appends:
+  // InvalidArgument); then each join in order (a negative id, an id already
+  // live: AlreadyExists, a fork parent neither running nor joined before it
+  // (a leaving one included), a fork of a same-step join that appends, an id
+  // joining twice); then the batch size (FailedPrecondition). Then, applying:
+  // the frees, the admissions and forks in join order (the manager's errors:
+  // a prompt too long is OutOfRange, pages running out ResourceExhausted),
+  // the appends in slot order, then the forks' appends, and last the page
+  // table's edit.
   absl::StatusOr<StepResult> Commit(const StepPlan& plan);
 
   // Running sequences in slot order.

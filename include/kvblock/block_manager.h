@@ -194,7 +194,8 @@ class BlockManager {
 
   // Admits sequence `id` with `prompt`, taking prefix hits first;
   // `prompt_hashes` as for PlanAdmission, its first hash checked against the
-  // prompt's first page and `extra`. Errors: AlreadyExists for a live id;
+  // prompt's first page and `extra`. Errors: InvalidArgument for a negative
+  // id (kNoSequence names no sequence); AlreadyExists for a live id;
   // InvalidArgument / OutOfRange as PlanAdmission, and for a first hash that
   // does not match; ResourceExhausted when the pages (after eviction) would
   // leave fewer than the watermark free. On error, nothing changes.
@@ -225,7 +226,8 @@ class BlockManager {
                           AppendManyResult& result);
 
   // Makes `child` a copy of `parent` sharing every page. NotFound for an
-  // unknown parent; AlreadyExists for a live child. On error, nothing changes.
+  // unknown parent; InvalidArgument for a negative child id; AlreadyExists
+  // for a live child. On error, nothing changes.
   absl::Status Fork(SequenceId parent, SequenceId child);
 
   // Releases a finished sequence's pages (tail first). NotFound if unknown.

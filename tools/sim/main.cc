@@ -141,7 +141,15 @@ absl::StatusOr<std::vector<Request>> RequestsFromFlags(
           "--trace and --workload exclude each other");
     }
     source = absl::StrCat("trace ", trace);
-    return ReadTraceFile(trace, TraceLimitsFor(config));
+    absl::StatusOr<std::vector<Request>> requests =
+        ReadTraceFile(trace, TraceLimitsFor(config));
+    // An empty trace is a mistake (a wrong path, a failed export), not a
+    // run of nothing: bad input.
+    if (requests.ok() && requests->empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("trace ", trace, " holds no requests"));
+    }
+    return requests;
   }
   if (workload.empty()) workload = std::string(kDefaultWorkload);
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
