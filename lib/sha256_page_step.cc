@@ -17,6 +17,7 @@
 #include <cstring>
 
 #if KVBLOCK_SHA256_NI_ARCH
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -155,8 +156,14 @@ KVBLOCK_SHA_NI_TARGET inline void Compress(const uint8_t* block, State& state) {
 }  // namespace
 
 bool CpuHasSha256Ni() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("sha") && __builtin_cpu_supports("sse4.1");
+  // CPUID, not __builtin_cpu_supports: clang 14 knows no "sha" feature.
+  // SSE4.1 is leaf 1 ECX bit 19; the SHA extensions leaf 7 EBX bit 29.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0 || (ecx & (1u << 19)) == 0) {
+    return false;
+  }
+  return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0 &&
+         (ebx & (1u << 29)) != 0;
 }
 
 KVBLOCK_SHA_NI_TARGET BlockHash
