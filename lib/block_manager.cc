@@ -85,8 +85,7 @@ BlockManager::BlockManager(const PagedKvConfig& config,
       chain_(config.max_pages_per_seq),
       hit_pages_(config.max_pages_per_seq),
       page_scratch_(config.max_pages_per_seq) {
-  const int32_t max_sequences =
-      options.max_sequences > 0 ? options.max_sequences : 4 * config.max_batch;
+  const int32_t max_sequences = MaxSequences(config, options);
   first_page_.tokens.reserve(config.page_size);
   free_handles_.reserve(max_sequences);
   pending_free_.reserve(max_sequences);
