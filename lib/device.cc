@@ -81,7 +81,7 @@ void DeviceEvent::Reset() {
 
 absl::StatusOr<DeviceBuffer> Device::Allocate(size_t bytes) {
   if (bytes == 0) {
-    return absl::InvalidArgumentError("device allocation of 0 bytes");
+    return absl::InvalidArgumentError("device: allocation of 0 bytes");
   }
   KVBLOCK_ASSIGN_OR_RETURN(void* data, AllocateRaw(bytes));
   return DeviceBuffer(this, data, bytes);
@@ -89,7 +89,7 @@ absl::StatusOr<DeviceBuffer> Device::Allocate(size_t bytes) {
 
 absl::StatusOr<PinnedBuffer> Device::AllocatePinned(size_t bytes) {
   if (bytes == 0) {
-    return absl::InvalidArgumentError("pinned allocation of 0 bytes");
+    return absl::InvalidArgumentError("device: pinned allocation of 0 bytes");
   }
   KVBLOCK_ASSIGN_OR_RETURN(void* data, AllocatePinnedRaw(bytes));
   return PinnedBuffer(this, data, bytes);
@@ -105,7 +105,7 @@ absl::Status Device::CopyToDevice(const void* src, void* dst, size_t bytes,
   if (bytes == 0) return absl::OkStatus();
   if (src == nullptr || dst == nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat("copy to device of ", bytes, " bytes with a null ",
+        absl::StrCat("device: copy to device of ", bytes, " bytes with a null ",
                      src == nullptr ? "source" : "destination"));
   }
   KVBLOCK_RETURN_IF_ERROR(CopyToDeviceRaw(src, dst, bytes, stream));
@@ -119,15 +119,16 @@ absl::Status Device::ApplyPageTablePatch(const PageTablePatch& patch,
   if (patch.num_ranges == 0) return absl::OkStatus();
   if (patch.num_ranges < 0 || patch.max_batch <= 0 ||
       patch.max_pages_per_seq <= 0 || patch.num_pages <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "page table patch: num_ranges ", patch.num_ranges, ", max_batch ",
-        patch.max_batch, ", max_pages_per_seq ", patch.max_pages_per_seq,
-        ", num_pages ", patch.num_pages, ": want positive values"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device: page table patch: num_ranges ", patch.num_ranges,
+                     ", max_batch ", patch.max_batch, ", max_pages_per_seq ",
+                     patch.max_pages_per_seq, ", num_pages ", patch.num_pages,
+                     ": want positive values"));
   }
   if (patch.table == nullptr || patch.ids == nullptr ||
       patch.ranges == nullptr) {
     return absl::InvalidArgumentError(
-        "page table patch: null table, ids or ranges");
+        "device: page table patch: null table, ids or ranges");
   }
   return ApplyPageTablePatchRaw(patch, stream);
 }
@@ -194,7 +195,7 @@ class HostDevice final : public Device {
     void* data = std::calloc(1, bytes);
     if (data == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "host device: out of memory allocating ", bytes, " bytes"));
+          "device: host: out of memory allocating ", bytes, " bytes"));
     }
     return data;
   }
@@ -209,12 +210,12 @@ std::unique_ptr<Device> Device::Host() {
 absl::StatusOr<std::unique_ptr<Device>> Device::Cuda(int ordinal) {
   if (ordinal < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "cuda device ordinal must be non-negative, got ", ordinal));
+        "device: cuda ordinal must be non-negative, got ", ordinal));
   }
 #ifdef KVBLOCK_HAVE_CUDA
   return internal::OpenCudaDevice(ordinal);
 #else
-  return absl::UnavailableError("kvblock was built without CUDA");
+  return absl::UnavailableError("device: kvblock was built without CUDA");
 #endif
 }
 

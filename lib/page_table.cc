@@ -179,12 +179,16 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status KVPageTable::ValidateRow(
 absl::Status KVPageTable::SetRow(SlotId slot,
                                  absl::Span<const PageId> k_page_ids) {
   if (slot < 0 || slot >= max_batch_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("slot ", slot, " is outside [0, ", max_batch_, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page table: slot ", slot, " is outside [0, ", max_batch_, ")"));
   }
   const int64_t count = static_cast<int64_t>(k_page_ids.size());
-  KVBLOCK_RETURN_IF_ERROR(
-      ValidateRow(slot, k_page_ids.data(), count, 0, Length(slot)));
+  if (absl::Status status =
+          ValidateRow(slot, k_page_ids.data(), count, 0, Length(slot));
+      !status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page table: ", status.message()));
+  }
   WriteRow(slot, k_page_ids.data(), static_cast<int32_t>(count), 0);
   is_identity_ = false;
   return absl::OkStatus();
@@ -209,20 +213,20 @@ absl::Status KVPageTable::Check(const KVPageTableEdit& edit) {
     for (const SlotId slot : {move.from, move.to}) {
       if (slot < 0 || slot >= max_batch_) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "move ", i, ": slot ", slot, " (from ", move.from, " to ", move.to,
-            ") is outside [0, ", max_batch_, ")"));
+            "page table: move ", i, ": slot ", slot, " (from ", move.from,
+            " to ", move.to, ") is outside [0, ", max_batch_, ")"));
       }
     }
     Mark& source = source_marks_[move.from];
     if (source.stamp == stamp) {
       return absl::InvalidArgumentError(
-          absl::StrCat("move ", i, ": slot ", move.from,
+          absl::StrCat("page table: move ", i, ": slot ", move.from,
                        " is already moved by move ", source.owner));
     }
     Mark& destination = destination_marks_[move.to];
     if (destination.stamp == stamp) {
       return absl::InvalidArgumentError(
-          absl::StrCat("move ", i, ": slot ", move.to,
+          absl::StrCat("page table: move ", i, ": slot ", move.to,
                        " already receives move ", destination.owner));
     }
     // At most one move per slot each way, so i < max_batch here.
@@ -233,20 +237,20 @@ absl::Status KVPageTable::Check(const KVPageTableEdit& edit) {
     const KVPageTableRowUpdate& update = edit.rows[i];
     if (update.slot < 0 || update.slot >= max_batch_) {
       return absl::InvalidArgumentError(
-          absl::StrCat("update ", i, ": slot ", update.slot, " is outside [0, ",
-                       max_batch_, ")"));
+          absl::StrCat("page table: update ", i, ": slot ", update.slot,
+                       " is outside [0, ", max_batch_, ")"));
     }
     if (absl::Status status = ValidateRow(
             update.slot, update.k_page_ids, update.count, update.first,
             LengthAfterMoves(update.slot, edit.moves));
         !status.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("update ", i, ": ", status.message()));
+          absl::StrCat("page table: update ", i, ": ", status.message()));
     }
     Mark& mark = update_marks_[update.slot];
     if (mark.stamp == stamp) {
       return absl::InvalidArgumentError(
-          absl::StrCat("update ", i, ": slot ", update.slot,
+          absl::StrCat("page table: update ", i, ": slot ", update.slot,
                        " is already set by update ", mark.owner));
     }
     // A slot appears at most once, so i < max_batch here.
@@ -301,14 +305,14 @@ void KVPageTable::ApplyChecked(const KVPageTableEdit& edit) {
 absl::Status KVPageTable::CompactRows(absl::Span<const SlotId> old_to_new,
                                       int32_t new_batch) {
   if (old_to_new.size() != static_cast<size_t>(max_batch_)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("compact rows: old_to_new has ", old_to_new.size(),
-                     " entries, want max_batch ", max_batch_));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page table: compact rows: old_to_new has ", old_to_new.size(),
+        " entries, want max_batch ", max_batch_));
   }
   if (new_batch < 0 || new_batch > max_batch_) {
     return absl::InvalidArgumentError(
-        absl::StrCat("compact rows: new_batch ", new_batch, " is outside [0, ",
-                     max_batch_, "]"));
+        absl::StrCat("page table: compact rows: new_batch ", new_batch,
+                     " is outside [0, ", max_batch_, "]"));
   }
   // The map as an edit: a move per survivor that changes slot, a clear per
   // retired row that no survivor lands on (a survivor's old slot that no
@@ -321,13 +325,13 @@ absl::Status KVPageTable::CompactRows(absl::Span<const SlotId> old_to_new,
     if (new_slot == kNoSlot) continue;
     if (new_slot < 0 || new_slot >= new_batch) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "compact rows: old slot ", old_slot, " maps to ", new_slot,
-          ", outside [0, new_batch ", new_batch, ") and not -1"));
+          "page table: compact rows: old slot ", old_slot, " maps to ",
+          new_slot, ", outside [0, new_batch ", new_batch, ") and not -1"));
     }
     Mark& mark = update_marks_[new_slot];
     if (mark.stamp == stamp) {
       return absl::InvalidArgumentError(
-          absl::StrCat("compact rows: new slot ", new_slot,
+          absl::StrCat("page table: compact rows: new slot ", new_slot,
                        " receives old slots ", mark.owner, " and ", old_slot));
     }
     mark = {stamp, old_slot};
@@ -337,9 +341,10 @@ absl::Status KVPageTable::CompactRows(absl::Span<const SlotId> old_to_new,
   if (mapped != new_batch) {
     SlotId missing = 0;
     while (update_marks_[missing].stamp == stamp) ++missing;
-    return absl::InvalidArgumentError(absl::StrCat(
-        "compact rows: new slot ", missing, " receives no old slot (", mapped,
-        " old slots map to new_batch ", new_batch, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("page table: compact rows: new slot ", missing,
+                     " receives no old slot (", mapped,
+                     " old slots map to new_batch ", new_batch, ")"));
   }
   size_t clears = 0;
   for (SlotId slot = 0; slot < max_batch_; ++slot) {
@@ -355,7 +360,7 @@ absl::Status KVPageTable::CompactRows(absl::Span<const SlotId> old_to_new,
   // A valid map makes a valid edit: a failure here is a bug of this file.
   if (absl::Status status = Check(edit); !status.ok()) {
     return absl::InternalError(
-        absl::StrCat("compact rows: ", status.message()));
+        absl::StrCat("page table: compact rows: ", status.message()));
   }
   ApplyChecked(edit);
   is_identity_ = false;
@@ -376,7 +381,7 @@ absl::Status KVPageTable::CheckInvariants() const {
     const int32_t length = Length(slot);
     if (length < 0 || length > max_pages_per_seq_) {
       return absl::InternalError(
-          absl::StrCat("page table row ", slot, ": length ", length,
+          absl::StrCat("page table: row ", slot, ": length ", length,
                        " is outside [0, ", max_pages_per_seq_, "]"));
     }
     const PageId* row = Row(slot);
@@ -384,33 +389,35 @@ absl::Status KVPageTable::CheckInvariants() const {
       const bool live = i < length;
       if (live ? row[i] < 0 || row[i] >= num_pages_ : row[i] != kNoPage) {
         return absl::InternalError(absl::StrCat(
-            "page table row ", slot, ": entry ", i, " is ", row[i],
+            "page table: row ", slot, ": entry ", i, " is ", row[i],
             live ? absl::StrCat(", want a page in [0, ", num_pages_, ")")
                  : absl::StrCat(", want -1 after ", length, " live pages")));
       }
       if (is_identity_ && row[i] != RowOffset(slot) + i) {
         return absl::InternalError(absl::StrCat(
-            "page table row ", slot, ": identity row holds page ", row[i],
+            "page table: row ", slot, ": identity row holds page ", row[i],
             " at index ", i, ", want ", RowOffset(slot) + i));
       }
     }
     if (device_lengths_[slot] < 0 ||
         device_lengths_[slot] > max_pages_per_seq_) {
       return absl::InternalError(absl::StrCat(
-          "page table row ", slot, ": device length ", device_lengths_[slot],
+          "page table: row ", slot, ": device length ", device_lengths_[slot],
           " is outside [0, ", max_pages_per_seq_, "]"));
     }
     if (changed_[slot] == 0 && uploaded_once_ &&
         device_lengths_[slot] != length) {
       return absl::InternalError(absl::StrCat(
-          "page table row ", slot, ": unchanged since the upload, yet ", length,
-          " live ids here and ", device_lengths_[slot], " on the device"));
+          "page table: row ", slot, ": unchanged since the upload, yet ",
+          length, " live ids here and ", device_lengths_[slot],
+          " on the device"));
     }
     if (changed_[slot] != 0 && (written_from_[slot] < 0 ||
                                 written_from_[slot] > device_lengths_[slot])) {
-      return absl::InternalError(absl::StrCat(
-          "page table row ", slot, ": written from entry ", written_from_[slot],
-          ", past the device's ", device_lengths_[slot], " live ids"));
+      return absl::InternalError(
+          absl::StrCat("page table: row ", slot, ": written from entry ",
+                       written_from_[slot], ", past the device's ",
+                       device_lengths_[slot], " live ids"));
     }
   }
   size_t flagged = 0;
@@ -469,12 +476,12 @@ absl::Status KVPageTable::BadIdError(const PageTablePatchRange& range) const {
   for (int32_t i = first; i < first + range.count; ++i) {
     if (row[i] < 0 || row[i] >= num_pages_) {
       return absl::InternalError(
-          absl::StrCat("page table row ", slot, ": entry ", i, " is ", row[i],
+          absl::StrCat("page table: row ", slot, ": entry ", i, " is ", row[i],
                        ", want a page in [0, ", num_pages_, ")"));
     }
   }
   return absl::InternalError(
-      absl::StrCat("page table row ", slot, ": a bad id vanished"));
+      absl::StrCat("page table: row ", slot, ": a bad id vanished"));
 }
 
 absl::Status KVPageTable::CheckPatchIds() const {
@@ -618,7 +625,7 @@ absl::StatusOr<absl::Span<const PageId>> KVPageTable::HostRow(
     SlotId slot) const {
   if (slot < 0 || slot >= max_batch_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "host row: slot ", slot, " is outside [0, ", max_batch_, ")"));
+        "page table: slot ", slot, " is outside [0, ", max_batch_, ")"));
   }
   return absl::Span<const PageId>(Row(slot), max_pages_per_seq_);
 }

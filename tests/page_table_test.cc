@@ -138,8 +138,9 @@ TEST_CASE("set row rejects a bad slot, count or id and changes nothing") {
   REQUIRE_FAILS_UNCHANGED(*table, table->SetRow(2, {3, kNoPage}),
                           kInvalidArgument);
   const absl::Status status = table->SetRow(2, {1, 99});
-  REQUIRE(status.message() ==
-          "slot 2: page id 99 at index 1 is outside [0, num_pages 16)");
+  REQUIRE(
+      status.message() ==
+      "page table: slot 2: page id 99 at index 1 is outside [0, num_pages 16)");
 }
 
 TEST_CASE("set rows applies every update as one commit") {
@@ -171,15 +172,15 @@ TEST_CASE("set rows validates every update before applying any") {
   SECTION("a bad update after good ones") {
     const KVPageTableRowUpdate updates[] = {{0, good, 2}, {1, bad_id, 2}};
     REQUIRE_FAILS_UNCHANGED(*table, table->SetRows(updates), kInvalidArgument);
-    REQUIRE(table->SetRows(updates).message().substr(0, 16) ==
-            "update 1: slot 1");
+    REQUIRE(table->SetRows(updates).message().substr(0, 28) ==
+            "page table: update 1: slot 1");
   }
   SECTION("a slot at most once") {
     const KVPageTableRowUpdate updates[] = {
         {1, good, 2}, {2, good, 1}, {1, nullptr, 0}};
     REQUIRE_FAILS_UNCHANGED(*table, table->SetRows(updates), kInvalidArgument);
     REQUIRE(table->SetRows(updates).message() ==
-            "update 2: slot 1 is already set by update 0");
+            "page table: update 2: slot 1 is already set by update 0");
   }
   SECTION("bad slots, counts and null ids") {
     for (const KVPageTableRowUpdate& update :
@@ -230,7 +231,8 @@ TEST_CASE("set rows rejects a first outside the row's live ids or the count") {
   }
   const KVPageTableRowUpdate past_live[] = {{0, ids, 3, 3}};
   REQUIRE(table->SetRows(past_live).message() ==
-          "update 0: slot 0: first 3 is outside [0, min(count 3, live ids 2)]");
+          "page table: update 0: slot 0: first 3 is outside [0, min(count 3, "
+          "live ids 2)]");
 }
 
 TEST_CASE("create rejects staging that cannot hold one row") {
@@ -313,16 +315,16 @@ TEST_CASE("apply rejects a bad move or update and changes nothing") {
   REQUIRE_FAILS_UNCHANGED(*table, apply(Moves{{0, 1}, {kBatch, 0}}),
                           kInvalidArgument);
   REQUIRE(apply(Moves{{0, 1}, {kBatch, 0}}).message() ==
-          "move 1: slot 4 (from 4 to 0) is outside [0, 4)");
+          "page table: move 1: slot 4 (from 4 to 0) is outside [0, 4)");
   REQUIRE_FAILS_UNCHANGED(*table, apply(Moves{{0, -1}}), kInvalidArgument);
   REQUIRE_FAILS_UNCHANGED(*table, apply(Moves{{0, 1}, {0, 2}}),
                           kInvalidArgument);
   REQUIRE(apply(Moves{{0, 1}, {0, 2}}).message() ==
-          "move 1: slot 0 is already moved by move 0");
+          "page table: move 1: slot 0 is already moved by move 0");
   REQUIRE_FAILS_UNCHANGED(*table, apply(Moves{{0, 1}, {2, 1}}),
                           kInvalidArgument);
   REQUIRE(apply(Moves{{0, 1}, {2, 1}}).message() ==
-          "move 1: slot 1 already receives move 0");
+          "page table: move 1: slot 1 already receives move 0");
   const PageId ids[] = {1};
   const KVPageTableRowMove move{0, 1};
   const KVPageTableRowUpdate twice[] = {{1, ids, 1}, {1, nullptr, 0}};
@@ -330,14 +332,16 @@ TEST_CASE("apply rejects a bad move or update and changes nothing") {
                           table->Apply({.moves = {&move, 1}, .rows = twice}),
                           kInvalidArgument);
   REQUIRE(table->Apply({.moves = {&move, 1}, .rows = twice}).message() ==
-          "update 1: slot 1 is already set by update 0");
+          "page table: update 1: slot 1 is already set by update 0");
   // The source of a move that no move fills is empty: first 1 is past it.
   const KVPageTableRowUpdate into_emptied[] = {{0, ids, 1, 1}};
   REQUIRE_FAILS_UNCHANGED(
       *table, table->Apply({.moves = {&move, 1}, .rows = into_emptied}),
       kInvalidArgument);
   REQUIRE(table->Apply({.moves = {&move, 1}, .rows = into_emptied}).message() ==
-          "update 0: slot 0: first 1 is outside [0, min(count 1, live ids 0)]");
+          "page table: update 0: slot 0: first 1 is outside [0, min(count 1, "
+          "live ids "
+          "0)]");
 }
 
 TEST_CASE("compaction moves surviving rows and clears the rest") {
@@ -400,13 +404,14 @@ TEST_CASE("compaction rejects a bad map and changes nothing") {
   REQUIRE_FAILS_UNCHANGED(*table, table->CompactRows(Map{0, 1, 1, 2}, 3),
                           kInvalidArgument);
   REQUIRE(table->CompactRows(Map{0, 1, 1, 2}, 3).message() ==
-          "compact rows: new slot 1 receives old slots 1 and 2");
+          "page table: compact rows: new slot 1 receives old slots 1 and 2");
   // A destination not at all.
   REQUIRE_FAILS_UNCHANGED(*table,
                           table->CompactRows(Map{0, kNoSlot, 2, kNoSlot}, 3),
                           kInvalidArgument);
   REQUIRE(table->CompactRows(Map{0, kNoSlot, 2, kNoSlot}, 3).message() ==
-          "compact rows: new slot 1 receives no old slot (2 old slots map to "
+          "page table: compact rows: new slot 1 receives no old slot (2 old "
+          "slots map to "
           "new_batch 3)");
 }
 
@@ -567,7 +572,7 @@ TEST_CASE("a bad id in the host rows fails the upload before it sends") {
   const absl::StatusOr<bool> uploaded = table->Upload(nullptr);
   REQUIRE_STATUS_IS(uploaded, kInternal);
   REQUIRE(uploaded.status().message() ==
-          "page table row 2: entry 1 is 19, want a page in [0, 16)");
+          "page table: row 2: entry 1 is 19, want a page in [0, 16)");
   REQUIRE(device.stats().copies == before.copies);
   REQUIRE_STATUS_IS(table->CheckInvariants(), kInternal);
   row[1] = 2;
