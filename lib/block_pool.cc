@@ -2,6 +2,7 @@
 #include "kvblock/block_pool.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "fault_injection.h"
+#include "prefix_index.h"
 #include "reservation.h"
 #include "status_macros.h"
 
@@ -75,7 +77,7 @@ BlockPool::BlockPool(int32_t num_pages, const BlockPoolOptions& options)
     : num_pages_(num_pages),
       max_refcount_(options.max_refcount),
       pages_(num_pages + 1),
-      index_(num_pages) {
+      index_(std::make_unique<PrefixIndex>(num_pages)) {
   pages_[num_pages_].lru_prev = num_pages_;
   pages_[num_pages_].lru_next = num_pages_;
   free_stack_.reserve(num_pages_);
@@ -84,6 +86,10 @@ BlockPool::BlockPool(int32_t num_pages, const BlockPoolOptions& options)
   }
   journal_.reserve(options.journal_reserve);
 }
+
+BlockPool::~BlockPool() = default;
+
+int32_t BlockPool::NumCached() const { return index_->size(); }
 
 absl::Status BlockPool::InjectedAllocationFault() const {
   return absl::ResourceExhaustedError(absl::StrCat(
@@ -139,7 +145,7 @@ inline void BlockPool::PrefetchNextEvictions(PageId victim) const {
   // after it is the line to bring in for the eviction after that. An LRU
   // change in between only wastes a prefetch.
   const PageState& next = pages_[pages_[victim].lru_next];
-  index_.Prefetch(next.tag);
+  index_->Prefetch(next.tag);
   __builtin_prefetch(&pages_[next.lru_next]);
 }
 
@@ -153,7 +159,9 @@ PageId BlockPool::AllocateUnchecked() {
     page = pages_[num_pages_].lru_next;
     PrefetchNextEvictions(page);
     Unlink(page);
-    index_.Erase(pages_[page].tag, page);
+    // Holds by construction: every cached page is indexed (CheckInvariants).
+    [[maybe_unused]] const bool erased = index_->Erase(pages_[page].tag, page);
+    assert(erased);
     pages_[page].cached = 0;
     ++stats_.evictions;
     Journal(UndoRecord::Op::kEvict, page, kNoPage, pages_[page].hash);
@@ -222,7 +230,9 @@ absl::StatusOr<CopyOnWrite> BlockPool::Writable(PageId page) {
     if (!IsUsed(page)) return UnusedError(page);
     if (pages_[page].refcount == 1) {
       if (pages_[page].cached) {
-        index_.Erase(pages_[page].tag, page);
+        [[maybe_unused]] const bool erased =
+            index_->Erase(pages_[page].tag, page);
+        assert(erased);
         pages_[page].cached = 0;
         Journal(UndoRecord::Op::kUncache, page, kNoPage, pages_[page].hash);
       }
@@ -256,10 +266,14 @@ absl::StatusOr<PageId> BlockPool::RegisterCached(PageId page,
         ShortHash(pages_[page].hash), "..., not ", ShortHash(hash), "..."));
   }
   const uint32_t tag = PrefixIndex::Tag(hash);
-  if (const PageId indexed = index_.Insert(tag, hash, page, hash_of());
-      indexed != page) {
-    return indexed;
+  const PageId indexed = index_->Insert(tag, hash, page, hash_of());
+  if (indexed == kNoPage) {
+    // Cannot happen: the index has room for every page of the pool.
+    return absl::InternalError(
+        absl::StrCat("block pool: the prefix index is full with ",
+                     index_->size(), " pages (a broken invariant)"));
   }
+  if (indexed != page) return indexed;
   pages_[page].cached = 1;
   pages_[page].hash = hash;
   pages_[page].tag = tag;
@@ -269,7 +283,7 @@ absl::StatusOr<PageId> BlockPool::RegisterCached(PageId page,
 }
 
 std::optional<PageId> BlockPool::Lookup(const BlockHash& hash) const {
-  const PageId page = index_.Find(hash, hash_of());
+  const PageId page = index_->Find(hash, hash_of());
   if (page == kNoPage) return std::nullopt;
   return page;
 }
@@ -283,7 +297,7 @@ absl::StatusOr<int32_t> BlockPool::AcquireCachedPrefix(
   }
   int32_t hits = 0;
   for (const BlockHash& hash : chain) {
-    const PageId page = index_.Find(hash, hash_of());
+    const PageId page = index_->Find(hash, hash_of());
     if (page == kNoPage) break;
     pages[hits++] = page;
   }
@@ -343,8 +357,8 @@ absl::Status BlockPool::ResetPrefixCache() {
     Unlink(page);
     free_stack_.push_back(page);
   }
-  index_.ForEach([this](PageId page) { pages_[page].cached = 0; });
-  index_.Clear();
+  index_->ForEach([this](PageId page) { pages_[page].cached = 0; });
+  index_->Clear();
   return absl::OkStatus();
 }
 
@@ -383,7 +397,10 @@ void BlockPool::Recache(PageId page, const BlockHash& hash) {
   state.cached = 1;
   state.hash = hash;
   state.tag = PrefixIndex::Tag(hash);
-  index_.Insert(state.tag, hash, page, hash_of());
+  // Room by construction: the page was indexed before the change undone.
+  [[maybe_unused]] const PageId indexed =
+      index_->Insert(state.tag, hash, page, hash_of());
+  assert(indexed == page);
 }
 
 // Records are undone newest first, so the pool is exactly as it was right
@@ -419,10 +436,13 @@ void BlockPool::Undo(const UndoRecord& record) {
       pages_[page].refcount = 0;
       LinkAfter(record.prev, page);
       break;
-    case UndoRecord::Op::kRegister:
-      index_.Erase(pages_[page].tag, page);
+    case UndoRecord::Op::kRegister: {
+      [[maybe_unused]] const bool erased =
+          index_->Erase(pages_[page].tag, page);
+      assert(erased);
       pages_[page].cached = 0;
       break;
+    }
     case UndoRecord::Op::kUncache:
       Recache(page, record.hash);
       break;
@@ -483,7 +503,7 @@ absl::Status BlockPool::CheckInvariants() const {
     num_used += refcount > 0 ? 1 : 0;
     if (pages_[page].cached) {
       ++num_cached;
-      if (index_.Find(pages_[page].hash, hash_of()) != page) {
+      if (index_->Find(pages_[page].hash, hash_of()) != page) {
         return broken("cached page ", page, " is not indexed under its hash");
       }
       if (pages_[page].tag != PrefixIndex::Tag(pages_[page].hash)) {
@@ -491,7 +511,7 @@ absl::Status BlockPool::CheckInvariants() const {
       }
     }
   }
-  KVBLOCK_RETURN_IF_ERROR(index_.CheckInvariants(hash_of()));
+  KVBLOCK_RETURN_IF_ERROR(index_->CheckInvariants(hash_of()));
   if (num_cached != NumCached()) {
     return broken("index holds ", NumCached(), " hashes for ", num_cached,
                   " cached pages");

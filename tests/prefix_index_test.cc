@@ -1,5 +1,5 @@
 // Copyright 2026 The kvblock Authors.
-#include "kvblock/prefix_index.h"
+#include "prefix_index.h"
 
 #include <cstdint>
 #include <map>
@@ -37,7 +37,7 @@ TEST_CASE("prefix index finds, refuses duplicates and erases") {
   REQUIRE(index.Find(TestHash(12), keys) == kNoPage);
   REQUIRE_OK(index.CheckInvariants(keys));
 
-  index.Erase(PrefixIndex::Tag(TestHash(10)), 0);
+  REQUIRE(index.Erase(PrefixIndex::Tag(TestHash(10)), 0));
   REQUIRE(index.Find(TestHash(10), keys) == kNoPage);
   REQUIRE(index.Find(TestHash(11), keys) == 1);
   REQUIRE(index.size() == 1);
@@ -49,6 +49,31 @@ TEST_CASE("prefix index finds, refuses duplicates and erases") {
   index.Clear();
   REQUIRE(index.size() == 0);
   REQUIRE(index.Find(TestHash(11), keys) == kNoPage);
+}
+
+TEST_CASE("a broken contract is refused after one pass, never probed forever") {
+  // An index for 1 entry has 2 buckets of 7: fill all 14, past the contract.
+  constexpr int kCapacity = 2 * PrefixIndex::kEntriesPerBucket;
+  Keys keys;
+  for (int i = 0; i <= kCapacity; ++i) keys.by_page.push_back(TestHash(i));
+  PrefixIndex index(1);
+  REQUIRE(index.num_buckets() == 2);
+  for (PageId page = 0; page < kCapacity; ++page) {
+    REQUIRE(index.Insert(PrefixIndex::Tag(keys(page)), keys(page), page,
+                         keys) == page);
+  }
+  // Full: the next insert returns kNoPage and changes nothing.
+  REQUIRE(index.Insert(PrefixIndex::Tag(keys(kCapacity)), keys(kCapacity),
+                       kCapacity, keys) == kNoPage);
+  REQUIRE(index.size() == kCapacity);
+  REQUIRE(index.Find(keys(kCapacity), keys) == kNoPage);
+  REQUIRE_OK(index.CheckInvariants(keys));
+  // Erasing a page it does not hold returns false, also when full.
+  REQUIRE_FALSE(index.Erase(PrefixIndex::Tag(keys(kCapacity)), kCapacity));
+  REQUIRE(index.size() == kCapacity);
+  REQUIRE(index.Erase(PrefixIndex::Tag(keys(3)), 3));
+  REQUIRE_FALSE(index.Erase(PrefixIndex::Tag(keys(3)), 3));
+  REQUIRE_OK(index.CheckInvariants(keys));
 }
 
 TEST_CASE("prefix index invariants catch a key changed under the index") {

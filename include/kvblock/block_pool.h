@@ -9,11 +9,11 @@
 //   - free:      refcount 0, not cached, on the LIFO free stack;
 //   - evictable: refcount 0, cached, on the LRU list (head = least recently
 //                released, evicted first; tail = most recently released).
-// The prefix index (PrefixIndex: buckets of one cache line, the keys stay
-// with the pages) maps a BlockHash to exactly the cached pages, one hash per
-// page and one page per hash. `Allocate` pops the free stack first and evicts
-// the LRU head (dropping its hash) only when the stack is empty. Initially the
-// stack hands out pages 0, 1, 2, ... in that order.
+// The prefix index (lib/prefix_index.h: buckets of one cache line, the keys
+// stay with the pages) maps a BlockHash to exactly the cached pages, one hash
+// per page and one page per hash. `Allocate` pops the free stack first and
+// evicts the LRU head (dropping its hash) only when the stack is empty.
+// Initially the stack hands out pages 0, 1, 2, ... in that order.
 //
 // Releasing a sequence's pages last page first (SequenceBlockTable::ReleaseAll
 // does) puts its continuation nearer the LRU head than its prefix, so a shared
@@ -54,10 +54,11 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kvblock/block_hash.h"
-#include "kvblock/prefix_index.h"
 #include "kvblock/types.h"
 
 namespace kvblock {
+
+class PrefixIndex;  // internal: lib/prefix_index.h
 
 // What `BlockPool::Writable` decided.
 struct CopyOnWrite {
@@ -141,6 +142,7 @@ class BlockPool {
 
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
+  ~BlockPool();
 
   // A page with refcount 1: the top of the free stack, else the evicted LRU
   // head (its hash leaves the index). ResourceExhausted when every page is
@@ -246,7 +248,7 @@ class BlockPool {
   // Cached pages with refcount 0 (on the LRU list).
   int32_t NumEvictable() const { return num_evictable_; }
   // Cached pages, used or evictable (entries of the prefix index).
-  int32_t NumCached() const { return index_.size(); }
+  int32_t NumCached() const;
   // Pages with refcount > 0.
   int32_t NumUsed() const { return num_pages_ - NumFree(); }
   int32_t num_pages() const { return num_pages_; }
@@ -332,7 +334,7 @@ class BlockPool {
   // Exactly the free pages, top = back(); capacity num_pages_.
   std::vector<PageId> free_stack_;
   // Exactly the cached pages, each under pages_[p].hash (which HashOf reads).
-  PrefixIndex index_;
+  std::unique_ptr<PrefixIndex> index_;
   struct HashOf {
     const std::vector<PageState>* pages;
     const BlockHash& operator()(PageId page) const {

@@ -1,6 +1,7 @@
 // Copyright 2026 The kvblock Authors.
 //
-// PrefixIndex: the prefix cache's index inside BlockPool, block hash -> page.
+// Internal: PrefixIndex, the prefix cache's index inside BlockPool, block
+// hash -> page.
 //
 // Buckets of one cache line: 7 entries, each a 32-bit tag of the hash (never
 // 0, the tag of a free entry) and a page id, plus an overflow count. The hashes
@@ -24,10 +25,12 @@
 // Capacity is fixed at construction (max_entries / 4.9 buckets rounded up to
 // a power of two, at least 2), so nothing allocates after it. The caller
 // keeps at most max_entries pages indexed and erases only indexed pages
-// (BlockPool: one entry per cached page); a broken contract fails an assert
-// (unless NDEBUG) instead of probing forever. Thread-compatible.
-#ifndef KVBLOCK_PREFIX_INDEX_H_
-#define KVBLOCK_PREFIX_INDEX_H_
+// (BlockPool: one entry per cached page). Every probe is bounded by the
+// number of buckets, so a broken contract cannot make any build probe
+// forever: Insert into a full index and Erase of a page it does not hold
+// return false, which BlockPool reports as Internal. Thread-compatible.
+#ifndef KVBLOCK_LIB_PREFIX_INDEX_H_
+#define KVBLOCK_LIB_PREFIX_INDEX_H_
 
 #include <algorithm>
 #include <bit>
@@ -98,9 +101,10 @@ class PrefixIndex {
   }
 
   // Indexes `page` under `hash` unless a page is indexed there already;
-  // returns that page, or `page`. O(1) expected.
-  // REQUIRES: `tag` == Tag(hash); fewer than max_entries pages indexed, or
-  // `hash` among them.
+  // returns that page, or `page`; kNoPage when every entry is taken (a
+  // broken contract: the caller keeps at most max_entries pages indexed).
+  // O(1) expected, O(buckets) at worst.
+  // REQUIRES: `tag` == Tag(hash).
   template <typename HashOf>
   PageId Insert(uint32_t tag, const BlockHash& hash, PageId page,
                 const HashOf& hash_of) {
@@ -122,13 +126,12 @@ class PrefixIndex {
       }
       if (LastOfSearch(bucket, b, home)) break;
     }
-    assert(size_ < max_entries_);
-    if (target == kNoBucket) {
-      do {
-        b = Next(b);
-      } while ((free_entries = buckets_[b].Free()) == 0);
-      target = b;
+    // No free entry on the search path: the next one after it, if any.
+    for (size_t n = 1; target == kNoBucket && n < buckets_.size(); ++n) {
+      b = Next(b);
+      if ((free_entries = buckets_[b].Free()) != 0) target = b;
     }
+    if (target == kNoBucket) return kNoPage;
     Bucket& bucket = buckets_[target];
     const int entry = std::countr_zero(free_entries);
     bucket.tags[entry] = tag;
@@ -140,14 +143,15 @@ class PrefixIndex {
     return page;
   }
 
-  // Removes `page`, indexed under a hash whose Tag is `tag`. O(1) expected.
-  // REQUIRES: `page` is indexed under such a hash.
-  void Erase(uint32_t tag, PageId page) {
+  // Removes `page`, indexed under a hash whose Tag is `tag`, and returns
+  // true; false, changing nothing, when no bucket holds it (a broken
+  // contract). O(1) expected, O(buckets) at worst.
+  bool Erase(uint32_t tag, PageId page) {
     const size_t home = Home(tag);
     size_t b = home;
     uint32_t m;
-    while ((m = buckets_[b].Holds(page)) == 0) {
-      assert(buckets_[b].overflow() > 0);
+    for (size_t n = 0; (m = buckets_[b].Holds(page)) == 0; ++n) {
+      if (n + 1 == buckets_.size()) return false;
       b = Next(b);
     }
     const int entry = std::countr_zero(m);
@@ -157,6 +161,7 @@ class PrefixIndex {
       --buckets_[passed].tags[kOverflow];
     }
     --size_;
+    return true;
   }
 
   // Starts loading the home bucket of keys whose Tag is `tag`.
@@ -300,4 +305,4 @@ class PrefixIndex {
 
 }  // namespace kvblock
 
-#endif  // KVBLOCK_PREFIX_INDEX_H_
+#endif  // KVBLOCK_LIB_PREFIX_INDEX_H_
