@@ -44,6 +44,7 @@ BatchCommit::BatchCommit(BlockManager& manager, KVPageTable& table)
   map_marks_.reserve(2 * max_batch);
   zero_counts_.assign(max_batch, 0);
   appended_.changed.reserve(max_batch);
+  appended_.pages.reserve(max_batch);
   appended_.first_changed_page.reserve(max_batch);
   appended_.copies.reserve(max_batch);
   changed_slots_.reserve(max_batch);
@@ -201,14 +202,12 @@ SlotId BatchCommit::RunningSlot(SequenceId id) const {
   return slot;
 }
 
-absl::Status BatchCommit::AddRow(SlotId slot, SequenceHandle handle,
+absl::Status BatchCommit::AddRow(SlotId slot, absl::Span<const PageId> pages,
                                  int32_t first) {
   if (internal::FaultInjection::ShouldFail()) {
     return absl::InternalError(
         absl::StrCat("batch commit: injected fault at the row of slot ", slot));
   }
-  KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> pages,
-                           manager_.PagesAt(handle));
   // Written in place (see BlockManager's journal): no store-forwarding stall.
   KVPageTableRowUpdate& row = rows_.emplace_back();
   row.slot = slot;
@@ -305,8 +304,8 @@ absl::Status BatchCommit::Apply(const StepPlan& plan) {
   new_pages_ += appended_.new_pages;
   // A survivor's row moved with it: it changes from its first changed page.
   for (size_t i = 0; i < appended_.changed.size(); ++i) {
-    const SlotId old_slot = appended_.changed[i];
-    KVBLOCK_RETURN_IF_ERROR(AddRow(old_to_new_[old_slot], handles_[old_slot],
+    KVBLOCK_RETURN_IF_ERROR(AddRow(old_to_new_[appended_.changed[i]],
+                                   appended_.pages[i],
                                    appended_.first_changed_page[i]));
   }
 
@@ -323,7 +322,9 @@ absl::Status BatchCommit::Apply(const StepPlan& plan) {
       if (result.copy.has_value()) copies_.push_back(*result.copy);
       new_pages_ += result.new_pages;
     }
-    KVBLOCK_RETURN_IF_ERROR(AddRow(slot, handle, 0));
+    KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> pages,
+                             manager_.PagesAt(handle));
+    KVBLOCK_RETURN_IF_ERROR(AddRow(slot, pages, 0));
   }
   std::move(appends_timed).Invoke();
   // Leaving rows past the joins are emptied (a moved row's old slot is

@@ -194,9 +194,10 @@ class BatchCommit {
   // Now, in nanoseconds of the steady clock, while phase timing is on; 0
   // (with no clock read) otherwise.
   int64_t PhaseClock() const;
-  // Queues slot `slot`'s row update: the pages of `handle`, rewritten from
+  // Queues slot `slot`'s row update: `pages` (a sequence's), rewritten from
   // page `first` on (the row holds the ones before).
-  absl::Status AddRow(SlotId slot, SequenceHandle handle, int32_t first);
+  absl::Status AddRow(SlotId slot, absl::Span<const PageId> pages,
+                      int32_t first);
 
   BlockManager& manager_;
   KVPageTable& table_;

@@ -23,9 +23,12 @@
 // pool; the prefix index and the LRU list agree (BlockPool's own checks).
 //
 // Transactions: between BeginStep() and CommitStep() every change is journaled
-// and RollbackStep() restores the manager and its pool bit-identically (same
-// refcounts, free-list order, LRU order, prefix index, tables, stats). The
-// journal is reserved up front: steps allocate no memory in steady state.
+// and RollbackStep() restores the manager and its pool: Snapshot() compares
+// equal to the one taken at BeginStep() (refcounts, free-list and LRU order,
+// prefix index, every sequence, stats), and the handles the same calls
+// return next are the same (generations are restored). Only handle_limit()
+// may stay larger (the slab keeps entries it grew). The journal is reserved
+// up front: steps allocate no memory in steady state.
 //
 // Complexity: Append is O(1) per token plus one page hash per page that fills;
 // Admit is O(prompt pages) hashes and lookups; Fork, Free and Preempt are
@@ -47,7 +50,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -58,6 +60,13 @@
 #include "kvblock/types.h"
 
 namespace kvblock {
+
+namespace internal {
+class AdmissionPlanner;
+struct InPlaceAppend;
+class SequenceSlab;
+class StepJournal;
+}  // namespace internal
 
 struct BlockManagerOptions {
   // Share full prompt and generated pages across sequences by hash.
@@ -111,6 +120,9 @@ struct AppendManyResult {
   // Indexes (into the call's `handles`, ascending) of the entries whose page
   // list changed: a page was allocated, or the last one was copied.
   std::vector<int32_t> changed;
+  // Per entry of `changed`: the sequence's pages after that entry (a view
+  // valid until the sequence changes again).
+  std::vector<absl::Span<const PageId>> pages;
   // Per entry of `changed`: the first logical page whose id that entry
   // changed; the pages before it are the ones the sequence held before the
   // entry (so a page table row needs rewriting from there only).
@@ -164,6 +176,10 @@ class BlockManager {
   // than the machine's memory, or cannot be allocated.
   static absl::StatusOr<std::unique_ptr<BlockManager>> Create(
       const PagedKvConfig& config, const BlockManagerOptions& options = {});
+
+  BlockManager(const BlockManager&) = delete;
+  BlockManager& operator=(const BlockManager&) = delete;
+  ~BlockManager();
 
   // The prefix-cache hashes of the full pages of `prompt` with `extra`
   // (HashChain under this manager's algorithm and page size) into `out`;
@@ -250,14 +266,9 @@ class BlockManager {
   absl::StatusOr<SequenceHandle> HandleOf(SequenceId id) const;
   // Every handle's index is below this bound.
   int32_t handle_limit() const;
-  // Pages(id) by handle; InvalidArgument when `handle` is not live.
-  // Inline: BatchCommit reads a row's pages this way for every changed row.
-  absl::StatusOr<absl::Span<const PageId>> PagesAt(
-      SequenceHandle handle) const {
-    if (!IsLive(handle)) return NotLiveError(handle);
-    const SequenceBlockTable& table = sequences_[handle.index].table;
-    return table.entries().first(table.num_pages());
-  }
+  // Pages(id) by handle (BatchCommit reads a row's pages this way);
+  // InvalidArgument when `handle` is not live.
+  absl::StatusOr<absl::Span<const PageId>> PagesAt(SequenceHandle handle) const;
 
   // Drops every cached prefix; see BlockPool::ResetPrefixCache.
   absl::Status ResetPrefixCache();
@@ -282,89 +293,13 @@ class BlockManager {
 
   // The exact observable state: pool snapshot, every live sequence (sorted by
   // id) and the stats. Two managers with equal snapshots behave the same
-  // through the calls by id (handles may differ).
+  // through the calls by id (handles may differ, unless one is the other
+  // rolled back).
   // O(num_pages + pages of all sequences). For tests and debugging.
   BlockManagerSnapshot Snapshot() const;
 
  private:
-  struct Sequence {
-    explicit Sequence(int32_t max_pages_per_seq);
-
-    // Read by every append, hence first.
-    int64_t num_tokens = 0;
-    int32_t offset = 0;  // num_tokens % page_size: tokens of the partial page.
-    // False only while the partial last page is known to be held by this
-    // sequence alone; true sends the next append to check its refcount
-    // (a fork shares it; either side's copy on write may end the sharing).
-    bool tail_maybe_shared = false;
-    bool live = false;
-    uint32_t generation = 0;  // bumped by every CreateSequence of the entry.
-    SequenceId id = kNoSequence;
-    // transaction_serial_ of the transaction whose FillPage last filled a
-    // page here.
-    uint64_t filled_in_transaction = 0;
-    SequenceBlockTable table;
-    // Prefix-cache chain: the hash of the last full page (the root hash of
-    // the sequence's extra keys before the first; unset without prefix
-    // caching). The partial page's tokens are in partial_tokens_.
-    BlockHash last_full_hash;
-    std::string cache_salt;
-    int64_t adapter_id = 0;
-  };
-
-  // One inverse change of a transaction.
-  struct UndoRecord {
-    enum class Op : uint8_t {
-      kCreated,      // `handle` got a new sequence (Admit, Fork).
-      kRemoved,      // `handle`'s sequence left (Free, Preempt); its pages are
-                     // in page_arena_[arena_offset, +count).
-      kAppended,     // `count` tokens went into the partial page, nothing else.
-      kAppendedRun,  // so did the in-place appends in_place_[arena_offset,
-                     // +count), entry by entry (AppendMany's decode runs).
-      kFilled,       // one token filled the partial page (registered in the
-                     // cache, chaining from hash_arena_[hash_index], with
-                     // prefix caching); nothing else.
-      kNewPage,      // one token went into a newly allocated last page; the
-                     // page_size partial tokens it overwrote (the page
-                     // filled before) are in token_arena_[arena_offset,
-                     // +page_size) when FillPage filled that page in this
-                     // transaction, whose rollback then needs them for an
-                     // undone kFilled; arena_offset is -1 otherwise (past
-                     // offset 0 they are not state, and a kChanged restores
-                     // the tokens it overwrote itself).
-      kChanged,      // `handle`'s sequence appended otherwise: the saved fields
-                 // and hash_arena_[hash_index] restore it; its partial tokens
-                 // are in token_arena_ when count > 0.
-    };
-    Op op = Op::kCreated;
-    bool tail_maybe_shared = false;
-    int32_t handle = 0;
-    int32_t arena_offset = 0;
-    int32_t count = 0;
-    int64_t num_tokens = 0;
-    int32_t num_pages = 0;
-    PageId last_page = kNoPage;
-    int32_t hash_index = 0;
-  };
-
-  // One append in place of a kAppendedRun record: 8 bytes instead of an
-  // UndoRecord's 40, for the one write per running sequence a step makes.
-  struct InPlaceAppend {
-    int32_t handle = 0;
-    int32_t count = 0;
-  };
-
-  // A nested transaction: the pool's savepoint and the manager's journal
-  // sizes and stats when it began.
-  struct Transaction {
-    BlockPool::Savepoint pool_savepoint;
-    size_t journal_size = 0;
-    size_t in_place_size = 0;
-    size_t token_arena_size = 0;
-    size_t page_arena_size = 0;
-    size_t hash_arena_size = 0;
-    BlockManagerStats stats;
-  };
+  struct Transaction;
 
   BlockManager(const PagedKvConfig& config, const BlockManagerOptions& options,
                std::unique_ptr<BlockPool> pool, BlockHasher hasher);
@@ -373,118 +308,43 @@ class BlockManager {
   static int32_t MaxSequences(const PagedKvConfig& config,
                               const BlockManagerOptions& options);
 
+  // Runs `change` in a transaction: kept when it returns OK, undone else
+  // (lib/block_manager_transact.h).
+  template <typename Change>
+  absl::Status Transact(Change&& change);
   Transaction BeginTransaction();
   void CommitTransaction(const Transaction& transaction);
   void RollbackTransaction(const Transaction& transaction);
-  // Runs `change` in a transaction: kept when it returns OK, undone else.
-  template <typename Change>
-  absl::Status Transact(Change&& change);
-  void Undo(const UndoRecord& record);
 
-  // The slab entry of a live sequence, or nullptr.
-  Sequence* Find(SequenceId id);
-  const Sequence* Find(SequenceId id) const;
-  bool IsLive(SequenceHandle handle) const {
-    if (handle.index < 0 ||
-        static_cast<size_t>(handle.index) >= sequences_.size()) {
-      return false;
-    }
-    const Sequence& sequence = sequences_[handle.index];
-    return sequence.live && sequence.generation == handle.generation;
-  }
-  // PagesAt's InvalidArgument for a handle that is not live.
-  absl::Status NotLiveError(SequenceHandle handle) const;
-  // The partial page's tokens of `handle` (page_size entries).
-  TokenId* PartialTokens(int32_t handle) {
-    return partial_tokens_.data() +
-           static_cast<size_t>(handle) * config_.page_size;
-  }
-  // The hash of a prompt's first page under `extra` (Admit's check of the
-  // hashes a caller gives), remembered for the last first page it hashed:
-  // prompts that start with one system prompt share it.
-  BlockHash FirstPageHash(absl::Span<const TokenId> first_page,
-                          const HashExtraKeys& extra);
-  // A slab entry for new sequence `id` (journaled as kCreated).
-  int32_t CreateSequence(SequenceId id);
-  absl::Status Remove(SequenceId id, bool preempted);
-  // The plan, with `hashes` set to the prompt's full-page hashes: the
-  // caller's `prompt_hashes`, or computed into chain_ when those are empty;
-  // the hit pages are in hit_pages_[0, hit_pages).
-  absl::StatusOr<AdmissionPlan> Plan(absl::Span<const TokenId> prompt,
-                                     const HashExtraKeys& extra,
-                                     absl::Span<const BlockHash> prompt_hashes,
-                                     absl::Span<const BlockHash>& hashes) const;
-  // Append's work, inside the caller's transaction. AppendToPartialPage
-  // takes the common decode case (tokens that go into a partial page held
-  // here alone, without filling it) and returns whether it did;
-  // AppendAtPageBoundary does the rest.
-  bool AppendToPartialPage(int32_t handle, Sequence& sequence,
-                           absl::Span<const TokenId> tokens);
-  // AppendMany's decode case, a run at a time: from entry `i` on, appends
-  // each entry that is one token into a partial page held here alone, which
-  // it does not fill, noting it at `out` (advanced); stops at the first
-  // other entry and returns its index. `next` is the entries' next token.
+  // The append paths (block_manager_append.cc): AppendInPlace takes the
+  // common case for Append and AppendDecodeRun for AppendMany (tokens that
+  // stay in a partial page held here alone, the one check both share);
+  // AppendSlow the rest.
+  bool AppendInPlace(int32_t entry, absl::Span<const TokenId> tokens);
   size_t AppendDecodeRun(absl::Span<const SequenceHandle> handles,
                          absl::Span<const int32_t> counts,
                          absl::Span<const TokenId> tokens, size_t i,
-                         size_t& next, InPlaceAppend*& out);
-  // What AppendToPartialPage leaves. The decode cases, one token at a page
-  // boundary, take short paths with short undo records: FillPage completes
-  // a partial page held here alone (and registers it with prefix caching),
-  // StartPage puts the token into a newly allocated page. AppendAcrossPages
-  // takes everything else (several tokens, a shared partial page to copy,
-  // one-token pages, the errors).
-  absl::Status AppendAtPageBoundary(int32_t handle, Sequence& sequence,
-                                    absl::Span<const TokenId> tokens,
-                                    AppendResult& result);
-  absl::Status FillPage(int32_t handle, Sequence& sequence, TokenId token);
-  absl::Status StartPage(int32_t handle, Sequence& sequence, TokenId token);
-  // Hashes the partial tokens as the full last page, chaining from
-  // last_full_hash, registers that page in the cache and advances the chain.
-  absl::Status RegisterFullPage(int32_t handle, Sequence& sequence);
-  absl::Status AppendAcrossPages(int32_t handle, Sequence& sequence,
-                                 absl::Span<const TokenId> tokens,
-                                 AppendResult& result);
+                         size_t& next, internal::InPlaceAppend*& notes);
+  absl::Status AppendSlow(int32_t entry, absl::Span<const TokenId> tokens,
+                          AppendResult& result);
+  absl::Status RegisterFullPage(int32_t entry);
+  absl::Status Remove(SequenceId id, bool preempted);
 
   const PagedKvConfig config_;
   const BlockManagerOptions options_;
   std::unique_ptr<BlockPool> pool_;
-  // Scratch of the const planning calls (hence mutable; see Thread safety).
+  // Hashes pages that fill; the planner hashes prompts with it too. Its
+  // scratch changes in const calls (see Thread safety).
   mutable BlockHasher hasher_;
-  mutable std::vector<BlockHash> chain_;
-  mutable std::vector<PageId> hit_pages_;
-  // FirstPageHash's last page: its tokens (empty before the first), root
-  // and hash.
-  struct FirstPage {
-    std::vector<TokenId> tokens;
-    BlockHash root;
-    BlockHash hash;
-  } first_page_;
+  // Scratch of the const planning calls (see Thread safety).
+  std::unique_ptr<internal::AdmissionPlanner> planner_;
+  std::unique_ptr<internal::SequenceSlab> slab_;
+  std::unique_ptr<internal::StepJournal> journal_;
+  // Admit's fresh pages, and a removed sequence's pages.
   std::vector<PageId> page_scratch_;
-
-  // Sequence slab, indexed by a handle's index (it grows past max_sequences
-  // only by reallocation, so no reference into it outlives a CreateSequence);
-  // free_handles_ is a LIFO of unused entries; entries removed inside an
-  // open transaction wait in pending_free_ until the outermost commit (their
-  // state is needed to undo the removal). Partial-page tokens sit in one
-  // flat array beside it.
-  std::vector<Sequence> sequences_;
-  std::vector<TokenId> partial_tokens_;
-  std::vector<int32_t> free_handles_;
-  std::vector<int32_t> pending_free_;
-  absl::flat_hash_map<SequenceId, int32_t> handle_of_;
-
-  // Journal of the open transactions (empty when none is open).
-  std::vector<UndoRecord> journal_;
-  std::vector<InPlaceAppend> in_place_;  // kAppendedRun entries.
-  std::vector<TokenId> token_arena_;
-  std::vector<PageId> page_arena_;
-  std::vector<BlockHash> hash_arena_;
-  int32_t depth_ = 0;
-  // Numbers the outermost transactions (the open one's, while depth_ > 0).
-  uint64_t transaction_serial_ = 0;
-  std::optional<Transaction> step_;
-
+  // The step's transaction (allocated once), open while in_step_.
+  std::unique_ptr<Transaction> step_;
+  bool in_step_ = false;
   // Manager-owned counters (pool-derived ones are filled in by stats()).
   BlockManagerStats stats_;
 };
