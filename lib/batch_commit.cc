@@ -9,7 +9,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "fault_injection.h"
-#include "status_macros.h"
+#include "kvblock/status_macros.h"
 
 namespace kvblock {
 
@@ -378,6 +378,23 @@ void BatchCommit::Adopt(const StepPlan& plan) {
     handles_[slot] = {};
   }
   batch_ = survivors_ + static_cast<int32_t>(plan.joins.size());
+}
+
+absl::StatusOr<int64_t> BatchCommit::AppendPages(
+    absl::Span<const int32_t> append_counts) const {
+  if (append_counts.size() != static_cast<size_t>(batch_)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch commit: append_counts has ", append_counts.size(),
+                     " entries, the batch has ", batch_, " sequences"));
+  }
+  int64_t pages = 0;
+  for (SlotId slot = 0; slot < batch_; ++slot) {
+    KVBLOCK_ASSIGN_OR_RETURN(
+        const int64_t more,
+        manager_.PagesForAppend(handles_[slot], append_counts[slot]));
+    pages += more;
+  }
+  return pages;
 }
 
 absl::Span<const SequenceId> BatchCommit::slots() const {

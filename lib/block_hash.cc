@@ -62,12 +62,8 @@ uint8_t* StoreTokens(uint8_t* p, absl::Span<const TokenId> tokens) {
 }  // namespace
 
 absl::string_view HashAlgorithmName(HashAlgorithm algorithm) {
-  switch (algorithm) {
-    case HashAlgorithm::kSha256:
-      return "sha256";
-    case HashAlgorithm::kXxh3_128:
-      return "xxh3_128";
-  }
+  if (algorithm == HashAlgorithm::kSha256) return "sha256";
+  if (algorithm == HashAlgorithm::kXxh3_128) return "xxh3_128";
   return "unknown";
 }
 

@@ -14,9 +14,9 @@
 #include "absl/strings/str_cat.h"
 #include "admission_planner.h"
 #include "block_manager_transact.h"
+#include "kvblock/status_macros.h"
 #include "reservation.h"
 #include "sequence_slab.h"
-#include "status_macros.h"
 #include "step_journal.h"
 
 namespace kvblock {
@@ -209,20 +209,19 @@ absl::Status BlockManager::BeginStep() {
   return absl::OkStatus();
 }
 
-absl::Status BlockManager::CommitStep() {
-  if (!in_step_) {
-    return absl::FailedPreconditionError("block manager: no step is open");
-  }
-  CommitTransaction(*step_);
-  in_step_ = false;
-  return absl::OkStatus();
-}
+absl::Status BlockManager::CommitStep() { return EndStep(/*commit=*/true); }
 
-absl::Status BlockManager::RollbackStep() {
+absl::Status BlockManager::RollbackStep() { return EndStep(/*commit=*/false); }
+
+absl::Status BlockManager::EndStep(bool commit) {
   if (!in_step_) {
     return absl::FailedPreconditionError("block manager: no step is open");
   }
-  RollbackTransaction(*step_);
+  if (commit) {
+    CommitTransaction(*step_);
+  } else {
+    RollbackTransaction(*step_);
+  }
   in_step_ = false;
   return absl::OkStatus();
 }
@@ -253,18 +252,24 @@ bool BlockManager::CanAdmit(absl::Span<const TokenId> prompt,
          plan->pages_consumed() <= pool_->NumFree() - options_.watermark_pages;
 }
 
-absl::StatusOr<AdmissionPlan> BlockManager::Admit(
-    SequenceId id, absl::Span<const TokenId> prompt, const HashExtraKeys& extra,
-    absl::Span<const BlockHash> prompt_hashes) {
+absl::Status BlockManager::CheckNewId(SequenceId id,
+                                      absl::string_view what) const {
   if (id < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "block manager: sequence id ", id,
+        "block manager: ", what, " id ", id,
         " is negative (ids are non-negative; kNoSequence = -1 names none)"));
   }
   if (slab_->Find(id) >= 0) {
     return absl::AlreadyExistsError(
-        absl::StrCat("block manager: sequence ", id, " is already live"));
+        absl::StrCat("block manager: ", what, " ", id, " is already live"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AdmissionPlan> BlockManager::Admit(
+    SequenceId id, absl::Span<const TokenId> prompt, const HashExtraKeys& extra,
+    absl::Span<const BlockHash> prompt_hashes) {
+  KVBLOCK_RETURN_IF_ERROR(CheckNewId(id, "sequence"));
   absl::Span<const BlockHash> hashes;
   KVBLOCK_ASSIGN_OR_RETURN(
       const AdmissionPlan plan,
@@ -333,15 +338,7 @@ absl::Status BlockManager::Fork(SequenceId parent, SequenceId child) {
     return absl::NotFoundError(
         absl::StrCat("block manager: fork parent ", parent, " is not live"));
   }
-  if (child < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "block manager: fork child id ", child,
-        " is negative (ids are non-negative; kNoSequence = -1 names none)"));
-  }
-  if (slab_->Find(child) >= 0) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("block manager: fork child ", child, " is already live"));
-  }
+  KVBLOCK_RETURN_IF_ERROR(CheckNewId(child, "fork child"));
   return Transact([&]() -> absl::Status {
     const int32_t entry = slab_->Create(child);
     // After Create, which may grow the slab.
@@ -424,6 +421,23 @@ absl::StatusOr<absl::Span<const PageId>> BlockManager::PagesAt(
   }
   const SequenceBlockTable& table = slab_->hot(handle.index).table;
   return table.entries().first(table.num_pages());
+}
+
+absl::StatusOr<int64_t> BlockManager::PagesForAppend(SequenceHandle handle,
+                                                     int64_t count) const {
+  if (!slab_->IsLive(handle) || count < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block manager: pages for appending ", count, " tokens to handle (",
+        handle.index, ", generation ", handle.generation, ")"));
+  }
+  if (count == 0) return 0;
+  const SequenceHot& hot = slab_->hot(handle.index);
+  const int64_t page_size = config_.page_size;
+  const int64_t pages = (hot.num_tokens + count + page_size - 1) / page_size;
+  const bool copy =
+      hot.offset != 0 && hot.tail_maybe_shared &&
+      pool_->RefCount(*hot.table.Get(hot.table.num_pages() - 1)) > 1;
+  return pages - hot.table.num_pages() + (copy ? 1 : 0);
 }
 
 absl::StatusOr<int64_t> BlockManager::NumTokens(SequenceId id) const {

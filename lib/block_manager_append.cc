@@ -16,7 +16,7 @@
 #include "block_manager_transact.h"
 #include "kvblock/block_manager.h"
 #include "sequence_slab.h"
-#include "status_macros.h"
+#include "kvblock/status_macros.h"
 #include "step_journal.h"
 
 namespace kvblock {

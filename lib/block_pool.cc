@@ -15,7 +15,7 @@
 #include "fault_injection.h"
 #include "prefix_index.h"
 #include "reservation.h"
-#include "status_macros.h"
+#include "kvblock/status_macros.h"
 
 namespace kvblock {
 namespace {

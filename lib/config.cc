@@ -2,6 +2,7 @@
 #include "kvblock/config.h"
 
 #include <cstdint>
+#include <iterator>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -25,15 +26,10 @@ bool ProductFits(int64_t a, int64_t b) { return a <= kInt64Max / b; }
 int64_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 
 absl::string_view DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kF16:
-      return "f16";
-    case DType::kBf16:
-      return "bf16";
-    case DType::kF32:
-      return "f32";
-  }
-  return "unknown";
+  // Indexed by the enumerators' values.
+  constexpr absl::string_view kNames[] = {"f16", "bf16", "f32"};
+  const auto index = static_cast<size_t>(dtype);
+  return index < std::size(kNames) ? kNames[index] : "unknown";
 }
 
 absl::Status PagedKvConfig::Validate() const {

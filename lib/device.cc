@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels_reference.h"
-#include "status_macros.h"
+#include "kvblock/status_macros.h"
 
 #ifdef KVBLOCK_HAVE_CUDA
 #include "device_cuda.h"

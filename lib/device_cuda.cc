@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "kernels/kernels.h"
-#include "status_macros.h"
+#include "kvblock/status_macros.h"
 
 namespace kvblock::internal {
 
@@ -65,11 +65,14 @@ cudaEvent_t ToEvent(void* handle) { return static_cast<cudaEvent_t>(handle); }
 // A cudaMemcpyAsync's status. Its message is built only for an error: an
 // upload copies every step, and a message on every call cost a heap
 // allocation and a few hundred nanoseconds each.
-absl::Status CopyStatus(cudaError_t error, absl::string_view kind,
-                        size_t bytes) {
+absl::Status CopyStatus(cudaError_t error, cudaMemcpyKind kind, size_t bytes) {
   if (error == cudaSuccess) return absl::OkStatus();
-  return CudaStatus(
-      error, absl::StrCat("cudaMemcpyAsync ", kind, " of ", bytes, " bytes"));
+  const absl::string_view direction =
+      kind == cudaMemcpyHostToDevice   ? "host to device"
+      : kind == cudaMemcpyDeviceToHost ? "device to host"
+                                       : "device to device";
+  return CudaStatus(error, absl::StrCat("cudaMemcpyAsync ", direction, " of ",
+                                        bytes, " bytes"));
 }
 
 // The CUDA runtime allocates on the calling thread's current device.
@@ -91,17 +94,11 @@ class CudaDevice final : public Device {
 
   absl::Status CopyToHost(const void* src, void* dst, size_t bytes,
                           Stream stream) override {
-    if (bytes == 0) return absl::OkStatus();
-    return CopyStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost,
-                                      ToStream(stream)),
-                      "device to host", bytes);
+    return Copy(src, dst, bytes, cudaMemcpyDeviceToHost, stream);
   }
   absl::Status CopyDeviceToDevice(const void* src, void* dst, size_t bytes,
                                   Stream stream) override {
-    if (bytes == 0) return absl::OkStatus();
-    return CopyStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
-                                      ToStream(stream)),
-                      "device to device", bytes);
+    return Copy(src, dst, bytes, cudaMemcpyDeviceToDevice, stream);
   }
   absl::Status Synchronize(Stream stream) override {
     return CudaStatus(cudaStreamSynchronize(ToStream(stream)),
@@ -168,9 +165,7 @@ class CudaDevice final : public Device {
   }
   absl::Status CopyToDeviceRaw(const void* src, void* dst, size_t bytes,
                                Stream stream) override {
-    return CopyStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
-                                      ToStream(stream)),
-                      "host to device", bytes);
+    return Copy(src, dst, bytes, cudaMemcpyHostToDevice, stream);
   }
   absl::Status ApplyPageTablePatchRaw(const PageTablePatch& patch,
                                       Stream stream) override {
@@ -190,6 +185,14 @@ class CudaDevice final : public Device {
   }
 
  private:
+  // cudaMemcpyAsync of `bytes` (none for 0) in direction `kind`.
+  static absl::Status Copy(const void* src, void* dst, size_t bytes,
+                           cudaMemcpyKind kind, Stream stream) {
+    if (bytes == 0) return absl::OkStatus();
+    return CopyStatus(cudaMemcpyAsync(dst, src, bytes, kind, ToStream(stream)),
+                      kind, bytes);
+  }
+
   const int ordinal_;
   const std::string name_;
 };

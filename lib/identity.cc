@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "status_macros.h"
+#include "kvblock/status_macros.h"
 
 namespace kvblock {
 namespace {

@@ -15,7 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "kernels/kernels.h"
 #include "kernels_reference.h"
-#include "status_macros.h"
+#include "kvblock/status_macros.h"
 
 #ifdef KVBLOCK_HAVE_CUDA
 #include <cuda_runtime.h>

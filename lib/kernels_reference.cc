@@ -11,7 +11,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "status_macros.h"
+#include "kvblock/status_macros.h"
 
 namespace kvblock::internal {
 namespace {

@@ -11,7 +11,7 @@
 #include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "status_macros.h"
+#include "kvblock/status_macros.h"
 
 namespace kvblock {
 namespace {
@@ -217,21 +217,19 @@ absl::Status KVPageTable::Check(const KVPageTableEdit& edit) {
             " to ", move.to, ") is outside [0, ", max_batch_, ")"));
       }
     }
-    Mark& source = source_marks_[move.from];
-    if (source.stamp == stamp) {
+    // At most one move per slot each way, so i < max_batch.
+    const int32_t owner = static_cast<int32_t>(i);
+    int32_t earlier = 0;
+    if (!Claim(source_marks_[move.from], stamp, owner, earlier)) {
       return absl::InvalidArgumentError(
           absl::StrCat("page table: move ", i, ": slot ", move.from,
-                       " is already moved by move ", source.owner));
+                       " is already moved by move ", earlier));
     }
-    Mark& destination = destination_marks_[move.to];
-    if (destination.stamp == stamp) {
+    if (!Claim(destination_marks_[move.to], stamp, owner, earlier)) {
       return absl::InvalidArgumentError(
           absl::StrCat("page table: move ", i, ": slot ", move.to,
-                       " already receives move ", destination.owner));
+                       " already receives move ", earlier));
     }
-    // At most one move per slot each way, so i < max_batch here.
-    source = {stamp, static_cast<int32_t>(i)};
-    destination = {stamp, static_cast<int32_t>(i)};
   }
   for (size_t i = 0; i < edit.rows.size(); ++i) {
     const KVPageTableRowUpdate& update = edit.rows[i];
@@ -247,14 +245,14 @@ absl::Status KVPageTable::Check(const KVPageTableEdit& edit) {
       return absl::InvalidArgumentError(
           absl::StrCat("page table: update ", i, ": ", status.message()));
     }
-    Mark& mark = update_marks_[update.slot];
-    if (mark.stamp == stamp) {
+    // A slot appears at most once, so i < max_batch.
+    int32_t earlier = 0;
+    if (!Claim(update_marks_[update.slot], stamp, static_cast<int32_t>(i),
+               earlier)) {
       return absl::InvalidArgumentError(
           absl::StrCat("page table: update ", i, ": slot ", update.slot,
-                       " is already set by update ", mark.owner));
+                       " is already set by update ", earlier));
     }
-    // A slot appears at most once, so i < max_batch here.
-    mark = {stamp, static_cast<int32_t>(i)};
   }
   return absl::OkStatus();
 }
@@ -328,13 +326,12 @@ absl::Status KVPageTable::CompactRows(absl::Span<const SlotId> old_to_new,
           "page table: compact rows: old slot ", old_slot, " maps to ",
           new_slot, ", outside [0, new_batch ", new_batch, ") and not -1"));
     }
-    Mark& mark = update_marks_[new_slot];
-    if (mark.stamp == stamp) {
+    int32_t earlier = 0;
+    if (!Claim(update_marks_[new_slot], stamp, old_slot, earlier)) {
       return absl::InvalidArgumentError(
           absl::StrCat("page table: compact rows: new slot ", new_slot,
-                       " receives old slots ", mark.owner, " and ", old_slot));
+                       " receives old slots ", earlier, " and ", old_slot));
     }
-    mark = {stamp, old_slot};
     ++mapped;
     if (new_slot != old_slot) compaction_moves_[moves++] = {old_slot, new_slot};
   }

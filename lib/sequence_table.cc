@@ -6,7 +6,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "status_macros.h"
+#include "kvblock/status_macros.h"
 
 namespace kvblock {
 namespace {

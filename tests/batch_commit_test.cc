@@ -215,6 +215,31 @@ TEST_CASE("n samples fork from a prompt that joins in the same step") {
   REQUIRE_OK(f.commit->CheckInvariants());
 }
 
+TEST_CASE("append pages are what the step's appends then allocate") {
+  CommitFixture f(SmallConfig());  // 4 tokens a page.
+  const std::vector<TokenId> prompt = {1, 2, 3, 4, 5, 6};
+  const JoinRequest joins[] = {{.id = 1, .tokens = prompt},
+                               {.id = 2, .fork_of = 1}};
+  REQUIRE_OK(f.commit->Commit({.joins = joins}));
+  // Both share the partial page: 1 copies it, 2 then holds it alone; 1's
+  // three tokens also start a page.
+  const int32_t counts[] = {3, 1};
+  const TokenId tokens[] = {7, 8, 9, 10};
+  const absl::StatusOr<int64_t> pages = f.commit->AppendPages(counts);
+  REQUIRE_OK(pages);
+  REQUIRE(*pages == 3);
+  auto step =
+      f.commit->Commit({.append_counts = counts, .append_tokens = tokens});
+  REQUIRE_OK(step);
+  REQUIRE(step->new_pages + static_cast<int64_t>(step->copies.size()) == 2);
+  // 2's one token: the page it held with 1 is its own now.
+  REQUIRE(*f.commit->AppendPages(std::vector<int32_t>{0, 1}) == 0);
+  const int32_t wrong_length[] = {1};
+  REQUIRE_STATUS_IS(f.commit->AppendPages(wrong_length), kInvalidArgument);
+  const int32_t negative[] = {1, -1};
+  REQUIRE_STATUS_IS(f.commit->AppendPages(negative), kInvalidArgument);
+}
+
 TEST_CASE("a fork of a same-step fork shares what that fork joined with") {
   CommitFixture f(SmallConfig());
   const std::vector<TokenId> prompt = {1, 2, 3, 4, 5, 6};

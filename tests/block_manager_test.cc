@@ -110,6 +110,84 @@ TEST_CASE("negative sequence ids are refused; kNoSequence names none") {
   }
 }
 
+TEST_CASE("a rolled-back step replays to the same results, handles included") {
+  BlockManagerOptions options;
+  options.max_sequences = 2;  // the step below grows the slab.
+  auto manager = MakeManager(Config(24), options);
+  REQUIRE_OK(manager->Admit(1, Range(0, 6)).status());
+  REQUIRE_OK(manager->Fork(1, 2));
+  const BlockManagerSnapshot before = manager->Snapshot();
+
+  // Everything the calls return, handles of every live sequence included.
+  struct Results {
+    std::vector<int64_t> values;
+    std::vector<SequenceHandle> handles;
+    BlockManagerSnapshot snapshot;
+    bool operator==(const Results&) const = default;
+  };
+  const auto step = [&] {
+    Results r;
+    const auto plan = manager->Admit(3, Range(40, 9));
+    REQUIRE_OK(plan);
+    r.values.push_back(plan->new_pages);
+    REQUIRE_OK(manager->Fork(1, 4));  // 1's tail is shared again.
+    const auto appended = manager->Append(1, Range(70, 5));
+    REQUIRE_OK(appended);
+    r.values.push_back(appended->new_pages);
+    r.values.push_back(appended->copy.has_value() ? appended->copy->destination
+                                                  : -1);
+    REQUIRE_OK(manager->Free(2));
+    REQUIRE_OK(manager->Admit(5, Range(90, 3)).status());
+    for (const SequenceId id : {1, 3, 4, 5}) {
+      r.handles.push_back(*manager->HandleOf(id));
+    }
+    r.snapshot = manager->Snapshot();
+    return r;
+  };
+  REQUIRE_OK(manager->BeginStep());
+  const Results first = step();
+  REQUIRE(manager->handle_limit() > 2);
+  REQUIRE_OK(manager->RollbackStep());
+  REQUIRE(manager->Snapshot() == before);
+  REQUIRE_OK(manager->CheckInvariants());
+  REQUIRE_OK(manager->BeginStep());
+  REQUIRE(step() == first);
+  REQUIRE_OK(manager->CommitStep());
+  REQUIRE_OK(manager->CheckInvariants());
+  // The parent's shared tail came back with the rollback: 1's next append
+  // after the replayed fork copies, as it did the first time.
+  REQUIRE(first.values[2] != -1);
+}
+
+TEST_CASE("pages for an append count new pages and the copy of a shared tail") {
+  auto manager = MakeManager(Config(16));               // 4 tokens a page.
+  REQUIRE_OK(manager->Admit(1, Range(0, 6)).status());  // 2 pages, 2 spare.
+  const SequenceHandle one = *manager->HandleOf(1);
+  REQUIRE(*manager->PagesForAppend(one, 0) == 0);
+  REQUIRE(*manager->PagesForAppend(one, 2) == 0);
+  REQUIRE(*manager->PagesForAppend(one, 3) == 1);
+  REQUIRE(*manager->PagesForAppend(one, 11) == 3);
+  // A fork shares the partial page: either side's first append copies it.
+  REQUIRE_OK(manager->Fork(1, 2));
+  REQUIRE(*manager->PagesForAppend(one, 1) == 1);
+  REQUIRE(*manager->PagesForAppend(one, 3) == 2);
+  const auto appended = manager->Append(1, Range(50, 3));
+  REQUIRE_OK(appended);
+  REQUIRE(appended->new_pages + (appended->copy.has_value() ? 1 : 0) == 2);
+  // The copy ended the sharing: the other side appends in place.
+  REQUIRE(*manager->PagesForAppend(*manager->HandleOf(2), 1) == 0);
+  const BlockManagerSnapshot before = manager->Snapshot();
+  REQUIRE_STATUS_IS(manager->PagesForAppend(one, -1), kInvalidArgument);
+  REQUIRE_STATUS_IS(manager->PagesForAppend(SequenceHandle{}, 1),
+                    kInvalidArgument);
+  REQUIRE(manager->Snapshot() == before);
+  REQUIRE_OK(manager->Free(1));
+  const auto stale = manager->PagesForAppend(one, 1);
+  REQUIRE_STATUS_IS(stale, kInvalidArgument);
+  REQUIRE(stale.status().message().find("pages for appending 1 tokens") !=
+          absl::string_view::npos);
+}
+
 TEST_CASE("shared system prompt is served from the cache in whole pages") {
   auto manager = MakeManager(Config(16));
   const std::vector<TokenId> system = Range(1, 8);  // two full pages

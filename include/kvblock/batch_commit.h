@@ -157,6 +157,16 @@ class BatchCommit {
   // table's edit.
   absl::StatusOr<StepResult> Commit(const StepPlan& plan);
 
+  // At most the pages a step whose appends are `append_counts` (one per
+  // running slot, as StepPlan's) allocates for them, copies on write
+  // included: what a scheduler keeps free for the appends before it admits
+  // (forks and admissions not counted). Exact but for sequences sharing a
+  // partial page that all append: each is counted as copying it, and the
+  // last to append does not. InvalidArgument when the counts are not one
+  // per running slot, or one is negative. O(batch).
+  absl::StatusOr<int64_t> AppendPages(
+      absl::Span<const int32_t> append_counts) const;
+
   // Running sequences in slot order.
   absl::Span<const SequenceId> slots() const;
   // The slot of a running sequence; NotFound otherwise.
@@ -164,7 +174,7 @@ class BatchCommit {
   int32_t batch() const;
 
   // Turns timing of Commit's parts on or off (off at creation): eight clock
-  // reads a step while on, about 0.2 us.
+  // reads a step while on.
   void set_time_phases(bool on) { time_phases_ = on; }
   const CommitPhaseTimes& phase_times() const { return phase_times_; }
 

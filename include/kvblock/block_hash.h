@@ -103,8 +103,7 @@ struct BlockHash {
 
   // Every byte feeds Abseil's per-process seeded hash, so crafted keys cannot
   // flood one bucket of the prefix index. The key is a digest already: its
-  // words folded into one take one mixing round instead of four (about 1 ns
-  // instead of 10, on every page that fills and every prefix lookup).
+  // words are folded into one before the mixing round.
   template <typename H>
   friend H AbslHashValue(H state, const BlockHash& hash) {
     const Words w = hash.words();

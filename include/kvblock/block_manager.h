@@ -52,6 +52,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kvblock/block_hash.h"
 #include "kvblock/block_pool.h"
@@ -269,6 +270,11 @@ class BlockManager {
   // Pages(id) by handle (BatchCommit reads a row's pages this way);
   // InvalidArgument when `handle` is not live.
   absl::StatusOr<absl::Span<const PageId>> PagesAt(SequenceHandle handle) const;
+  // The pages appending `count` tokens to the sequence at `handle` would
+  // allocate now: the new pages, and the copy of a shared partial last page.
+  // InvalidArgument when `handle` is not live or `count` is negative.
+  absl::StatusOr<int64_t> PagesForAppend(SequenceHandle handle,
+                                         int64_t count) const;
 
   // Drops every cached prefix; see BlockPool::ResetPrefixCache.
   absl::Status ResetPrefixCache();
@@ -315,6 +321,11 @@ class BlockManager {
   Transaction BeginTransaction();
   void CommitTransaction(const Transaction& transaction);
   void RollbackTransaction(const Transaction& transaction);
+  // CommitStep and RollbackStep.
+  absl::Status EndStep(bool commit);
+  // InvalidArgument for a negative id, AlreadyExists for a live one; `what`
+  // names it in the message.
+  absl::Status CheckNewId(SequenceId id, absl::string_view what) const;
 
   // The append paths (block_manager_append.cc): AppendInPlace takes the
   // common case for Append and AppendDecodeRun for AppendMany (tokens that

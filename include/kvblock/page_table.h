@@ -239,6 +239,17 @@ class KVPageTable {
     uint64_t stamp = 0;
     int32_t owner = 0;
   };
+  // Claims `mark` for `owner` in the call of `stamp`; false, with the
+  // owner that claimed it first in `earlier`, when it already is.
+  static bool Claim(Mark& mark, uint64_t stamp, int32_t owner,
+                    int32_t& earlier) {
+    if (mark.stamp == stamp) {
+      earlier = mark.owner;
+      return false;
+    }
+    mark = {stamp, owner};
+    return true;
+  }
 
   KVPageTable(int32_t max_batch, int32_t max_pages_per_seq, int32_t num_pages,
               Device& device, int64_t staging_bytes);

@@ -27,7 +27,7 @@
 #include "kvblock/device.h"
 #include "kvblock/kernels.h"
 #include "kvblock/page_table.h"
-#include "status_macros.h"
+#include "kvblock/status_macros.h"
 
 namespace kvblock {
 namespace {

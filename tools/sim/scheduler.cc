@@ -15,8 +15,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "kvblock/kernels.h"
+#include "kvblock/status_macros.h"
 #include "sim/random.h"
-#include "status_macros.h"
 
 namespace kvblock::sim {
 
@@ -47,9 +47,6 @@ namespace {
 struct Sequence {
   SequenceId id = 0;
   int32_t sample = 0;  // its GeneratedToken stream.
-  // Its partial last page is shared with a sibling forked after the prompt,
-  // so its next append copies the page.
-  bool shared_tail = false;
 };
 
 struct RequestState {
@@ -225,14 +222,11 @@ void Runner::PlanRunning() {
   for (RequestState* r : running_) {
     if (r->finishing) continue;
     if (r->fork >= 0 && batch_after + forks_ >= kv_.max_batch) r->fork = -1;
-    const int64_t tokens =
-        static_cast<int64_t>(r->request->prompt.size()) + r->generated;
     for (int32_t i = 0; i < static_cast<int32_t>(r->sequences.size()); ++i) {
       if (i == r->drop) continue;
       const Sequence& s = r->sequences[i];
       next_token_[s.id] = GeneratedToken(*r->request, s.sample, r->generated);
       ++decode_tokens_;
-      if (tokens % kv_.page_size == 0 || s.shared_tail) ++append_pages_;
     }
     if (r->fork >= 0) {
       r->fork_id = next_sequence_id_ + forks_;
@@ -244,7 +238,7 @@ void Runner::PlanRunning() {
                         .extra = {}});
       ++forks_;
       ++decode_tokens_;
-      ++append_pages_;
+      ++append_pages_;  // the fork's token: a new page or a copy.
     }
   }
 }
@@ -336,7 +330,6 @@ absl::Status Runner::PlanStep(int64_t admit_limit) {
   append_pages_ = 0;
   admitted_ = 0;
   PlanRunning();
-  KVBLOCK_RETURN_IF_ERROR(PlanAdmissions(admit_limit));
   append_counts_.clear();
   append_tokens_.clear();
   for (const SequenceId id : commit_.slots()) {
@@ -344,7 +337,14 @@ absl::Status Runner::PlanStep(int64_t admit_limit) {
     append_counts_.push_back(it == next_token_.end() ? 0 : 1);
     if (it != next_token_.end()) append_tokens_.push_back(it->second);
   }
-  return absl::OkStatus();
+  // What the appends take from the pool, the manager's own count (new
+  // pages and copies of shared partial pages).
+  KVBLOCK_ASSIGN_OR_RETURN(const int64_t append_pages,
+                           Timed(phases_.planning_ns, [&] {
+                             return commit_.AppendPages(append_counts_);
+                           }));
+  append_pages_ += append_pages;
+  return PlanAdmissions(admit_limit);
 }
 
 absl::Status Runner::GiveWay() {
@@ -381,7 +381,6 @@ void Runner::ApplyStep() {
       ++result_.completed;
       continue;
     }
-    for (Sequence& s : r->sequences) s.shared_tail = false;
     if (r->fork >= 0) {
       r->sequences.push_back({.id = r->fork_id, .sample = r->next_sample++});
     }
@@ -394,11 +393,8 @@ void Runner::ApplyStep() {
     RequestState& r = *waiting_.front();
     waiting_.pop_front();
     const Request& request = *r.request;
-    const bool shared =
-        request.n > 1 && request.prompt.size() % kv_.page_size != 0;
     for (int32_t sample = 0; sample < request.n; ++sample) {
-      r.sequences.push_back(
-          {.id = r.first_id + sample, .sample = sample, .shared_tail = shared});
+      r.sequences.push_back({.id = r.first_id + sample, .sample = sample});
     }
     r.next_sample = request.n;
     next_sequence_id_ += request.n;

@@ -13,7 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "sim/random.h"
-#include "status_macros.h"
+#include "kvblock/status_macros.h"
 
 namespace kvblock::sim {
 namespace {
