@@ -123,18 +123,18 @@ void BlockManager::RollbackTransaction(const Transaction& transaction) {
         if (r.parent >= 0) {
           slab.hot(r.parent).tail_maybe_shared = r.parent_tail_maybe_shared;
         }
-        slab.UndoCreate(r.handle);
+        slab.UndoCreate(r.entry);
         return;
       }
       case JournalRecord::Kind::kRemoved: {
         const JournalRecord::Removed& r = record.removed;
         // The pool's rollback restores the references.
-        (void)slab.hot(r.handle).table.AdoptPages(journal.pages(r));
-        slab.UndoRemove(r.handle);
+        (void)slab.hot(r.entry).table.AdoptPages(journal.pages(r));
+        slab.UndoRemove(r.entry);
         return;
       }
       case JournalRecord::Kind::kAppended: {
-        SequenceHot& hot = slab.hot(record.appended.handle);
+        SequenceHot& hot = slab.hot(record.appended.entry);
         hot.num_tokens -= record.appended.count;
         hot.offset -= record.appended.count;
         return;
@@ -143,7 +143,7 @@ void BlockManager::RollbackTransaction(const Transaction& transaction) {
         const absl::Span<const internal::InPlaceAppend> run =
             journal.runs(record.appended_run);
         for (auto it = run.rbegin(); it != run.rend(); ++it) {
-          SequenceHot& hot = slab.hot(it->handle);
+          SequenceHot& hot = slab.hot(it->entry);
           hot.num_tokens -= it->count;
           hot.offset -= it->count;
         }
@@ -151,15 +151,15 @@ void BlockManager::RollbackTransaction(const Transaction& transaction) {
       }
       case JournalRecord::Kind::kFilled: {
         const JournalRecord::Filled& r = record.filled;
-        SequenceHot& hot = slab.hot(r.handle);
+        SequenceHot& hot = slab.hot(r.entry);
         --hot.num_tokens;
         hot.offset = page_size - 1;
-        slab.cold(r.handle).last_full_hash = journal.hash(r.hash_index);
+        slab.cold(r.entry).last_full_hash = journal.hash(r.hash_index);
         return;
       }
       case JournalRecord::Kind::kNewPage: {
         const JournalRecord::NewPage& r = record.new_page;
-        SequenceHot& hot = slab.hot(r.handle);
+        SequenceHot& hot = slab.hot(r.entry);
         // The pool's rollback takes back the page.
         hot.table.ForgetFrom(hot.table.num_pages() - 1);
         --hot.num_tokens;
@@ -167,13 +167,13 @@ void BlockManager::RollbackTransaction(const Transaction& transaction) {
         hot.tail_maybe_shared = r.tail_maybe_shared;
         if (r.tokens_offset >= 0) {
           std::copy_n(journal.tokens(r.tokens_offset), page_size,
-                      slab.partial(r.handle));
+                      slab.partial(r.entry));
         }
         return;
       }
       case JournalRecord::Kind::kChanged: {
         const JournalRecord::Changed& r = record.changed;
-        SequenceHot& hot = slab.hot(r.handle);
+        SequenceHot& hot = slab.hot(r.entry);
         SequenceBlockTable& table = hot.table;
         // Pages appended since, then the last page if a copy replaced it.
         int32_t keep = r.num_pages;
@@ -185,11 +185,11 @@ void BlockManager::RollbackTransaction(const Transaction& transaction) {
         hot.num_tokens = r.num_tokens;
         hot.offset = static_cast<int32_t>(r.num_tokens % page_size);
         hot.tail_maybe_shared = r.tail_maybe_shared;
-        slab.cold(r.handle).last_full_hash = journal.hash(r.hash_index);
+        slab.cold(r.entry).last_full_hash = journal.hash(r.hash_index);
         if (r.tokens_offset >= 0) {
           std::copy_n(journal.tokens(r.tokens_offset),
                       hot.offset == 0 ? page_size : hot.offset,
-                      slab.partial(r.handle));
+                      slab.partial(r.entry));
         }
         return;
       }

@@ -9,20 +9,21 @@
 // Log format. A transaction's journal is a sequence of records, oldest
 // first. Each record is a kind and its own payload:
 //
-//   created      handle, parent handle (-1: a prompt), the parent's
+//   created      entry (the sequence's slab entry, its handle's index),
+//                the parent's entry (-1: a prompt) and its
 //                tail_maybe_shared before the fork
-//   removed      handle, its pages: pages[offset, offset + count)
-//   appended     handle, count: tokens written into the partial page, and
+//   removed      entry, its pages: pages[offset, offset + count)
+//   appended     entry, count: tokens written into the partial page, and
 //                nothing else changed
 //   appended_run runs[offset, offset + count): AppendMany's decode run, one
-//                8-byte {handle, count} entry per sequence instead of a record
-//   filled       handle, the chain hash before: hashes[index]; one token
+//                8-byte {entry, count} note per sequence instead of a record
+//   filled       entry, the chain hash before: hashes[index]; one token
 //                filled the partial page (and registered it)
-//   new_page     handle, tail_maybe_shared before, and the last full page's
+//   new_page     entry, tail_maybe_shared before, and the last full page's
 //                tokens tokens[offset, offset + page_size) when this
 //                transaction filled that page (offset -1: not saved, not
 //                needed); one token went into a newly allocated page
-//   changed      handle, tail_maybe_shared, num_tokens and num_pages
+//   changed      entry, tail_maybe_shared, num_tokens and num_pages
 //                before, the last page before, the chain hash before
 //                (hashes[index]), the partial tokens before when saved
 //                (tokens[offset, offset + n), n = num_tokens % page_size, a
@@ -54,7 +55,7 @@ namespace kvblock::internal {
 
 // One entry of an appended_run record.
 struct InPlaceAppend {
-  int32_t handle;
+  int32_t entry;
   int32_t count;
 };
 
@@ -69,17 +70,17 @@ struct JournalRecord {
     kChanged,
   };
   struct Created {
-    int32_t handle;
+    int32_t entry;
     int32_t parent;  // -1 for a prompt.
     bool parent_tail_maybe_shared;
   };
   struct Removed {
-    int32_t handle;
+    int32_t entry;
     int32_t pages_offset;
     int32_t num_pages;
   };
   struct Appended {
-    int32_t handle;
+    int32_t entry;
     int32_t count;
   };
   struct AppendedRun {
@@ -87,16 +88,16 @@ struct JournalRecord {
     int32_t count;
   };
   struct Filled {
-    int32_t handle;
+    int32_t entry;
     int32_t hash_index;
   };
   struct NewPage {
-    int32_t handle;
+    int32_t entry;
     int32_t tokens_offset;  // -1: not saved.
     bool tail_maybe_shared;
   };
   struct Changed {
-    int32_t handle;
+    int32_t entry;
     int32_t num_pages;
     int64_t num_tokens;
     PageId last_page;
@@ -181,30 +182,30 @@ class StepJournal {
   bool empty() const { return records_.empty(); }
 
   // The writers, one per kind.
-  void Created(int32_t handle, int32_t parent, bool parent_tail_maybe_shared) {
+  void Created(int32_t entry, int32_t parent, bool parent_tail_maybe_shared) {
     JournalRecord& record = Add(JournalRecord::Kind::kCreated);
-    record.created = {handle, parent, parent_tail_maybe_shared};
+    record.created = {entry, parent, parent_tail_maybe_shared};
   }
-  void Removed(int32_t handle, absl::Span<const PageId> pages) {
+  void Removed(int32_t entry, absl::Span<const PageId> pages) {
     JournalRecord& record = Add(JournalRecord::Kind::kRemoved);
-    record.removed = {handle, static_cast<int32_t>(pages_.size()),
+    record.removed = {entry, static_cast<int32_t>(pages_.size()),
                       static_cast<int32_t>(pages.size())};
     pages_.insert(pages_.end(), pages.begin(), pages.end());
   }
-  void Appended(int32_t handle, int32_t count) {
+  void Appended(int32_t entry, int32_t count) {
     JournalRecord& record = Add(JournalRecord::Kind::kAppended);
-    record.appended = {handle, count};
+    record.appended = {entry, count};
   }
-  void Filled(int32_t handle, const BlockHash& chain_before) {
+  void Filled(int32_t entry, const BlockHash& chain_before) {
     JournalRecord& record = Add(JournalRecord::Kind::kFilled);
-    record.filled = {handle, static_cast<int32_t>(hashes_.size())};
+    record.filled = {entry, static_cast<int32_t>(hashes_.size())};
     hashes_.push_back(chain_before);
   }
   // `full_page` is the last full page's tokens, or empty when not needed.
-  void NewPage(int32_t handle, bool tail_maybe_shared,
+  void NewPage(int32_t entry, bool tail_maybe_shared,
                absl::Span<const TokenId> full_page) {
     JournalRecord& record = Add(JournalRecord::Kind::kNewPage);
-    record.new_page = {handle, -1, tail_maybe_shared};
+    record.new_page = {entry, -1, tail_maybe_shared};
     if (!full_page.empty()) {
       record.new_page.tokens_offset = static_cast<int32_t>(tokens_.size());
       tokens_.insert(tokens_.end(), full_page.begin(), full_page.end());
@@ -212,13 +213,13 @@ class StepJournal {
   }
   // `partial` are the tokens to restore (num_tokens % page_size of them, a
   // page at 0), or empty when none need restoring.
-  void Changed(int32_t handle, bool tail_maybe_shared, int64_t num_tokens,
+  void Changed(int32_t entry, bool tail_maybe_shared, int64_t num_tokens,
                int32_t num_pages, PageId last_page,
                const BlockHash& chain_before,
                absl::Span<const TokenId> partial) {
     JournalRecord& record = Add(JournalRecord::Kind::kChanged);
     record.changed = {
-        .handle = handle,
+        .entry = entry,
         .num_pages = num_pages,
         .num_tokens = num_tokens,
         .last_page = last_page,
