@@ -2,14 +2,27 @@
 # Copyright 2026 The kvblock Authors.
 #
 # kvblock-sim as a user runs it: exit codes and messages for input the tool
-# must refuse without crashing. Usage: sim_cli_test.py PATH_TO_KVBLOCK_SIM.
+# must refuse without crashing, and its outputs as tools/sim/README.md
+# documents them. Usage: sim_cli_test.py PATH_TO_KVBLOCK_SIM PATH_TO_README.
+import csv
+import json
 import os
 import subprocess
 import sys
 import tempfile
 
 SIM = sys.argv[1]
+with open(sys.argv[2]) as f:
+    README = f.read()
 failures = []
+
+
+def check_documented(what, names):
+    """Each of `names` appears in the README as `name`."""
+    for name in names:
+        if f"`{name}`" not in README:
+            failures.append([what, name])
+            print(f"FAIL {what} {name!r} is not documented in the README")
 
 
 def run(args, want_code, want_text=""):
@@ -39,7 +52,51 @@ with tempfile.TemporaryDirectory() as tmp:
     with open(empty, "w") as f:
         f.write("\n\n")
     run(["--trace=" + empty], 2, "holds no requests")
-    # The built-in workload runs.
-    run([], 0, "requests ")
+    # Flags: --help exits 0 and lists them; a bad flag or value exits 2.
+    run(["--help"], 0, "--max_tokens_per_step")
+    run(["--help"], 0, "tools/sim/README.md")
+    run(["--nope"], 2, "unknown flag --nope")
+    run(["--pages=abc"], 2, "bad value 'abc' for --pages")
+    run(["--prefix_caching=maybe"], 2, "--prefix_caching")
+    run(["trace.jsonl"], 2, "unexpected argument 'trace.jsonl'")
+    run(["--pages=0"], 2, "bad geometry")
+    run(["--hash=md5"], 2, "--hash must be sha256 or xxh3")
+    run(["--device=tpu"], 2, "--device must be auto, host or cuda")
+    run(["--trace=" + os.path.join(tmp, "missing.jsonl")], 2,
+        "cannot open trace file")
+    # Output paths are checked before the run, naming the OS's reason.
+    for flag in ("json", "timeline", "plot", "write_trace"):
+        run([f"--{flag}=/no/such/dir/out"], 2,
+            "cannot create '/no/such/dir/out': No such file or directory")
+    # The built-in workload runs and writes every output.
+    outputs = {flag: os.path.join(tmp, "out." + flag)
+               for flag in ("json", "timeline", "plot")}
+    run([f"--{flag}={path}" for flag, path in outputs.items()], 0,
+        "queue wait")
+    for flag, path in outputs.items():
+        if os.path.getsize(path) == 0:
+            failures.append([flag])
+            print(f"FAIL --{flag} wrote an empty file")
+    # Every JSON field and timeline column is documented.
+    with open(outputs["json"]) as f:
+        report = json.load(f)
+    check_documented("JSON field", report)
+    for field in ("queue_steps", "ttft_steps", "steps_limited_by",
+                  "host_ns_by_phase", "config"):
+        check_documented(f"JSON field {field}.", report[field])
+    with open(outputs["timeline"]) as f:
+        check_documented("timeline column", next(csv.reader(f)))
+    # Every flag --help lists is documented.
+    help_text = subprocess.run([SIM, "--help"], capture_output=True,
+                               text=True).stdout
+    flags = [line.split()[0][2:] for line in help_text.splitlines()
+             if line.startswith("  --")]
+    if len(flags) < 10:
+        failures.append(["--help"])
+        print(f"FAIL --help lists {len(flags)} flags")
+    for flag in flags:
+        if f"`--{flag}" not in README:
+            failures.append(["flag", flag])
+            print(f"FAIL flag --{flag} is not documented in the README")
 
 sys.exit(1 if failures else 0)

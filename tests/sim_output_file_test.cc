@@ -25,8 +25,23 @@ TEST_CASE("WriteToFile names a path it cannot create") {
   const absl::Status status =
       WriteToFile("/nonexistent/kvblock/out.json", [](std::ostream&) {});
   REQUIRE_STATUS_IS(status, kInternal);
-  REQUIRE(status.message().find("/nonexistent/kvblock/out.json") !=
-          absl::string_view::npos);
+  REQUIRE(status.message() ==
+          "cannot create '/nonexistent/kvblock/out.json': No such file or "
+          "directory");
+}
+
+TEST_CASE("CheckWritable creates an empty file or names the reason") {
+  const std::string path = "sim_output_file_check.txt";
+  REQUIRE_OK(WriteToFile(path, [](std::ostream& out) { out << "old\n"; }));
+  REQUIRE_OK(CheckWritable(path));
+  std::ifstream in(path);
+  REQUIRE(in.peek() == std::ifstream::traits_type::eof());
+  std::remove(path.c_str());
+  const absl::Status missing = CheckWritable("/nonexistent/kvblock/out.json");
+  REQUIRE_STATUS_IS(missing, kInvalidArgument);
+  REQUIRE(missing.message() ==
+          "cannot create '/nonexistent/kvblock/out.json': No such file or "
+          "directory");
 }
 
 }  // namespace

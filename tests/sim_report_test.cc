@@ -11,12 +11,18 @@ namespace {
 
 SimResult SampleResult() {
   SimResult result;
-  result.requests = 10;
+  result.requests = 12;
   result.completed = 9;
-  result.rejected = {{"r7", "its prompt needs 80 pages"}};
+  result.rejected = {
+      {"r7", "its prompt needs 80 pages", RejectedRequest::Kind::kPoolTooSmall},
+      {"r8", "its prompt has 3000 uncached tokens",
+       RejectedRequest::Kind::kOverTokenBudget},
+      {"r9", "its prompt needs 90 pages",
+       RejectedRequest::Kind::kPoolTooSmall}};
   result.prompt_tokens = 4000;
   result.prefix_hit_tokens = 1000;
   result.generated_tokens = 2000;
+  result.recomputed_tokens = 70;
   result.steps = 500;
   result.preemptions = 3;
   result.cow_copies = 12;
@@ -40,6 +46,13 @@ SimResult SampleResult() {
   result.upload_entries = 5000;
   result.upload_ranges = 1500;
   result.table_setup_ns = 2'000'000;
+  result.queue_steps = {
+      .count = 9, .mean = 4.5, .p50 = 3, .p99 = 20, .max = 20};
+  result.ttft_steps = {.count = 9, .mean = 5.5, .p50 = 4, .p99 = 21, .max = 21};
+  result.peak_waiting = 6;
+  result.steps_limited_by_pages = 30;
+  result.steps_limited_by_max_batch = 20;
+  result.steps_limited_by_token_budget = 10;
   return result;
 }
 
@@ -63,15 +76,22 @@ TEST_CASE("the readable report states every number") {
            "pool 256 pages x 16 tokens, batch <= 32, 64 pages per sequence, "
            "2048 tokens per step\n",
            "prefix caching on (sha256), watermark 2 pages\n",
-           "requests          9 completed, 1 rejected (of 10)\n",
+           "requests          9 completed, 3 rejected (of 12)\n",
            "prompt tokens     4000 admitted, 1000 from the prefix cache (25.0% "
            "hit rate)\n",
-           "generated tokens  2000\n",
+           "generated tokens  2000 (70 of them recomputed after a "
+           "preemption)\n",
            "steps             500\n",
            "pages in use      peak 250, mean 180.5 of 256\n",
            "evictions         40 cached pages reused\n",
            "preemptions       3 requests recomputed\n",
            "copy-on-write     12 page copies\n",
+           "queue wait        4.5 steps mean, p50 3, p99 20, max 20; at most 6 "
+           "requests waiting\n",
+           "first token       5.5 steps after arrival mean, p50 4, p99 21, max "
+           "21\n",
+           "batch limits      60 steps left requests waiting: 30 for pages, 20 "
+           "for max_batch, 10 for the token budget\n",
            "host time         5.00 ms in the library, 10.0 us per step, 50 ns "
            "per running sequence per step\n",
            "  planning          1.00 ms   20.0%  admission planning, prompt "
@@ -84,8 +104,11 @@ TEST_CASE("the readable report states every number") {
            "page table        247 bytes uploaded per step: 10.0 entries set in "
            "3.0 rows, 600 copies in all (the whole table at start-up: 2.00 ms, "
            "not in host time)\n",
-           "throughput        12000 tokens/s, 1000 steps/s (0.500 s wall)\n",
+           "simulator speed   12000 tokens/s, 1000 steps/s of this process's "
+           "wall time (0.500 s; not a model's throughput)\n",
+           "rejected          3: 1 over_token_budget, 2 pool_too_small\n",
            "rejected          r7: its prompt needs 80 pages\n",
+           "rejected          r8: its prompt has 3000 uncached tokens\n",
        }) {
     REQUIRE(text.find(line) != std::string::npos);
   }
@@ -95,10 +118,27 @@ TEST_CASE("the JSON report has the design's fields") {
   std::ostringstream out;
   WriteJsonReport(SampleResult(), SampleSetup(), out);
   const nlohmann::json report = nlohmann::json::parse(out.str());
-  REQUIRE(report["requests"] == 10);
+  REQUIRE(report["requests"] == 12);
   REQUIRE(report["completed"] == 9);
-  REQUIRE(report["rejected"] == 1);
+  REQUIRE(report["rejected"] == 3);
+  REQUIRE(report["rejected_requests"].size() == 3);
   REQUIRE(report["rejected_requests"][0]["id"] == "r7");
+  REQUIRE(report["rejected_requests"][0]["kind"] == "pool_too_small");
+  REQUIRE(report["rejected_requests"][1]["kind"] == "over_token_budget");
+  REQUIRE(report["rejected_requests"][1]["reason"] ==
+          "its prompt has 3000 uncached tokens");
+  REQUIRE(report["recomputed_tokens"] == 70);
+  REQUIRE(report["queue_steps"]["count"] == 9);
+  REQUIRE(report["queue_steps"]["mean"] == 4.5);
+  REQUIRE(report["queue_steps"]["p50"] == 3);
+  REQUIRE(report["queue_steps"]["p99"] == 20);
+  REQUIRE(report["queue_steps"]["max"] == 20);
+  REQUIRE(report["ttft_steps"]["mean"] == 5.5);
+  REQUIRE(report["ttft_steps"]["max"] == 21);
+  REQUIRE(report["peak_waiting"] == 6);
+  REQUIRE(report["steps_limited_by"]["pages"] == 30);
+  REQUIRE(report["steps_limited_by"]["max_batch"] == 20);
+  REQUIRE(report["steps_limited_by"]["token_budget"] == 10);
   REQUIRE(report["prompt_tokens"] == 4000);
   REQUIRE(report["prefix_hit_tokens"] == 1000);
   REQUIRE(report["prefix_hit_rate"] == 0.25);
@@ -132,6 +172,13 @@ TEST_CASE("the JSON report has the design's fields") {
   REQUIRE(report["config"]["num_pages"] == 256);
   REQUIRE(report["config"]["hash"] == "sha256");
   REQUIRE(report["config"]["prefix_caching"] == true);
+}
+
+TEST_CASE("DescribeRun names the run and its configuration in one line") {
+  REQUIRE(DescribeRun(SampleSetup()) ==
+          "workload mixed (seed 1) on host: 256 pages x 16 tokens, batch <= "
+          "32, 64 pages per sequence, 2048 tokens per step, prefix caching on "
+          "(sha256)");
 }
 
 TEST_CASE("an empty run reports zero rates, not NaN") {

@@ -277,7 +277,14 @@ TEST_CASE("requests that can never run are rejected and the rest run") {
   REQUIRE(result.completed == 2);
   REQUIRE(result.rejected.size() == 3);
   std::map<std::string, std::string> reasons;
-  for (const RejectedRequest& r : result.rejected) reasons[r.id] = r.reason;
+  std::map<std::string, RejectedRequest::Kind> kinds;
+  for (const RejectedRequest& r : result.rejected) {
+    reasons[r.id] = r.reason;
+    kinds[r.id] = r.kind;
+  }
+  REQUIRE(kinds["huge"] == RejectedRequest::Kind::kPoolTooSmall);
+  REQUIRE(kinds["budget"] == RejectedRequest::Kind::kOverTokenBudget);
+  REQUIRE(kinds["grows"] == RejectedRequest::Kind::kRanOutAlone);
   REQUIRE(reasons["huge"].find("needs 20 pages") != std::string::npos);
   REQUIRE(reasons["budget"].find("exceed max_tokens_per_step 48") !=
           std::string::npos);
@@ -308,6 +315,70 @@ TEST_CASE("when pages run out the latest request is preempted and recomputed") {
   }
   REQUIRE(preemptions == result.preemptions);
   REQUIRE(result.peak_pages_used <= 40);
+  // What a preemption threw away was generated again.
+  REQUIRE(result.recomputed_tokens > 0);
+  REQUIRE(result.generated_tokens == 8 * 24 + result.recomputed_tokens);
+  REQUIRE(result.steps_limited_by_pages > 0);
+}
+
+TEST_CASE("StatsOf gives the mean and nearest-rank percentiles") {
+  std::vector<int64_t> none;
+  REQUIRE(StatsOf(none) == StepStats{});
+  std::vector<int64_t> five = {5, 1, 3, 2, 4};
+  REQUIRE(StatsOf(five) ==
+          StepStats{.count = 5, .mean = 3, .p50 = 3, .p99 = 5, .max = 5});
+  std::vector<int64_t> hundred;
+  for (int64_t i = 100; i >= 1; --i) hundred.push_back(i);
+  REQUIRE(
+      StatsOf(hundred) ==
+      StepStats{.count = 100, .mean = 50.5, .p50 = 50, .p99 = 99, .max = 100});
+}
+
+TEST_CASE("a full batch keeps requests waiting; the report says so") {
+  SchedulerConfig config = SmallConfig(64);
+  config.kv.max_batch = 2;
+  std::vector<Request> requests;
+  for (int i = 0; i < 4; ++i) {
+    requests.push_back({.id = "r" + std::to_string(i),
+                        .prompt = {1, 2, static_cast<TokenId>(10 + i)},
+                        .max_tokens = 3});
+  }
+  const SimResult result = RunChecked(config, requests);
+  // r0 and r1 join at step 0, append at 1..3 and leave at 4, where r2 and r3
+  // join; they leave at step 8.
+  REQUIRE(result.steps == 9);
+  REQUIRE(result.steps_limited_by_max_batch == 4);
+  REQUIRE(result.steps_limited_by_pages == 0);
+  REQUIRE(result.steps_limited_by_token_budget == 0);
+  REQUIRE(result.peak_waiting == 2);
+  for (int64_t step = 0; step < 4; ++step) {
+    REQUIRE(result.timeline[step].waiting == 2);
+    REQUIRE(result.timeline[step].limit == StepLimit::kMaxBatch);
+  }
+  REQUIRE(result.timeline[4].waiting == 0);
+  REQUIRE(result.timeline[4].limit == StepLimit::kNone);
+  REQUIRE(result.queue_steps ==
+          StepStats{.count = 4, .mean = 2, .p50 = 0, .p99 = 4, .max = 4});
+  REQUIRE(result.ttft_steps ==
+          StepStats{.count = 4, .mean = 3, .p50 = 1, .p99 = 5, .max = 5});
+  REQUIRE(result.recomputed_tokens == 0);
+}
+
+TEST_CASE("the token budget holds a prompt back to the next step") {
+  SchedulerConfig config = SmallConfig(64);
+  config.max_tokens_per_step = 10;
+  const std::vector<Request> requests = {
+      {.id = "a", .prompt = {1, 2, 3, 4, 5, 6, 7, 8}, .max_tokens = 2},
+      {.id = "b", .prompt = {9, 8, 7, 6, 5, 4, 3, 2}, .max_tokens = 2},
+  };
+  const SimResult result = RunChecked(config, requests);
+  // Step 0 admits a (8 of 10 tokens); step 1 has 9 left after a's token.
+  REQUIRE(result.steps_limited_by_token_budget == 1);
+  REQUIRE(result.timeline[0].limit == StepLimit::kTokenBudget);
+  REQUIRE(result.timeline[0].waiting == 1);
+  REQUIRE(result.timeline[1].limit == StepLimit::kNone);
+  REQUIRE(result.queue_steps.max == 1);
+  REQUIRE(result.ttft_steps.max == 2);
 }
 
 TEST_CASE("every built-in workload runs to completion with its pages back") {

@@ -3,11 +3,12 @@
 // kvblock-sim: replays a trace or a built-in workload through a simulated
 // continuous-batching scheduler that drives the kvblock library, and prints
 // what the block manager did. See tools/sim/scheduler.h for the loop and
-// DESIGN.md ("kvblock-sim", "Trace format") for the contract.
+// tools/sim/README.md for the trace format, the flags and the report.
 //
-// Exit codes: 0 success; 1 a failure at run time (device, file output,
-// library error); 2 bad input (a flag value, a trace file or line, a workload
-// name). Abseil itself exits 1 for --help and for flags it cannot parse.
+// Exit codes: 0 success (and --help); 1 a failure at run time (device, file
+// output, library error); 2 bad input (an unknown flag or a bad value, a
+// trace file or line, a workload name, an output path that cannot be
+// written).
 #include <unistd.h>
 
 #include <chrono>
@@ -19,13 +20,10 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "cli/flags.h"
 #include "kvblock/block_hash.h"
 #include "kvblock/device.h"
 #include "sim/output_file.h"
@@ -37,8 +35,8 @@
 #include "sim/workloads.h"
 
 ABSL_FLAG(std::string, trace, "",
-          "JSON Lines trace to replay, one request a line (DESIGN.md, "
-          "\"Trace format\"); excludes --workload");
+          "JSON Lines trace to replay, one request a line (the format: "
+          "tools/sim/README.md); excludes --workload");
 ABSL_FLAG(std::string, workload, "",
           "built-in workload: sysprompt, multiturn, parallel, beam, unique, "
           "serving or "
@@ -72,8 +70,8 @@ ABSL_FLAG(std::string, json, "", "also write the report as JSON to this file");
 ABSL_FLAG(std::string, timeline, "",
           "write one CSV row per step to this file (for tools/plot)");
 ABSL_FLAG(std::string, plot, "",
-          "write an SVG chart of pages in use, hit rate and batch size over "
-          "steps to this file");
+          "write an SVG chart of pages in use, hit rate, batch size and "
+          "preemptions over steps to this file");
 ABSL_FLAG(std::string, write_trace, "",
           "write the requests (the workload or trace) as a JSON Lines trace "
           "to this file and exit without running");
@@ -193,12 +191,25 @@ int Main() {
   }
   if (const std::string path = absl::GetFlag(FLAGS_write_trace);
       !path.empty()) {
+    if (absl::Status status = CheckWritable(path); !status.ok()) {
+      return Fail(kExitBadInput, status);
+    }
     absl::Status status = WriteToFile(
         path, [&](std::ostream& out) { WriteTrace(*requests, out); });
     if (!status.ok()) return Fail(kExitFailure, status);
     std::cout << "kvblock-sim: wrote " << requests->size() << " requests of "
               << source << " to " << path << '\n';
     return 0;
+  }
+  // Every output path, before the run: a path that cannot be written is
+  // bad input, found at once.
+  for (const std::string& path :
+       {absl::GetFlag(FLAGS_json), absl::GetFlag(FLAGS_timeline),
+        absl::GetFlag(FLAGS_plot)}) {
+    if (path.empty()) continue;
+    if (absl::Status status = CheckWritable(path); !status.ok()) {
+      return Fail(kExitBadInput, status);
+    }
   }
   absl::StatusOr<std::unique_ptr<Device>> device = DeviceFromFlags();
   if (!device.ok()) {
@@ -246,7 +257,8 @@ int Main() {
   }
   if (const std::string path = absl::GetFlag(FLAGS_plot); !path.empty()) {
     writes.push_back(WriteToFile(path, [&](std::ostream& out) {
-      WriteSvgChart(result->timeline, result->num_pages, out);
+      WriteSvgChart(result->timeline, result->num_pages, DescribeRun(setup),
+                    out);
     }));
   }
   int code = 0;
@@ -260,27 +272,21 @@ int Main() {
 }  // namespace kvblock::sim
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  const kvblock::cli::ParseOutcome parsed = kvblock::cli::ParseFlags(
+      argc, argv, "kvblock-sim",
       "replays a trace or a built-in workload through a continuous-batching "
       "scheduler driving the kvblock library, and reports prefix hits, pages "
-      "in use, evictions, preemptions, copy-on-write copies and host time.\n"
+      "in use, evictions, preemptions, copy-on-write copies, queueing and "
+      "host time.\n"
       "  kvblock-sim                         the mixed workload\n"
       "  kvblock-sim --workload=beam --json=report.json\n"
       "  kvblock-sim --trace=requests.jsonl --pages=2048 --timeline=t.csv\n"
-      "Exit codes: 0 ok, 1 run-time failure, 2 bad input.");
-  // --help lists this file's flags (Abseil's default matches only files
-  // named after the binary).
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "sim/main.cc");
-  };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage);
-  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
-  if (positional.size() > 1) {
-    std::cerr << "kvblock-sim: unexpected argument '" << positional[1]
-              << "' (flags only; see --help)\n";
-    return kvblock::sim::kExitBadInput;
+      "The trace format, every flag and every report field: "
+      "tools/sim/README.md.\n"
+      "Exit codes: 0 ok, 1 run-time failure, 2 bad input (flags included).",
+      "sim/main.cc", std::cout, std::cerr);
+  if (parsed != kvblock::cli::ParseOutcome::kRun) {
+    return kvblock::cli::ExitCode(parsed);
   }
   return kvblock::sim::Main();
 }

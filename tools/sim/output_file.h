@@ -1,10 +1,12 @@
 // Copyright 2026 The kvblock Authors.
 //
-// WriteToFile: how kvblock-sim writes its output files (--json, --timeline,
-// --plot, --write_trace): create or truncate the file, let a writer fill the
-// stream, and report any failure as a status naming the path.
+// How kvblock-sim writes its output files (--json, --timeline, --plot,
+// --write_trace): CheckWritable before the run, so that a path that cannot be
+// written fails at once instead of after the whole simulation, then
+// WriteToFile once the output exists. Both name the path and the system's
+// reason.
 //
-// Thread safety: a plain function; concurrent calls must name different files.
+// Thread safety: plain functions; concurrent calls must name different files.
 #ifndef KVBLOCK_TOOLS_SIM_OUTPUT_FILE_H_
 #define KVBLOCK_TOOLS_SIM_OUTPUT_FILE_H_
 
@@ -16,9 +18,14 @@
 
 namespace kvblock::sim {
 
-// Writes the file at `path` with `write`. Internal "cannot create" /
-// "write failed", naming `path`, when the file cannot be opened or the stream
-// fails (disk full, ...).
+// Creates (or truncates) the file at `path`, leaving it empty.
+// InvalidArgument "cannot create 'PATH': REASON" when it cannot be opened for
+// writing (a missing folder, no permission, ...).
+absl::Status CheckWritable(absl::string_view path);
+
+// Writes the file at `path` with `write`. Internal "cannot create 'PATH':
+// REASON" / "write failed: 'PATH': REASON" when the file cannot be opened or
+// the stream fails (disk full, ...).
 absl::Status WriteToFile(absl::string_view path,
                          const std::function<void(std::ostream&)>& write);
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,18 @@ std::string FormatNanos(double ns) {
 
 }  // namespace
 
+std::string DescribeRun(const RunSetup& setup) {
+  const SchedulerConfig& config = setup.config;
+  return absl::StrFormat(
+      "%s on %s: %d pages x %d tokens, batch <= %d, %d pages per sequence, %d "
+      "tokens per step, prefix caching %s (%s)",
+      setup.source, setup.device, config.kv.num_pages, config.kv.page_size,
+      config.kv.max_batch, config.kv.max_pages_per_seq,
+      config.max_tokens_per_step,
+      config.manager.enable_prefix_caching ? "on" : "off",
+      HashAlgorithmName(config.manager.hash_algorithm));
+}
+
 void PrintReport(const SimResult& result, const RunSetup& setup,
                  std::ostream& out) {
   const SchedulerConfig& config = setup.config;
@@ -105,7 +118,9 @@ void PrintReport(const SimResult& result, const RunSetup& setup,
       "prompt tokens     %d admitted, %d from the prefix cache "
       "(%.1f%% hit rate)\n",
       result.prompt_tokens, result.prefix_hit_tokens, 100 * rates.hit_rate);
-  out << absl::StrFormat("generated tokens  %d\n", result.generated_tokens);
+  out << absl::StrFormat(
+      "generated tokens  %d (%d of them recomputed after a preemption)\n",
+      result.generated_tokens, result.recomputed_tokens);
   out << absl::StrFormat("steps             %d\n", result.steps);
   out << absl::StrFormat("pages in use      peak %d, mean %.1f of %d\n",
                          result.peak_pages_used, result.mean_pages_used,
@@ -116,6 +131,23 @@ void PrintReport(const SimResult& result, const RunSetup& setup,
                          result.preemptions);
   out << absl::StrFormat("copy-on-write     %d page copies\n",
                          result.cow_copies);
+  const StepStats& wait = result.queue_steps;
+  const StepStats& ttft = result.ttft_steps;
+  out << absl::StrFormat(
+      "queue wait        %.1f steps mean, p50 %d, p99 %d, max %d; at most %d "
+      "requests waiting\n",
+      wait.mean, wait.p50, wait.p99, wait.max, result.peak_waiting);
+  out << absl::StrFormat(
+      "first token       %.1f steps after arrival mean, p50 %d, p99 %d, max "
+      "%d\n",
+      ttft.mean, ttft.p50, ttft.p99, ttft.max);
+  out << absl::StrFormat(
+      "batch limits      %d steps left requests waiting: %d for pages, %d for "
+      "max_batch, %d for the token budget\n",
+      result.steps_limited_by_pages + result.steps_limited_by_max_batch +
+          result.steps_limited_by_token_budget,
+      result.steps_limited_by_pages, result.steps_limited_by_max_batch,
+      result.steps_limited_by_token_budget);
   out << absl::StrFormat(
       "host time         %s in the library, %s per step, %s per running "
       "sequence per step\n",
@@ -143,8 +175,22 @@ void PrintReport(const SimResult& result, const RunSetup& setup,
       result.upload_copies,
       FormatNanos(static_cast<double>(result.table_setup_ns)));
   out << absl::StrFormat(
-      "throughput        %.0f tokens/s, %.0f steps/s (%.3f s wall)\n",
+      "simulator speed   %.0f tokens/s, %.0f steps/s of this process's wall "
+      "time (%.3f s; not a model's throughput)\n",
       rates.tokens_per_second, rates.steps_per_second, result.wall_seconds);
+  if (!result.rejected.empty()) {
+    std::map<std::string, int64_t> kinds;
+    for (const RejectedRequest& request : result.rejected) {
+      ++kinds[RejectedKindName(request.kind)];
+    }
+    std::string summary;
+    for (const auto& [kind, count] : kinds) {
+      absl::StrAppendFormat(&summary, "%s%d %s", summary.empty() ? "" : ", ",
+                            count, kind);
+    }
+    out << absl::StrFormat("rejected          %d: %s\n", result.rejected.size(),
+                           summary);
+  }
   const size_t listed = std::min(result.rejected.size(), kListedRejections);
   for (size_t i = 0; i < listed; ++i) {
     out << absl::StrFormat("rejected          %s: %s\n", result.rejected[i].id,
@@ -170,6 +216,21 @@ void WriteJsonReport(const SimResult& result, const RunSetup& setup,
   report["prefix_hit_tokens"] = result.prefix_hit_tokens;
   report["prefix_hit_rate"] = rates.hit_rate;
   report["generated_tokens"] = result.generated_tokens;
+  report["recomputed_tokens"] = result.recomputed_tokens;
+  const auto stats_json = [](const StepStats& stats) {
+    return nlohmann::ordered_json{{"count", stats.count},
+                                  {"mean", stats.mean},
+                                  {"p50", stats.p50},
+                                  {"p99", stats.p99},
+                                  {"max", stats.max}};
+  };
+  report["queue_steps"] = stats_json(result.queue_steps);
+  report["ttft_steps"] = stats_json(result.ttft_steps);
+  report["peak_waiting"] = result.peak_waiting;
+  report["steps_limited_by"] = {
+      {"pages", result.steps_limited_by_pages},
+      {"max_batch", result.steps_limited_by_max_batch},
+      {"token_budget", result.steps_limited_by_token_budget}};
   report["steps"] = result.steps;
   report["preemptions"] = result.preemptions;
   report["cow_copies"] = result.cow_copies;
@@ -200,7 +261,9 @@ void WriteJsonReport(const SimResult& result, const RunSetup& setup,
   nlohmann::ordered_json& rejected = report["rejected_requests"];
   rejected = nlohmann::ordered_json::array();
   for (const RejectedRequest& request : result.rejected) {
-    rejected.push_back({{"id", request.id}, {"reason", request.reason}});
+    rejected.push_back({{"id", request.id},
+                        {"kind", RejectedKindName(request.kind)},
+                        {"reason", request.reason}});
   }
   report["config"] = {
       {"num_pages", config.kv.num_pages},

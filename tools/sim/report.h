@@ -3,19 +3,9 @@
 // The report of a kvblock-sim run: a readable summary for people (stdout) and
 // the same numbers as one JSON object for machines (--json).
 //
-// JSON fields: requests, completed, rejected (a count), rejected_requests
-// ([{id, reason}]), prompt_tokens, prefix_hit_tokens, prefix_hit_rate (0..1),
-// generated_tokens, steps, preemptions, cow_copies, evictions, num_pages,
-// peak_pages_used, mean_pages_used, host_ns_total, host_ns_per_step,
-// host_ns_per_sequence_step (per running sequence per step), sequence_steps,
-// host_ns_by_phase ({planning, admissions, appends, frees, bookkeeping,
-// page_table, upload, copy_on_write}: HostPhases, summing to host_ns_total),
-// wall_seconds, tokens_per_second and steps_per_second (of wall time; tokens
-// are prompt plus generated), upload_copies, upload_bytes, upload_entries,
-// upload_ranges, upload_bytes_per_step, table_setup_ns (the whole-table
-// upload at start-up, not in host_ns_total), source, device, and config (the
-// geometry and options of the run). The meaning of each
-// count is SimResult's.
+// Every line of the text and every JSON field is documented for users in
+// tools/sim/README.md ("The report"); the meaning of each count is
+// SimResult's.
 //
 // Complexity: linear in the rejected requests.
 // Thread safety: plain functions over values.
@@ -35,6 +25,11 @@ struct RunSetup {
   std::string device;  // Device::name().
   SchedulerConfig config;
 };
+
+// One line naming the run and its configuration, e.g. "workload mixed (seed
+// 1) on host: 384 pages x 16 tokens, batch <= 32, 64 pages per sequence, 2048
+// tokens per step, prefix caching on (sha256)".
+std::string DescribeRun(const RunSetup& setup);
 
 // The readable report.
 void PrintReport(const SimResult& result, const RunSetup& setup,

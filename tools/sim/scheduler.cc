@@ -61,7 +61,8 @@ struct RequestState {
   int32_t drop = -1;
   int32_t fork = -1;
   SequenceId fork_id = 0;
-  SequenceId first_id = 0;  // of an admission: sample i gets first_id + i.
+  SequenceId first_id = 0;      // of an admission: sample i gets first_id + i.
+  int64_t first_admitted = -1;  // the step that first admitted it.
   // The prompt's page hashes, computed once on arrival (empty without
   // prefix caching): planning every step and admitting reuse them.
   std::vector<BlockHash> prompt_hashes = {};
@@ -127,7 +128,8 @@ class Runner {
   // Makes the latest admitted running request give way after the pool ran
   // out: preempted and re-queued, or rejected when it ran alone.
   absl::Status GiveWay();
-  void Reject(RequestState& request, std::string reason);
+  void Reject(RequestState& request, RejectedRequest::Kind kind,
+              std::string reason);
   absl::Status CheckFinalState() const;
 
   SchedulerState& state_;
@@ -165,6 +167,9 @@ class Runner {
   int64_t decode_tokens_ = 0;
   int64_t append_pages_ = 0;  // pages the step's appends may allocate.
   int64_t admitted_ = 0;      // requests at the queue head admitted.
+  StepLimit limit_ = StepLimit::kNone;  // what stopped this plan's admissions.
+  bool pages_ran_out_ = false;          // a commit of this step did.
+  std::vector<int64_t> queue_waits_;    // of completed requests.
 };
 
 Runner::Runner(SchedulerState& state, absl::Span<const Request> requests,
@@ -200,8 +205,10 @@ Runner::Runner(SchedulerState& state, absl::Span<const Request> requests,
   result_.num_pages = kv_.num_pages;
 }
 
-void Runner::Reject(RequestState& request, std::string reason) {
-  result_.rejected.push_back({request.request->id, std::move(reason)});
+void Runner::Reject(RequestState& request, RejectedRequest::Kind kind,
+                    std::string reason) {
+  result_.rejected.push_back(
+      {.id = request.request->id, .reason = std::move(reason), .kind = kind});
 }
 
 void Runner::PlanRunning() {
@@ -271,7 +278,10 @@ absl::Status Runner::PlanAdmissions(int64_t admit_limit) {
     RequestState& r = *waiting_[i];
     const Request& request = *r.request;
     const int32_t samples = request.n;
-    if (samples > seats) break;
+    if (samples > seats) {
+      limit_ = StepLimit::kMaxBatch;
+      break;
+    }
     const HashExtraKeys extra{.cache_salt = request.cache_salt};
     KVBLOCK_ASSIGN_OR_RETURN(
         const AdmissionPlan plan, Timed(phases_.planning_ns, [&] {
@@ -281,22 +291,31 @@ absl::Status Runner::PlanAdmissions(int64_t admit_limit) {
     const int64_t computed = prompt - plan.hit_tokens;
     const int64_t prompt_pages = CeilDiv(prompt, kv_.page_size);
     std::string reason;
+    RejectedRequest::Kind kind = RejectedRequest::Kind::kPoolTooSmall;
     if (prompt_pages > kv_.num_pages - watermark) {
       reason = absl::StrFormat(
           "its prompt needs %d pages, the pool admits %d (%d less a watermark "
           "of %d)",
           prompt_pages, kv_.num_pages - watermark, kv_.num_pages, watermark);
     } else if (computed > config.max_tokens_per_step) {
+      kind = RejectedRequest::Kind::kOverTokenBudget;
       reason = absl::StrFormat(
           "%d uncached prompt tokens exceed max_tokens_per_step %d", computed,
           config.max_tokens_per_step);
     }
     if (!reason.empty()) {
-      Reject(r, std::move(reason));
+      Reject(r, kind, std::move(reason));
       waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
       continue;
     }
-    if (computed > budget || plan.pages_consumed() > pages) break;
+    if (computed > budget) {
+      limit_ = StepLimit::kTokenBudget;
+      break;
+    }
+    if (plan.pages_consumed() > pages) {
+      limit_ = StepLimit::kPages;
+      break;
+    }
     r.first_id = next_id;
     joins_.push_back({.id = next_id,
                       .fork_of = kNoSequence,
@@ -329,6 +348,7 @@ absl::Status Runner::PlanStep(int64_t admit_limit) {
   decode_tokens_ = 0;
   append_pages_ = 0;
   admitted_ = 0;
+  limit_ = StepLimit::kNone;
   PlanRunning();
   append_counts_.clear();
   append_tokens_.clear();
@@ -358,13 +378,15 @@ absl::Status Runner::GiveWay() {
   for (const Sequence& s : victim.sequences) {
     (alone ? victims_finished_ : victims_preempted_).push_back(s.id);
   }
+  const int64_t sequences = static_cast<int64_t>(victim.sequences.size());
   victim.sequences.clear();
   if (alone) {
-    Reject(victim,
+    Reject(victim, RejectedRequest::Kind::kRanOutAlone,
            absl::StrFormat("ran out of pages running alone (pool of %d pages)",
                            kv_.num_pages));
     return absl::OkStatus();
   }
+  result_.recomputed_tokens += victim.generated * sequences;
   // Recompute: the request restarts from its prompt.
   victim.generated = 0;
   victim.next_sample = 0;
@@ -379,6 +401,7 @@ void Runner::ApplyStep() {
     if (r->finishing) {
       r->sequences.clear();
       ++result_.completed;
+      queue_waits_.push_back(r->first_admitted - r->request->arrival);
       continue;
     }
     if (r->fork >= 0) {
@@ -392,6 +415,7 @@ void Runner::ApplyStep() {
   for (int64_t i = 0; i < admitted_; ++i) {
     RequestState& r = *waiting_.front();
     waiting_.pop_front();
+    if (r.first_admitted < 0) r.first_admitted = clock_;
     const Request& request = *r.request;
     for (int32_t sample = 0; sample < request.n; ++sample) {
       r.sequences.push_back({.id = r.first_id + sample, .sample = sample});
@@ -451,6 +475,7 @@ absl::StatusOr<std::optional<StepResult>> Runner::CommitStep() {
   victims_finished_.clear();
   victims_preempted_.clear();
   step_preemptions_ = 0;
+  pages_ran_out_ = false;
   int64_t admit_limit = std::numeric_limits<int64_t>::max();
   for (;;) {
     KVBLOCK_RETURN_IF_ERROR(PlanStep(admit_limit));
@@ -469,6 +494,7 @@ absl::StatusOr<std::optional<StepResult>> Runner::CommitStep() {
       return absl::InternalError(absl::StrFormat("step %d: commit: %s", clock_,
                                                  step.status().ToString()));
     }
+    pages_ran_out_ = true;
     if (admitted_ > 0) {
       admit_limit = admitted_ - 1;  // the latest admission waits.
     } else {
@@ -516,7 +542,24 @@ absl::StatusOr<SimResult> Runner::Run() {
         .cow_copies =
             static_cast<int32_t>(after.cow_copies - before.cow_copies),
         .evictions = static_cast<int32_t>(after.evictions - before.evictions),
+        .waiting = static_cast<int32_t>(waiting_.size()),
+        .limit = pages_ran_out_ ? StepLimit::kPages : limit_,
     };
+    switch (record.limit) {
+      case StepLimit::kPages:
+        ++result_.steps_limited_by_pages;
+        break;
+      case StepLimit::kMaxBatch:
+        ++result_.steps_limited_by_max_batch;
+        break;
+      case StepLimit::kTokenBudget:
+        ++result_.steps_limited_by_token_budget;
+        break;
+      case StepLimit::kNone:
+        break;
+    }
+    result_.peak_waiting = std::max<int64_t>(
+        result_.peak_waiting, static_cast<int64_t>(waiting_.size()));
     result_.timeline.push_back(record);
     result_.sequence_steps += step->batch;
     result_.preemptions += step_preemptions_;
@@ -553,6 +596,9 @@ absl::StatusOr<SimResult> Runner::Run() {
   // The rest of each Commit call, and of the calls into it.
   phases_.bookkeeping_ns = commit_ns_ - commit.frees_ns - commit.admissions_ns -
                            commit.appends_ns - commit.page_table_ns;
+  result_.queue_steps = StatsOf(queue_waits_);
+  for (int64_t& wait : queue_waits_) ++wait;  // the admitting step's end.
+  result_.ttft_steps = StatsOf(queue_waits_);
   result_.host_ns_by_phase = phases_;
   result_.host_ns_total = phases_.total_ns();
   const KVPageTableUploadStats& uploads = state_.table->upload_stats();
@@ -569,6 +615,51 @@ absl::StatusOr<SimResult> Runner::Run() {
 }
 
 }  // namespace
+
+const char* StepLimitName(StepLimit limit) {
+  switch (limit) {
+    case StepLimit::kNone:
+      return "none";
+    case StepLimit::kPages:
+      return "pages";
+    case StepLimit::kMaxBatch:
+      return "max_batch";
+    case StepLimit::kTokenBudget:
+      return "token_budget";
+  }
+  return "unknown";
+}
+
+const char* RejectedKindName(RejectedRequest::Kind kind) {
+  switch (kind) {
+    case RejectedRequest::Kind::kPoolTooSmall:
+      return "pool_too_small";
+    case RejectedRequest::Kind::kOverTokenBudget:
+      return "over_token_budget";
+    case RejectedRequest::Kind::kRanOutAlone:
+      return "ran_out_alone";
+  }
+  return "unknown";
+}
+
+StepStats StatsOf(std::vector<int64_t>& values) {
+  StepStats stats;
+  if (values.empty()) return stats;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  stats.count = static_cast<int64_t>(n);
+  stats.mean = static_cast<double>(
+                   std::accumulate(values.begin(), values.end(), int64_t{0})) /
+               static_cast<double>(n);
+  // Nearest rank: the smallest value with at least p% of them at or below.
+  const auto rank = [&](int percent) {
+    return values[(n * percent + 99) / 100 - 1];
+  };
+  stats.p50 = rank(50);
+  stats.p99 = rank(99);
+  stats.max = values.back();
+  return stats;
+}
 
 TraceLimits TraceLimitsFor(const SchedulerConfig& config) {
   return {.max_tokens_per_seq = config.kv.MaxTokensPerSeq(),

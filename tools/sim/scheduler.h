@@ -86,6 +86,17 @@ struct SchedulerConfig {
   int64_t max_tokens_per_step = 2048;
 };
 
+// What stopped a step's admissions while requests were still waiting.
+enum class StepLimit : uint8_t {
+  kNone = 0,    // nothing waited, or every waiting request was admitted.
+  kPages,       // the pool: pages to admit (or to run) ran out.
+  kMaxBatch,    // the batch: no room for the next request's samples.
+  kTokenBudget  // max_tokens_per_step: its uncached prompt tokens.
+};
+
+// "none", "pages", "max_batch" or "token_budget".
+const char* StepLimitName(StepLimit limit);
+
 // One committed step (a row of --timeline).
 struct StepRecord {
   int64_t step = 0;           // the scheduler clock.
@@ -96,9 +107,24 @@ struct StepRecord {
   int32_t preemptions = 0;    // requests preempted.
   int32_t cow_copies = 0;
   int32_t evictions = 0;
+  int32_t waiting = 0;  // requests arrived and queued after the step.
+  StepLimit limit = StepLimit::kNone;
 
   friend bool operator==(const StepRecord&, const StepRecord&) = default;
 };
+
+// A distribution of steps over completed requests (all zero when none).
+struct StepStats {
+  int64_t count = 0;
+  double mean = 0;
+  int64_t p50 = 0;  // nearest-rank percentiles.
+  int64_t p99 = 0;
+  int64_t max = 0;
+  friend bool operator==(const StepStats&, const StepStats&) = default;
+};
+
+// The nearest-rank statistics of `values` (reordered).
+StepStats StatsOf(std::vector<int64_t>& values);
 
 // Host time inside library calls, by phase, in nanoseconds.
 struct HostPhases {
@@ -126,9 +152,19 @@ struct HostPhases {
 };
 
 struct RejectedRequest {
+  // Why a request can never run here.
+  enum class Kind : uint8_t {
+    kPoolTooSmall,     // its prompt needs more pages than the pool admits.
+    kOverTokenBudget,  // its uncached prompt exceeds max_tokens_per_step.
+    kRanOutAlone,      // it ran out of pages with nothing else running.
+  };
   std::string id;
   std::string reason;
+  Kind kind = Kind::kPoolTooSmall;
 };
+
+// "pool_too_small", "over_token_budget" or "ran_out_alone".
+const char* RejectedKindName(RejectedRequest::Kind kind);
 
 struct SimResult {
   int64_t requests = 0;   // in the trace.
@@ -141,6 +177,10 @@ struct SimResult {
   int64_t prompt_tokens = 0;
   int64_t prefix_hit_tokens = 0;
   int64_t generated_tokens = 0;
+  // Of generated_tokens, those a preemption threw away (the request
+  // restarted from its prompt and generated them again): a preempted
+  // request's tokens times its running sequences.
+  int64_t recomputed_tokens = 0;
   int64_t steps = 0;        // committed steps.
   int64_t preemptions = 0;  // requests preempted.
   int64_t cow_copies = 0;
@@ -163,6 +203,18 @@ struct SimResult {
   int64_t upload_ranges = 0;
   int64_t table_setup_ns = 0;
   std::vector<StepRecord> timeline;
+  // Queueing, over completed requests, in steps: from arrival to the step
+  // that first admits it (queue wait), and to that step's end, when its
+  // first token exists (time to first token: queue wait + 1, since a prompt
+  // is prefilled in the step that admits it).
+  StepStats queue_steps;
+  StepStats ttft_steps;
+  int64_t peak_waiting = 0;  // requests arrived and queued, at most.
+  // Committed steps whose admissions stopped at each limit while requests
+  // waited.
+  int64_t steps_limited_by_pages = 0;
+  int64_t steps_limited_by_max_batch = 0;
+  int64_t steps_limited_by_token_budget = 0;
 };
 
 // A snapshot for progress displays, passed after every committed step.

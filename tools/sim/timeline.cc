@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 
 namespace kvblock::sim {
 namespace {
@@ -15,17 +16,19 @@ namespace {
 constexpr double kWidth = 800;
 constexpr double kLeft = 64;  // room for the y labels.
 constexpr double kRight = 16;
+constexpr double kHeader = 24;  // the run's description, above the panels.
 constexpr double kTitle = 28;   // above each panel.
-constexpr double kPanel = 130;  // plot height of a panel.
+constexpr double kPanel = 110;  // plot height of a panel.
 constexpr double kBottom = 40;  // x labels under the last panel.
-constexpr int kPanels = 3;
+constexpr int kPanels = 4;
 
 // One chart point: a bucket of consecutive steps.
 struct Point {
-  int64_t step = 0;     // the bucket's last step.
-  double pages = 0;     // maximum in the bucket.
-  double hit_rate = 0;  // cumulative, percent, at the bucket's end.
-  double batch = 0;     // maximum in the bucket.
+  int64_t step = 0;        // the bucket's last step.
+  double pages = 0;        // maximum in the bucket.
+  double hit_rate = 0;     // cumulative, percent, at the bucket's end.
+  double batch = 0;        // maximum in the bucket.
+  double preemptions = 0;  // cumulative, at the bucket's end.
 };
 
 std::vector<Point> Bucket(absl::Span<const StepRecord> steps) {
@@ -35,6 +38,7 @@ std::vector<Point> Bucket(absl::Span<const StepRecord> steps) {
   points.reserve(std::min(steps.size(), static_cast<size_t>(kChartPoints)));
   int64_t hits = 0;
   int64_t prompts = 0;
+  int64_t preemptions = 0;
   for (size_t begin = 0; begin < steps.size(); begin += per_point) {
     Point point;
     const size_t end = std::min(steps.size(), begin + per_point);
@@ -43,12 +47,38 @@ std::vector<Point> Bucket(absl::Span<const StepRecord> steps) {
       point.batch = std::max<double>(point.batch, steps[i].batch);
       hits += steps[i].hit_tokens;
       prompts += steps[i].prompt_tokens;
+      preemptions += steps[i].preemptions;
     }
+    point.preemptions = static_cast<double>(preemptions);
     point.step = steps[end - 1].step;
     point.hit_rate = prompts > 0 ? 100.0 * hits / prompts : 0;
     points.push_back(point);
   }
   return points;
+}
+
+// `text` with XML's special characters escaped.
+std::string EscapeXml(absl::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
 }
 
 // One panel: a frame, its title and y range, and one line of `value` over
@@ -57,7 +87,7 @@ void DrawPanel(std::ostream& out, int index, const std::string& title,
                const char* color, double y_max, const std::string& y_max_label,
                int64_t first, int64_t last, const std::vector<Point>& points,
                double Point::*value) {
-  const double top = index * (kTitle + kPanel) + kTitle;
+  const double top = kHeader + index * (kTitle + kPanel) + kTitle;
   const double plot_width = kWidth - kLeft - kRight;
   out << absl::StrFormat(
       "<text x=\"%.0f\" y=\"%.0f\" font-weight=\"bold\">%s</text>\n", kLeft,
@@ -90,25 +120,28 @@ void DrawPanel(std::ostream& out, int index, const std::string& title,
 
 void WriteTimelineCsv(absl::Span<const StepRecord> steps, std::ostream& out) {
   out << "step,batch,pages_used,hit_tokens,prompt_tokens,preemptions,"
-         "cow_copies,evictions\n";
+         "cow_copies,evictions,waiting,limit\n";
   for (const StepRecord& s : steps) {
-    out << absl::StrFormat("%d,%d,%d,%d,%d,%d,%d,%d\n", s.step, s.batch,
+    out << absl::StrFormat("%d,%d,%d,%d,%d,%d,%d,%d,%d,%s\n", s.step, s.batch,
                            s.pages_used, s.hit_tokens, s.prompt_tokens,
-                           s.preemptions, s.cow_copies, s.evictions);
+                           s.preemptions, s.cow_copies, s.evictions, s.waiting,
+                           StepLimitName(s.limit));
   }
 }
 
 void WriteSvgChart(absl::Span<const StepRecord> steps, int32_t num_pages,
-                   std::ostream& out) {
-  const double height = kPanels * (kTitle + kPanel) + kBottom;
+                   absl::string_view title, std::ostream& out) {
+  const double height = kHeader + kPanels * (kTitle + kPanel) + kBottom;
   out << absl::StrFormat(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" "
       "height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" font-family=\"sans-serif\" "
       "font-size=\"12\">\n"
       "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
       kWidth, height, kWidth, height);
+  out << absl::StrFormat("<text x=\"16\" y=\"16\">%s</text>\n",
+                         EscapeXml(title));
   if (steps.empty()) {
-    out << "<text x=\"16\" y=\"32\">kvblock-sim: no steps were run</text>\n"
+    out << "<text x=\"16\" y=\"48\">kvblock-sim: no steps were run</text>\n"
         << "</svg>\n";
     return;
   }
@@ -133,7 +166,13 @@ void WriteSvgChart(absl::Span<const StepRecord> steps, int32_t num_pages,
   DrawPanel(out, 2, absl::StrFormat("batch size (peak %.0f)", peak_batch),
             "#d62728", peak_batch, absl::StrFormat("%.0f", peak_batch), first,
             last, points, &Point::batch);
-  const double axis_y = kPanels * (kTitle + kPanel) + 16;
+  const double preempted = points.back().preemptions;
+  DrawPanel(out, 3,
+            absl::StrFormat("preemptions, cumulative (%.0f in all)", preempted),
+            "#9467bd", std::max(1.0, preempted),
+            absl::StrFormat("%.0f", std::max(1.0, preempted)), first, last,
+            points, &Point::preemptions);
+  const double axis_y = kHeader + kPanels * (kTitle + kPanel) + 16;
   out << absl::StrFormat(
       "<text x=\"%.0f\" y=\"%.0f\">%d</text>\n"
       "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">step</text>\n"

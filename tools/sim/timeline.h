@@ -2,12 +2,13 @@
 //
 // The per-step views of a kvblock-sim run: the --timeline CSV (one row per
 // committed step, for tools/plot and spreadsheets) and the --plot SVG, a small
-// self-contained line chart with three panels over the steps: pages in use,
-// the cumulative prefix hit rate, and the batch size.
+// self-contained line chart under a title line (the run's description) with
+// four panels over the steps: pages in use, the cumulative prefix hit rate,
+// the batch size and the cumulative preemptions.
 //
 // CSV columns (header row first): step, batch, pages_used, hit_tokens,
-// prompt_tokens, preemptions, cow_copies, evictions, as StepRecord defines
-// them.
+// prompt_tokens, preemptions, cow_copies, evictions, waiting, limit (none,
+// pages, max_batch or token_budget), as StepRecord defines them.
 //
 // The chart keeps at most kChartPoints points per line: longer runs are
 // bucketed (pages and batch show each bucket's maximum, the hit rate its
@@ -21,6 +22,7 @@
 #include <cstdint>
 #include <ostream>
 
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "sim/scheduler.h"
 
@@ -32,9 +34,10 @@ inline constexpr int kChartPoints = 720;
 void WriteTimelineCsv(absl::Span<const StepRecord> steps, std::ostream& out);
 
 // The SVG chart of `steps` over a pool of `num_pages` pages (the scale of the
-// pages panel). With no steps it says so instead of drawing lines.
+// pages panel), titled `title`. With no steps it says so instead of drawing
+// lines.
 void WriteSvgChart(absl::Span<const StepRecord> steps, int32_t num_pages,
-                   std::ostream& out);
+                   absl::string_view title, std::ostream& out);
 
 }  // namespace kvblock::sim
 

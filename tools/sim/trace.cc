@@ -11,9 +11,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kvblock/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "sim/random.h"
-#include "kvblock/status_macros.h"
 
 namespace kvblock::sim {
 namespace {

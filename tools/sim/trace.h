@@ -1,8 +1,8 @@
 // Copyright 2026 The kvblock Authors.
 //
 // Traces of kvblock-sim: the requests a simulated serving engine receives, read
-// from and written to JSON Lines (DESIGN.md, "Trace format"), one request a
-// line:
+// from and written to JSON Lines (for users: tools/sim/README.md, "Trace
+// format"), one request a line:
 //
 //   {"id": "r1", "arrival": 0, "prompt": [1, 2, 3], "max_tokens": 128,
 //    "n": 1, "output": [7, 8]}

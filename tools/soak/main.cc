@@ -13,10 +13,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
+#include "cli/flags.h"
 #include "soak/soak.h"
 
 ABSL_FLAG(int64_t, ops, 1'000'000,
@@ -31,23 +28,16 @@ ABSL_FLAG(bool, prefix_caching, true, "share full pages of equal prefixes");
 ABSL_FLAG(std::string, hash, "xxh3", "prefix-cache hash: sha256 or xxh3");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  const kvblock::cli::ParseOutcome parsed = kvblock::cli::ParseFlags(
+      argc, argv, "kvblock-soak",
       "runs random scheduler steps through kvblock and checks its invariants "
       "after every step.\n"
       "  kvblock-soak --ops=100000000\n"
       "  kvblock-soak --seconds=60 --seed=7 --pages=48\n"
-      "Exit codes: 0 no violation, 1 a finding, 2 bad input.");
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "soak/main.cc");
-  };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage);
-  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
-  if (positional.size() > 1) {
-    std::cerr << "kvblock-soak: unexpected argument '" << positional[1]
-              << "' (flags only; see --help)\n";
-    return 2;
+      "Exit codes: 0 no violation, 1 a finding, 2 bad input.",
+      "soak/main.cc", std::cout, std::cerr);
+  if (parsed != kvblock::cli::ParseOutcome::kRun) {
+    return kvblock::cli::ExitCode(parsed);
   }
   kvblock::soak::SoakOptions options;
   options.max_operations = absl::GetFlag(FLAGS_ops);

@@ -1,0 +1,42 @@
+// Copyright 2026 The kvblock Authors.
+//
+// ParseFlags: the command line of kvblock's tools, with their exit codes.
+// Abseil's ParseCommandLine exits 1 for an unknown flag, a value that does
+// not parse and --help alike; a kvblock tool exits 2 for bad input and 0
+// for --help. So the tools parse with this instead: each argument sets the
+// flag of that name through Abseil's public reflection API
+// (FindCommandLineFlag, CommandLineFlag::ParseFrom), in the forms Abseil
+// takes (--name=value, --name value, --bool, --nobool; one or two dashes).
+//
+// Thread safety: call once, from main, before any other thread starts.
+#ifndef KVBLOCK_TOOLS_CLI_FLAGS_H_
+#define KVBLOCK_TOOLS_CLI_FLAGS_H_
+
+#include <ostream>
+
+#include "absl/strings/string_view.h"
+
+namespace kvblock::cli {
+
+// What ParseFlags found.
+enum class ParseOutcome {
+  kRun,   // every flag parsed: run the tool.
+  kHelp,  // --help (or -h, --helpfull, --helpshort): usage printed.
+  kError  // a bad argument: the message printed.
+};
+
+// Sets the flags that `argv` names. `usage` opens the --help text, which then
+// lists every flag defined in a file whose path ends with `flags_file` (the
+// tool's main.cc), with its help and default. Errors (an unknown flag, a
+// missing or unparsable value, a positional argument: the tools take flags
+// only) are printed to `err` as "TOOL: message".
+ParseOutcome ParseFlags(int argc, char** argv, absl::string_view tool,
+                        absl::string_view usage, absl::string_view flags_file,
+                        std::ostream& out, std::ostream& err);
+
+// The exit code of an outcome other than kRun: 0 for kHelp, 2 for kError.
+int ExitCode(ParseOutcome outcome);
+
+}  // namespace kvblock::cli
+
+#endif  // KVBLOCK_TOOLS_CLI_FLAGS_H_
