@@ -5,10 +5,8 @@
 // (never as a pass).
 #include <cstdio>
 
+#include "catch_session.h"
 #include "sha256_page_step.h"
-
-#define KVBLOCK_CATCH2_RUNNER
-#include "catch.h"
 
 int main(int argc, char** argv) {
   constexpr int kSkipped = 77;
@@ -17,5 +15,5 @@ int main(int argc, char** argv) {
         "sha256_page_step skipped: this CPU lacks the SHA extensions\n");
     return kSkipped;
   }
-  return Catch::Session().run(argc, argv);
+  return kvblock::testing::RunCatchSession(argc, argv);
 }

@@ -5,10 +5,8 @@
 // pass).
 #include <cstdio>
 
+#include "catch_session.h"
 #include "kvblock/device.h"
-
-#define KVBLOCK_CATCH2_RUNNER
-#include "catch.h"
 
 int main(int argc, char** argv) {
   constexpr int kSkipped = 77;
@@ -16,5 +14,5 @@ int main(int argc, char** argv) {
     std::printf("gpu suite skipped: %s\n", device.status().ToString().c_str());
     return kSkipped;
   }
-  return Catch::Session().run(argc, argv);
+  return kvblock::testing::RunCatchSession(argc, argv);
 }
