@@ -15,8 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "block_manager_transact.h"
 #include "kvblock/block_manager.h"
-#include "sequence_slab.h"
 #include "kvblock/status_macros.h"
+#include "sequence_slab.h"
 #include "step_journal.h"
 
 namespace kvblock {

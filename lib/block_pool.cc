@@ -13,9 +13,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "fault_injection.h"
+#include "kvblock/status_macros.h"
 #include "prefix_index.h"
 #include "reservation.h"
-#include "kvblock/status_macros.h"
 
 namespace kvblock {
 namespace {

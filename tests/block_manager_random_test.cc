@@ -134,9 +134,8 @@ class Model {
       for (int64_t i = 0; i < length / page_size; ++i) {
         const auto end = prompt.begin() + (i + 1) * page_size;
         result.keys.push_back({salt, adapter, {prompt.begin(), end}});
-        parent = hasher_->HashPage(
-            parent,
-            absl::MakeConstSpan(prompt).subspan(i * page_size, page_size));
+        parent = hasher_->HashPage(parent, absl::MakeConstSpan(prompt).subspan(
+                                               i * page_size, page_size));
         result.hashes.push_back(parent);
       }
       // The last prompt token is always computed: at most (length - 1) /

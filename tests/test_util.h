@@ -23,24 +23,23 @@ const absl::Status& GetStatus(const absl::StatusOr<T>& status_or) {
 }  // namespace kvblock::testing
 
 // REQUIRE that a Status or StatusOr is OK; prints it otherwise.
-#define REQUIRE_OK(expr)                                                   \
-  do {                                                                     \
-    const auto& kvblock_req_ok_ = (expr);                                  \
-    INFO(#expr << " -> " << ::kvblock::testing::GetStatus(kvblock_req_ok_) \
-                              .ToString());                                \
-    REQUIRE(::kvblock::testing::GetStatus(kvblock_req_ok_).ok());          \
+#define REQUIRE_OK(expr)                                                      \
+  do {                                                                        \
+    const auto& kvblock_req_ok_ = (expr);                                     \
+    INFO(#expr << " -> "                                                      \
+               << ::kvblock::testing::GetStatus(kvblock_req_ok_).ToString()); \
+    REQUIRE(::kvblock::testing::GetStatus(kvblock_req_ok_).ok());             \
   } while (false)
 
 // REQUIRE that a Status or StatusOr failed with `code` (an absl::StatusCode
 // enumerator name such as kInvalidArgument).
-#define REQUIRE_STATUS_IS(expr, status_code)                                     \
-  do {                                                                    \
-    const auto& kvblock_req_st_ = (expr);                                 \
-    INFO(#expr << " -> "                                                  \
-               << ::kvblock::testing::GetStatus(kvblock_req_st_)          \
-                      .ToString());                                       \
-    REQUIRE(::kvblock::testing::GetStatus(kvblock_req_st_).code() ==      \
-            ::absl::StatusCode::status_code);                                    \
+#define REQUIRE_STATUS_IS(expr, status_code)                                  \
+  do {                                                                        \
+    const auto& kvblock_req_st_ = (expr);                                     \
+    INFO(#expr << " -> "                                                      \
+               << ::kvblock::testing::GetStatus(kvblock_req_st_).ToString()); \
+    REQUIRE(::kvblock::testing::GetStatus(kvblock_req_st_).code() ==          \
+            ::absl::StatusCode::status_code);                                 \
   } while (false)
 
 #endif  // KVBLOCK_TESTS_TEST_UTIL_H_

@@ -26,8 +26,9 @@
 // any error, nothing is written.
 //
 // Errors common to every call: InvalidArgument for a bad argument (the
-// message names it and its value; pool.data must be aligned to its dtype); Unavailable for a CUDA device when kvblock
-// was built without CUDA; Internal for a failed kernel launch.
+// message names it and its value; pool.data must be aligned to its dtype);
+// Unavailable for a CUDA device when kvblock was built without CUDA; Internal
+// for a failed kernel launch.
 //
 // Complexity: linear in the bytes each call reads and writes; decode
 // attention reads each K and V row of the batch once.
