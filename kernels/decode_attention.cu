@@ -48,8 +48,6 @@ struct DecodeLayout {
   static constexpr int kTpr = Gcd(kRowVecs, kHeads == 1 ? 8 : 16);
   static constexpr int kVecsPerThread = kRowVecs / kTpr;
   static constexpr int kElems = kVecsPerThread * kVec;  // per thread.
-  // Tokens each lane loads before it computes: ~128 bytes per thread.
-  static constexpr int kUnroll = kVecsPerThread >= 8 ? 1 : 8 / kVecsPerThread;
   static_assert(kHeadDim % kVec == 0, "head_dim must be whole 16-byte vectors");
   static_assert(32 % kTpr == 0, "a row's threads must not straddle warps");
 };
@@ -157,10 +155,12 @@ template <typename T, int kHeadDim, int kHeads>
 __global__ void __launch_bounds__(kDecodeThreads, 2)
     PagedDecodeKernel(DecodeParams p, int32_t subgroups) {
   using L = DecodeLayout<T, kHeadDim, kHeads>;
-  // Half the loads in flight where the query slices take 64 registers, to
-  // stay within 128 registers (two blocks per multiprocessor).
+  // Tokens each lane loads before it computes: ~128 bytes per thread, half
+  // that where the query slices take 64 registers, to stay within 128
+  // registers (two blocks per multiprocessor).
+  constexpr int kLoads = L::kVecsPerThread >= 8 ? 1 : 8 / L::kVecsPerThread;
   constexpr int kUnroll =
-      kHeads * L::kElems >= 64 && L::kUnroll > 1 ? L::kUnroll / 2 : L::kUnroll;
+      kHeads * L::kElems >= 64 && kLoads > 1 ? kLoads / 2 : kLoads;
   DecodeBlock b;
   if (!LocateDecodeBlock(p, b)) return;
   const int32_t n = b.n;
