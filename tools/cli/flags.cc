@@ -34,12 +34,15 @@ void PrintHelp(absl::string_view tool, absl::string_view usage,
 
 }  // namespace
 
-ParseOutcome ParseFlags(int argc, char** argv, absl::string_view tool,
-                        absl::string_view usage, absl::string_view flags_file,
-                        std::ostream& out, std::ostream& err) {
+std::optional<int> ParseFlags(int argc, char** argv, absl::string_view tool,
+                              absl::string_view usage,
+                              absl::string_view flags_file, std::ostream& out,
+                              std::ostream& err) {
+  constexpr int kHelpExit = 0;
+  constexpr int kBadInputExit = 2;
   const auto fail = [&](absl::string_view message) {
     err << tool << ": " << message << " (see --help)\n";
-    return ParseOutcome::kError;
+    return kBadInputExit;
   };
   for (int i = 1; i < argc; ++i) {
     absl::string_view arg = argv[i];
@@ -60,7 +63,7 @@ ParseOutcome ParseFlags(int argc, char** argv, absl::string_view tool,
     if (name == "help" || name == "h" || name == "helpfull" ||
         name == "helpshort") {
       PrintHelp(tool, usage, flags_file, out);
-      return ParseOutcome::kHelp;
+      return kHelpExit;
     }
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     std::string value;
@@ -92,11 +95,7 @@ ParseOutcome ParseFlags(int argc, char** argv, absl::string_view tool,
           absl::StrCat("bad value '", value, "' for --", name, ": ", error));
     }
   }
-  return ParseOutcome::kRun;
-}
-
-int ExitCode(ParseOutcome outcome) {
-  return outcome == ParseOutcome::kHelp ? 0 : 2;
+  return std::nullopt;
 }
 
 }  // namespace kvblock::cli

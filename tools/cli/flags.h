@@ -12,30 +12,24 @@
 #ifndef KVBLOCK_TOOLS_CLI_FLAGS_H_
 #define KVBLOCK_TOOLS_CLI_FLAGS_H_
 
+#include <optional>
 #include <ostream>
 
 #include "absl/strings/string_view.h"
 
 namespace kvblock::cli {
 
-// What ParseFlags found.
-enum class ParseOutcome {
-  kRun,   // every flag parsed: run the tool.
-  kHelp,  // --help (or -h, --helpfull, --helpshort): usage printed.
-  kError  // a bad argument: the message printed.
-};
-
-// Sets the flags that `argv` names. `usage` opens the --help text, which then
-// lists every flag defined in a file whose path ends with `flags_file` (the
-// tool's main.cc), with its help and default. Errors (an unknown flag, a
+// Sets the flags that `argv` names, and returns nothing when the tool should
+// run, or the exit code it should return at once: 0 after --help (or -h,
+// --helpfull, --helpshort), which prints `usage` and then every flag defined
+// in a file whose path ends with `flags_file` (the tool's main.cc) with its
+// default and help to `out`; 2 after a bad argument (an unknown flag, a
 // missing or unparsable value, a positional argument: the tools take flags
-// only) are printed to `err` as "TOOL: message".
-ParseOutcome ParseFlags(int argc, char** argv, absl::string_view tool,
-                        absl::string_view usage, absl::string_view flags_file,
-                        std::ostream& out, std::ostream& err);
-
-// The exit code of an outcome other than kRun: 0 for kHelp, 2 for kError.
-int ExitCode(ParseOutcome outcome);
+// only), printed to `err` as "TOOL: message (see --help)".
+std::optional<int> ParseFlags(int argc, char** argv, absl::string_view tool,
+                              absl::string_view usage,
+                              absl::string_view flags_file, std::ostream& out,
+                              std::ostream& err);
 
 }  // namespace kvblock::cli
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -272,21 +273,22 @@ int Main() {
 }  // namespace kvblock::sim
 
 int main(int argc, char** argv) {
-  const kvblock::cli::ParseOutcome parsed = kvblock::cli::ParseFlags(
-      argc, argv, "kvblock-sim",
-      "replays a trace or a built-in workload through a continuous-batching "
-      "scheduler driving the kvblock library, and reports prefix hits, pages "
-      "in use, evictions, preemptions, copy-on-write copies, queueing and "
-      "host time.\n"
-      "  kvblock-sim                         the mixed workload\n"
-      "  kvblock-sim --workload=beam --json=report.json\n"
-      "  kvblock-sim --trace=requests.jsonl --pages=2048 --timeline=t.csv\n"
-      "The trace format, every flag and every report field: "
-      "tools/sim/README.md.\n"
-      "Exit codes: 0 ok, 1 run-time failure, 2 bad input (flags included).",
-      "sim/main.cc", std::cout, std::cerr);
-  if (parsed != kvblock::cli::ParseOutcome::kRun) {
-    return kvblock::cli::ExitCode(parsed);
+  if (const std::optional<int> exit_code = kvblock::cli::ParseFlags(
+          argc, argv, "kvblock-sim",
+          "replays a trace or a built-in workload through a "
+          "continuous-batching "
+          "scheduler driving the kvblock library, and reports prefix hits, "
+          "pages "
+          "in use, evictions, preemptions, copy-on-write copies, queueing and "
+          "host time.\n"
+          "  kvblock-sim                         the mixed workload\n"
+          "  kvblock-sim --workload=beam --json=report.json\n"
+          "  kvblock-sim --trace=requests.jsonl --pages=2048 --timeline=t.csv\n"
+          "The trace format, every flag and every report field: "
+          "tools/sim/README.md.\n"
+          "Exit codes: 0 ok, 1 run-time failure, 2 bad input (flags included).",
+          "sim/main.cc", std::cout, std::cerr)) {
+    return *exit_code;
   }
   return kvblock::sim::Main();
 }

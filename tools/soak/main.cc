@@ -9,6 +9,7 @@
 // (a finding: the message says which step); 2 bad input (a flag).
 #include <cstdint>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,16 +29,16 @@ ABSL_FLAG(bool, prefix_caching, true, "share full pages of equal prefixes");
 ABSL_FLAG(std::string, hash, "xxh3", "prefix-cache hash: sha256 or xxh3");
 
 int main(int argc, char** argv) {
-  const kvblock::cli::ParseOutcome parsed = kvblock::cli::ParseFlags(
-      argc, argv, "kvblock-soak",
-      "runs random scheduler steps through kvblock and checks its invariants "
-      "after every step.\n"
-      "  kvblock-soak --ops=100000000\n"
-      "  kvblock-soak --seconds=60 --seed=7 --pages=48\n"
-      "Exit codes: 0 no violation, 1 a finding, 2 bad input.",
-      "soak/main.cc", std::cout, std::cerr);
-  if (parsed != kvblock::cli::ParseOutcome::kRun) {
-    return kvblock::cli::ExitCode(parsed);
+  if (const std::optional<int> exit_code = kvblock::cli::ParseFlags(
+          argc, argv, "kvblock-soak",
+          "runs random scheduler steps through kvblock and checks its "
+          "invariants "
+          "after every step.\n"
+          "  kvblock-soak --ops=100000000\n"
+          "  kvblock-soak --seconds=60 --seed=7 --pages=48\n"
+          "Exit codes: 0 no violation, 1 a finding, 2 bad input.",
+          "soak/main.cc", std::cout, std::cerr)) {
+    return *exit_code;
   }
   kvblock::soak::SoakOptions options;
   options.max_operations = absl::GetFlag(FLAGS_ops);
