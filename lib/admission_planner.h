@@ -1,13 +1,15 @@
 // Copyright 2026 The kvblock Authors.
 //
 // Internal: AdmissionPlanner, how BlockManager plans the admission of a
-// prompt: its page hashes (the caller's, or hashed here), its whole-page
+// prompt: its page hashes (the caller's, or hashed here page by page, as far
+// as the lookups and the pages the admission fills need), its whole-page
 // prefix hits in the pool's cache (walking the chain until the first miss,
 // and leaving the last page to recompute when the whole prompt is cached, as
-// vLLM does), and the pages it needs. The hit pages stay here for the Admit
-// that follows. It also remembers the hash of the last prompt's first page it
-// computed: Admit checks a caller's hashes against the prompt's first page,
-// and prompts behind one system prompt share that page.
+// vLLM does), the tokens the admitting step computes (chunked prefill), and
+// the pages it needs now and reserves for later. The hit pages stay here for
+// the Admit that follows. It also remembers the hash of the last prompt's first
+// page it computed: Admit checks a caller's hashes against the prompt's first
+// page, and prompts behind one system prompt share that page.
 //
 // Complexity: O(prompt pages) lookups, plus O(prompt tokens) hashing when the
 // caller gives no hashes. Scratch is sized at construction: nothing
@@ -38,15 +40,18 @@ class AdmissionPlanner {
   AdmissionPlanner(const PagedKvConfig& config,
                    const BlockManagerOptions& options, BlockHasher& hasher);
 
-  // The plan of admitting `prompt` with `extra` now. `prompt_hashes` is
-  // empty (hashed here) or the prompt's full-page hashes; `hashes` is set to
-  // the ones used (valid until the next call). The hit pages are
-  // hits(plan.hit_pages). InvalidArgument for an empty prompt or hashes of
-  // the wrong length; OutOfRange past max_pages_per_seq.
+  // The plan of admitting `prompt` with `extra` under `admit` now.
+  // `prompt_hashes` is empty (hashed here) or the prompt's full-page hashes;
+  // `hashes` is set to the ones used, at least the hits' and those of the
+  // pages the admission fills (valid until the next call). The hit pages are
+  // hits(plan.hit_pages). InvalidArgument for an empty prompt, hashes of the
+  // wrong length or a prefill_tokens below 1; OutOfRange past
+  // max_pages_per_seq.
   absl::StatusOr<AdmissionPlan> Plan(const BlockPool& pool,
                                      absl::Span<const TokenId> prompt,
                                      const HashExtraKeys& extra,
                                      absl::Span<const BlockHash> prompt_hashes,
+                                     const AdmitOptions& admit,
                                      absl::Span<const BlockHash>& hashes);
   // The first `n` hit pages the last Plan found.
   absl::Span<const PageId> hits(int32_t n) const {
@@ -61,6 +66,7 @@ class AdmissionPlanner {
  private:
   const PagedKvConfig config_;
   const bool prefix_caching_;
+  const bool reserve_prompt_pages_;
   BlockHasher& hasher_;
   std::vector<BlockHash> chain_;
   std::vector<PageId> hit_pages_;

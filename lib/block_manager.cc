@@ -102,8 +102,26 @@ BlockManager::~BlockManager() = default;
 
 // Transactions ----------------------------------------------------------------
 
+namespace {
+
+// Undoes appends and copies on write to `table`, which held `num_pages`
+// pages, the last one `last_page`: drops the pages added since, then puts
+// the last page back if a copy replaced it.
+void RestorePages(SequenceBlockTable& table, int32_t num_pages,
+                  PageId last_page) {
+  int32_t keep = num_pages;
+  if (keep > 0 && table.Get(keep - 1) != last_page) --keep;
+  table.ForgetFrom(keep);
+  if (keep < num_pages) {
+    (void)table.AdoptPages(absl::MakeConstSpan(&last_page, 1));
+  }
+}
+
+}  // namespace
+
 BlockManager::Transaction BlockManager::BeginTransaction() {
-  return Transaction{pool_->BeginTransaction(), journal_->Begin(), stats_};
+  return Transaction{pool_->BeginTransaction(), journal_->Begin(), stats_,
+                     reserved_pages_};
 }
 
 void BlockManager::CommitTransaction(const Transaction& transaction) {
@@ -171,17 +189,23 @@ void BlockManager::RollbackTransaction(const Transaction& transaction) {
         }
         return;
       }
+      case JournalRecord::Kind::kDrafted: {
+        const JournalRecord::Drafted& r = record.drafted;
+        SequenceHot& hot = slab.hot(r.entry);
+        // The released pages, last first, come back in table order.
+        const absl::Span<const PageId> released = journal.pages(r);
+        for (auto it = released.rbegin(); it != released.rend(); ++it) {
+          (void)hot.table.AdoptPages(absl::MakeConstSpan(&*it, 1));
+        }
+        RestorePages(hot.table, r.num_pages, r.last_page);
+        hot.drafts = r.drafts;
+        hot.tail_maybe_shared = r.tail_maybe_shared;
+        return;
+      }
       case JournalRecord::Kind::kChanged: {
         const JournalRecord::Changed& r = record.changed;
         SequenceHot& hot = slab.hot(r.entry);
-        SequenceBlockTable& table = hot.table;
-        // Pages appended since, then the last page if a copy replaced it.
-        int32_t keep = r.num_pages;
-        if (keep > 0 && table.Get(keep - 1) != r.last_page) --keep;
-        table.ForgetFrom(keep);
-        if (keep < r.num_pages) {
-          (void)table.AdoptPages(absl::MakeConstSpan(&r.last_page, 1));
-        }
+        RestorePages(hot.table, r.num_pages, r.last_page);
         hot.num_tokens = r.num_tokens;
         hot.offset = static_cast<int32_t>(r.num_tokens % page_size);
         hot.tail_maybe_shared = r.tail_maybe_shared;
@@ -196,6 +220,7 @@ void BlockManager::RollbackTransaction(const Transaction& transaction) {
     }
   });
   stats_ = transaction.stats;
+  reserved_pages_ = transaction.reserved_pages;
   (void)pool_->RollbackTransaction(transaction.pool);
 }
 
@@ -238,18 +263,20 @@ absl::StatusOr<int64_t> BlockManager::HashPrompt(
 
 absl::StatusOr<AdmissionPlan> BlockManager::PlanAdmission(
     absl::Span<const TokenId> prompt, const HashExtraKeys& extra,
-    absl::Span<const BlockHash> prompt_hashes) const {
+    absl::Span<const BlockHash> prompt_hashes,
+    const AdmitOptions& admit) const {
   absl::Span<const BlockHash> hashes;
-  return planner_->Plan(*pool_, prompt, extra, prompt_hashes, hashes);
+  return planner_->Plan(*pool_, prompt, extra, prompt_hashes, admit, hashes);
 }
 
 bool BlockManager::CanAdmit(absl::Span<const TokenId> prompt,
                             const HashExtraKeys& extra,
-                            absl::Span<const BlockHash> prompt_hashes) const {
+                            absl::Span<const BlockHash> prompt_hashes,
+                            const AdmitOptions& admit) const {
   const absl::StatusOr<AdmissionPlan> plan =
-      PlanAdmission(prompt, extra, prompt_hashes);
-  return plan.ok() &&
-         plan->pages_consumed() <= pool_->NumFree() - options_.watermark_pages;
+      PlanAdmission(prompt, extra, prompt_hashes, admit);
+  return plan.ok() && plan->pages_consumed() + plan->reserved_pages <=
+                          NumAllocatable() - options_.watermark_pages;
 }
 
 absl::Status BlockManager::CheckNewId(SequenceId id,
@@ -268,12 +295,12 @@ absl::Status BlockManager::CheckNewId(SequenceId id,
 
 absl::StatusOr<AdmissionPlan> BlockManager::Admit(
     SequenceId id, absl::Span<const TokenId> prompt, const HashExtraKeys& extra,
-    absl::Span<const BlockHash> prompt_hashes) {
+    absl::Span<const BlockHash> prompt_hashes, const AdmitOptions& admit) {
   KVBLOCK_RETURN_IF_ERROR(CheckNewId(id, "sequence"));
   absl::Span<const BlockHash> hashes;
   KVBLOCK_ASSIGN_OR_RETURN(
       const AdmissionPlan plan,
-      planner_->Plan(*pool_, prompt, extra, prompt_hashes, hashes));
+      planner_->Plan(*pool_, prompt, extra, prompt_hashes, admit, hashes));
   // Pages get filed under these hashes: check that the chain starts from
   // this prompt and these extra keys (one page hash), so that a mismatched
   // salt cannot leak pages into another tenant's chains.
@@ -284,23 +311,33 @@ absl::StatusOr<AdmissionPlan> BlockManager::Admit(
         absl::StrCat("block manager: prompt_hashes of sequence ", id,
                      " do not start from its prompt and extra keys"));
   }
-  if (plan.pages_consumed() > pool_->NumFree() - options_.watermark_pages) {
+  const int64_t needed = int64_t{plan.pages_consumed()} + plan.reserved_pages;
+  if (needed > NumAllocatable() - options_.watermark_pages) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "block manager: sequence ", id, " needs ", plan.pages_consumed(),
-        " pages, ", pool_->NumFree(), " are allocatable and ",
+        " pages", (plan.reserved_pages > 0 ? " and " : ""),
+        (plan.reserved_pages > 0
+             ? absl::StrCat(plan.reserved_pages, " reserved for its prompt")
+             : ""),
+        ", ", NumAllocatable(), " are allocatable and ",
         options_.watermark_pages, " are kept as watermark"));
   }
-  const int32_t full_pages =
-      static_cast<int32_t>(prompt.size()) / config_.page_size;
+  // The tokens the admission schedules: the hits, then what this step
+  // computes.
+  const int64_t end = plan.hit_tokens + plan.computed_tokens;
+  const int32_t full_pages = static_cast<int32_t>(end / config_.page_size);
   KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
     const int32_t entry = slab_->Create(id);
     journal_->Created(entry, -1, false);
     SequenceHot& hot = slab_->hot(entry);
     SequenceCold& cold = slab_->cold(entry);
-    hot.num_tokens = static_cast<int64_t>(prompt.size());
-    hot.offset = static_cast<int32_t>(prompt.size() % config_.page_size);
+    hot.num_tokens = end;
+    hot.offset = static_cast<int32_t>(end % config_.page_size);
     cold.cache_salt.assign(extra.cache_salt.data(), extra.cache_salt.size());
     cold.adapter_id = extra.adapter_id;
+    hot.prompt_end = static_cast<int64_t>(prompt.size());
+    cold.reserves = plan.reserved_pages > 0;
+    reserved_pages_ += plan.reserved_pages;
     SequenceBlockTable& table = hot.table;
     if (plan.hit_pages > 0) {
       // The pages the plan found: no second lookup.
@@ -320,11 +357,11 @@ absl::StatusOr<AdmissionPlan> BlockManager::Admit(
       cold.last_full_hash =
           full_pages > 0 ? hashes[full_pages - 1] : hasher_.RootHash(extra);
     }
-    const auto tail =
-        prompt.subspan(static_cast<size_t>(full_pages) * config_.page_size);
+    const auto tail = prompt.subspan(
+        static_cast<size_t>(full_pages) * config_.page_size, hot.offset);
     std::copy(tail.begin(), tail.end(), slab_->partial(entry));
     ++stats_.admitted;
-    stats_.prompt_tokens += hot.num_tokens;
+    stats_.prompt_tokens += hot.prompt_end;
     stats_.prefix_hit_tokens += plan.hit_tokens;
     return absl::OkStatus();
   }));
@@ -339,6 +376,19 @@ absl::Status BlockManager::Fork(SequenceId parent, SequenceId child) {
         absl::StrCat("block manager: fork parent ", parent, " is not live"));
   }
   KVBLOCK_RETURN_IF_ERROR(CheckNewId(child, "fork child"));
+  {
+    const int32_t source = slab_->Find(parent);
+    const int64_t prompt_left =
+        slab_->hot(source).prompt_end - slab_->hot(source).num_tokens;
+    if (prompt_left > 0 || slab_->hot(source).drafts > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "block manager: fork parent ", parent, " still has ",
+          prompt_left > 0
+              ? absl::StrCat(prompt_left, " prompt tokens to compute")
+              : absl::StrCat(slab_->hot(source).drafts, " draft slots"),
+          ": fork it after its prompt, without drafts"));
+    }
+  }
   return Transact([&]() -> absl::Status {
     const int32_t entry = slab_->Create(child);
     // After Create, which may grow the slab.
@@ -358,6 +408,7 @@ absl::Status BlockManager::Fork(SequenceId parent, SequenceId child) {
     cold.last_full_hash = slab_->cold(source).last_full_hash;
     cold.cache_salt = slab_->cold(source).cache_salt;
     cold.adapter_id = slab_->cold(source).adapter_id;
+    to.prompt_end = from.prompt_end;
     ++stats_.forks;
     return absl::OkStatus();
   });
@@ -370,6 +421,7 @@ absl::Status BlockManager::Remove(SequenceId id, bool preempted) {
         absl::StrCat("block manager: sequence ", id, " is not live"));
   }
   return Transact([&]() -> absl::Status {
+    reserved_pages_ -= ReservationOf(entry);
     SequenceBlockTable& table = slab_->hot(entry).table;
     // The pages, kept before the release empties the table, are journaled
     // once it succeeded.
@@ -424,20 +476,56 @@ absl::StatusOr<absl::Span<const PageId>> BlockManager::PagesAt(
 }
 
 absl::StatusOr<int64_t> BlockManager::PagesForAppend(SequenceHandle handle,
-                                                     int64_t count) const {
-  if (!slab_->IsLive(handle) || count < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "block manager: pages for appending ", count, " tokens to handle (",
-        handle.index, ", generation ", handle.generation, ")"));
+                                                     int64_t count,
+                                                     int32_t drafts) const {
+  if (!slab_->IsLive(handle) || count < 0 || drafts < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block manager: pages for appending ", count,
+                     " tokens and ", drafts, " drafts to handle (",
+                     handle.index, ", generation ", handle.generation, ")"));
   }
-  if (count == 0) return 0;
   const SequenceHot& hot = slab_->hot(handle.index);
+  if (count == 0 && drafts == hot.drafts) return 0;
   const int64_t page_size = config_.page_size;
-  const int64_t pages = (hot.num_tokens + count + page_size - 1) / page_size;
+  const int64_t pages =
+      (hot.num_tokens + count + drafts + page_size - 1) / page_size;
+  // Only a sequence without drafts shares its partial (last) page.
   const bool copy =
       hot.offset != 0 && hot.tail_maybe_shared &&
       pool_->RefCount(*hot.table.Get(hot.table.num_pages() - 1)) > 1;
-  return pages - hot.table.num_pages() + (copy ? 1 : 0);
+  const int64_t more = std::max<int64_t>(0, pages - hot.table.num_pages());
+  return std::max<int64_t>(0, more - ReservationOf(handle.index)) +
+         (copy ? 1 : 0);
+}
+
+int32_t BlockManager::NumAllocatable() const {
+  return pool_->NumFree() - reserved_pages_;
+}
+
+int64_t BlockManager::AllocatableFor(int32_t entry) const {
+  if (reserved_pages_ == 0) return pool_->NumFree();
+  return int64_t{pool_->NumFree()} - reserved_pages_ + ReservationOf(entry);
+}
+
+int32_t BlockManager::ReservationOf(int32_t entry) const {
+  if (!slab_->cold(entry).reserves) return 0;
+  const SequenceHot& hot = slab_->hot(entry);
+  const int64_t page_size = config_.page_size;
+  const int64_t prompt_pages = (hot.prompt_end + page_size - 1) / page_size;
+  return static_cast<int32_t>(
+      std::max<int64_t>(0, prompt_pages - hot.table.num_pages()));
+}
+
+void BlockManager::DrawReservation(int32_t entry, int32_t pages) {
+  if (reserved_pages_ == 0 || pages == 0) return;
+  if (!slab_->cold(entry).reserves) return;
+  const SequenceHot& hot = slab_->hot(entry);
+  const int64_t page_size = config_.page_size;
+  const int64_t prompt_pages = (hot.prompt_end + page_size - 1) / page_size;
+  const int64_t after = hot.table.num_pages();
+  const int64_t drawn = std::max<int64_t>(0, prompt_pages - (after - pages)) -
+                        std::max<int64_t>(0, prompt_pages - after);
+  reserved_pages_ -= static_cast<int32_t>(drawn);
 }
 
 absl::StatusOr<int64_t> BlockManager::NumTokens(SequenceId id) const {
@@ -447,6 +535,25 @@ absl::StatusOr<int64_t> BlockManager::NumTokens(SequenceId id) const {
         absl::StrCat("block manager: sequence ", id, " is not live"));
   }
   return slab_->hot(entry).num_tokens;
+}
+
+absl::StatusOr<int64_t> BlockManager::PromptTokensLeft(SequenceId id) const {
+  const int32_t entry = slab_->Find(id);
+  if (entry < 0) {
+    return absl::NotFoundError(
+        absl::StrCat("block manager: sequence ", id, " is not live"));
+  }
+  return std::max<int64_t>(
+      0, slab_->hot(entry).prompt_end - slab_->hot(entry).num_tokens);
+}
+
+absl::StatusOr<int32_t> BlockManager::NumDrafts(SequenceId id) const {
+  const int32_t entry = slab_->Find(id);
+  if (entry < 0) {
+    return absl::NotFoundError(
+        absl::StrCat("block manager: sequence ", id, " is not live"));
+  }
+  return slab_->hot(entry).drafts;
 }
 
 absl::StatusOr<SequenceHandle> BlockManager::HandleOf(SequenceId id) const {
@@ -473,6 +580,7 @@ BlockManagerStats BlockManager::stats() const {
 absl::Status BlockManager::CheckInvariants() const {
   KVBLOCK_RETURN_IF_ERROR(pool_->CheckInvariants());
   std::vector<int32_t> references(config_.num_pages, 0);
+  int64_t reserved = 0;
   for (const auto& [id, entry] : slab_->live()) {
     const SequenceHot& hot = slab_->hot(entry);
     const SequenceBlockTable& table = hot.table;
@@ -487,19 +595,32 @@ absl::Status BlockManager::CheckInvariants() const {
           absl::StrCat("block manager: sequence ", id, " has offset ",
                        hot.offset, " with ", hot.num_tokens, " tokens"));
     }
+    const int32_t partial_page =
+        static_cast<int32_t>(hot.num_tokens / config_.page_size);
     if (!hot.tail_maybe_shared && hot.offset != 0 &&
-        pool_->RefCount(*table.Get(table.num_pages() - 1)) != 1) {
+        pool_->RefCount(*table.Get(partial_page)) != 1) {
       return absl::InternalError(
           absl::StrCat("block manager: sequence ", id,
                        "'s partial page is shared but not flagged"));
     }
+    if (hot.drafts < 0 ||
+        (hot.drafts > 0 &&
+         (hot.tail_maybe_shared || hot.num_tokens < hot.prompt_end))) {
+      return absl::InternalError(absl::StrCat(
+          "block manager: sequence ", id, " holds ", hot.drafts,
+          " drafts with ", hot.prompt_end - hot.num_tokens,
+          " prompt tokens left", (hot.tail_maybe_shared ? ", shared" : "")));
+    }
     const int64_t pages =
-        (hot.num_tokens + config_.page_size - 1) / config_.page_size;
+        (hot.num_tokens + hot.drafts + config_.page_size - 1) /
+        config_.page_size;
     if (table.num_pages() != pages) {
       return absl::InternalError(absl::StrCat(
           "block manager: sequence ", id, " holds ", hot.num_tokens,
-          " tokens in ", table.num_pages(), " pages, expected ", pages));
+          " tokens and ", hot.drafts, " drafts in ", table.num_pages(),
+          " pages, expected ", pages));
     }
+    reserved += ReservationOf(entry);
     for (const PageId page : table.entries().first(pages)) ++references[page];
   }
   for (PageId page = 0; page < config_.num_pages; ++page) {
@@ -508,6 +629,13 @@ absl::Status BlockManager::CheckInvariants() const {
           "block manager: page ", page, " has refcount ", pool_->RefCount(page),
           " but ", references[page], " sequence references"));
     }
+  }
+  if (reserved != reserved_pages_ || reserved_pages_ > pool_->NumFree()) {
+    return absl::InternalError(absl::StrCat("block manager: ", reserved_pages_,
+                                            " pages reserved, the sequences' "
+                                            "reservations add up to ",
+                                            reserved, ", ", pool_->NumFree(),
+                                            " are allocatable"));
   }
   if (journal_->depth() == 0 && !journal_->empty()) {
     return absl::InternalError("block manager: journal outside a transaction");
@@ -530,7 +658,9 @@ BlockManagerSnapshot BlockManager::Snapshot() const {
         .last_full_hash = cold.last_full_hash,
         .partial_tokens = {partial, partial + hot.offset},
         .cache_salt = cold.cache_salt,
-        .adapter_id = cold.adapter_id});
+        .adapter_id = cold.adapter_id,
+        .prompt_tokens = hot.prompt_end,
+        .drafts = hot.drafts});
   }
   std::sort(snapshot.sequences.begin(), snapshot.sequences.end(),
             [](const auto& a, const auto& b) { return a.id < b.id; });

@@ -27,11 +27,20 @@ using internal::SequenceHot;
 
 // True when `count` tokens, 0 < count < page_size, go into the partial page
 // of `hot`, held by it alone, without filling it: no page fills, is
-// allocated or is copied.
+// allocated or is copied, and no draft slot is taken.
 inline bool StaysInPartialPage(const SequenceHot& hot, int32_t count,
                                int32_t page_size) {
-  return hot.offset != 0 && !hot.tail_maybe_shared &&
-         hot.offset + count < page_size;
+  return hot.offset != 0 && !hot.tail_maybe_shared && hot.drafts == 0 &&
+         hot.num_tokens >= hot.prompt_end && hot.offset + count < page_size;
+}
+
+// FailedPrecondition when the sequence at `hot` still has prompt tokens to
+// compute: its next tokens are those, through AppendPrompt.
+absl::Status CheckPromptDone(const SequenceHot& hot, SequenceId id) {
+  if (hot.num_tokens >= hot.prompt_end) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "block manager: sequence ", id, " has ", hot.prompt_end - hot.num_tokens,
+      " prompt tokens left: append them with AppendPrompt first"));
 }
 
 }  // namespace
@@ -52,7 +61,6 @@ inline bool BlockManager::AppendInPlace(int32_t entry,
   journal_->Appended(entry, count);
   hot.num_tokens += count;
   hot.offset += count;
-  stats_.appended_tokens += count;
   return true;
 }
 
@@ -65,10 +73,136 @@ absl::StatusOr<AppendResult> BlockManager::Append(
   }
   AppendResult result;
   KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
-    if (AppendInPlace(entry, tokens)) return absl::OkStatus();
-    return AppendSlow(entry, tokens, result);
+    if (!AppendInPlace(entry, tokens)) {
+      KVBLOCK_RETURN_IF_ERROR(CheckPromptDone(slab_->hot(entry), id));
+      KVBLOCK_RETURN_IF_ERROR(AppendSlow(entry, tokens, result));
+    }
+    stats_.appended_tokens += static_cast<int64_t>(tokens.size());
+    return absl::OkStatus();
   }));
   return result;
+}
+
+absl::StatusOr<AppendResult> BlockManager::AppendPrompt(
+    SequenceId id, absl::Span<const TokenId> tokens,
+    absl::Span<const BlockHash> prompt_hashes) {
+  const int32_t entry = slab_->Find(id);
+  if (entry < 0) {
+    return absl::NotFoundError(
+        absl::StrCat("block manager: sequence ", id, " is not live"));
+  }
+  const SequenceHot& hot = slab_->hot(entry);
+  const internal::SequenceCold& cold = slab_->cold(entry);
+  const int64_t left = std::max<int64_t>(0, hot.prompt_end - hot.num_tokens);
+  if (tokens.empty() || static_cast<int64_t>(tokens.size()) > left) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block manager: a prompt chunk of ", tokens.size(),
+                     " tokens for sequence ", id, ", which has ", left,
+                     " prompt tokens left"));
+  }
+  if (!options_.enable_prefix_caching) prompt_hashes = {};
+  if (!prompt_hashes.empty()) {
+    const int64_t full_pages = hot.prompt_end / config_.page_size;
+    const int64_t page = hot.num_tokens / config_.page_size;
+    if (static_cast<int64_t>(prompt_hashes.size()) != full_pages ||
+        (page > 0 && prompt_hashes[page - 1] != cold.last_full_hash)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("block manager: the ", prompt_hashes.size(),
+                       " prompt hashes of a chunk of sequence ", id,
+                       " are not its prompt's (", full_pages,
+                       " full pages, continuing its chain)"));
+    }
+  }
+  AppendResult result;
+  KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
+    if (!AppendInPlace(entry, tokens)) {
+      KVBLOCK_RETURN_IF_ERROR(AppendSlow(entry, tokens, result, prompt_hashes));
+    }
+    ++stats_.prompt_chunks;
+    return absl::OkStatus();
+  }));
+  return result;
+}
+
+absl::StatusOr<AppendResult> BlockManager::SetDrafts(SequenceId id,
+                                                     int32_t count) {
+  const int32_t entry = slab_->Find(id);
+  if (entry < 0) {
+    return absl::NotFoundError(
+        absl::StrCat("block manager: sequence ", id, " is not live"));
+  }
+  AppendResult result;
+  KVBLOCK_RETURN_IF_ERROR(
+      Transact([&] { return SetDraftsAt(entry, count, result); }));
+  return result;
+}
+
+absl::Status BlockManager::SetDraftsAt(int32_t entry, int32_t count,
+                                       AppendResult& result) {
+  SequenceHot& hot = slab_->hot(entry);
+  const internal::SequenceCold& cold = slab_->cold(entry);
+  if (count < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block manager: sequence ", cold.id, " given ", count, " drafts"));
+  }
+  if (count == hot.drafts) return absl::OkStatus();
+  if (count > 0 && hot.num_tokens < hot.prompt_end) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block manager: sequence ", cold.id, " given ", count, " drafts with ",
+        hot.prompt_end - hot.num_tokens, " prompt tokens left"));
+  }
+  const int64_t page_size = config_.page_size;
+  const int64_t pages = (hot.num_tokens + count + page_size - 1) / page_size;
+  if (pages > config_.max_pages_per_seq) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "block manager: sequence ", cold.id, " would hold ", hot.num_tokens,
+        " tokens and ", count, " drafts in ", pages,
+        " pages, more than max_pages_per_seq = ", config_.max_pages_per_seq));
+  }
+  SequenceBlockTable& table = hot.table;
+  const int32_t old_pages = table.num_pages();
+  const PageId last_page = old_pages > 0 ? *table.Get(old_pages - 1) : kNoPage;
+  // Drafts write KV into the partial page: a shared one is copied first.
+  // (With drafts held it is never shared: no fork, copied when they came.)
+  const bool copy = count > 0 && hot.drafts == 0 && hot.offset != 0 &&
+                    hot.tail_maybe_shared && pool_->RefCount(last_page) > 1;
+  const int64_t needed =
+      std::max<int64_t>(0, pages - old_pages) + (copy ? 1 : 0);
+  if (needed > AllocatableFor(entry)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "block manager: sequence ", cold.id, " needs ", needed, " pages for ",
+        count, " drafts, ", AllocatableFor(entry), " are allocatable"));
+  }
+  // The pages wholly past the new end, last first.
+  const absl::Span<PageId> released =
+      absl::MakeSpan(page_scratch_)
+          .first(static_cast<size_t>(std::max<int64_t>(0, old_pages - pages)));
+  for (size_t i = 0; i < released.size(); ++i) {
+    released[i] = *table.Get(old_pages - 1 - static_cast<int32_t>(i));
+  }
+  journal_->Drafted(entry, hot.drafts, old_pages, last_page,
+                    hot.tail_maybe_shared, released);
+  if (!released.empty()) {
+    table.ForgetFrom(static_cast<int32_t>(pages));
+    for (const PageId page : released) {
+      KVBLOCK_RETURN_IF_ERROR(pool_->Release(page));
+    }
+    result.released_pages += static_cast<int32_t>(released.size());
+  }
+  if (copy) {
+    KVBLOCK_ASSIGN_OR_RETURN(const CopyOnWrite cow,
+                             table.EnsureWritable(old_pages - 1, *pool_));
+    result.copy = PageCopy{cow.source, cow.page};
+  }
+  if (count > 0) hot.tail_maybe_shared = false;
+  for (int64_t page = old_pages; page < pages; ++page) {
+    KVBLOCK_ASSIGN_OR_RETURN(const PageId fresh, pool_->Allocate());
+    KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(absl::MakeConstSpan(&fresh, 1)));
+    ++result.new_pages;
+  }
+  hot.drafts = count;
+  stats_.draft_slots += count;
+  return absl::OkStatus();
 }
 
 size_t BlockManager::AppendDecodeRun(absl::Span<const SequenceHandle> handles,
@@ -112,17 +246,20 @@ size_t BlockManager::AppendDecodeRun(absl::Span<const SequenceHandle> handles,
 absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
                                       absl::Span<const int32_t> counts,
                                       absl::Span<const TokenId> tokens,
-                                      AppendManyResult& result) {
+                                      AppendManyResult& result,
+                                      absl::Span<const int32_t> draft_counts) {
   result.changed.clear();
   result.pages.clear();
   result.first_changed_page.clear();
   result.copies.clear();
   result.new_pages = 0;
-  if (handles.size() != counts.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("block manager: append many got ", handles.size(),
-                     " handles and ", counts.size(), " counts"));
+  if (handles.size() != counts.size() ||
+      (!draft_counts.empty() && draft_counts.size() != handles.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block manager: append many got ", handles.size(), " handles, ",
+        counts.size(), " counts and ", draft_counts.size(), " draft counts"));
   }
+  const bool drafting = !draft_counts.empty();
   const absl::Status status = Transact([&]() -> absl::Status {
     // Room for a decode note per entry, made once (within the journal's
     // reserve: no allocation in steady state).
@@ -130,17 +267,22 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
     absl::Cleanup end_runs = [&] { journal_->EndRuns(notes); };
     size_t next = 0;
     for (size_t i = 0; i < handles.size(); ++i) {
-      InPlaceAppend* const run = notes;
-      i = AppendDecodeRun(handles, counts, tokens, i, next, notes);
-      journal_->Run(run, notes);
-      if (i == handles.size()) break;
+      if (!drafting) {
+        InPlaceAppend* const run = notes;
+        i = AppendDecodeRun(handles, counts, tokens, i, next, notes);
+        journal_->Run(run, notes);
+        if (i == handles.size()) break;
+      }
       const int32_t count = counts[i];
       if (count < 0 || static_cast<size_t>(count) > tokens.size() - next) {
         return absl::InvalidArgumentError(absl::StrCat(
             "block manager: append many counts[", i, "] is ", count, " with ",
             tokens.size() - next, " tokens left"));
       }
-      if (handles[i] == SequenceHandle{} && count == 0) continue;  // a gap.
+      if (handles[i] == SequenceHandle{} && count == 0 &&
+          (!drafting || draft_counts[i] == 0)) {
+        continue;  // a gap.
+      }
       if (!slab_->IsLive(handles[i])) {
         return absl::InvalidArgumentError(absl::StrCat(
             "block manager: append many handles[", i, "] = (", handles[i].index,
@@ -150,17 +292,37 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
       const absl::Span<const TokenId> entry_tokens =
           tokens.subspan(next, count);
       next += count;
-      if (AppendInPlace(entry, entry_tokens)) continue;
-      const int32_t pages_before = slab_->hot(entry).table.num_pages();
-      AppendResult one;
-      KVBLOCK_RETURN_IF_ERROR(AppendSlow(entry, entry_tokens, one));
-      if (one.new_pages == 0 && !one.copy.has_value()) continue;
-      result.changed.push_back(static_cast<int32_t>(i));
+      stats_.appended_tokens += count;
+      const bool in_place = AppendInPlace(entry, entry_tokens);
+      if (in_place && !drafting) continue;
       const SequenceBlockTable& table = slab_->hot(entry).table;
-      result.pages.push_back(table.entries().first(table.num_pages()));
+      const int32_t pages_before = table.num_pages();
+      AppendResult one;
+      if (!in_place) {
+        KVBLOCK_RETURN_IF_ERROR(
+            CheckPromptDone(slab_->hot(entry), slab_->cold(entry).id));
+        KVBLOCK_RETURN_IF_ERROR(AppendSlow(entry, entry_tokens, one));
+      }
       // A copy on write replaces the last page held before.
-      result.first_changed_page.push_back(pages_before -
-                                          (one.copy.has_value() ? 1 : 0));
+      int32_t first_changed = pages_before - (one.copy.has_value() ? 1 : 0);
+      if (drafting) {
+        const int32_t pages_between = table.num_pages();
+        AppendResult drafted;
+        KVBLOCK_RETURN_IF_ERROR(SetDraftsAt(entry, draft_counts[i], drafted));
+        first_changed = std::min(
+            {first_changed, pages_between - (drafted.copy.has_value() ? 1 : 0),
+             table.num_pages()});
+        if (drafted.copy.has_value()) one.copy = drafted.copy;
+        one.new_pages += drafted.new_pages;
+        one.released_pages = drafted.released_pages;
+      }
+      if (one.new_pages == 0 && !one.copy.has_value() &&
+          one.released_pages == 0) {
+        continue;
+      }
+      result.changed.push_back(static_cast<int32_t>(i));
+      result.pages.push_back(table.entries().first(table.num_pages()));
+      result.first_changed_page.push_back(first_changed);
       if (one.copy.has_value()) result.copies.push_back(*one.copy);
       result.new_pages += one.new_pages;
     }
@@ -181,9 +343,9 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
   return status;
 }
 
-absl::Status BlockManager::AppendSlow(int32_t entry,
-                                      absl::Span<const TokenId> tokens,
-                                      AppendResult& result) {
+absl::Status BlockManager::AppendSlow(
+    int32_t entry, absl::Span<const TokenId> tokens, AppendResult& result,
+    absl::Span<const BlockHash> prompt_hashes) {
   const int32_t page_size = config_.page_size;
   SequenceHot& hot = slab_->hot(entry);
   internal::SequenceCold& cold = slab_->cold(entry);
@@ -191,24 +353,25 @@ absl::Status BlockManager::AppendSlow(int32_t entry,
   TokenId* const partial = slab_->partial(entry);
 
   // Decode, one token: it fills the partial page held here alone, or
-  // starts a page. (With one-token pages every page fills at once: the
-  // general case.)
-  if (tokens.size() == 1 && page_size > 1) {
+  // starts a page. (With one-token pages every page fills at once, and with
+  // drafts or a prompt's hashes: the general case.)
+  if (tokens.size() == 1 && page_size > 1 && hot.drafts == 0 &&
+      prompt_hashes.empty()) {
     if (hot.offset == page_size - 1 && !hot.tail_maybe_shared) {
       partial[page_size - 1] = tokens[0];  // past the page until it counts.
       const BlockHash chain_before = cold.last_full_hash;
       if (options_.enable_prefix_caching) {
-        KVBLOCK_RETURN_IF_ERROR(RegisterFullPage(entry));
+        KVBLOCK_RETURN_IF_ERROR(RegisterFullPage(
+            entry, static_cast<int32_t>(hot.num_tokens / page_size), nullptr));
       }
       journal_->Filled(entry, chain_before);
       ++hot.num_tokens;
       hot.offset = 0;
       hot.filled_in_transaction = journal_->serial();
-      ++stats_.appended_tokens;
       return absl::OkStatus();
     }
     if (hot.offset == 0 && table.num_pages() < config_.max_pages_per_seq) {
-      if (pool_->NumFree() == 0) {
+      if (AllocatableFor(entry) <= 0) {
         return absl::ResourceExhaustedError(
             absl::StrCat("block manager: sequence ", cold.id,
                          " needs 1 page, 0 are allocatable"));
@@ -216,6 +379,7 @@ absl::Status BlockManager::AppendSlow(int32_t entry,
       KVBLOCK_ASSIGN_OR_RETURN(const PageId page, pool_->Allocate());
       // Cannot fail: the capacity was checked above.
       KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(absl::MakeConstSpan(&page, 1)));
+      DrawReservation(entry, 1);
       // The last full page's tokens: a rollback that also undoes its fill
       // needs them back. Decode fills a page and starts the next one in two
       // steps, two transactions, so this is rare.
@@ -227,14 +391,13 @@ absl::Status BlockManager::AppendSlow(int32_t entry,
       ++hot.num_tokens;
       hot.offset = 1;
       hot.tail_maybe_shared = false;
-      ++stats_.appended_tokens;
       result.new_pages = 1;
       return absl::OkStatus();
     }
   }
 
-  // The general case: any number of tokens, across pages, copying a shared
-  // partial page first.
+  // The general case: any number of tokens, across pages (draft slots'
+  // pages first), copying a shared partial page first.
   const int64_t count = static_cast<int64_t>(tokens.size());
   const int64_t new_tokens = hot.num_tokens + count;
   const int32_t old_pages = table.num_pages();
@@ -246,13 +409,22 @@ absl::Status BlockManager::AppendSlow(int32_t entry,
         " pages, more than max_pages_per_seq = ", config_.max_pages_per_seq));
   }
   const PageId last_page = old_pages > 0 ? *table.Get(old_pages - 1) : kNoPage;
+  // With drafts the partial page is held here alone: never copied.
   const bool copy = hot.offset != 0 && hot.tail_maybe_shared &&
                     pool_->RefCount(last_page) > 1;
-  const int64_t needed = pages - old_pages + (copy ? 1 : 0);
-  if (needed > pool_->NumFree()) {
+  const int64_t needed =
+      std::max<int64_t>(0, pages - old_pages) + (copy ? 1 : 0);
+  if (needed > AllocatableFor(entry)) {
     return absl::ResourceExhaustedError(
         absl::StrCat("block manager: sequence ", cold.id, " needs ", needed,
-                     " pages, ", pool_->NumFree(), " are allocatable"));
+                     " pages, ", AllocatableFor(entry), " are allocatable"));
+  }
+  if (hot.drafts > 0) {
+    // The tokens take the draft slots first.
+    journal_->Drafted(entry, hot.drafts, old_pages, last_page,
+                      hot.tail_maybe_shared, {});
+    hot.drafts =
+        static_cast<int32_t>(std::max<int64_t>(0, int64_t{hot.drafts} - count));
   }
   int32_t offset = hot.offset;
   // The partial tokens are overwritten only when a page fills; at offset 0
@@ -271,8 +443,9 @@ absl::Status BlockManager::AppendSlow(int32_t entry,
   }
   // From here on the last page is fresh, copied or held here alone.
   hot.tail_maybe_shared = false;
+  const int32_t pages_before = table.num_pages();
   for (const TokenId token : tokens) {
-    if (offset == 0) {
+    if (offset == 0 && hot.num_tokens / page_size == table.num_pages()) {
       KVBLOCK_ASSIGN_OR_RETURN(const PageId page, pool_->Allocate());
       KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(absl::MakeConstSpan(&page, 1)));
       ++result.new_pages;
@@ -282,24 +455,37 @@ absl::Status BlockManager::AppendSlow(int32_t entry,
     if (++offset < page_size) continue;
     offset = 0;
     if (options_.enable_prefix_caching) {
-      KVBLOCK_RETURN_IF_ERROR(RegisterFullPage(entry));
+      const int32_t page = static_cast<int32_t>(hot.num_tokens / page_size) - 1;
+      // Page 0 is hashed: it checks that the hashes are this prompt's.
+      const BlockHash* given =
+          page > 0 && !prompt_hashes.empty() ? &prompt_hashes[page] : nullptr;
+      KVBLOCK_RETURN_IF_ERROR(RegisterFullPage(entry, page, given));
+      if (page == 0 && !prompt_hashes.empty() &&
+          cold.last_full_hash != prompt_hashes[0]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "block manager: the prompt hashes of a chunk of sequence ", cold.id,
+            " do not start from its prompt and extra keys"));
+      }
     }
   }
   hot.offset = offset;
-  stats_.appended_tokens += count;
+  DrawReservation(entry, table.num_pages() - pages_before);
   return absl::OkStatus();
 }
 
-absl::Status BlockManager::RegisterFullPage(int32_t entry) {
+absl::Status BlockManager::RegisterFullPage(int32_t entry, int32_t page,
+                                            const BlockHash* hash) {
   const SequenceBlockTable& table = slab_->hot(entry).table;
   internal::SequenceCold& cold = slab_->cold(entry);
-  const BlockHash hash = hasher_.HashPage(
-      cold.last_full_hash,
-      absl::MakeConstSpan(slab_->partial(entry), config_.page_size));
+  const BlockHash full =
+      hash != nullptr
+          ? *hash
+          : hasher_.HashPage(
+                cold.last_full_hash,
+                absl::MakeConstSpan(slab_->partial(entry), config_.page_size));
   KVBLOCK_RETURN_IF_ERROR(
-      pool_->RegisterCached(table.entries()[table.num_pages() - 1], hash)
-          .status());
-  cold.last_full_hash = hash;
+      pool_->RegisterCached(table.entries()[page], full).status());
+  cold.last_full_hash = full;
   return absl::OkStatus();
 }
 

@@ -2,7 +2,8 @@
 //
 // Internal: BlockManager's transaction, shared by its two sources
 // (block_manager.cc, block_manager_append.cc): a nested transaction is the
-// pool's savepoint, the journal's mark and the manager's stats when it began;
+// pool's savepoint, the journal's mark and the manager's stats and
+// reserved pages when it began;
 // Transact runs a change in one, keeping it when it returns OK and undoing
 // it otherwise. A template, so the change inlines into it.
 //
@@ -21,6 +22,7 @@ struct BlockManager::Transaction {
   BlockPool::Savepoint pool;
   internal::StepJournal::Mark journal;
   BlockManagerStats stats;
+  int32_t reserved_pages;
 };
 
 template <typename Change>

@@ -36,6 +36,8 @@ int32_t SequenceSlab::Create(SequenceId id) {
   SequenceHot& hot = hot_[entry];
   hot.num_tokens = 0;
   hot.offset = 0;
+  hot.drafts = 0;
+  hot.prompt_end = 0;
   hot.tail_maybe_shared = false;
   hot.live = true;
   ++hot.generation;
@@ -44,6 +46,7 @@ int32_t SequenceSlab::Create(SequenceId id) {
   cold.last_full_hash = BlockHash{};
   cold.cache_salt.clear();
   cold.adapter_id = 0;
+  cold.reserves = false;
   handle_of_.emplace(id, entry);
   return entry;
 }

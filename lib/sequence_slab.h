@@ -38,6 +38,13 @@ struct SequenceHot {
 
   int64_t num_tokens = 0;
   int32_t offset = 0;  // num_tokens % page_size: tokens of the partial page.
+  // Draft slots after num_tokens (speculative decoding): the table holds
+  // the pages of num_tokens + drafts. Appends with drafts take the slow
+  // path.
+  int32_t drafts = 0;
+  // The prompt's length: the tokens below it come from the admission and
+  // AppendPrompt (chunked prefill) only; appends wait until it is reached.
+  int64_t prompt_end = 0;
   // False only while the partial last page is known to be held by this
   // sequence alone; true sends the next append to check its refcount (a
   // fork shares it; either side's copy on write may end the sharing).
@@ -58,6 +65,8 @@ struct SequenceCold {
   BlockHash last_full_hash;
   std::string cache_salt;
   int64_t adapter_id = 0;
+  // Whether its admission reserved the pages of its prompt's rest.
+  bool reserves = false;
 };
 
 class SequenceSlab {

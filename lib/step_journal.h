@@ -28,6 +28,12 @@
 //                (hashes[index]), the partial tokens before when saved
 //                (tokens[offset, offset + n), n = num_tokens % page_size, a
 //                page when that is 0; offset -1: not saved)
+//   drafted      entry, its drafts, num_pages, last page and
+//                tail_maybe_shared before, and the pages it released:
+//                pages[offset, offset + count) (count 0: it kept or added
+//                pages, or copied its partial page); written when a
+//                sequence's drafts change, before the records of the same
+//                change
 //
 // The payloads point into four arenas (pages, tokens, hashes, runs), so a
 // record has a fixed size and is written in place (a record built on the
@@ -68,6 +74,7 @@ struct JournalRecord {
     kFilled,
     kNewPage,
     kChanged,
+    kDrafted,
   };
   struct Created {
     int32_t entry;
@@ -108,6 +115,16 @@ struct JournalRecord {
     bool tail_maybe_shared;
   };
 
+  struct Drafted {
+    int32_t entry;
+    int32_t drafts;
+    int32_t num_pages;
+    PageId last_page;
+    int32_t pages_offset;
+    int32_t num_released;
+    bool tail_maybe_shared;
+  };
+
   // Written in place, field by field: no zeroing first.
   JournalRecord() {}
 
@@ -120,6 +137,7 @@ struct JournalRecord {
     Filled filled;
     NewPage new_page;
     Changed changed;
+    Drafted drafted;
   };
 };
 
@@ -231,6 +249,22 @@ class StepJournal {
     tokens_.insert(tokens_.end(), partial.begin(), partial.end());
   }
 
+  // `released` are the pages a change of drafts released (last first), or
+  // empty.
+  void Drafted(int32_t entry, int32_t drafts, int32_t num_pages,
+               PageId last_page, bool tail_maybe_shared,
+               absl::Span<const PageId> released) {
+    JournalRecord& record = Add(JournalRecord::Kind::kDrafted);
+    record.drafted = {.entry = entry,
+                      .drafts = drafts,
+                      .num_pages = num_pages,
+                      .last_page = last_page,
+                      .pages_offset = static_cast<int32_t>(pages_.size()),
+                      .num_released = static_cast<int32_t>(released.size()),
+                      .tail_maybe_shared = tail_maybe_shared};
+    pages_.insert(pages_.end(), released.begin(), released.end());
+  }
+
   // Decode runs (AppendMany): RunSpace(n) makes room for n entries at the
   // end of the runs arena and returns it; Run records entries [begin, end)
   // written there as one appended_run record (nothing for an empty run);
@@ -255,6 +289,9 @@ class StepJournal {
   // The arenas' parts a record names.
   absl::Span<const PageId> pages(const JournalRecord::Removed& r) const {
     return absl::MakeConstSpan(pages_).subspan(r.pages_offset, r.num_pages);
+  }
+  absl::Span<const PageId> pages(const JournalRecord::Drafted& r) const {
+    return absl::MakeConstSpan(pages_).subspan(r.pages_offset, r.num_released);
   }
   absl::Span<const InPlaceAppend> runs(
       const JournalRecord::AppendedRun& r) const {

@@ -1,10 +1,12 @@
 // Copyright 2026 The kvblock Authors.
 //
 // Model-based randomized test of BlockManager: seeded random scheduler calls
-// (admissions drawn from a few shared prompt prefixes, salts and adapters;
-// appends; forks; frees; preemptions; step transactions that are committed or
-// rolled back; prefix-cache resets) run on a real manager and on a trivially
-// correct model (vectors and std::maps, linear scans), and after every call:
+// (admissions drawn from a few shared prompt prefixes, salts and adapters,
+// whole or in chunks, reserving the rest of the prompt or not; prompt
+// chunks; appends; drafts, accepted in part or rejected; forks; frees;
+// preemptions; step transactions that are committed or rolled back;
+// prefix-cache resets) run on a real manager and on a trivially correct
+// model (vectors and std::maps, linear scans), and after every call:
 //   - CheckInvariants() is OK;
 //   - the manager's Snapshot() equals the model's: refcounts, free-stack and
 //     LRU order, cached pages and their hashes, every sequence's pages,
@@ -13,7 +15,9 @@
 //     rolled-back step restores the Snapshot() taken before BeginStep();
 //   - a page held by two sequences holds the same content for both: same
 //     logical position, salt, adapter and tokens up to the end of the page;
-//   - pages in use equal the distinct pages the live sequences hold.
+//   - pages in use equal the distinct pages the live sequences hold;
+//   - every cached page's hash is the hash chain of the verified tokens it
+//     was registered with, recomputed here (no draft reaches the cache).
 // The model's prefix cache is keyed by content (salt, adapter, every token up
 // to the end of the page), not by hash: a hit happens exactly when that
 // content was registered and not evicted. The model computes block hashes
@@ -42,7 +46,8 @@ struct StringMaker<kvblock::BlockManagerSnapshot::SequenceState> {
   static std::string convert(
       const kvblock::BlockManagerSnapshot::SequenceState& s) {
     return absl::StrCat("{id ", s.id, " pages [", absl::StrJoin(s.pages, " "),
-                        "] tokens ", s.num_tokens, " partial [",
+                        "] tokens ", s.num_tokens, " of prompt ",
+                        s.prompt_tokens, " drafts ", s.drafts, " partial [",
                         absl::StrJoin(s.partial_tokens, " "), "] salt '",
                         s.cache_salt, "' adapter ", s.adapter_id, "}");
   }
@@ -53,9 +58,10 @@ struct StringMaker<kvblock::BlockManagerStats> {
     return absl::StrCat(
         "{admitted ", s.admitted, " forks ", s.forks, " freed ", s.freed,
         " preemptions ", s.preemptions, " prompt_tokens ", s.prompt_tokens,
-        " prefix_hit_tokens ", s.prefix_hit_tokens, " appended_tokens ",
-        s.appended_tokens, " cow_copies ", s.cow_copies, " evictions ",
-        s.evictions, " pages_in_use ", s.pages_in_use, " peak ",
+        " prefix_hit_tokens ", s.prefix_hit_tokens, " prompt_chunks ",
+        s.prompt_chunks, " appended_tokens ", s.appended_tokens,
+        " draft_slots ", s.draft_slots, " cow_copies ", s.cow_copies,
+        " evictions ", s.evictions, " pages_in_use ", s.pages_in_use, " peak ",
         s.peak_pages_in_use, "}");
   }
 };
@@ -76,11 +82,18 @@ struct ContentKey {
 };
 
 struct ModelSequence {
-  std::vector<TokenId> tokens;
+  std::vector<TokenId> tokens;  // verified: scheduled prompt, appended.
+  std::vector<TokenId> prompt;  // the whole prompt.
   std::string salt;
   int64_t adapter = 0;
-  std::vector<PageId> pages;
+  std::vector<PageId> pages;      // of the tokens, then of the drafts.
   std::vector<BlockHash> hashes;  // Of the full pages (prefix caching only).
+  int32_t drafts = 0;
+  bool reserves = false;
+  int64_t prompt_left() const {
+    return std::max<int64_t>(0, static_cast<int64_t>(prompt.size()) -
+                                    static_cast<int64_t>(tokens.size()));
+  }
 };
 
 struct ModelPlan {
@@ -114,13 +127,25 @@ class Model {
     return static_cast<int32_t>(free_stack_.size() + lru_.size());
   }
   int32_t NumUsed() const { return config_.num_pages - NumFree(); }
+  int32_t NumAllocatable() const { return NumFree() - reserved_; }
+  int32_t reserved() const { return reserved_; }
+
+  // The pages `sequence` still has reserved for its prompt.
+  int32_t ReservationOf(const ModelSequence& sequence) const {
+    if (!sequence.reserves) return 0;
+    const int64_t prompt_pages =
+        (static_cast<int64_t>(sequence.prompt.size()) + config_.page_size - 1) /
+        config_.page_size;
+    return static_cast<int32_t>(std::max<int64_t>(
+        0, prompt_pages - static_cast<int64_t>(sequence.pages.size())));
+  }
 
   ModelPlan Plan(const std::vector<TokenId>& prompt, const std::string& salt,
-                 int64_t adapter) const {
+                 int64_t adapter, const AdmitOptions& admit = {}) const {
     ModelPlan result;
     const int32_t page_size = config_.page_size;
     const int64_t length = static_cast<int64_t>(prompt.size());
-    if (prompt.empty()) {
+    if (prompt.empty() || admit.prefill_tokens < 1) {
       result.code = Code::kInvalidArgument;
       return result;
     }
@@ -140,7 +165,8 @@ class Model {
       }
       // The last prompt token is always computed: at most (length - 1) /
       // page_size pages can hit.
-      const int64_t max_hits = (length - 1) / page_size;
+      const int64_t max_hits =
+          admit.read_prefix_cache ? (length - 1) / page_size : 0;
       for (int64_t i = 0; i < max_hits; ++i) {
         const auto it = index_.find(result.keys[i]);
         if (it == index_.end()) break;
@@ -150,25 +176,40 @@ class Model {
     }
     result.plan.hit_pages = static_cast<int32_t>(result.hits.size());
     result.plan.hit_tokens = int64_t{result.plan.hit_pages} * page_size;
-    result.plan.new_pages = static_cast<int32_t>(pages) - result.plan.hit_pages;
+    result.plan.computed_tokens =
+        std::min(admit.prefill_tokens, length - result.plan.hit_tokens);
+    const int64_t end = result.plan.hit_tokens + result.plan.computed_tokens;
+    const int64_t end_pages = (end + page_size - 1) / page_size;
+    result.plan.new_pages =
+        static_cast<int32_t>(end_pages) - result.plan.hit_pages;
+    if (options_.reserve_prompt_pages) {
+      result.plan.reserved_pages = static_cast<int32_t>(pages - end_pages);
+    }
     return result;
   }
 
   bool CanAdmit(const ModelPlan& plan) const {
     return plan.code == Code::kOk &&
-           plan.plan.pages_consumed() <= NumFree() - options_.watermark_pages;
+           plan.plan.pages_consumed() + plan.plan.reserved_pages <=
+               NumAllocatable() - options_.watermark_pages;
   }
 
   Code Admit(SequenceId id, const std::vector<TokenId>& prompt,
-             const std::string& salt, int64_t adapter, ModelPlan& out) {
+             const std::string& salt, int64_t adapter, ModelPlan& out,
+             const AdmitOptions& admit = {}) {
     if (sequences_.contains(id)) return Code::kAlreadyExists;
-    out = Plan(prompt, salt, adapter);
+    out = Plan(prompt, salt, adapter, admit);
     if (out.code != Code::kOk) return out.code;
     if (!CanAdmit(out)) return Code::kResourceExhausted;
+    const int64_t end = out.plan.hit_tokens + out.plan.computed_tokens;
+    const size_t full = static_cast<size_t>(end / config_.page_size);
     ModelSequence& sequence = sequences_[id];
-    sequence.tokens = prompt;
+    sequence.tokens.assign(prompt.begin(), prompt.begin() + end);
+    sequence.prompt = prompt;
     sequence.salt = salt;
     sequence.adapter = adapter;
+    sequence.reserves = out.plan.reserved_pages > 0;
+    reserved_ += out.plan.reserved_pages;
     for (const PageId page : out.hits) {
       if (refcount_[page] == 0) {
         lru_.erase(std::find(lru_.begin(), lru_.end(), page));
@@ -182,42 +223,67 @@ class Model {
     for (int32_t i = 0; i < out.plan.new_pages; ++i) {
       sequence.pages.push_back(AllocateOne());
     }
-    for (size_t i = out.hits.size(); i < out.keys.size(); ++i) {
+    for (size_t i = out.hits.size(); i < std::min(full, out.keys.size()); ++i) {
       Register(sequence.pages[i], out.keys[i], out.hashes[i]);
     }
-    sequence.hashes = out.hashes;
+    sequence.hashes.assign(
+        out.hashes.begin(),
+        out.hashes.begin() +
+            static_cast<std::ptrdiff_t>(std::min(full, out.hashes.size())));
     ++stats_.admitted;
     stats_.prompt_tokens += static_cast<int64_t>(prompt.size());
     stats_.prefix_hit_tokens += out.plan.hit_tokens;
     return Code::kOk;
   }
 
+  // What allocations for `sequence` may take: the others' reservations
+  // stay.
+  int64_t AllocatableFor(const ModelSequence& sequence) const {
+    return int64_t{NumFree()} - reserved_ + ReservationOf(sequence);
+  }
+
+  // Append, or with `prompt_chunk` AppendPrompt (the hashes are right, or
+  // checked by the caller).
   Code Append(SequenceId id, const std::vector<TokenId>& tokens,
-              AppendResult& result) {
+              AppendResult& result, bool prompt_chunk = false) {
     const auto it = sequences_.find(id);
     if (it == sequences_.end()) return Code::kNotFound;
     ModelSequence& sequence = it->second;
+    if (prompt_chunk && (tokens.empty() || static_cast<int64_t>(tokens.size()) >
+                                               sequence.prompt_left())) {
+      return Code::kInvalidArgument;
+    }
     if (tokens.empty()) return Code::kOk;
+    if (!prompt_chunk && sequence.prompt_left() > 0) {
+      return Code::kFailedPrecondition;
+    }
     const int32_t page_size = config_.page_size;
     const int64_t length =
         static_cast<int64_t>(sequence.tokens.size() + tokens.size());
     const int64_t pages = (length + page_size - 1) / page_size;
     if (pages > config_.max_pages_per_seq) return Code::kOutOfRange;
+    const size_t partial = sequence.tokens.size() / page_size;
     const bool copy = sequence.tokens.size() % page_size != 0 &&
-                      refcount_[sequence.pages.back()] > 1;
+                      refcount_[sequence.pages[partial]] > 1;
     const int64_t needed =
-        pages - static_cast<int64_t>(sequence.pages.size()) + (copy ? 1 : 0);
-    if (needed > NumFree()) return Code::kResourceExhausted;
+        std::max<int64_t>(0,
+                          pages - static_cast<int64_t>(sequence.pages.size())) +
+        (copy ? 1 : 0);
+    if (needed > AllocatableFor(sequence)) return Code::kResourceExhausted;
+    const int32_t reserved_before = ReservationOf(sequence);
     if (copy) {
-      const PageId source = sequence.pages.back();
+      const PageId source = sequence.pages[partial];
       const PageId destination = AllocateOne();
       --refcount_[source];
       ++pool_stats_.cow_copies;
-      sequence.pages.back() = destination;
+      sequence.pages[partial] = destination;
       result.copy = PageCopy{source, destination};
     }
+    sequence.drafts = static_cast<int32_t>(std::max<int64_t>(
+        0, sequence.drafts - static_cast<int64_t>(tokens.size())));
     for (const TokenId token : tokens) {
-      if (sequence.tokens.size() % page_size == 0) {
+      if (sequence.tokens.size() % page_size == 0 &&
+          sequence.tokens.size() / page_size == sequence.pages.size()) {
         sequence.pages.push_back(AllocateOne());
         ++result.new_pages;
       }
@@ -232,10 +298,63 @@ class Model {
               : sequence.hashes.back(),
           absl::MakeConstSpan(sequence.tokens).last(page_size));
       sequence.hashes.push_back(hash);
-      Register(sequence.pages.back(),
+      Register(sequence.pages[sequence.tokens.size() / page_size - 1],
                {sequence.salt, sequence.adapter, sequence.tokens}, hash);
     }
-    stats_.appended_tokens += static_cast<int64_t>(tokens.size());
+    reserved_ -= reserved_before - ReservationOf(sequence);
+    if (prompt_chunk) {
+      ++stats_.prompt_chunks;
+    } else {
+      stats_.appended_tokens += static_cast<int64_t>(tokens.size());
+    }
+    return Code::kOk;
+  }
+
+  Code SetDrafts(SequenceId id, int32_t count, AppendResult& result) {
+    const auto it = sequences_.find(id);
+    if (it == sequences_.end()) return Code::kNotFound;
+    ModelSequence& sequence = it->second;
+    if (count < 0) return Code::kInvalidArgument;
+    if (count == sequence.drafts) return Code::kOk;
+    if (count > 0 && sequence.prompt_left() > 0) {
+      return Code::kFailedPrecondition;
+    }
+    const int32_t page_size = config_.page_size;
+    const int64_t pages =
+        (static_cast<int64_t>(sequence.tokens.size()) + count + page_size - 1) /
+        page_size;
+    if (pages > config_.max_pages_per_seq) return Code::kOutOfRange;
+    const size_t partial = sequence.tokens.size() / page_size;
+    const bool copy = count > 0 && sequence.drafts == 0 &&
+                      sequence.tokens.size() % page_size != 0 &&
+                      refcount_[sequence.pages[partial]] > 1;
+    const int64_t old_pages = static_cast<int64_t>(sequence.pages.size());
+    const int64_t needed =
+        std::max<int64_t>(0, pages - old_pages) + (copy ? 1 : 0);
+    if (needed > AllocatableFor(sequence)) return Code::kResourceExhausted;
+    while (static_cast<int64_t>(sequence.pages.size()) > pages) {
+      const PageId page = sequence.pages.back();
+      sequence.pages.pop_back();
+      REQUIRE(refcount_[page] == 1);
+      REQUIRE(!cached_.contains(page));
+      refcount_[page] = 0;
+      free_stack_.push_back(page);
+      ++result.released_pages;
+    }
+    if (copy) {
+      const PageId source = sequence.pages[partial];
+      const PageId destination = AllocateOne();
+      --refcount_[source];
+      ++pool_stats_.cow_copies;
+      sequence.pages[partial] = destination;
+      result.copy = PageCopy{source, destination};
+    }
+    while (static_cast<int64_t>(sequence.pages.size()) < pages) {
+      sequence.pages.push_back(AllocateOne());
+      ++result.new_pages;
+    }
+    sequence.drafts = count;
+    stats_.draft_slots += count;
     return Code::kOk;
   }
 
@@ -243,8 +362,12 @@ class Model {
     const auto it = sequences_.find(parent);
     if (it == sequences_.end()) return Code::kNotFound;
     if (sequences_.contains(child)) return Code::kAlreadyExists;
+    if (it->second.prompt_left() > 0 || it->second.drafts > 0) {
+      return Code::kFailedPrecondition;
+    }
     for (const PageId page : it->second.pages) ++refcount_[page];
     sequences_[child] = it->second;
+    sequences_[child].reserves = false;
     ++stats_.forks;
     return Code::kOk;
   }
@@ -252,6 +375,7 @@ class Model {
   Code Remove(SequenceId id, bool preempted) {
     const auto it = sequences_.find(id);
     if (it == sequences_.end()) return Code::kNotFound;
+    reserved_ -= ReservationOf(it->second);
     const std::vector<PageId>& pages = it->second.pages;
     for (auto page = pages.rbegin(); page != pages.rend(); ++page) {
       if (--refcount_[*page] > 0) continue;
@@ -299,7 +423,9 @@ class Model {
            .partial_tokens = {sequence.tokens.end() - partial,
                               sequence.tokens.end()},
            .cache_salt = sequence.salt,
-           .adapter_id = sequence.adapter});
+           .adapter_id = sequence.adapter,
+           .prompt_tokens = static_cast<int64_t>(sequence.prompt.size()),
+           .drafts = sequence.drafts});
     }
     snapshot.stats = stats_;
     snapshot.stats.cow_copies = pool_stats_.cow_copies;
@@ -352,6 +478,13 @@ class Model {
   BlockPoolStats pool_stats_;
   BlockManagerStats stats_;  // The manager-owned counters.
   std::map<SequenceId, ModelSequence> sequences_;
+  int32_t reserved_ = 0;  // pages reserved for the rest of prompts.
+
+ public:
+  // The cached pages and the content each was registered with.
+  const std::map<PageId, std::pair<ContentKey, BlockHash>>& cached() const {
+    return cached_;
+  }
 };
 
 struct Scenario {
@@ -365,6 +498,7 @@ struct Scenario {
   // Sequence slots reserved (0: 4 * max_batch = 16); fewer than kNumIds
   // make the slab grow.
   int32_t max_sequences;
+  bool reserve_prompt_pages = true;
 };
 
 // Counts of calls, by name, to show that every path ran.
@@ -385,7 +519,8 @@ class RandomRun {
         options_{.enable_prefix_caching = scenario.prefix_caching,
                  .hash_algorithm = scenario.algorithm,
                  .watermark_pages = scenario.watermark_pages,
-                 .max_sequences = scenario.max_sequences},
+                 .max_sequences = scenario.max_sequences,
+                 .reserve_prompt_pages = scenario.reserve_prompt_pages},
         hasher_(NewHasher(scenario.algorithm, scenario.page_size)),
         model_(config_, options_, hasher_) {
     auto manager = BlockManager::Create(config_, options_);
@@ -512,19 +647,43 @@ class RandomRun {
 
   void RunMutation() {
     const int dice = Uniform(0, 99);
-    if (dice < 30) {
+    if (dice < 25) {
       Call("admit", [&] { return Admit(); });
-    } else if (dice < 55) {
+    } else if (dice < 35) {
+      Call("append_prompt", [&] { return AppendPrompt(); });
+    } else if (dice < 53) {
       Call("append", [&] { return Append(); });
-    } else if (dice < 65) {
+    } else if (dice < 63) {
       Call("append_many", [&] { return AppendMany(); });
-    } else if (dice < 75) {
+    } else if (dice < 70) {
+      Call("set_drafts", [&] { return SetDrafts(); });
+    } else if (dice < 77) {
       Call("fork", [&] { return Fork(); });
     } else if (dice < 90) {
       Call("free", [&] { return Remove(false); });
     } else {
       Call("preempt", [&] { return Remove(true); });
     }
+  }
+
+  // Mostly a live sequence with prompt tokens left (when there is one).
+  SequenceId PrefillingId() {
+    std::vector<SequenceId> ids;
+    for (const auto& [id, sequence] : model_.sequences()) {
+      if (sequence.prompt_left() > 0) ids.push_back(id);
+    }
+    if (ids.empty() || Chance(10)) return LiveId();
+    return ids[Uniform(0, static_cast<int>(ids.size()) - 1)];
+  }
+
+  // A draft count: mostly 1 to 5, sometimes 0 or several pages, rarely
+  // negative.
+  int32_t Drafts() {
+    const int dice = Uniform(0, 99);
+    if (dice < 1) return -1;
+    if (dice < 20) return 0;
+    if (dice < 80) return Uniform(1, 5);
+    return Uniform(1, 4 * config_.page_size);
   }
 
   // BeginStep, a few calls, then CommitStep or RollbackStep.
@@ -570,28 +729,39 @@ class RandomRun {
         kSalts[Uniform(0, static_cast<int>(kSalts.size()) - 1)];
     const int64_t adapter = Chance(85) ? 0 : 5;
     const HashExtraKeys extra{salt, adapter};
+    // Chunked prefill a third of the time; rarely a bad chunk, or no cache.
+    AdmitOptions admit;
+    if (Chance(35)) admit.prefill_tokens = Uniform(Chance(2) ? 0 : 1, 10);
+    admit.read_prefix_cache = !Chance(5);
     INFO("admit " << id << ": " << prompt.size() << " tokens, salt '" << salt
-                  << "', adapter " << adapter);
+                  << "', adapter " << adapter << ", prefill "
+                  << admit.prefill_tokens << ", read cache "
+                  << admit.read_prefix_cache);
 
-    const ModelPlan planned = model_.Plan(prompt, salt, adapter);
+    const ModelPlan planned = model_.Plan(prompt, salt, adapter, admit);
     const absl::StatusOr<AdmissionPlan> plan =
-        manager_->PlanAdmission(prompt, extra);
+        manager_->PlanAdmission(prompt, extra, {}, admit);
     REQUIRE(plan.status().code() == planned.code);
     if (plan.ok()) CheckPlan(*plan, planned.plan);
-    const bool can_admit = manager_->CanAdmit(prompt, extra);
+    const bool can_admit = manager_->CanAdmit(prompt, extra, {}, admit);
     REQUIRE(can_admit == model_.CanAdmit(planned));
 
     ModelPlan expected;
     const bool was_live = model_.sequences().contains(id);
-    const Code code = model_.Admit(id, prompt, salt, adapter, expected);
+    const Code code = model_.Admit(id, prompt, salt, adapter, expected, admit);
     const absl::StatusOr<AdmissionPlan> admitted =
-        manager_->Admit(id, prompt, extra);
+        manager_->Admit(id, prompt, extra, {}, admit);
     REQUIRE(admitted.status().code() == code);
     if (!was_live) REQUIRE(admitted.ok() == can_admit);
     if (admitted.ok()) {
       CheckPlan(*admitted, expected.plan);
       if (admitted->hit_pages > 0) ++(*counts_)["admit with hits"];
       if (admitted->revived_pages > 0) ++(*counts_)["admit with revivals"];
+      if (admitted->reserved_pages > 0) ++(*counts_)["admit with a reserve"];
+      if (admitted->hit_tokens + admitted->computed_tokens <
+          static_cast<int64_t>(prompt.size())) {
+        ++(*counts_)["admit a first chunk"];
+      }
     }
     return admitted.status().code();
   }
@@ -602,6 +772,86 @@ class RandomRun {
     REQUIRE(actual.hit_tokens == expected.hit_tokens);
     REQUIRE(actual.revived_pages == expected.revived_pages);
     REQUIRE(actual.new_pages == expected.new_pages);
+    REQUIRE(actual.computed_tokens == expected.computed_tokens);
+    REQUIRE(actual.reserved_pages == expected.reserved_pages);
+  }
+
+  // The next chunk of a prompt (sometimes too long or empty), filed under
+  // the prompt's hashes half of the time (rarely another prompt's).
+  Code AppendPrompt() {
+    const SequenceId id = PrefillingId();
+    const auto it = model_.sequences().find(id);
+    std::vector<TokenId> chunk;
+    std::vector<BlockHash> hashes;
+    bool wrong_hashes = false;
+    // A wrong chain is found before anything changes when the chunk starts
+    // past page 0 (its chain so far is checked), else where it fills page
+    // 0 (hashed and compared); a chunk that fills no page passes.
+    bool wrong_early = false;
+    bool wrong_late = false;
+    if (it != model_.sequences().end()) {
+      const ModelSequence& sequence = it->second;
+      const int64_t left = sequence.prompt_left();
+      const int64_t size =
+          Chance(3) ? left + 1 : Uniform(Chance(2) ? 0 : 1, 12);
+      const size_t start = sequence.tokens.size();
+      for (int64_t i = 0; i < size; ++i) {
+        chunk.push_back(start + i < sequence.prompt.size()
+                            ? sequence.prompt[start + i]
+                            : 1);
+      }
+      if (scenario_.prefix_caching && Chance(50)) {
+        hashes.resize(sequence.prompt.size() / config_.page_size);
+        std::vector<TokenId> hashed = sequence.prompt;
+        wrong_hashes = Chance(5) && !hashed.empty();
+        if (wrong_hashes) hashed[0] += 1000;
+        REQUIRE_OK(manager_->HashPrompt(
+            hashed, {sequence.salt, sequence.adapter}, absl::MakeSpan(hashes)));
+        wrong_hashes = wrong_hashes && !hashes.empty();
+        wrong_early = wrong_hashes && start / config_.page_size > 0;
+        wrong_late = wrong_hashes && !wrong_early &&
+                     (start + chunk.size()) / config_.page_size > 0;
+      }
+    }
+    INFO("append prompt " << chunk.size() << " tokens to " << id << ", "
+                          << hashes.size() << " hashes"
+                          << (wrong_hashes ? " (wrong)" : ""));
+    Model trial = model_;
+    AppendResult expected;
+    Code code = trial.Append(id, chunk, expected, /*prompt_chunk=*/true);
+    if (code != Code::kNotFound && wrong_early) code = Code::kInvalidArgument;
+    if (code == Code::kOk && wrong_late) code = Code::kInvalidArgument;
+    const absl::StatusOr<AppendResult> result =
+        manager_->AppendPrompt(id, chunk, hashes);
+    REQUIRE(result.status().code() == code);
+    if (result.ok()) {
+      model_ = std::move(trial);
+      REQUIRE(result->new_pages == expected.new_pages);
+      REQUIRE(result->copy == expected.copy);
+      if (model_.sequences().at(id).prompt_left() == 0) {
+        ++(*counts_)["append prompt completes it"];
+      }
+    }
+    return code;
+  }
+
+  Code SetDrafts() {
+    const SequenceId id = LiveId();
+    const int32_t count = Drafts();
+    INFO("set " << count << " drafts of " << id);
+    AppendResult expected;
+    const Code code = model_.SetDrafts(id, count, expected);
+    const absl::StatusOr<AppendResult> result = manager_->SetDrafts(id, count);
+    REQUIRE(result.status().code() == code);
+    if (result.ok()) {
+      REQUIRE(result->new_pages == expected.new_pages);
+      REQUIRE(result->copy == expected.copy);
+      REQUIRE(result->released_pages == expected.released_pages);
+      if (result->copy.has_value()) ++(*counts_)["set drafts with copy"];
+      if (result->released_pages > 0) ++(*counts_)["set drafts releases"];
+      if (result->new_pages > 0) ++(*counts_)["set drafts allocates"];
+    }
+    return code;
   }
 
   Code Append() {
@@ -628,6 +878,8 @@ class RandomRun {
     std::vector<SequenceHandle> handles;
     std::vector<int32_t> counts;
     std::vector<TokenId> tokens;
+    std::vector<int32_t> drafts;
+    const bool drafting = Chance(40);
     Model trial = model_;
     AppendManyResult expected;
     Code code = Code::kOk;
@@ -646,29 +898,48 @@ class RandomRun {
           Chance(5) ? std::vector<TokenId>{} : Generated(id);
       counts.push_back(static_cast<int32_t>(more.size()));
       tokens.insert(tokens.end(), more.begin(), more.end());
+      if (drafting) drafts.push_back(Drafts());
       if (code != Code::kOk) continue;
       if (!live) {
         code = Code::kInvalidArgument;
         continue;
       }
-      const int32_t pages_before =
-          static_cast<int32_t>(trial.sequences().at(id).pages.size());
+      const auto pages_of = [&] {
+        return static_cast<int32_t>(trial.sequences().at(id).pages.size());
+      };
+      const int32_t pages_before = pages_of();
       AppendResult one;
       code = trial.Append(id, more, one);
-      if (code != Code::kOk || (one.new_pages == 0 && !one.copy.has_value())) {
+      if (code != Code::kOk) continue;
+      int32_t first_changed = pages_before - (one.copy.has_value() ? 1 : 0);
+      if (drafting) {
+        const int32_t pages_between = pages_of();
+        AppendResult drafted;
+        code = trial.SetDrafts(id, drafts.back(), drafted);
+        if (code != Code::kOk) continue;
+        first_changed = std::min(
+            {first_changed, pages_between - (drafted.copy.has_value() ? 1 : 0),
+             pages_of()});
+        if (drafted.copy.has_value()) one.copy = drafted.copy;
+        one.new_pages += drafted.new_pages;
+        one.released_pages = drafted.released_pages;
+      }
+      if (one.new_pages == 0 && !one.copy.has_value() &&
+          one.released_pages == 0) {
         continue;
       }
       expected.changed.push_back(static_cast<int32_t>(handles.size() - 1));
-      expected.first_changed_page.push_back(pages_before -
-                                            (one.copy.has_value() ? 1 : 0));
+      expected.first_changed_page.push_back(first_changed);
       if (one.copy.has_value()) expected.copies.push_back(*one.copy);
       expected.new_pages += one.new_pages;
     }
     INFO("append many: " << handles.size() << " entries, " << tokens.size()
-                         << " tokens");
+                         << " tokens" << (drafting ? ", drafting" : ""));
     AppendManyResult result;
-    REQUIRE(manager_->AppendMany(handles, counts, tokens, result).code() ==
-            code);
+    REQUIRE(
+        manager_->AppendMany(handles, counts, tokens, result, drafts).code() ==
+        code);
+    if (drafting && code == Code::kOk) ++(*counts_)["append many drafting"];
     if (code == Code::kOk) {
       model_ = std::move(trial);
       REQUIRE(result.changed == expected.changed);
@@ -757,6 +1028,28 @@ class RandomRun {
     REQUIRE(manager_->stats().pages_in_use ==
             static_cast<int32_t>(holders.size()));
     REQUIRE(manager_->pool().NumUsed() == static_cast<int32_t>(holders.size()));
+    REQUIRE(manager_->reserved_pages() == model_.reserved());
+    REQUIRE(manager_->NumAllocatable() == model_.NumAllocatable());
+    for (const auto& [id, sequence] : model_.sequences()) {
+      REQUIRE(*manager_->PromptTokensLeft(id) == sequence.prompt_left());
+      REQUIRE(*manager_->NumDrafts(id) == sequence.drafts);
+    }
+
+    // Every cached page's hash, recomputed from the verified tokens it was
+    // registered with: the chain of its salt, adapter and tokens.
+    if (!scenario_.prefix_caching) return;
+    const std::map<PageId, std::pair<ContentKey, BlockHash>>& cached =
+        model_.cached();
+    for (const auto& [page, hash] : actual.pool.cached) {
+      const auto it = cached.find(page);
+      REQUIRE(it != cached.end());
+      const ContentKey& key = it->second.first;
+      std::vector<BlockHash> chain(key.tokens.size() / config_.page_size);
+      REQUIRE_OK(HashChain(hasher_, key.tokens, {key.salt, key.adapter},
+                           absl::MakeSpan(chain)));
+      REQUIRE(!chain.empty());
+      REQUIRE(chain.back() == hash);
+    }
   }
 
   // Two holders of one page: same logical page, salt and adapter, and the
@@ -795,12 +1088,12 @@ class RandomRun {
 
 TEST_CASE("random manager calls match the model", "[random]") {
   // Small pools so exhaustion, eviction and OutOfRange happen often.
-  const Scenario scenario =
-      GENERATE(Scenario{1, 24, 2, 8, true, 0, HashAlgorithm::kSha256, 0},
-               Scenario{2, 40, 3, 12, true, 2, HashAlgorithm::kXxh3_128, 2},
-               Scenario{3, 64, 4, 16, true, 0, HashAlgorithm::kSha256, 0},
-               Scenario{4, 48, 2, 16, true, 1, HashAlgorithm::kXxh3_128, 0},
-               Scenario{5, 32, 4, 8, false, 1, HashAlgorithm::kSha256, 1});
+  const Scenario scenario = GENERATE(
+      Scenario{1, 24, 2, 8, true, 0, HashAlgorithm::kSha256, 0, true},
+      Scenario{2, 40, 3, 12, true, 2, HashAlgorithm::kXxh3_128, 2, false},
+      Scenario{3, 64, 4, 16, true, 0, HashAlgorithm::kSha256, 0, true},
+      Scenario{4, 48, 2, 16, true, 1, HashAlgorithm::kXxh3_128, 0, false},
+      Scenario{5, 32, 4, 8, false, 1, HashAlgorithm::kSha256, 1, true});
   constexpr int64_t kOps = 25'000;
   OpCounts counts;
   RandomRun(scenario).Run(kOps, counts);
@@ -811,15 +1104,49 @@ TEST_CASE("random manager calls match the model", "[random]") {
   }
   INFO("seed " << scenario.seed << " calls:" << summary);
   // Every path ran often enough to mean something.
-  for (const char* name :
-       {"admit", "append", "fork", "free", "preempt", "begin_step",
-        "rollback_step", "commit_step", "reset_prefix_cache", "step_misuse",
-        "admit -> RESOURCE_EXHAUSTED", "admit -> OUT_OF_RANGE",
-        "admit -> ALREADY_EXISTS", "admit -> INVALID_ARGUMENT",
-        "append -> RESOURCE_EXHAUSTED", "append -> OUT_OF_RANGE",
-        "append with copy", "fork -> ALREADY_EXISTS"}) {
+  for (const char* name : {"admit",
+                           "append",
+                           "fork",
+                           "free",
+                           "preempt",
+                           "begin_step",
+                           "rollback_step",
+                           "commit_step",
+                           "reset_prefix_cache",
+                           "step_misuse",
+                           "admit -> RESOURCE_EXHAUSTED",
+                           "admit -> OUT_OF_RANGE",
+                           "admit -> ALREADY_EXISTS",
+                           "admit -> INVALID_ARGUMENT",
+                           "append -> RESOURCE_EXHAUSTED",
+                           "append -> OUT_OF_RANGE",
+                           "append with copy",
+                           "fork -> ALREADY_EXISTS",
+                           "fork -> FAILED_PRECONDITION",
+                           "admit a first chunk",
+                           "append_prompt",
+                           "append prompt completes it",
+                           "append_prompt -> INVALID_ARGUMENT",
+                           "set_drafts",
+                           "set drafts releases",
+                           "set drafts allocates",
+                           "set_drafts -> FAILED_PRECONDITION",
+                           "set_drafts -> OUT_OF_RANGE",
+                           "append many drafting"}) {
     CAPTURE(name);
     CHECK(counts[name] >= 20);
+  }
+  // Rarer paths: a fork's shared partial page under new drafts, drafts that
+  // find the pool full.
+  for (const char* name :
+       {"set drafts with copy", "set_drafts -> RESOURCE_EXHAUSTED"}) {
+    CAPTURE(name);
+    CHECK(counts[name] >= 10);
+  }
+  if (scenario.reserve_prompt_pages) {
+    CHECK(counts["admit with a reserve"] >= 20);
+  } else {
+    CHECK(counts["admit with a reserve"] == 0);
   }
   if (scenario.prefix_caching) {
     CHECK(counts["admit with hits"] >= 200);

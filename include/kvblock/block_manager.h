@@ -18,9 +18,29 @@
 //   Free / Preempt a sequence: its pages are released tail first, so cached
 //            prefixes outlive their continuations in the LRU.
 //
+// Chunked prefill: Admit with AdmitOptions::prefill_tokens takes the prefix
+// hits of the whole prompt but pages only for them and the tokens the
+// admitting step computes; AppendPrompt adds the rest of the prompt in chunks
+// of any size, in later steps. A page is registered when the tokens that fill
+// it are scheduled (admitted or appended), never earlier. With
+// reserve_prompt_pages the admission also needs the rest of the prompt's
+// pages allocatable, and reserves them: other sequences' allocations leave
+// them, the chunks take them, leaving (Free, Preempt) returns what is left.
+//
+// Speculative decoding: SetDrafts gives a decoding sequence draft slots after
+// its tokens: pages the kernels write the drafts' KV into (a shared partial
+// page is copied on write first), never hashed, registered or shared. The
+// tokens appended next take the draft slots first (an accepted draft's KV is
+// in place; pages they fill are registered); the drafts left over are
+// dropped when the next SetDrafts (or AppendMany's draft_counts) sets the new
+// ones, and pages wholly past the new end are released. A sequence with
+// prompt tokens left or drafts cannot be forked.
+//
 // Invariants (CheckInvariants): every page's refcount equals the number of
-// sequence tables that hold it; free, evictable and used pages partition the
-// pool; the prefix index and the LRU list agree (BlockPool's own checks).
+// sequence tables that hold it; a sequence holds the pages of its tokens and
+// drafts; the reserved pages are the sum of the reservations left and are
+// allocatable; free, evictable and used pages partition the pool; the prefix
+// index and the LRU list agree (BlockPool's own checks).
 //
 // Transactions: between BeginStep() and CommitStep() every change is journaled
 // and RollbackStep() restores the manager and its pool: Snapshot() compares
@@ -45,6 +65,7 @@
 #define KVBLOCK_BLOCK_MANAGER_H_
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -79,6 +100,22 @@ struct BlockManagerOptions {
   // Sequence slots reserved up front (0: 4 * max_batch, at most INT32_MAX).
   // More sequences still work, at the cost of allocation.
   int32_t max_sequences = 0;
+  // Chunked prefill: an admission that leaves part of its prompt for later
+  // chunks reserves that part's pages (vLLM's "the whole prompt must fit");
+  // false admits on the first chunk's pages alone.
+  bool reserve_prompt_pages = true;
+};
+
+// How a prompt is admitted (PlanAdmission, CanAdmit, Admit).
+struct AdmitOptions {
+  // Chunked prefill: the prompt tokens after the prefix hits that the
+  // admitting step computes, at most (positive; the default: all of them).
+  // The rest come later through AppendPrompt.
+  int64_t prefill_tokens = std::numeric_limits<int64_t>::max();
+  // False: take no prefix hits, compute the whole prompt (as vLLM does for a
+  // request that wants prompt log-probabilities); its full pages are still
+  // registered for others.
+  bool read_prefix_cache = true;
 };
 
 // One copy-on-write the KV copy kernel must run before the next attention:
@@ -95,13 +132,19 @@ struct AdmissionPlan {
   int64_t hit_tokens = 0;     // hit_pages * page_size.
   int32_t revived_pages = 0;  // of the hits, pages now evictable.
   int32_t new_pages = 0;      // fresh pages to allocate.
+  // Prompt tokens the admitting step computes: after the hits, at most
+  // AdmitOptions::prefill_tokens.
+  int64_t computed_tokens = 0;
+  // Pages reserved for the rest of the prompt (reserve_prompt_pages).
+  int32_t reserved_pages = 0;
   // Allocatable pages the admission consumes: revived + new.
   int32_t pages_consumed() const { return revived_pages + new_pages; }
 };
 
 struct AppendResult {
-  int32_t new_pages = 0;         // pages allocated because one filled.
-  std::optional<PageCopy> copy;  // set when a shared last page was copied.
+  int32_t new_pages = 0;         // pages allocated (for tokens or drafts).
+  std::optional<PageCopy> copy;  // set when a shared partial page was copied.
+  int32_t released_pages = 0;    // draft pages released (SetDrafts).
 };
 
 // A live sequence's place in the manager's slab, what the per-step paths
@@ -137,9 +180,11 @@ struct BlockManagerStats {
   int64_t forks = 0;
   int64_t freed = 0;              // Free calls (finished sequences).
   int64_t preemptions = 0;        // Preempt calls.
-  int64_t prompt_tokens = 0;      // tokens of admitted prompts.
+  int64_t prompt_tokens = 0;      // tokens of admitted prompts (whole).
   int64_t prefix_hit_tokens = 0;  // of those, served from the cache.
-  int64_t appended_tokens = 0;    // tokens added by Append.
+  int64_t prompt_chunks = 0;      // AppendPrompt calls.
+  int64_t appended_tokens = 0;    // tokens added by Append (not prompts).
+  int64_t draft_slots = 0;        // draft slots set by SetDrafts.
   int64_t cow_copies = 0;
   int64_t evictions = 0;     // cached pages reused for other content.
   int32_t pages_in_use = 0;  // pages with refcount > 0.
@@ -158,6 +203,8 @@ struct BlockManagerSnapshot {
     std::vector<TokenId> partial_tokens;
     std::string cache_salt;
     int64_t adapter_id = 0;
+    int64_t prompt_tokens = 0;  // the prompt's length.
+    int32_t drafts = 0;
     friend bool operator==(const SequenceState&,
                            const SequenceState&) = default;
   };
@@ -195,52 +242,86 @@ class BlockManager {
                                      absl::Span<BlockHash> out) const;
 
   // What Admit would take now. `prompt_hashes` is empty (the prompt is hashed
-  // here) or HashPrompt's output for this prompt and `extra` (trusted: other
-  // hashes would file pages under wrong keys); ignored without prefix
-  // caching. InvalidArgument for an empty prompt or prompt_hashes of the
-  // wrong length; OutOfRange when the prompt needs more than
-  // max_pages_per_seq pages. Changes nothing.
+  // here, up to its first miss) or HashPrompt's output for this prompt and
+  // `extra` (trusted: other hashes would file pages under wrong keys);
+  // ignored without prefix caching. InvalidArgument for an empty prompt,
+  // prompt_hashes of the wrong length or a prefill_tokens below 1;
+  // OutOfRange when the prompt needs more than max_pages_per_seq pages.
+  // Changes nothing.
   absl::StatusOr<AdmissionPlan> PlanAdmission(
       absl::Span<const TokenId> prompt, const HashExtraKeys& extra = {},
-      absl::Span<const BlockHash> prompt_hashes = {}) const;
+      absl::Span<const BlockHash> prompt_hashes = {},
+      const AdmitOptions& admit = {}) const;
 
   // True when Admit would succeed now, watermark included.
   bool CanAdmit(absl::Span<const TokenId> prompt,
                 const HashExtraKeys& extra = {},
-                absl::Span<const BlockHash> prompt_hashes = {}) const;
+                absl::Span<const BlockHash> prompt_hashes = {},
+                const AdmitOptions& admit = {}) const;
 
-  // Admits sequence `id` with `prompt`, taking prefix hits first;
-  // `prompt_hashes` as for PlanAdmission, its first hash checked against the
-  // prompt's first page and `extra`. Errors: InvalidArgument for a negative
-  // id (kNoSequence names no sequence); AlreadyExists for a live id;
-  // InvalidArgument / OutOfRange as PlanAdmission, and for a first hash that
-  // does not match; ResourceExhausted when the pages (after eviction) would
-  // leave fewer than the watermark free. On error, nothing changes.
+  // Admits sequence `id` with `prompt`, taking prefix hits first (unless
+  // `admit` says not to) and computing at most admit.prefill_tokens of the
+  // rest; `prompt_hashes` as for PlanAdmission, its first hash checked
+  // against the prompt's first page and `extra`. Errors: InvalidArgument for
+  // a negative id (kNoSequence names no sequence); AlreadyExists for a live
+  // id; InvalidArgument / OutOfRange as PlanAdmission, and for a first hash
+  // that does not match; ResourceExhausted when the pages consumed and
+  // reserved would leave fewer than the watermark allocatable. On error,
+  // nothing changes.
   absl::StatusOr<AdmissionPlan> Admit(
       SequenceId id, absl::Span<const TokenId> prompt,
       const HashExtraKeys& extra = {},
+      absl::Span<const BlockHash> prompt_hashes = {},
+      const AdmitOptions& admit = {});
+
+  // Chunked prefill: appends `tokens`, the next part of the prompt of
+  // sequence `id`. The pages they fill are registered, filed under
+  // `prompt_hashes` (HashPrompt's output for the whole prompt, trusted once
+  // it continues this sequence's chain) or hashed here when it is empty.
+  // Errors: NotFound for an unknown id; InvalidArgument for an empty chunk,
+  // more tokens than the prompt has left, or prompt_hashes of the wrong
+  // length or another chain; ResourceExhausted when the pool (after
+  // eviction, less other sequences' reservations) has too few pages. On
+  // error, nothing changes.
+  absl::StatusOr<AppendResult> AppendPrompt(
+      SequenceId id, absl::Span<const TokenId> tokens,
       absl::Span<const BlockHash> prompt_hashes = {});
 
-  // Appends `tokens` to sequence `id`. Errors: NotFound for an unknown id;
-  // OutOfRange past max_pages_per_seq pages; ResourceExhausted when the pool
-  // (after eviction) has too few pages. On error, nothing changes.
+  // Speculative decoding: sequence `id` holds `count` draft slots (0 or
+  // more) after its tokens, in place of the ones it held. Pages are
+  // allocated to cover them (its shared partial page copied first) and
+  // pages wholly past them released, last first. Errors: NotFound;
+  // InvalidArgument for a negative count; FailedPrecondition while prompt
+  // tokens are left; OutOfRange past max_pages_per_seq; ResourceExhausted. On
+  // error, nothing changes.
+  absl::StatusOr<AppendResult> SetDrafts(SequenceId id, int32_t count);
+
+  // Appends `tokens` to sequence `id` (taking its draft slots first).
+  // Errors: NotFound for an unknown id; FailedPrecondition while prompt
+  // tokens are left (they come through AppendPrompt); OutOfRange past
+  // max_pages_per_seq pages; ResourceExhausted when the pool (after
+  // eviction, less other sequences' reservations) has too few pages. On
+  // error, nothing changes.
   absl::StatusOr<AppendResult> Append(SequenceId id,
                                       absl::Span<const TokenId> tokens);
 
   // Appends to many sequences in one transaction, without lookups by id:
   // entry i appends the next `counts[i]` tokens of `tokens` to the sequence
-  // at `handles[i]` (a handle may repeat; its appends run in order). An
-  // entry whose handle is the empty SequenceHandle{} (index -1) is a gap: it
-  // must have count 0 and is skipped (BatchCommit passes its batch in slot
-  // order, leaving slots as gaps). Fills `result` (cleared first). Errors:
+  // at `handles[i]` (a handle may repeat; its appends run in order), then,
+  // when `draft_counts` is not empty, sets its draft slots to
+  // `draft_counts[i]` as SetDrafts does. An entry whose handle is the empty
+  // SequenceHandle{} (index -1) is a gap: it must have count 0 (and no
+  // drafts) and is skipped (BatchCommit passes its batch in slot order,
+  // leaving slots as gaps). Fills `result` (cleared first). Errors:
   // InvalidArgument when the spans' lengths disagree, a count is negative, a
-  // gap has a count, or another handle is not live; and the errors of
-  // Append. On error, nothing changes and `result` is cleared.
+  // gap has a count, or another handle is not live; and the errors of Append
+  // and SetDrafts. On error, nothing changes and `result` is cleared.
   // O(entries + tokens), plus a page hash per page that fills.
   absl::Status AppendMany(absl::Span<const SequenceHandle> handles,
                           absl::Span<const int32_t> counts,
                           absl::Span<const TokenId> tokens,
-                          AppendManyResult& result);
+                          AppendManyResult& result,
+                          absl::Span<const int32_t> draft_counts = {});
 
   // Makes `child` a copy of `parent` sharing every page. NotFound for an
   // unknown parent; InvalidArgument for a negative child id; AlreadyExists
@@ -258,8 +339,13 @@ class BlockManager {
   // The sequence's physical pages in logical order (a view that stays valid
   // until the sequence changes). NotFound if unknown.
   absl::StatusOr<absl::Span<const PageId>> Pages(SequenceId id) const;
-  // Tokens the sequence holds (prompt + appended). NotFound if unknown.
+  // Tokens the sequence holds (prompt + appended; not drafts). NotFound if
+  // unknown.
   absl::StatusOr<int64_t> NumTokens(SequenceId id) const;
+  // Prompt tokens not yet computed (chunked prefill). NotFound if unknown.
+  absl::StatusOr<int64_t> PromptTokensLeft(SequenceId id) const;
+  // Draft slots held. NotFound if unknown.
+  absl::StatusOr<int32_t> NumDrafts(SequenceId id) const;
 
   // The handle of live sequence `id`, valid while it lives (its index is
   // handed out again, with another generation, once its removal commits).
@@ -270,11 +356,19 @@ class BlockManager {
   // Pages(id) by handle (BatchCommit reads a row's pages this way);
   // InvalidArgument when `handle` is not live.
   absl::StatusOr<absl::Span<const PageId>> PagesAt(SequenceHandle handle) const;
-  // The pages appending `count` tokens to the sequence at `handle` would
-  // allocate now: the new pages, and the copy of a shared partial last page.
-  // InvalidArgument when `handle` is not live or `count` is negative.
-  absl::StatusOr<int64_t> PagesForAppend(SequenceHandle handle,
-                                         int64_t count) const;
+  // The allocatable pages appending `count` tokens to the sequence at
+  // `handle`, then holding `drafts` draft slots, would take now: the new
+  // pages and the copy of a shared partial page, less what its own
+  // reservation covers (prompt chunks). InvalidArgument when `handle` is not
+  // live or a count is negative.
+  absl::StatusOr<int64_t> PagesForAppend(SequenceHandle handle, int64_t count,
+                                         int32_t drafts = 0) const;
+
+  // Pages an allocation may take now for a sequence without a reservation:
+  // free + evictable, less the pages reserved for chunked prompts.
+  int32_t NumAllocatable() const;
+  // Pages reserved for the rest of chunked prompts.
+  int32_t reserved_pages() const { return reserved_pages_; }
 
   // Drops every cached prefix; see BlockPool::ResetPrefixCache.
   absl::Status ResetPrefixCache();
@@ -332,13 +426,27 @@ class BlockManager {
   // stay in a partial page held here alone, the one check both share);
   // AppendSlow the rest.
   bool AppendInPlace(int32_t entry, absl::Span<const TokenId> tokens);
+  // `prompt_hashes`: the whole prompt's hashes for a prompt chunk (pages
+  // that fill take theirs), else empty (they are hashed).
   size_t AppendDecodeRun(absl::Span<const SequenceHandle> handles,
                          absl::Span<const int32_t> counts,
                          absl::Span<const TokenId> tokens, size_t i,
                          size_t& next, internal::InPlaceAppend*& notes);
   absl::Status AppendSlow(int32_t entry, absl::Span<const TokenId> tokens,
-                          AppendResult& result);
-  absl::Status RegisterFullPage(int32_t entry);
+                          AppendResult& result,
+                          absl::Span<const BlockHash> prompt_hashes = {});
+  absl::Status SetDraftsAt(int32_t entry, int32_t count, AppendResult& result);
+  // Registers the sequence's full page `page` (the one its last token
+  // filled) under `hash`, or hashes it when null.
+  absl::Status RegisterFullPage(int32_t entry, int32_t page,
+                                const BlockHash* hash);
+  // What allocations for the sequence at `entry` may take now: free +
+  // evictable, less the other sequences' reservations.
+  int64_t AllocatableFor(int32_t entry) const;
+  // The pages the sequence at `entry` still has reserved.
+  int32_t ReservationOf(int32_t entry) const;
+  // Takes `pages` just allocated for `entry` out of its reservation.
+  void DrawReservation(int32_t entry, int32_t pages);
   absl::Status Remove(SequenceId id, bool preempted);
 
   const PagedKvConfig config_;
@@ -358,6 +466,9 @@ class BlockManager {
   bool in_step_ = false;
   // Manager-owned counters (pool-derived ones are filled in by stats()).
   BlockManagerStats stats_;
+  // Pages reserved for the rest of chunked prompts, the sum of
+  // ReservationOf over the live sequences.
+  int32_t reserved_pages_ = 0;
 };
 
 }  // namespace kvblock
