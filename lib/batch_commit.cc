@@ -43,6 +43,8 @@ BatchCommit::BatchCommit(BlockManager& manager, KVPageTable& table)
   old_to_new_.assign(max_batch, kNoSlot);
   map_marks_.reserve(2 * max_batch);
   zero_counts_.assign(max_batch, 0);
+  chunked_.assign(max_batch, 0);
+  chunked_slots_.reserve(max_batch);
   appended_.changed.reserve(max_batch);
   appended_.pages.reserve(max_batch);
   appended_.first_changed_page.reserve(max_batch);
@@ -80,6 +82,7 @@ absl::StatusOr<StepResult> BatchCommit::Commit(const StepPlan& plan) {
       .changed_slots = changed_slots_,
       .copies = copies_,
       .new_pages = new_pages_,
+      .draft_copies = draft_copies_,
   };
 }
 
@@ -87,6 +90,8 @@ absl::Status BatchCommit::Validate(const StepPlan& plan) {
   const SlotId batch = batch_;
   for (const SlotId slot : leaving_slots_) leaving_[slot] = 0;
   leaving_slots_.clear();
+  for (const SlotId slot : chunked_slots_) chunked_[slot] = 0;
+  chunked_slots_.clear();
   // Erased one by one: Abseil's clear() frees a large table, and the next
   // insert would allocate it again.
   for (const SequenceId id : joined_ids_) joining_.erase(id);
@@ -119,6 +124,28 @@ absl::Status BatchCommit::Validate(const StepPlan& plan) {
         absl::StrCat("batch commit: append_counts add up to ", appended,
                      " tokens, append_tokens has ", plan.append_tokens.size()));
   }
+  if (!plan.draft_counts.empty()) {
+    if (plan.draft_counts.size() != static_cast<size_t>(batch)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch commit: draft_counts has ", plan.draft_counts.size(),
+          " entries, the batch has ", batch, " sequences"));
+    }
+    const auto negative =
+        std::find_if(plan.draft_counts.begin(), plan.draft_counts.end(),
+                     [](int32_t count) { return count < 0; });
+    if (negative != plan.draft_counts.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch commit: draft_counts[", negative - plan.draft_counts.begin(),
+          "] is ", *negative));
+    }
+  }
+  // A slot's appends and drafts, when the plan gives any.
+  const auto appends_of = [&](SlotId slot) {
+    return plan.append_counts.empty() ? 0 : plan.append_counts[slot];
+  };
+  const auto drafts_of = [&](SlotId slot) {
+    return plan.draft_counts.empty() ? 0 : plan.draft_counts[slot];
+  };
 
   int32_t leaving = 0;
   for (const absl::Span<const SequenceId> ids :
@@ -133,15 +160,35 @@ absl::Status BatchCommit::Validate(const StepPlan& plan) {
         return absl::InvalidArgumentError(
             absl::StrCat("batch commit: sequence ", id, " leaves twice"));
       }
-      if (!plan.append_counts.empty() && plan.append_counts[slot] != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("batch commit: leaving sequence ", id, " appends ",
-                         plan.append_counts[slot], " tokens"));
+      if (appends_of(slot) != 0 || drafts_of(slot) != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "batch commit: leaving sequence ", id, " appends ",
+            appends_of(slot), " tokens and ", drafts_of(slot), " drafts"));
       }
       leaving_[slot] = 1;
       leaving_slots_.push_back(slot);
       ++leaving;
     }
+  }
+
+  for (const PromptChunk& chunk : plan.prompt_chunks) {
+    const SlotId slot = RunningSlot(chunk.id);
+    if (slot == kNoSlot) {
+      return absl::NotFoundError(
+          absl::StrCat("batch commit: prompt chunk of sequence ", chunk.id,
+                       ", which is not running"));
+    }
+    if (leaving_[slot] || chunked_[slot] || appends_of(slot) != 0 ||
+        drafts_of(slot) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch commit: prompt chunk of sequence ", chunk.id,
+                       leaving_[slot]   ? ", which leaves"
+                       : chunked_[slot] ? ", which has another chunk"
+                                        : ", which also appends or drafts",
+                       " in this step"));
+    }
+    chunked_[slot] = 1;
+    chunked_slots_.push_back(slot);
   }
 
   for (size_t i = 0; i < plan.joins.size(); ++i) {
@@ -238,6 +285,7 @@ absl::Status BatchCommit::Apply(const StepPlan& plan) {
   leaving_handles_.clear();
   joined_handles_.clear();
   new_pages_ = 0;
+  draft_copies_ = 0;
   ResetSlotMap();
 
   // Each part's time is added when it ends, or fails.
@@ -258,9 +306,9 @@ absl::Status BatchCommit::Apply(const StepPlan& plan) {
   absl::Cleanup admissions_timed = [&] { lap(phase_times_.admissions_ns); };
   for (const JoinRequest& join : plan.joins) {
     if (join.fork_of == kNoSequence) {
-      KVBLOCK_ASSIGN_OR_RETURN(
-          const AdmissionPlan admitted,
-          manager_.Admit(join.id, join.tokens, join.extra, join.prompt_hashes));
+      KVBLOCK_ASSIGN_OR_RETURN(const AdmissionPlan admitted,
+                               manager_.Admit(join.id, join.tokens, join.extra,
+                                              join.prompt_hashes, join.admit));
       new_pages_ += admitted.new_pages;
     } else {
       KVBLOCK_RETURN_IF_ERROR(manager_.Fork(join.fork_of, join.id));
@@ -298,15 +346,29 @@ absl::Status BatchCommit::Apply(const StepPlan& plan) {
                           plan.append_counts.empty()
                               ? absl::MakeConstSpan(zero_counts_).first(batch_)
                               : plan.append_counts,
-                          plan.append_tokens, appended_));
+                          plan.append_tokens, appended_, plan.draft_counts));
   copies_.insert(copies_.end(), appended_.copies.begin(),
                  appended_.copies.end());
   new_pages_ += appended_.new_pages;
+  draft_copies_ += appended_.draft_copies;
   // A survivor's row moved with it: it changes from its first changed page.
   for (size_t i = 0; i < appended_.changed.size(); ++i) {
     KVBLOCK_RETURN_IF_ERROR(AddRow(old_to_new_[appended_.changed[i]],
                                    appended_.pages[i],
                                    appended_.first_changed_page[i]));
+  }
+  for (const PromptChunk& chunk : plan.prompt_chunks) {
+    const SlotId slot = RunningSlot(chunk.id);  // its old slot.
+    const int32_t pages_before =
+        static_cast<int32_t>(manager_.PagesAt(handles_[slot])->size());
+    KVBLOCK_ASSIGN_OR_RETURN(
+        const AppendResult result,
+        manager_.AppendPrompt(chunk.id, chunk.tokens, chunk.prompt_hashes));
+    new_pages_ += result.new_pages;
+    if (result.new_pages == 0) continue;
+    KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> pages,
+                             manager_.PagesAt(handles_[slot]));
+    KVBLOCK_RETURN_IF_ERROR(AddRow(old_to_new_[slot], pages, pages_before));
   }
 
   // Joins take the next slots; forks append after every survivor did.
@@ -381,17 +443,22 @@ void BatchCommit::Adopt(const StepPlan& plan) {
 }
 
 absl::StatusOr<int64_t> BatchCommit::AppendPages(
-    absl::Span<const int32_t> append_counts) const {
-  if (append_counts.size() != static_cast<size_t>(batch_)) {
+    absl::Span<const int32_t> append_counts,
+    absl::Span<const int32_t> draft_counts) const {
+  if (append_counts.size() != static_cast<size_t>(batch_) ||
+      (!draft_counts.empty() &&
+       draft_counts.size() != static_cast<size_t>(batch_))) {
     return absl::InvalidArgumentError(
         absl::StrCat("batch commit: append_counts has ", append_counts.size(),
-                     " entries, the batch has ", batch_, " sequences"));
+                     " entries and draft_counts ", draft_counts.size(),
+                     ", the batch has ", batch_, " sequences"));
   }
   int64_t pages = 0;
   for (SlotId slot = 0; slot < batch_; ++slot) {
     KVBLOCK_ASSIGN_OR_RETURN(
         const int64_t more,
-        manager_.PagesForAppend(handles_[slot], append_counts[slot]));
+        manager_.PagesForAppend(handles_[slot], append_counts[slot],
+                                draft_counts.empty() ? 0 : draft_counts[slot]));
     pages += more;
   }
   return pages;

@@ -253,6 +253,7 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
   result.first_changed_page.clear();
   result.copies.clear();
   result.new_pages = 0;
+  result.draft_copies = 0;
   if (handles.size() != counts.size() ||
       (!draft_counts.empty() && draft_counts.size() != handles.size())) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -312,7 +313,10 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
         first_changed = std::min(
             {first_changed, pages_between - (drafted.copy.has_value() ? 1 : 0),
              table.num_pages()});
-        if (drafted.copy.has_value()) one.copy = drafted.copy;
+        if (drafted.copy.has_value()) {
+          one.copy = drafted.copy;
+          ++result.draft_copies;
+        }
         one.new_pages += drafted.new_pages;
         one.released_pages = drafted.released_pages;
       }
@@ -339,6 +343,7 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
     result.first_changed_page.clear();
     result.copies.clear();
     result.new_pages = 0;
+    result.draft_copies = 0;
   }
   return status;
 }

@@ -2,23 +2,28 @@
 //
 // Randomized runs of BatchCommit under a small continuous-batching scheduler:
 // random finishes, preemptions, joins (prompts from shared prefixes, so the
-// prefix cache hits; recomputed preempted sequences; forks of running
-// sequences and of earlier joins, with and without tokens) and appends of 1..6
-// tokens, in pools small enough that steps run out of pages. A refused step
-// must change nothing; the scheduler then preempts and retries.
+// prefix cache hits, whole or as a first chunk; recomputed preempted
+// sequences; forks of running sequences and of earlier joins, with and
+// without tokens), appends of 1..6 tokens, prompt chunks (chunked prefill)
+// and, in half of the steps, draft slots (speculative decoding: the next
+// step's appends take them), in pools small enough that steps run out of
+// pages. A refused step must change nothing; the scheduler then preempts and
+// retries.
 //
 // After every step the run is checked against a trivially correct model: the
 // slot order (holes filled by the last rows), the old-to-new map, the
-// rewritten rows, the copy-on-write list
-// (exactly the shared last pages that changed identity), the KV content each
-// sequence reads (a model of the copy and write kernels run on the step's
-// result), the invariants and the uploaded device view.
+// rewritten rows, the copy-on-write list (exactly the shared partial pages
+// that changed identity), the pages of tokens and drafts, the KV content
+// each sequence reads (a model of the copy and write kernels run on the
+// step's result, drafts writing KV the next step's tokens overwrite), the
+// invariants and the uploaded device view.
 //
 // A second run fails every step at every fault-injection site in turn and
 // checks that each failure is rolled back to the exact state before the step.
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <random>
 #include <string>
 #include <utility>
@@ -48,6 +53,7 @@ struct RunConfig {
   int32_t num_pages = 26;
   bool prefix_caching = true;
   int32_t watermark_pages = 0;
+  bool reserve_prompt_pages = true;
 };
 
 PagedKvConfig MakeConfig(const RunConfig& run) {
@@ -64,8 +70,12 @@ BlockManagerOptions MakeOptions(const RunConfig& run) {
   options.enable_prefix_caching = run.prefix_caching;
   options.hash_algorithm = HashAlgorithm::kXxh3_128;
   options.watermark_pages = run.watermark_pages;
+  options.reserve_prompt_pages = run.reserve_prompt_pages;
   return options;
 }
+
+// KV the kernels write into a draft slot: no token's.
+constexpr TokenId kDraftKv = -2;
 
 // A sequence joining in a drafted step.
 struct DraftJoin {
@@ -76,6 +86,8 @@ struct DraftJoin {
   bool rejoin = false;  // a preempted sequence recomputed.
   // Its pages are written by this step's prefill: a prompt or a fork of one.
   bool prefilled = false;
+  // A prompt's first chunk: at most this many tokens after its hits.
+  int64_t prefill = std::numeric_limits<int64_t>::max();
 };
 
 // A step under construction; owns everything its StepPlan views.
@@ -84,13 +96,17 @@ struct Draft {
   std::vector<SequenceId> preempted;
   std::vector<DraftJoin> joins;
   std::vector<Tokens> appends;  // by slot at the start of the step.
+  std::vector<Tokens> chunks;   // by slot: prompt chunks.
+  std::vector<int32_t> drafts;  // by slot, or empty: no draft_counts.
 
   // A plan viewing this draft (and its scratch), valid until the next call.
-  StepPlan View() {
+  StepPlan View(const std::vector<SequenceId>& slots) {
     requests.clear();
     for (const DraftJoin& join : joins) {
-      requests.push_back(
-          {.id = join.id, .fork_of = join.fork_of, .tokens = join.tokens});
+      requests.push_back({.id = join.id,
+                          .fork_of = join.fork_of,
+                          .tokens = join.tokens,
+                          .admit = {.prefill_tokens = join.prefill}});
     }
     counts.clear();
     flat.clear();
@@ -98,23 +114,37 @@ struct Draft {
       counts.push_back(static_cast<int32_t>(tokens.size()));
       flat.insert(flat.end(), tokens.begin(), tokens.end());
     }
+    prompt_chunks.clear();
+    for (size_t slot = 0; slot < chunks.size(); ++slot) {
+      if (!chunks[slot].empty()) {
+        prompt_chunks.push_back({.id = slots[slot], .tokens = chunks[slot]});
+      }
+    }
     return {.finished = finished,
             .preempted = preempted,
             .joins = requests,
             .append_counts = counts,
-            .append_tokens = flat};
+            .append_tokens = flat,
+            .prompt_chunks = prompt_chunks,
+            .draft_counts = drafts};
   }
 
   std::vector<JoinRequest> requests;
   std::vector<int32_t> counts;
   Tokens flat;
+  std::vector<PromptChunk> prompt_chunks;
 };
 
 struct RunCounters {
   int64_t exhausted = 0;  // refused steps, then shrunk and retried.
   int64_t copies = 0;
+  int64_t draft_copies = 0;
   int64_t forks = 0;
-  int64_t injected = 0;  // injected failures rolled back.
+  int64_t injected = 0;      // injected failures rolled back.
+  int64_t first_chunks = 0;  // prompts joined with part of their tokens.
+  int64_t chunks = 0;
+  int64_t drafts = 0;          // draft slots set.
+  int64_t draft_releases = 0;  // steps whose drafts released pages.
 };
 
 // A scheduler driving BatchCommit, with the model it is checked against.
@@ -144,9 +174,9 @@ class Scheduler {
     for (const SequenceId id : slots_) start_pages[id] = PagesOf(id);
     for (;;) {
       const CommitState before = f_.Capture();
-      absl::StatusOr<StepResult> result = fault_sweep
-                                              ? CommitWithFaults(draft, before)
-                                              : f_.commit->Commit(draft.View());
+      absl::StatusOr<StepResult> result =
+          fault_sweep ? CommitWithFaults(draft, before)
+                      : f_.commit->Commit(draft.View(slots_));
       if (result.ok()) {
         Verify(draft, start_pages, *result);
         return;
@@ -207,27 +237,45 @@ class Scheduler {
   Draft DraftStep() {
     Draft draft;
     draft.appends.resize(slots_.size());
+    draft.chunks.resize(slots_.size());
+    if (Chance(0.5)) draft.drafts.assign(slots_.size(), 0);
     std::vector<SequenceId> parents;  // fork candidates.
     for (size_t slot = 0; slot < slots_.size(); ++slot) {
       const SequenceId id = slots_[slot];
       const int64_t room = capacity_ - static_cast<int64_t>(tokens_[id].size());
       const double r = std::uniform_real_distribution<double>(0, 1)(rng_);
-      if (room == 0 || r < 0.06) {
+      const Tokens& rest = prompt_rest_[id];
+      if ((room == 0 && rest.empty()) || r < 0.06) {
         draft.finished.push_back(id);
       } else if (r < 0.08) {
         draft.preempted.push_back(id);
+      } else if (!rest.empty()) {
+        // Chunked prefill: the next 1 to 2 pages' worth of its prompt.
+        const int64_t n = std::min<int64_t>(Between(1, 2 * page_size_),
+                                            static_cast<int64_t>(rest.size()));
+        draft.chunks[slot].assign(rest.begin(), rest.begin() + n);
       } else {
-        parents.push_back(id);
-        // Mostly one token (decode), sometimes several (speculative), rarely
-        // none; a small vocabulary makes forks fill identical pages.
-        if (r < 0.12) continue;
-        const int64_t n = Chance(0.6) ? 1 : Between(2, 6);
-        draft.appends[slot] = RandomTokens(std::min(n, room), 8);
+        // A fork shares pages as they were at the start of the step: its
+        // parent holds no drafts then.
+        if (drafts_[id] == 0) parents.push_back(id);
+        // Mostly one token (decode), sometimes several (accepted drafts),
+        // rarely none; a small vocabulary makes forks fill identical pages.
+        if (r >= 0.12) {
+          const int64_t n = Chance(0.6) ? 1 : Between(2, 6);
+          draft.appends[slot] = RandomTokens(std::min(n, room), 8);
+        }
+        if (!draft.drafts.empty()) {
+          const int64_t left =
+              room - static_cast<int64_t>(draft.appends[slot].size());
+          draft.drafts[slot] = static_cast<int32_t>(
+              std::min<int64_t>(Chance(0.3) ? 0 : Between(1, 5), left));
+        }
       }
     }
     const int64_t max_batch = f_.table->max_batch();
-    const int64_t joins =
-        Between(0, std::min<int64_t>(3, max_batch - parents.size()));
+    const int64_t staying = static_cast<int64_t>(
+        slots_.size() - draft.finished.size() - draft.preempted.size());
+    const int64_t joins = Between(0, std::min<int64_t>(3, max_batch - staying));
     for (int64_t i = 0; i < joins; ++i) {
       DraftJoin join;
       const double r = std::uniform_real_distribution<double>(0, 1)(rng_);
@@ -242,6 +290,11 @@ class Scheduler {
         join.id = next_id_++;
         join.fork_of = parents[Between(0, parents.size() - 1)];
         const DraftJoin* parent = FindJoin(draft, join.fork_of);
+        // A prompt joined with part of its tokens cannot be forked yet.
+        if (parent != nullptr &&
+            parent->prefill != std::numeric_limits<int64_t>::max()) {
+          continue;
+        }
         join.base = parent != nullptr ? parent->base : tokens_[join.fork_of];
         join.prefilled = parent != nullptr && parent->prefilled;
         const int64_t room = capacity_ - static_cast<int64_t>(join.base.size());
@@ -255,8 +308,9 @@ class Scheduler {
       } else {
         join.id = next_id_++;
         join.tokens = RandomPrompt();
-        join.base = join.tokens;
+        join.base = join.tokens;  // a first chunk: cut after the commit.
         join.prefilled = true;
+        if (Chance(0.3)) join.prefill = Between(1, 2 * page_size_);
       }
       parents.push_back(join.id);
       draft.joins.push_back(std::move(join));
@@ -297,18 +351,22 @@ class Scheduler {
     if (last == kNoSlot) return false;
     const SequenceId id = slots_[last];
     draft.appends[last].clear();
+    draft.chunks[last].clear();
+    if (!draft.drafts.empty()) draft.drafts[last] = 0;
     draft.preempted.push_back(id);
     DropJoins(draft, {id});
     return true;
   }
 
-  // Pages the appends of a sequence holding `held` tokens may allocate, a
-  // copy of its partial last page included.
-  int64_t AppendPages(int64_t held, int64_t appended) const {
-    if (appended == 0) return 0;
-    const int64_t pages = (held + appended + page_size_ - 1) / page_size_ -
-                          (held + page_size_ - 1) / page_size_;
-    return pages + (held % page_size_ != 0 ? 1 : 0);
+  // Pages the appends (and then drafts) of a sequence holding `held` tokens
+  // in `pages` pages may allocate, a copy of its partial page included.
+  int64_t AppendPages(int64_t held, int64_t pages, int64_t appended,
+                      int64_t drafts = 0) const {
+    if (appended + drafts == 0) return 0;
+    const int64_t after =
+        (held + appended + drafts + page_size_ - 1) / page_size_;
+    return std::max<int64_t>(0, after - pages) +
+           (held % page_size_ != 0 ? 1 : 0);
   }
 
   // Shrinks `draft` until an upper bound of the pages it allocates fits in
@@ -317,15 +375,24 @@ class Scheduler {
     for (;;) {
       int64_t needed = 0;
       for (size_t slot = 0; slot < slots_.size(); ++slot) {
-        needed += AppendPages(tokens_[slots_[slot]].size(),
-                              draft.appends[slot].size());
+        const SequenceId id = slots_[slot];
+        const int64_t pages = static_cast<int64_t>(PagesOf(id).size());
+        needed += AppendPages(tokens_[id].size(), pages,
+                              draft.appends[slot].size() +
+                                  (f_.manager->options().reserve_prompt_pages
+                                       ? 0
+                                       : draft.chunks[slot].size()),
+                              draft.drafts.empty() ? 0 : draft.drafts[slot]);
       }
       for (const DraftJoin& join : draft.joins) {
-        needed += join.fork_of == kNoSequence
-                      ? (join.tokens.size() + page_size_ - 1) / page_size_
-                      : AppendPages(join.base.size(), join.tokens.size());
+        needed +=
+            join.fork_of == kNoSequence
+                ? (join.tokens.size() + page_size_ - 1) / page_size_
+                : AppendPages(join.base.size(),
+                              (join.base.size() + page_size_ - 1) / page_size_,
+                              join.tokens.size());
       }
-      if (needed <= f_.manager->pool().NumFree() -
+      if (needed <= f_.manager->NumAllocatable() -
                         f_.manager->options().watermark_pages) {
         return;
       }
@@ -343,7 +410,7 @@ class Scheduler {
     for (int64_t n = 1; n <= kMaxSites; ++n) {
       CAPTURE(n);
       internal::FaultInjection::FailNth(n);
-      absl::StatusOr<StepResult> result = f_.commit->Commit(draft.View());
+      absl::StatusOr<StepResult> result = f_.commit->Commit(draft.View(slots_));
       internal::FaultInjection::Disarm();
       if (result.ok()) return result;
       INFO(result.status().ToString());
@@ -384,19 +451,30 @@ class Scheduler {
                                     f_.commit->slots().end()) == next_slots);
 
     // Per new slot: the pages and tokens it held before appending (a fork
-    // holds its parent's as they were after the parent joined), and what
-    // it appended.
-    std::vector<Pages> base_pages(next_slots.size());
-    std::vector<Tokens> base_tokens(next_slots.size());
-    std::vector<Tokens> appended(next_slots.size());
+    // holds its parent's as they were after the parent joined), what it
+    // appended (tokens or a prompt chunk), and the drafts it holds after.
+    const size_t batch = next_slots.size();
+    std::vector<Pages> base_pages(batch);
+    std::vector<Tokens> base_tokens(batch);
+    std::vector<Tokens> appended(batch);
+    std::vector<int32_t> drafts_after(batch, 0);
+    std::vector<uint8_t> chunked(batch, 0);
     absl::flat_hash_map<SequenceId, size_t> new_slot_of;
     for (size_t slot = 0; slot < slots_.size(); ++slot) {
-      if (Leaves(draft, slots_[slot])) continue;
+      const SequenceId id = slots_[slot];
+      if (Leaves(draft, id)) continue;
       const size_t s = static_cast<size_t>(old_to_new[slot]);
-      base_pages[s] = start_pages.at(slots_[slot]);
-      base_tokens[s] = tokens_[slots_[slot]];
-      appended[s] = draft.appends[slot];
-      new_slot_of[slots_[slot]] = s;
+      base_pages[s] = start_pages.at(id);
+      base_tokens[s] = tokens_[id];
+      const bool chunk = !draft.chunks[slot].empty();
+      chunked[s] = chunk;
+      appended[s] = chunk ? draft.chunks[slot] : draft.appends[slot];
+      drafts_after[s] =
+          !draft.drafts.empty()
+              ? draft.drafts[slot]
+              : static_cast<int32_t>(std::max<int64_t>(
+                    0, drafts_[id] - static_cast<int64_t>(appended[s].size())));
+      new_slot_of[id] = s;
     }
     for (size_t j = 0; j < draft.joins.size(); ++j) {
       const DraftJoin& join = draft.joins[j];
@@ -404,6 +482,15 @@ class Scheduler {
       new_slot_of[join.id] = s;
       base_tokens[s] = join.base;
       if (join.fork_of == kNoSequence) {
+        // A first chunk: the hits and at most `prefill` tokens after them.
+        const int64_t held = *f_.manager->NumTokens(join.id);
+        const int64_t size = static_cast<int64_t>(join.tokens.size());
+        REQUIRE(held <= size);
+        REQUIRE(held >= std::min(join.prefill, size));
+        REQUIRE((held == size ||
+                 (held - std::min(join.prefill, held)) % page_size_ == 0));
+        if (held < size) ++counters_.first_chunks;
+        base_tokens[s].resize(held);
         base_pages[s] = PagesOf(join.id);
       } else {
         base_pages[s] = base_pages[new_slot_of.at(join.fork_of)];
@@ -413,56 +500,80 @@ class Scheduler {
     }
 
     // Copy-on-write, predicted: in append order (survivors by old slot, then
-    // joins), a sequence appending to a partial last page that another
-    // sequence still holds gets a copy of it (and stops holding it). Changed
-    // rows, in that order: joins and changed pages.
+    // joins), a sequence writing into a partial page that another sequence
+    // still holds (appending to it, or taking draft slots there) gets a copy
+    // of it (and stops holding it). Changed rows, in the order the commit
+    // rewrites them: survivors' appends and drafts by old slot, their prompt
+    // chunks, then joins.
     std::vector<size_t> append_order;
     for (size_t slot = 0; slot < slots_.size(); ++slot) {
-      if (!Leaves(draft, slots_[slot]))
+      if (!Leaves(draft, slots_[slot])) {
         append_order.push_back(old_to_new[slot]);
+      }
     }
-    for (size_t s = survivors; s < next_slots.size(); ++s) {
-      append_order.push_back(s);
-    }
+    for (size_t s = survivors; s < batch; ++s) append_order.push_back(s);
     absl::flat_hash_map<PageId, int32_t> holders;
     for (const Pages& pages : base_pages) {
       for (const PageId page : pages) ++holders[page];
     }
     std::vector<PageCopy> copies;
+    int64_t draft_copies = 0;
     std::vector<SlotId> changed;
-    std::vector<Pages> final_pages(next_slots.size());
+    std::vector<SlotId> changed_chunks;
+    std::vector<Pages> final_pages(batch);
     for (const size_t s : append_order) {
       CAPTURE(next_slots[s]);
       final_pages[s] = PagesOf(next_slots[s]);
       const Pages& base = base_pages[s];
       const Pages& now = final_pages[s];
+      const int64_t held = static_cast<int64_t>(base_tokens[s].size());
+      const int64_t after = held + static_cast<int64_t>(appended[s].size());
       REQUIRE(!base.empty());
-      REQUIRE(now.size() >= base.size());
-      for (size_t i = 0; i + 1 < base.size(); ++i) REQUIRE(now[i] == base[i]);
-      const PageId last = base.back();
-      const bool copied = !appended[s].empty() &&
-                          base_tokens[s].size() % page_size_ != 0 &&
-                          holders[last] > 1;
+      REQUIRE(static_cast<int64_t>(now.size()) ==
+              (after + drafts_after[s] + page_size_ - 1) / page_size_);
+      // The partial page (if any) may be copied; the others stay.
+      const size_t partial = static_cast<size_t>(held / page_size_);
+      for (size_t i = 0; i < std::min(base.size(), now.size()); ++i) {
+        if (i != partial) REQUIRE(now[i] == base[i]);
+      }
+      const bool writes = !appended[s].empty() || drafts_after[s] > 0;
+      const bool copied =
+          writes && held % page_size_ != 0 && holders[base[partial]] > 1;
       if (copied) {
-        --holders[last];
-        REQUIRE(now[base.size() - 1] != last);
-        copies.push_back({last, now[base.size() - 1]});
-      } else {
-        REQUIRE(now[base.size() - 1] == last);
+        --holders[base[partial]];
+        REQUIRE(now[partial] != base[partial]);
+        copies.push_back({base[partial], now[partial]});
+        if (appended[s].empty()) ++draft_copies;
+      } else if (partial < std::min(base.size(), now.size())) {
+        REQUIRE(now[partial] == base[partial]);
       }
       if (s >= survivors || now != base) {
-        changed.push_back(static_cast<SlotId>(s));
+        (chunked[s] ? changed_chunks : changed)
+            .push_back(static_cast<SlotId>(s));
       }
+      if (now.size() < base.size()) ++counters_.draft_releases;
     }
+    std::vector<SlotId> survivors_changed;
+    std::vector<SlotId> joins_changed;
+    for (const SlotId s : changed) {
+      (s >= static_cast<SlotId>(survivors) ? joins_changed : survivors_changed)
+          .push_back(s);
+    }
+    changed = survivors_changed;
+    changed.insert(changed.end(), changed_chunks.begin(), changed_chunks.end());
+    changed.insert(changed.end(), joins_changed.begin(), joins_changed.end());
     REQUIRE(std::vector<PageCopy>(result.copies.begin(), result.copies.end()) ==
             copies);
+    REQUIRE(result.draft_copies == draft_copies);
     REQUIRE(std::vector<SlotId>(result.changed_slots.begin(),
                                 result.changed_slots.end()) == changed);
     counters_.copies += static_cast<int64_t>(copies.size());
+    counters_.draft_copies += draft_copies;
 
     // The kernels: copies first (reading the content before the step), then
-    // the step's KV writes. A prompt writes every page but the prefix hits
-    // held by running sequences; its other hits must hold the same tokens.
+    // the step's KV writes: tokens, then drafts. A prompt writes every page
+    // but the prefix hits held by running sequences; its other hits must
+    // hold the same tokens.
     absl::flat_hash_set<PageId> held_by_survivors;
     for (size_t s = 0; s < survivors; ++s) {
       held_by_survivors.insert(base_pages[s].begin(), base_pages[s].end());
@@ -471,7 +582,7 @@ class Scheduler {
       std::copy_n(content_.begin() + Offset(copy.source), page_size_,
                   content_.begin() + Offset(copy.destination));
     }
-    for (size_t s = 0; s < next_slots.size(); ++s) {
+    for (size_t s = 0; s < batch; ++s) {
       const bool prompt =
           s >= survivors && draft.joins[s - survivors].fork_of == kNoSequence;
       if (prompt) {
@@ -482,23 +593,55 @@ class Scheduler {
         }
         continue;
       }
+      const size_t held = base_tokens[s].size();
       for (size_t i = 0; i < appended[s].size(); ++i) {
-        const size_t t = base_tokens[s].size() + i;
+        const size_t t = held + i;
         content_[Offset(final_pages[s][t / page_size_]) + t % page_size_] =
             appended[s][i];
       }
+      if (draft.drafts.empty()) continue;
+      for (int32_t i = 0; i < drafts_after[s]; ++i) {
+        const size_t t = held + appended[s].size() + i;
+        content_[Offset(final_pages[s][t / page_size_]) + t % page_size_] =
+            kDraftKv;
+      }
+      counters_.drafts += drafts_after[s];
     }
 
     // Advance the model.
-    for (const SequenceId id : draft.finished) tokens_.erase(id);
-    for (const SequenceId id : draft.preempted) {
-      waiting_.emplace_back(id, std::move(tokens_[id]));
+    for (const SequenceId id : draft.finished) {
       tokens_.erase(id);
+      prompt_rest_.erase(id);
+      drafts_.erase(id);
     }
-    for (size_t s = 0; s < next_slots.size(); ++s) {
-      Tokens& tokens = tokens_[next_slots[s]];
+    for (const SequenceId id : draft.preempted) {
+      // Recomputed from its whole prompt and what it generated.
+      Tokens all = std::move(tokens_[id]);
+      const Tokens& rest = prompt_rest_[id];
+      all.insert(all.end(), rest.begin(), rest.end());
+      waiting_.emplace_back(id, std::move(all));
+      tokens_.erase(id);
+      prompt_rest_.erase(id);
+      drafts_.erase(id);
+    }
+    for (size_t s = 0; s < batch; ++s) {
+      const SequenceId id = next_slots[s];
+      if (s >= survivors) {
+        const DraftJoin& join = draft.joins[s - survivors];
+        prompt_rest_[id] =
+            join.fork_of == kNoSequence
+                ? Tokens(join.tokens.begin() + base_tokens[s].size(),
+                         join.tokens.end())
+                : Tokens();
+      } else if (chunked[s]) {
+        Tokens& rest = prompt_rest_[id];
+        rest.erase(rest.begin(), rest.begin() + appended[s].size());
+        ++counters_.chunks;
+      }
+      Tokens& tokens = tokens_[id];
       tokens = std::move(base_tokens[s]);
       tokens.insert(tokens.end(), appended[s].begin(), appended[s].end());
+      drafts_[id] = drafts_after[s];
     }
     slots_ = std::move(next_slots);
 
@@ -526,15 +669,22 @@ class Scheduler {
       }
       const Pages pages = PagesOf(id);
       const int64_t n = static_cast<int64_t>(tokens.size());
+      const int64_t drafts = drafts_.at(id);
       if (static_cast<int64_t>(pages.size()) !=
-          (n + page_size_ - 1) / page_size_) {
+              (n + drafts + page_size_ - 1) / page_size_ ||
+          *f_.manager->NumDrafts(id) != drafts ||
+          *f_.manager->PromptTokensLeft(id) !=
+              static_cast<int64_t>(prompt_rest_.at(id).size())) {
         return absl::StrCat("sequence ", id, " has ", pages.size(),
-                            " pages for ", n, " tokens");
+                            " pages for ", n, " tokens and ", drafts,
+                            " drafts, ", prompt_rest_.at(id).size(),
+                            " prompt tokens left");
       }
       for (size_t i = 0; i < pages.size(); ++i) {
         const PageId page = pages[i];
         const int64_t first = static_cast<int64_t>(i) * page_size_;
-        const int64_t live = std::min<int64_t>(page_size_, n - first);
+        const int64_t live =
+            std::max<int64_t>(0, std::min<int64_t>(page_size_, n - first));
         if (first_token[page] == -1) {
           first_token[page] = first;
           valid[page] = live;
@@ -567,6 +717,8 @@ class Scheduler {
   // of preempted sequences to recompute, and what each page holds.
   std::vector<SequenceId> slots_;
   absl::flat_hash_map<SequenceId, Tokens> tokens_;
+  absl::flat_hash_map<SequenceId, Tokens> prompt_rest_;  // chunks to come.
+  absl::flat_hash_map<SequenceId, int32_t> drafts_;
   std::deque<std::pair<SequenceId, Tokens>> waiting_;
   std::vector<TokenId> content_;  // [page][offset].
   SequenceId next_id_ = 0;
@@ -579,7 +731,8 @@ TEST_CASE("random continuous batching matches the model after every step") {
       GENERATE(RunConfig{.seed = 1},
                RunConfig{.seed = 2, .num_pages = 22, .watermark_pages = 2},
                RunConfig{.seed = 3, .page_size = 2, .num_pages = 24},
-               RunConfig{.seed = 4, .prefix_caching = false});
+               RunConfig{.seed = 4, .prefix_caching = false},
+               RunConfig{.seed = 5, .reserve_prompt_pages = false});
   constexpr int64_t kSteps = 10000;
   CAPTURE(run.seed);
   Scheduler scheduler(run);
@@ -592,7 +745,12 @@ TEST_CASE("random continuous batching matches the model after every step") {
   const BlockManagerStats stats = scheduler.manager().stats();
   REQUIRE(counters.exhausted >= 100);
   REQUIRE(counters.copies >= 100);
+  REQUIRE(counters.draft_copies >= 20);
   REQUIRE(counters.forks >= 500);
+  REQUIRE(counters.first_chunks >= 200);
+  REQUIRE(counters.chunks >= 200);
+  REQUIRE(counters.drafts >= 1000);
+  REQUIRE(counters.draft_releases >= 100);
   REQUIRE(stats.preemptions >= 100);
   REQUIRE(stats.evictions >= (run.prefix_caching ? 100 : 0));
   REQUIRE(stats.prefix_hit_tokens >= (run.prefix_caching ? 1000 : 0));

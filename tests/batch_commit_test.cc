@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "batch_commit_test_util.h"
@@ -389,6 +390,158 @@ TEST_CASE("invalid steps are refused and change nothing") {
                     kResourceExhausted);
   REQUIRE(f.Capture() == before);
   REQUIRE_OK(f.commit->CheckInvariants());
+}
+
+TEST_CASE("a chunked prompt continues in chunks beside decodes") {
+  CommitFixture f(SmallConfig());
+  const std::vector<TokenId> decode_prompt = {1, 2, 3, 4, 5};
+  std::vector<TokenId> long_prompt(14);
+  for (int i = 0; i < 14; ++i) long_prompt[i] = 100 + i;
+
+  // Step 1: a decoding sequence and the first 6 tokens of a 14-token prompt.
+  const JoinRequest joins1[] = {
+      {.id = 1, .tokens = decode_prompt},
+      {.id = 2, .tokens = long_prompt, .admit = {.prefill_tokens = 6}}};
+  auto step1 = f.commit->Commit({.joins = joins1});
+  REQUIRE_OK(step1);
+  REQUIRE(f.Row(0) == Pages{0, 1});
+  REQUIRE(f.Row(1) == Pages{2, 3});
+  REQUIRE(*f.manager->PromptTokensLeft(2) == 8);
+  REQUIRE(step1->new_pages == 4);
+
+  // Step 2: sequence 1 decodes, sequence 2 schedules 2 more prompt tokens
+  // (its page 1 fills: no new page, no row change).
+  const int32_t counts2[] = {1, 0};
+  const TokenId tokens2[] = {6};
+  const PromptChunk chunks2[] = {
+      {.id = 2, .tokens = absl::MakeConstSpan(long_prompt).subspan(6, 2)}};
+  auto step2 = f.commit->Commit({.append_counts = counts2,
+                                 .append_tokens = tokens2,
+                                 .prompt_chunks = chunks2});
+  REQUIRE_OK(step2);
+  REQUIRE(step2->changed_slots.empty());
+  REQUIRE(f.Row(1) == Pages{2, 3});
+
+  // Step 3: the rest of the prompt, 6 tokens over two new pages; the
+  // sequence's row is rewritten from its first new page.
+  const int32_t counts3[] = {1, 0};
+  const TokenId tokens3[] = {7};
+  const PromptChunk chunks3[] = {
+      {.id = 2, .tokens = absl::MakeConstSpan(long_prompt).subspan(8, 6)}};
+  auto step3 = f.commit->Commit({.append_counts = counts3,
+                                 .append_tokens = tokens3,
+                                 .prompt_chunks = chunks3});
+  REQUIRE_OK(step3);
+  REQUIRE(Pages(step3->changed_slots.begin(), step3->changed_slots.end()) ==
+          Pages{1});
+  REQUIRE(f.Row(1) == Pages{2, 3, 4, 5});
+  REQUIRE(step3->new_pages == 2);
+  REQUIRE(*f.manager->PromptTokensLeft(2) == 0);
+  REQUIRE_OK(f.commit->CheckInvariants());
+  REQUIRE_OK(f.UploadAndCheck());
+}
+
+TEST_CASE("draft slots grow and shrink a row within the step") {
+  CommitFixture f(SmallConfig());
+  const std::vector<TokenId> prompt = {1, 2, 3, 4, 5, 6};
+  const JoinRequest joins[] = {{.id = 1, .tokens = prompt}};
+  REQUIRE_OK(f.commit->Commit({.joins = joins}));
+  REQUIRE(f.Row(0) == Pages{0, 1});
+
+  // 5 drafts after 6 tokens: a third page for the kernels to write into.
+  const int32_t drafts1[] = {5};
+  auto step1 = f.commit->Commit({.draft_counts = drafts1});
+  REQUIRE_OK(step1);
+  REQUIRE(f.Row(0) == Pages{0, 1, 2});
+  REQUIRE(step1->new_pages == 1);
+  REQUIRE(Pages(step1->changed_slots.begin(), step1->changed_slots.end()) ==
+          Pages{0});
+
+  // Every draft rejected: the target's token, no new drafts. Page 2 (drafts
+  // only) is released and its entry cleared.
+  const int32_t counts2[] = {1};
+  const TokenId tokens2[] = {7};
+  const int32_t drafts2[] = {0};
+  auto step2 = f.commit->Commit({.append_counts = counts2,
+                                 .append_tokens = tokens2,
+                                 .draft_counts = drafts2});
+  REQUIRE_OK(step2);
+  REQUIRE(f.Row(0) == Pages{0, 1});
+  REQUIRE(step2->new_pages == 0);
+  REQUIRE(f.manager->pool().NumFree() == 14);
+  REQUIRE_OK(f.commit->CheckInvariants());
+  REQUIRE_OK(f.UploadAndCheck());
+
+  // Drafts over a partial page a fork shares: copied, counted as a draft
+  // copy.
+  const JoinRequest fork[] = {{.id = 2, .fork_of = 1}};
+  REQUIRE_OK(f.commit->Commit({.joins = fork}));
+  const int32_t drafts3[] = {2, 0};
+  auto step3 = f.commit->Commit({.draft_counts = drafts3});
+  REQUIRE_OK(step3);
+  REQUIRE(std::vector<PageCopy>(step3->copies.begin(), step3->copies.end()) ==
+          std::vector<PageCopy>{{1, 2}});
+  REQUIRE(step3->draft_copies == 1);
+  REQUIRE(f.Row(0) == Pages{0, 2, 3});
+  REQUIRE(f.Row(1) == Pages{0, 1});
+  REQUIRE_OK(f.commit->CheckInvariants());
+}
+
+TEST_CASE("invalid chunks and drafts are refused and change nothing") {
+  CommitFixture f(SmallConfig());
+  const std::vector<TokenId> prompt = {1, 2, 3, 4, 5};
+  std::vector<TokenId> long_prompt(12, 7);
+  const JoinRequest joins[] = {
+      {.id = 1, .tokens = prompt},
+      {.id = 2, .tokens = long_prompt, .admit = {.prefill_tokens = 4}}};
+  REQUIRE_OK(f.commit->Commit({.joins = joins}));
+  const CommitState before = f.Capture();
+  const TokenId token[] = {9};
+  const PromptChunk of_unknown[] = {{.id = 7, .tokens = token}};
+  const PromptChunk of_two[] = {{.id = 2, .tokens = token}};
+  const PromptChunk twice[] = {{.id = 2, .tokens = token},
+                               {.id = 2, .tokens = token}};
+  const PromptChunk of_decoding[] = {{.id = 1, .tokens = token}};
+  const int32_t appends_to_two[] = {0, 1};
+  const int32_t drafts_of_two[] = {0, 1};
+  const int32_t one_draft[] = {1};
+  const int32_t negative_drafts[] = {-1, 0};
+  const SequenceId two[] = {2};
+  const JoinRequest fork_of_prefilling[] = {{.id = 5, .fork_of = 2}};
+
+  const auto refused = [&](const StepPlan& plan, absl::StatusCode code,
+                           const char* message) {
+    auto result = f.commit->Commit(plan);
+    REQUIRE(result.status().code() == code);
+    REQUIRE(result.status().message().find(message) != std::string::npos);
+    REQUIRE(f.Capture() == before);
+  };
+  refused({.prompt_chunks = of_unknown}, absl::StatusCode::kNotFound,
+          "prompt chunk of sequence 7, which is not running");
+  refused({.prompt_chunks = twice}, absl::StatusCode::kInvalidArgument,
+          "which has another chunk");
+  refused({.append_counts = appends_to_two,
+           .append_tokens = token,
+           .prompt_chunks = of_two},
+          absl::StatusCode::kInvalidArgument, "also appends or drafts");
+  refused({.prompt_chunks = of_two, .draft_counts = drafts_of_two},
+          absl::StatusCode::kInvalidArgument, "also appends or drafts");
+  refused({.finished = two, .prompt_chunks = of_two},
+          absl::StatusCode::kInvalidArgument, "which leaves");
+  refused({.draft_counts = one_draft}, absl::StatusCode::kInvalidArgument,
+          "draft_counts has 1 entries, the batch has 2");
+  refused({.draft_counts = negative_drafts}, absl::StatusCode::kInvalidArgument,
+          "draft_counts[0] is -1");
+  refused({.finished = two, .draft_counts = drafts_of_two},
+          absl::StatusCode::kInvalidArgument, "appends 0 tokens and 1 drafts");
+  // Found while applying, rolled back: a chunk of a sequence with no prompt
+  // left, drafts of a prefilling one, a fork of a prefilling one.
+  refused({.prompt_chunks = of_decoding}, absl::StatusCode::kInvalidArgument,
+          "0 prompt tokens left");
+  refused({.draft_counts = drafts_of_two},
+          absl::StatusCode::kFailedPrecondition, "8 prompt tokens left");
+  refused({.joins = fork_of_prefilling}, absl::StatusCode::kFailedPrecondition,
+          "8 prompt tokens to compute");
 }
 
 TEST_CASE("pool exhausted half-way through the appends rolls the step back") {

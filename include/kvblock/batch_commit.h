@@ -11,8 +11,10 @@
 //   1. leaving sequences release their pages (tail first);
 //   2. joins, in order: a prompt is admitted (prefix hits first), a fork
 //      shares its parent's pages as they were at the start of the step;
-//   3. appends: survivors in slot order, then joined sequences, in order; a
-//      shared partial last page is copied on write.
+//   3. appends: survivors in slot order (each then setting its draft slots,
+//      speculative decoding), the prompt chunks of running sequences
+//      (chunked prefill), then joined forks' tokens, in order; a shared
+//      partial page is copied on write.
 // Slot policy. The batch stays dense in [0, batch): survivors keep slots in
 // [0, survivors), where survivors = batch - leaving; a slot a leaving
 // sequence held below that is filled by the last surviving row (the highest
@@ -77,17 +79,36 @@ struct JoinRequest {
   // Prompts only: BlockManager::HashPrompt(tokens, extra), or empty to hash
   // the prompt in the step.
   absl::Span<const BlockHash> prompt_hashes = {};
+  // Prompts only: how much of the prompt this step computes (chunked
+  // prefill; the rest comes as PromptChunks) and whether it reads the
+  // prefix cache.
+  AdmitOptions admit = {};
+};
+
+// The next part of the prompt of a running sequence admitted with part of it
+// (chunked prefill): BlockManager::AppendPrompt(id, tokens, prompt_hashes).
+struct PromptChunk {
+  SequenceId id = kNoSequence;
+  absl::Span<const TokenId> tokens = {};
+  absl::Span<const BlockHash> prompt_hashes = {};  // the whole prompt's.
 };
 
 // One step. `append_counts[s]` tokens of `append_tokens` (consumed in slot
 // order) are appended to the sequence in slot `s` at the start of the step;
 // `append_counts` is empty (no appends) or has one entry per running slot.
+// `draft_counts` is empty or has one entry per running slot: after its
+// appends, the sequence in slot `s` holds `draft_counts[s]` draft slots
+// (speculative decoding, BlockManager::SetDrafts; 0 drops its drafts). With
+// it empty, the drafts held stay, less those the appends took. A sequence
+// with a prompt chunk has no appends or drafts in the same step.
 struct StepPlan {
   absl::Span<const SequenceId> finished = {};
   absl::Span<const SequenceId> preempted = {};
   absl::Span<const JoinRequest> joins = {};
   absl::Span<const int32_t> append_counts = {};
   absl::Span<const TokenId> append_tokens = {};
+  absl::Span<const PromptChunk> prompt_chunks = {};
+  absl::Span<const int32_t> draft_counts = {};
 };
 
 // What a committed step did. Views into BatchCommit's buffers, valid until the
@@ -104,10 +125,13 @@ struct StepResult {
   absl::Span<const SlotId> changed_slots;
   absl::Span<const PageCopy> copies;  // CoW copies to run, in order.
   // Pages the step allocated for tokens: the admitted prompts' pages that
-  // were not prefix hits, and the pages appends started. Copy-on-write
-  // destinations (one per entry of `copies`) and revived cached pages are
-  // not counted.
+  // were not prefix hits, and the pages appends, prompt chunks and drafts
+  // started. Copy-on-write destinations (one per entry of `copies`) and
+  // revived cached pages are not counted.
   int32_t new_pages = 0;
+  // Of `copies`, those made for drafts (a shared partial page under new
+  // draft slots).
+  int32_t draft_copies = 0;
 };
 
 // Host time of Commit's parts, summed over the calls made while phase timing
@@ -145,27 +169,34 @@ class BatchCommit {
   //
   // The first error found is returned, in this order. Before any change:
   // append_counts' length, a negative count, the counts' sum against
-  // append_tokens; then each leaving sequence, finished before preempted, in
-  // order (not running: NotFound; leaving twice, or given appends:
-  // InvalidArgument); then each join in order (a negative id, an id already
-  // live: AlreadyExists, a fork parent neither running nor joined before it
-  // (a leaving one included), a fork of a same-step join that appends, an id
-  // joining twice); then the batch size (FailedPrecondition). Then, applying:
-  // the frees, the admissions and forks in join order (the manager's errors:
-  // a prompt too long is OutOfRange, pages running out ResourceExhausted),
-  // the appends in slot order, then the forks' appends, and last the page
-  // table's edit.
+  // append_tokens; draft_counts' length, a negative one; then each leaving
+  // sequence, finished before preempted, in order (not running: NotFound;
+  // leaving twice, or given appends or drafts: InvalidArgument); then each
+  // prompt chunk in order (its sequence not running: NotFound; leaving,
+  // chunked twice, or given appends or drafts: InvalidArgument); then each
+  // join in order (a negative id, an id already live: AlreadyExists, a fork
+  // parent neither running nor joined before it (a leaving one included), a
+  // fork of a same-step join that appends, an id joining twice); then the
+  // batch size (FailedPrecondition). Then, applying: the frees, the
+  // admissions and forks in join order (the manager's errors: a prompt too
+  // long is OutOfRange, pages running out ResourceExhausted, a fork of a
+  // sequence with prompt left or drafts FailedPrecondition), the appends
+  // and drafts in slot order, the prompt chunks, then the forks' appends,
+  // and last the page table's edit.
   absl::StatusOr<StepResult> Commit(const StepPlan& plan);
 
-  // At most the pages a step whose appends are `append_counts` (one per
-  // running slot, as StepPlan's) allocates for them, copies on write
-  // included: what a scheduler keeps free for the appends before it admits
-  // (forks and admissions not counted). Exact but for sequences sharing a
-  // partial page that all append: each is counted as copying it, and the
-  // last to append does not. InvalidArgument when the counts are not one
-  // per running slot, or one is negative. O(batch).
+  // At most the allocatable pages (BlockManager::NumAllocatable) a step
+  // whose appends are `append_counts` and drafts `draft_counts` (one per
+  // running slot each, as StepPlan's; a prompt chunk counts as an append
+  // here) takes for them, copies on write included: what a scheduler keeps
+  // free for them before it admits (forks and admissions not counted).
+  // Exact but for sequences sharing a partial page that all append: each is
+  // counted as copying it, and the last to append does not. InvalidArgument
+  // when the counts are not one per running slot, or one is negative.
+  // O(batch).
   absl::StatusOr<int64_t> AppendPages(
-      absl::Span<const int32_t> append_counts) const;
+      absl::Span<const int32_t> append_counts,
+      absl::Span<const int32_t> draft_counts = {}) const;
 
   // Running sequences in slot order.
   absl::Span<const SequenceId> slots() const;
@@ -237,6 +268,8 @@ class BatchCommit {
   std::vector<SlotId> map_marks_;
   int32_t map_batch_ = 0;
   std::vector<int32_t> zero_counts_;  // max_batch zeros: no appends.
+  std::vector<uint8_t> chunked_;      // by old slot: has a prompt chunk.
+  std::vector<SlotId> chunked_slots_;
   AppendManyResult appended_;
   std::vector<SlotId> changed_slots_;
   std::vector<PageCopy> copies_;
@@ -244,6 +277,7 @@ class BatchCommit {
   absl::flat_hash_set<SequenceId> joining_;
   std::vector<SequenceId> joined_ids_;  // what joining_ holds.
   int32_t new_pages_ = 0;
+  int32_t draft_copies_ = 0;
 
   bool time_phases_ = false;
   CommitPhaseTimes phase_times_;

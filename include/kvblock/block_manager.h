@@ -172,7 +172,8 @@ struct AppendManyResult {
   // entry (so a page table row needs rewriting from there only).
   std::vector<int32_t> first_changed_page;
   std::vector<PageCopy> copies;  // copies on write, in entry order.
-  int32_t new_pages = 0;         // pages allocated because one filled.
+  int32_t new_pages = 0;         // pages allocated (for tokens or drafts).
+  int32_t draft_copies = 0;      // of `copies`, those made for drafts.
 };
 
 struct BlockManagerStats {

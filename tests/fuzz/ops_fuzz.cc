@@ -2,13 +2,14 @@
 //
 // Fuzzes the library's calls: the input is a stream of operations on
 //   - a BatchCommit over a BlockManager and a KVPageTable (host device):
-//     steps whose leaves, joins (prompts, forks, ids that may be live,
-//     unknown or negative), append counts and tokens come from the input,
-//     and uploads;
+//     steps whose leaves, joins (prompts, whole or a first chunk, forks,
+//     ids that may be live, unknown or negative), append counts and tokens,
+//     prompt chunks and draft counts come from the input, and uploads;
 //   - a second KVPageTable: SetRow, SetRows, Apply (moves and updates) and
 //     CompactRows with any slots, counts, firsts and ids;
 //   - a BlockPool: Allocate, Retain, Release and Writable of any page id;
-//   - a second BlockManager: Admit, Append, Fork, Free and Preempt of any
+//   - a second BlockManager: Admit (whole or a first chunk), Append,
+//     AppendPrompt, SetDrafts, Fork, Free and Preempt of any
 //     id with any tokens.
 // After each: a failed call left its object's observable state unchanged
 // (snapshots), the invariants hold, and an upload makes the device table
@@ -121,6 +122,16 @@ void Step(Stack& s, FuzzInput& in) {
                      .fork_of = fork ? AnyId(in) : kNoSequence,
                      .tokens = join_tokens.back(),
                      .extra = {.cache_salt = in.Bool() ? "b" : ""}});
+    if (in.Int(0, 3) == 0) joins.back().admit.prefill_tokens = in.Int(0, 6);
+  }
+  // Prompt chunks (chunked prefill), of any sequence.
+  std::vector<std::vector<TokenId>> chunk_tokens;
+  std::vector<PromptChunk> chunks;
+  const int64_t num_chunks = in.Int(0, 2);
+  chunk_tokens.reserve(num_chunks);
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    chunk_tokens.push_back(Tokens(in, 2 * kPageSize));
+    chunks.push_back({.id = AnyId(in), .tokens = chunk_tokens.back()});
   }
   std::vector<int32_t> counts;
   if (in.Int(0, 7) != 0) {
@@ -132,6 +143,12 @@ void Step(Stack& s, FuzzInput& in) {
   std::vector<TokenId> tokens(static_cast<size_t>(
       std::max<int64_t>(0, total + (in.Int(0, 15) == 0 ? 1 : 0))));
   for (TokenId& token : tokens) token = static_cast<TokenId>(in.Int(0, 5));
+  // Draft slots (speculative decoding), now and then.
+  std::vector<int32_t> drafts;
+  if (in.Int(0, 3) == 0) {
+    drafts.resize(running.size() + (in.Int(0, 15) == 0 ? 1 : 0));
+    for (int32_t& count : drafts) count = static_cast<int32_t>(in.Int(-1, 6));
+  }
 
   const BlockManagerSnapshot manager_before = s.manager->Snapshot();
   const std::vector<PageId> rows_before = Rows(*s.table);
@@ -141,7 +158,9 @@ void Step(Stack& s, FuzzInput& in) {
                         .preempted = preempted,
                         .joins = joins,
                         .append_counts = counts,
-                        .append_tokens = tokens});
+                        .append_tokens = tokens,
+                        .prompt_chunks = chunks,
+                        .draft_counts = drafts});
   if (!result.ok()) {
     FUZZ_CHECK(
         s.manager->Snapshot() == manager_before,
@@ -254,12 +273,24 @@ void ManagerCall(BlockManager& manager, FuzzInput& in) {
   const SequenceId id = AnyId(in);
   const std::vector<TokenId> tokens = Tokens(in, 2 * kWidth * kPageSize + 2);
   absl::Status status;
-  switch (in.Int(0, 4)) {
+  switch (in.Int(0, 6)) {
     case 0:
-      status = manager.Admit(id, tokens).status();
+      status = manager
+                   .Admit(id, tokens, {}, {},
+                          {.prefill_tokens =
+                               in.Bool() ? in.Int(0, 9) : int64_t{1} << 40,
+                           .read_prefix_cache = in.Bool()})
+                   .status();
       break;
     case 1:
       status = manager.Append(id, tokens).status();
+      break;
+    case 5:
+      status = manager.AppendPrompt(id, tokens).status();
+      break;
+    case 6:
+      status =
+          manager.SetDrafts(id, static_cast<int32_t>(in.Int(-1, 12))).status();
       break;
     case 2:
       status = manager.Fork(id, AnyId(in));
