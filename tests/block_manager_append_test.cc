@@ -243,8 +243,9 @@ TEST_CASE("drafts across a page, all rejected, then new drafts") {
   AppendManyResult result;
   const std::vector<int32_t> counts = {1};
   const std::vector<int32_t> no_drafts = {0};
+  const std::vector<int32_t> tokens = {300};
   REQUIRE_OK(
-      manager->AppendMany({&handle, 1}, counts, {{300}}, result, no_drafts));
+      manager->AppendMany({&handle, 1}, counts, tokens, result, no_drafts));
   REQUIRE(PagesOf(*manager, 1) == Pages{0, 1});
   REQUIRE(result.changed == std::vector<int32_t>{0});
   REQUIRE(result.first_changed_page == std::vector<int32_t>{2});
