@@ -61,6 +61,19 @@ with tempfile.TemporaryDirectory() as tmp:
     run(["trace.jsonl"], 2, "unexpected argument 'trace.jsonl'")
     run(["--pages=0"], 2, "bad geometry")
     run(["--hash=md5"], 2, "--hash must be sha256 or xxh3")
+    run(["--chunk_tokens=-1"], 2, "--chunk_tokens must be 0 or positive")
+    run(["--spec_tokens=65"], 2, "--spec_tokens must be in [0, 64], got 65")
+    run(["--spec_acceptance=1.5"], 2, "--spec_acceptance must be in [0, 1]")
+    # A prompt over the budget: chunked by default, rejected without.
+    long = os.path.join(tmp, "long.jsonl")
+    with open(long, "w") as f:
+        f.write(json.dumps({"id": "long", "max_tokens": 4,
+                            "prompt": list(range(300))}) + "\n")
+    run(["--trace=" + long, "--max_tokens_per_step=128"], 0,
+        "1 completed, 0 rejected")
+    run(["--trace=" + long, "--max_tokens_per_step=128",
+         "--nochunked_prefill"], 0, "over_token_budget")
+    run(["--spec_tokens=4", "--spec_acceptance=0.7"], 0, "accepted")
     run(["--device=tpu"], 2, "--device must be auto, host or cuda")
     run(["--trace=" + os.path.join(tmp, "missing.jsonl")], 2,
         "cannot open trace file")

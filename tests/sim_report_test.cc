@@ -178,7 +178,8 @@ TEST_CASE("DescribeRun names the run and its configuration in one line") {
   REQUIRE(DescribeRun(SampleSetup()) ==
           "workload mixed (seed 1) on host: 256 pages x 16 tokens, batch <= "
           "32, 64 pages per sequence, 2048 tokens per step, prefix caching on "
-          "(sha256)");
+          "(sha256), chunked prefill on, whole prompts reserved, speculative "
+          "decoding off");
 }
 
 TEST_CASE("an empty run reports zero rates, not NaN") {

@@ -263,6 +263,7 @@ TEST_CASE("beam search forks and drops beams, keeping 1 to W") {
 TEST_CASE("requests that can never run are rejected and the rest run") {
   SchedulerConfig config = SmallConfig(16);  // 64 tokens of KV.
   config.max_tokens_per_step = 48;
+  config.chunked_prefill = false;
   std::vector<TokenId> long_prompt(80, 3);    // 20 pages: more than the pool.
   std::vector<TokenId> budget_prompt(50, 4);  // over the step budget.
   std::vector<TokenId> grows_prompt(40, 5);   // fits, but 80 tokens do not.
@@ -286,8 +287,8 @@ TEST_CASE("requests that can never run are rejected and the rest run") {
   REQUIRE(kinds["budget"] == RejectedRequest::Kind::kOverTokenBudget);
   REQUIRE(kinds["grows"] == RejectedRequest::Kind::kRanOutAlone);
   REQUIRE(reasons["huge"].find("needs 20 pages") != std::string::npos);
-  REQUIRE(reasons["budget"].find("exceed max_tokens_per_step 48") !=
-          std::string::npos);
+  REQUIRE(reasons["budget"].find("exceed max_tokens_per_step 48 (chunked "
+                                 "prefill is off)") != std::string::npos);
   REQUIRE(reasons["grows"].find("ran out of pages running alone") !=
           std::string::npos);
 }
@@ -364,9 +365,10 @@ TEST_CASE("a full batch keeps requests waiting; the report says so") {
   REQUIRE(result.recomputed_tokens == 0);
 }
 
-TEST_CASE("the token budget holds a prompt back to the next step") {
+TEST_CASE("without chunked prefill the budget holds a prompt back a step") {
   SchedulerConfig config = SmallConfig(64);
   config.max_tokens_per_step = 10;
+  config.chunked_prefill = false;
   const std::vector<Request> requests = {
       {.id = "a", .prompt = {1, 2, 3, 4, 5, 6, 7, 8}, .max_tokens = 2},
       {.id = "b", .prompt = {9, 8, 7, 6, 5, 4, 3, 2}, .max_tokens = 2},
@@ -379,6 +381,128 @@ TEST_CASE("the token budget holds a prompt back to the next step") {
   REQUIRE(result.timeline[1].limit == StepLimit::kNone);
   REQUIRE(result.queue_steps.max == 1);
   REQUIRE(result.ttft_steps.max == 2);
+}
+
+TEST_CASE("with chunked prefill the budget's rest starts the next prompt") {
+  SchedulerConfig config = SmallConfig(64);
+  config.max_tokens_per_step = 10;
+  const std::vector<Request> requests = {
+      {.id = "a", .prompt = {1, 2, 3, 4, 5, 6, 7, 8}, .max_tokens = 2},
+      {.id = "b", .prompt = {9, 8, 7, 6, 5, 4, 3, 2}, .max_tokens = 2},
+  };
+  const SimResult result = RunChecked(config, requests);
+  // Step 0: a whole (8 tokens) and b's first 2; step 1: a's token and b's
+  // other 6; step 2: a's last token, b's first.
+  REQUIRE(result.steps_limited_by_token_budget == 0);
+  REQUIRE(result.timeline[0].batch == 2);
+  REQUIRE(result.timeline[0].prompt_tokens == 16);  // whole prompts, at
+                                                    // admission.
+  REQUIRE(result.prompt_chunks == 1);
+  REQUIRE(result.prompt_steps ==
+          StepStats{.count = 2, .mean = 1.5, .p50 = 1, .p99 = 2, .max = 2});
+  REQUIRE(result.queue_steps.max == 0);
+  REQUIRE(result.ttft_steps.max == 2);  // b's prompt is done in step 1.
+  REQUIRE(result.generated_tokens == 4);
+}
+
+TEST_CASE("a prompt longer than the budget runs in chunks, capped") {
+  SchedulerConfig config = SmallConfig(64);
+  config.max_tokens_per_step = 48;
+  std::vector<TokenId> prompt(100);
+  for (int i = 0; i < 100; ++i) prompt[i] = i;
+  const std::vector<Request> one = {
+      {.id = "long", .prompt = prompt, .max_tokens = 3}};
+  SimResult result = RunChecked(config, one);
+  REQUIRE(result.rejected.empty());
+  REQUIRE(result.prompt_steps.max == 3);  // 48 + 48 + 4.
+  REQUIRE(result.prompt_chunks == 2);
+  REQUIRE(result.ttft_steps.max == 3);
+  REQUIRE(result.generated_tokens == 3);
+  config.chunk_tokens = 16;
+  result = RunChecked(config, one);
+  REQUIRE(result.prompt_steps.max == 7);  // 6 x 16 + 4.
+  REQUIRE(result.prompt_chunks == 6);
+  REQUIRE(result.ttft_steps.max == 7);
+  // The next run of the same prompt hits its 25 pages less the last.
+  const std::vector<Request> twice = {
+      {.id = "first", .prompt = prompt, .max_tokens = 1},
+      {.id = "again", .arrival = 20, .prompt = prompt, .max_tokens = 1}};
+  result = RunChecked(config, twice);
+  REQUIRE(result.prefix_hit_tokens == 96);
+  REQUIRE(result.prompt_steps.max == 7);
+  REQUIRE(result.prompt_steps.p50 == 1);
+}
+
+TEST_CASE("a chunked prompt's samples fork when the prompt is done") {
+  SchedulerConfig config = SmallConfig(64);
+  config.chunk_tokens = 8;
+  std::vector<TokenId> prompt(18, 7);
+  const std::vector<Request> requests = {
+      {.id = "n3", .prompt = prompt, .max_tokens = 5, .n = 3}};
+  const SimResult result = RunChecked(config, requests);
+  // Steps 0-2 compute 8 + 8 + 2 prompt tokens in one sequence; step 3
+  // appends sample 0's first token and forks samples 1 and 2 with theirs.
+  REQUIRE(result.timeline[0].batch == 1);
+  REQUIRE(result.timeline[2].batch == 1);
+  REQUIRE(result.timeline[3].batch == 3);
+  REQUIRE(result.prompt_steps.max == 3);
+  REQUIRE(result.generated_tokens == 15);
+  REQUIRE(result.ttft_steps.max == 3);
+}
+
+TEST_CASE("speculative decoding appends accepted drafts and the target's") {
+  SchedulerConfig config = SmallConfig(64);
+  config.spec_tokens = 4;
+  const std::vector<Request> requests = {
+      {.id = "spec", .prompt = {1, 2, 3, 4, 5}, .max_tokens = 21}};
+  // Every draft accepted: 1 token, then 5 a step (4 drafts + 1).
+  config.spec_acceptance = 1;
+  SimResult result = RunChecked(config, requests);
+  REQUIRE(result.steps == 7);  // admit, 1, 5, 5, 5, 5, leave.
+  REQUIRE(result.generated_tokens == 21);
+  REQUIRE(result.drafts_proposed == 16);
+  REQUIRE(result.drafts_accepted == 16);
+  // 5 + 1 tokens and 4 drafts: pages 0-1 verified, page 2 drafts only.
+  REQUIRE(result.peak_draft_pages == 1);
+  // Every draft rejected: 1 token a step; drafts as long as 2+ tokens are
+  // left (the next step appends at most what is left).
+  config.spec_acceptance = 0;
+  result = RunChecked(config, requests);
+  REQUIRE(result.steps == 23);
+  REQUIRE(result.generated_tokens == 21);
+  REQUIRE(result.drafts_accepted == 0);
+  REQUIRE(result.drafts_proposed == 4 * 16 + 3 + 2 + 1);
+}
+
+TEST_CASE("drafts change how fast requests run, never what they generate") {
+  for (const WorkloadInfo& workload : Workloads()) {
+    if (workload.name == "serving") continue;
+    INFO(workload.name);
+    auto requests = MakeWorkload(workload.name, 5);
+    REQUIRE_OK(requests);
+    SchedulerConfig config = AmpleConfig(16);
+    config.max_tokens_per_step = 4096;
+    const SimResult plain = RunChecked(config, *requests);
+    config.spec_tokens = 4;
+    config.spec_acceptance = 0.7;
+    config.chunk_tokens = 64;
+    const SimResult spec = RunChecked(config, *requests);
+    REQUIRE(spec.rejected.empty());
+    REQUIRE(spec.preemptions == 0);
+    REQUIRE(spec.generated_tokens == plain.generated_tokens);
+    REQUIRE(spec.prompt_tokens == plain.prompt_tokens);
+    if (workload.name != "beam") {
+      REQUIRE(spec.drafts_accepted > 0);
+      REQUIRE(spec.drafts_accepted < spec.drafts_proposed);
+      REQUIRE(spec.peak_draft_pages > 0);
+      REQUIRE(spec.steps < plain.steps);
+    } else {
+      REQUIRE(spec.drafts_proposed == 0);  // beams never draft.
+    }
+    // Every drafting sequence appends first in its step, so a shared
+    // partial page is copied for the append, never for the drafts.
+    REQUIRE(spec.draft_copies == 0);
+  }
 }
 
 TEST_CASE("every built-in workload runs to completion with its pages back") {
@@ -475,6 +599,24 @@ TEST_CASE("bad scheduler configs are rejected") {
   REQUIRE_STATUS_IS(Scheduler::Create(config, *device), kInvalidArgument);
   config = SmallConfig(0);
   REQUIRE_STATUS_IS(Scheduler::Create(config, *device), kInvalidArgument);
+  config = SmallConfig(16);
+  config.chunk_tokens = -1;
+  auto created = Scheduler::Create(config, *device);
+  REQUIRE_STATUS_IS(created, kInvalidArgument);
+  REQUIRE(created.status().message().find("chunk_tokens") !=
+          absl::string_view::npos);
+  config = SmallConfig(16);
+  config.spec_tokens = kMaxSpecTokens + 1;
+  created = Scheduler::Create(config, *device);
+  REQUIRE_STATUS_IS(created, kInvalidArgument);
+  REQUIRE(created.status().message().find("spec_tokens must be in [0, 64]") !=
+          absl::string_view::npos);
+  config = SmallConfig(16);
+  config.spec_acceptance = 1.5;
+  created = Scheduler::Create(config, *device);
+  REQUIRE_STATUS_IS(created, kInvalidArgument);
+  REQUIRE(created.status().message().find("spec_acceptance") !=
+          absl::string_view::npos);
 }
 
 }  // namespace

@@ -42,7 +42,8 @@ ABSL_FLAG(std::string, workload, "",
           "built-in workload: sysprompt, multiturn, parallel, beam, unique, "
           "serving or "
           "mixed (the default when no --trace is given)");
-ABSL_FLAG(uint64_t, seed, 1, "seed of the built-in workload");
+ABSL_FLAG(uint64_t, seed, 1,
+          "seed of the built-in workload and of the drafts' acceptance");
 ABSL_FLAG(int32_t, pages, 384, "KV pages in the pool");
 ABSL_FLAG(int32_t, page_size, 16, "tokens per page");
 ABSL_FLAG(int32_t, max_batch, 32,
@@ -50,8 +51,24 @@ ABSL_FLAG(int32_t, max_batch, 32,
 ABSL_FLAG(int32_t, max_pages_per_seq, 64,
           "most pages of one sequence (columns of the page table)");
 ABSL_FLAG(int64_t, max_tokens_per_step, 2048,
-          "tokens one step may compute: one per running sequence plus the "
-          "uncached prompt tokens it admits");
+          "tokens one step may compute: one per decoding sequence plus its "
+          "drafts, plus the prompt tokens (chunks) it computes");
+ABSL_FLAG(bool, chunked_prefill, true,
+          "compute long prompts over several steps (vLLM v1's default); "
+          "false: a prompt is computed in the step that admits it, and one "
+          "over --max_tokens_per_step is rejected");
+ABSL_FLAG(int64_t, chunk_tokens, 0,
+          "with chunked prefill, the most prompt tokens of one request a step "
+          "computes (0: what the budget has left)");
+ABSL_FLAG(bool, reserve_prompt, true,
+          "admit a chunked prompt only when its whole prompt fits, reserving "
+          "the pages (vLLM's default); false: admit on the first chunk alone");
+ABSL_FLAG(int32_t, spec_tokens, 0,
+          "speculative decoding: draft slots per decoding sequence and step "
+          "(0: off; at most 64; beams never draft)");
+ABSL_FLAG(double, spec_acceptance, 0.7,
+          "probability each draft is accepted, in [0, 1] (the first "
+          "rejection ends a step's accepted run)");
 ABSL_FLAG(bool, prefix_caching, true,
           "share full pages of equal prefixes between requests");
 ABSL_FLAG(std::string, hash, "sha256",
@@ -109,6 +126,25 @@ absl::StatusOr<SchedulerConfig> ConfigFromFlags() {
         absl::StrCat("--max_tokens_per_step must be positive, got ",
                      config.max_tokens_per_step));
   }
+  config.chunked_prefill = absl::GetFlag(FLAGS_chunked_prefill);
+  config.chunk_tokens = absl::GetFlag(FLAGS_chunk_tokens);
+  if (config.chunk_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--chunk_tokens must be 0 or positive, got ", config.chunk_tokens));
+  }
+  config.manager.reserve_prompt_pages = absl::GetFlag(FLAGS_reserve_prompt);
+  config.spec_tokens = absl::GetFlag(FLAGS_spec_tokens);
+  if (config.spec_tokens < 0 || config.spec_tokens > kMaxSpecTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--spec_tokens must be in [0, ", kMaxSpecTokens, "], got ",
+                     config.spec_tokens));
+  }
+  config.spec_acceptance = absl::GetFlag(FLAGS_spec_acceptance);
+  if (!(config.spec_acceptance >= 0 && config.spec_acceptance <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--spec_acceptance must be in [0, 1], got ", config.spec_acceptance));
+  }
+  config.spec_seed = absl::GetFlag(FLAGS_seed);
   config.manager.enable_prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   const std::string hash = absl::GetFlag(FLAGS_hash);
   if (hash == "sha256") {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kvblock/block_hash.h"
 #include "nlohmann/json.hpp"
@@ -83,18 +84,41 @@ std::string FormatNanos(double ns) {
   return absl::StrFormat("%.2f s", ns / 1e9);
 }
 
+// "chunked prefill on (at most N tokens a prompt a step)" or "... off".
+std::string DescribePrefill(const SchedulerConfig& config) {
+  if (!config.chunked_prefill) return "chunked prefill off";
+  std::string text = "chunked prefill on";
+  if (config.chunk_tokens > 0) {
+    absl::StrAppendFormat(&text, " (at most %d tokens a prompt a step)",
+                          config.chunk_tokens);
+  }
+  absl::StrAppend(&text, config.manager.reserve_prompt_pages
+                             ? ", whole prompts reserved"
+                             : ", admitted on the first chunk");
+  return text;
+}
+
+// "speculative decoding off" or "... 4 drafts, 70% accepted each".
+std::string DescribeSpeculation(const SchedulerConfig& config) {
+  if (config.spec_tokens == 0) return "speculative decoding off";
+  return absl::StrFormat(
+      "speculative decoding %d drafts a step, each accepted with p %.2f",
+      config.spec_tokens, config.spec_acceptance);
+}
+
 }  // namespace
 
 std::string DescribeRun(const RunSetup& setup) {
   const SchedulerConfig& config = setup.config;
   return absl::StrFormat(
       "%s on %s: %d pages x %d tokens, batch <= %d, %d pages per sequence, %d "
-      "tokens per step, prefix caching %s (%s)",
+      "tokens per step, prefix caching %s (%s), %s, %s",
       setup.source, setup.device, config.kv.num_pages, config.kv.page_size,
       config.kv.max_batch, config.kv.max_pages_per_seq,
       config.max_tokens_per_step,
       config.manager.enable_prefix_caching ? "on" : "off",
-      HashAlgorithmName(config.manager.hash_algorithm));
+      HashAlgorithmName(config.manager.hash_algorithm), DescribePrefill(config),
+      DescribeSpeculation(config));
 }
 
 void PrintReport(const SimResult& result, const RunSetup& setup,
@@ -107,10 +131,12 @@ void PrintReport(const SimResult& result, const RunSetup& setup,
       "%d tokens per step\n",
       config.kv.num_pages, config.kv.page_size, config.kv.max_batch,
       config.kv.max_pages_per_seq, config.max_tokens_per_step);
-  out << absl::StrFormat("  prefix caching %s (%s), watermark %d pages\n\n",
+  out << absl::StrFormat("  prefix caching %s (%s), watermark %d pages\n",
                          config.manager.enable_prefix_caching ? "on" : "off",
                          HashAlgorithmName(config.manager.hash_algorithm),
                          config.manager.watermark_pages);
+  out << absl::StrFormat("  %s; %s\n\n", DescribePrefill(config),
+                         DescribeSpeculation(config));
   out << absl::StrFormat(
       "requests          %d completed, %d rejected (of %d)\n", result.completed,
       result.rejected.size(), result.requests);
@@ -121,6 +147,19 @@ void PrintReport(const SimResult& result, const RunSetup& setup,
   out << absl::StrFormat(
       "generated tokens  %d (%d of them recomputed after a preemption)\n",
       result.generated_tokens, result.recomputed_tokens);
+  const StepStats& prompt_steps = result.prompt_steps;
+  out << absl::StrFormat(
+      "prefill           %d prompt chunks after the admitting steps; steps "
+      "per prompt %.2f mean, p50 %d, p99 %d, max %d\n",
+      result.prompt_chunks, prompt_steps.mean, prompt_steps.p50,
+      prompt_steps.p99, prompt_steps.max);
+  out << absl::StrFormat(
+      "drafts            %d proposed, %d accepted (%.1f%%); peak %d pages "
+      "held by drafts alone; %d copy-on-write copies for drafts\n",
+      result.drafts_proposed, result.drafts_accepted,
+      100 * Ratio(static_cast<double>(result.drafts_accepted),
+                  static_cast<double>(result.drafts_proposed)),
+      result.peak_draft_pages, result.draft_copies);
   out << absl::StrFormat("steps             %d\n", result.steps);
   out << absl::StrFormat("pages in use      peak %d, mean %.1f of %d\n",
                          result.peak_pages_used, result.mean_pages_used,
@@ -227,6 +266,15 @@ void WriteJsonReport(const SimResult& result, const RunSetup& setup,
   report["queue_steps"] = stats_json(result.queue_steps);
   report["ttft_steps"] = stats_json(result.ttft_steps);
   report["peak_waiting"] = result.peak_waiting;
+  report["prompt_chunks"] = result.prompt_chunks;
+  report["prompt_steps"] = stats_json(result.prompt_steps);
+  report["drafts_proposed"] = result.drafts_proposed;
+  report["drafts_accepted"] = result.drafts_accepted;
+  report["draft_acceptance_rate"] =
+      Ratio(static_cast<double>(result.drafts_accepted),
+            static_cast<double>(result.drafts_proposed));
+  report["peak_draft_pages"] = result.peak_draft_pages;
+  report["draft_copies"] = result.draft_copies;
   report["steps_limited_by"] = {
       {"pages", result.steps_limited_by_pages},
       {"max_batch", result.steps_limited_by_max_batch},
@@ -271,6 +319,12 @@ void WriteJsonReport(const SimResult& result, const RunSetup& setup,
       {"max_batch", config.kv.max_batch},
       {"max_pages_per_seq", config.kv.max_pages_per_seq},
       {"max_tokens_per_step", config.max_tokens_per_step},
+      {"chunked_prefill", config.chunked_prefill},
+      {"chunk_tokens", config.chunk_tokens},
+      {"reserve_prompt_pages", config.manager.reserve_prompt_pages},
+      {"spec_tokens", config.spec_tokens},
+      {"spec_acceptance", config.spec_acceptance},
+      {"spec_seed", config.spec_seed},
       {"prefix_caching", config.manager.enable_prefix_caching},
       {"hash", std::string(HashAlgorithmName(config.manager.hash_algorithm))},
       {"watermark_pages", config.manager.watermark_pages},

@@ -55,14 +55,31 @@ struct RequestState {
   std::vector<Sequence> sequences = {};  // running, in creation order.
   int64_t generated = 0;                 // tokens appended to each sequence.
   int32_t next_sample = 0;
+  // Chunked prefill, this admission: prompt tokens in the first sequence
+  // (hits and computed), the steps that computed some, and whether the
+  // other samples still wait to fork (until the prompt is done).
+  int64_t prompt_done = 0;
+  int32_t prompt_steps = 0;
+  bool forks_pending = false;
+  int32_t drafts = 0;  // draft slots each sequence holds.
   // This step's plan (recomputed on every retry): all sequences leave, the
-  // index of a dropped beam and of a forked one (-1: none), the fork's id.
+  // index of a dropped beam and of a forked one (-1: none), the id of that
+  // fork or of the first sample forked now that the prompt is done, the
+  // prompt chunk, the drafts accepted, the tokens each sequence appends and
+  // the drafts it then holds.
   bool finishing = false;
   int32_t drop = -1;
   int32_t fork = -1;
+  bool samples_fork = false;
   SequenceId fork_id = 0;
+  int64_t chunk = 0;
+  int32_t accepted = 0;
+  int32_t appends = 0;
+  int32_t new_drafts = 0;
   SequenceId first_id = 0;      // of an admission: sample i gets first_id + i.
+  int64_t planned_prompt = 0;   // of an admission: prompt_done after it.
   int64_t first_admitted = -1;  // the step that first admitted it.
+  int64_t first_token = -1;     // the step that first completed its prompt.
   // The prompt's page hashes, computed once on arrival (empty without
   // prefix caching): planning every step and admitting reuse them.
   std::vector<BlockHash> prompt_hashes = {};
@@ -84,6 +101,26 @@ void DecideBeams(uint64_t id_hash, int64_t position, int32_t live,
 }
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t PromptLeft(const RequestState& r) {
+  return static_cast<int64_t>(r.request->prompt.size()) - r.prompt_done;
+}
+
+// Of `drafts` drafts proposed after `position` tokens, how many the target
+// model accepts: each with probability `acceptance`, decided by a hash of
+// (request, position, seed); the first rejection ends the run.
+int32_t AcceptedDrafts(uint64_t id_hash, uint64_t seed, int64_t position,
+                       int32_t drafts, double acceptance) {
+  int32_t accepted = 0;
+  while (accepted < drafts) {
+    const uint64_t h = Mix(
+        id_hash ^ Mix(seed ^ Mix(static_cast<uint64_t>(position + accepted))));
+    // The top 53 bits as a uniform double in [0, 1).
+    if (static_cast<double>(h >> 11) * 0x1.0p-53 >= acceptance) break;
+    ++accepted;
+  }
+  return accepted;
+}
 
 // One Run: the queue, the running requests and the step being planned.
 class Runner {
@@ -110,8 +147,15 @@ class Runner {
   absl::StatusOr<std::optional<StepResult>> CommitStep();
   // Fills the plan of this step, admitting at most `admit_limit` requests.
   absl::Status PlanStep(int64_t admit_limit);
-  // Plans the leaving, appending and forking sequences of running requests.
+  // Plans the leaving, appending, drafting, prefilling and forking sequences
+  // of running requests.
   void PlanRunning();
+  // Plans the decode of request `r` (its prompt done): tokens to append,
+  // drafts, the beam or sample forks.
+  void PlanDecode(RequestState& r, int64_t batch_after);
+  // Gives decoding requests their drafts and prefilling ones their chunks
+  // from the token budget left after one token per decoding sequence.
+  void PlanBudget();
   // Running sequences once the planned leaves are done.
   int64_t BatchAfterLeaving() const {
     return commit_.batch() -
@@ -122,7 +166,9 @@ class Runner {
   // Plans admissions from the queue head; rejects requests that never fit.
   absl::Status PlanAdmissions(int64_t admit_limit);
   // Applies a committed plan to the request states.
-  void ApplyStep();
+  absl::Status ApplyStep();
+  // Pages that hold nothing but draft slots, over the running sequences.
+  int32_t DraftOnlyPages() const;
   // Uploads the page table and runs the step's copy-on-write copies.
   absl::Status RunDevice(absl::Span<const PageCopy> copies);
   // Makes the latest admitted running request give way after the pool ran
@@ -162,14 +208,28 @@ class Runner {
   std::vector<TokenId> fork_tokens_;  // reserved: joins_ point into it.
   std::vector<int32_t> append_counts_;
   std::vector<TokenId> append_tokens_;
-  absl::flat_hash_map<SequenceId, TokenId> next_token_;
+  std::vector<int32_t> draft_counts_;  // per slot; empty without drafts.
+  std::vector<int32_t> page_counts_;   // per slot: appends and chunks.
+  std::vector<PromptChunk> prompt_chunks_;
+  // The running sequences that append or take a prompt chunk this step.
+  struct Stepping {
+    RequestState* request = nullptr;
+    int32_t sample = 0;
+  };
+  absl::flat_hash_map<SequenceId, Stepping> stepping_;
   int32_t forks_ = 0;
-  int64_t decode_tokens_ = 0;
+  int32_t held_seats_ = 0;    // for samples forking once their prompt is done.
+  int64_t budget_ = 0;        // tokens the step has left to compute.
   int64_t append_pages_ = 0;  // pages the step's appends may allocate.
+  SequenceId next_id_ = 0;    // after the step's forks and admissions.
   int64_t admitted_ = 0;      // requests at the queue head admitted.
   StepLimit limit_ = StepLimit::kNone;  // what stopped this plan's admissions.
   bool pages_ran_out_ = false;          // a commit of this step did.
-  std::vector<int64_t> queue_waits_;    // of completed requests.
+  // Of completed requests: queue waits, steps to the first token, steps
+  // that computed the prompt.
+  std::vector<int64_t> queue_waits_;
+  std::vector<int64_t> first_token_waits_;
+  std::vector<int64_t> prompt_steps_;
 };
 
 Runner::Runner(SchedulerState& state, absl::Span<const Request> requests,
@@ -200,7 +260,10 @@ Runner::Runner(SchedulerState& state, absl::Span<const Request> requests,
   fork_tokens_.reserve(max_batch);
   append_counts_.reserve(max_batch);
   append_tokens_.reserve(max_batch);
-  next_token_.reserve(max_batch);
+  draft_counts_.reserve(max_batch);
+  page_counts_.reserve(max_batch);
+  prompt_chunks_.reserve(max_batch);
+  stepping_.reserve(max_batch);
   result_.requests = static_cast<int64_t>(requests.size());
   result_.num_pages = kv_.num_pages;
 }
@@ -216,6 +279,9 @@ void Runner::PlanRunning() {
   for (RequestState* r : running_) {
     r->finishing = r->generated == r->request->max_tokens;
     r->drop = r->fork = -1;
+    r->samples_fork = false;
+    r->chunk = 0;
+    r->accepted = r->appends = r->new_drafts = 0;
     if (r->finishing) {
       for (const Sequence& s : r->sequences) finished_.push_back(s.id);
     } else if (r->request->beam > 1) {
@@ -224,29 +290,95 @@ void Runner::PlanRunning() {
                   r->fork, r->drop);
       if (r->drop >= 0) finished_.push_back(r->sequences[r->drop].id);
     }
+    if (r->forks_pending && PromptLeft(*r) > 0) {
+      held_seats_ += r->request->n - 1;
+    }
   }
   const int64_t batch_after = BatchAfterLeaving();
   for (RequestState* r : running_) {
-    if (r->finishing) continue;
-    if (r->fork >= 0 && batch_after + forks_ >= kv_.max_batch) r->fork = -1;
-    for (int32_t i = 0; i < static_cast<int32_t>(r->sequences.size()); ++i) {
-      if (i == r->drop) continue;
-      const Sequence& s = r->sequences[i];
-      next_token_[s.id] = GeneratedToken(*r->request, s.sample, r->generated);
-      ++decode_tokens_;
-    }
-    if (r->fork >= 0) {
-      r->fork_id = next_sequence_id_ + forks_;
-      fork_tokens_.push_back(
-          GeneratedToken(*r->request, r->next_sample, r->generated));
-      joins_.push_back({.id = r->fork_id,
-                        .fork_of = r->sequences[r->fork].id,
+    if (!r->finishing && PromptLeft(*r) == 0) PlanDecode(*r, batch_after);
+  }
+  PlanBudget();
+}
+
+void Runner::PlanDecode(RequestState& r, int64_t batch_after) {
+  const Request& request = *r.request;
+  if (r.forks_pending) {
+    // The prompt is done: the other samples fork, each with its first token.
+    r.samples_fork = true;
+    r.fork_id = next_sequence_id_ + forks_;
+    for (int32_t sample = 1; sample < request.n; ++sample) {
+      fork_tokens_.push_back(GeneratedToken(request, sample, r.generated));
+      joins_.push_back({.id = r.fork_id + sample - 1,
+                        .fork_of = r.sequences[0].id,
                         .tokens = absl::MakeConstSpan(&fork_tokens_.back(), 1),
                         .extra = {}});
-      ++forks_;
-      ++decode_tokens_;
-      ++append_pages_;  // the fork's token: a new page or a copy.
     }
+    forks_ += request.n - 1;
+    budget_ -= request.n - 1;
+    append_pages_ += request.n - 1;  // each fork's token: a page or a copy.
+  }
+  if (r.fork >= 0 && batch_after + forks_ + held_seats_ >= kv_.max_batch) {
+    r.fork = -1;
+  }
+  r.accepted = AcceptedDrafts(r.id_hash, state_.config.spec_seed, r.generated,
+                              r.drafts, state_.config.spec_acceptance);
+  r.appends = static_cast<int32_t>(
+      std::min<int64_t>(r.accepted + 1, request.max_tokens - r.generated));
+  for (int32_t i = 0; i < static_cast<int32_t>(r.sequences.size()); ++i) {
+    if (i == r.drop) continue;
+    const Sequence& s = r.sequences[i];
+    stepping_[s.id] = {.request = &r, .sample = s.sample};
+    --budget_;
+  }
+  if (r.fork >= 0) {
+    r.fork_id = next_sequence_id_ + forks_;
+    fork_tokens_.push_back(GeneratedToken(request, r.next_sample, r.generated));
+    joins_.push_back({.id = r.fork_id,
+                      .fork_of = r.sequences[r.fork].id,
+                      .tokens = absl::MakeConstSpan(&fork_tokens_.back(), 1),
+                      .extra = {}});
+    ++forks_;
+    --budget_;
+    ++append_pages_;  // the fork's token: a new page or a copy.
+  }
+}
+
+void Runner::PlanBudget() {
+  const SchedulerConfig& config = state_.config;
+  for (RequestState* r : running_) {
+    if (r->finishing) continue;
+    const Request& request = *r->request;
+    const int64_t left = PromptLeft(*r);
+    if (left > 0) {
+      int64_t chunk = std::min(left, budget_);
+      if (config.chunk_tokens > 0) chunk = std::min(chunk, config.chunk_tokens);
+      if (chunk <= 0) continue;
+      r->chunk = chunk;
+      budget_ -= chunk;
+      const SequenceId id = r->sequences[0].id;
+      prompt_chunks_.push_back(
+          {.id = id,
+           .tokens = absl::MakeConstSpan(request.prompt)
+                         .subspan(static_cast<size_t>(r->prompt_done),
+                                  static_cast<size_t>(chunk)),
+           .prompt_hashes = r->prompt_hashes});
+      stepping_[id] = {.request = r, .sample = 0};
+      continue;
+    }
+    if (config.spec_tokens == 0 || request.beam > 1 || r->samples_fork) {
+      continue;
+    }
+    // Drafts the next step can verify: it appends at most the tokens left.
+    const int64_t after = request.max_tokens - r->generated - r->appends;
+    const int64_t live =
+        static_cast<int64_t>(r->sequences.size()) - (r->drop >= 0 ? 1 : 0);
+    const int64_t drafts =
+        std::min({static_cast<int64_t>(config.spec_tokens), after - 1,
+                  budget_ / std::max<int64_t>(live, 1)});
+    if (drafts <= 0) continue;
+    r->new_drafts = static_cast<int32_t>(drafts);
+    budget_ -= drafts * live;
   }
 }
 
@@ -268,12 +400,10 @@ absl::Status Runner::Arrive(RequestState& r) {
 absl::Status Runner::PlanAdmissions(int64_t admit_limit) {
   const SchedulerConfig& config = state_.config;
   const int32_t watermark = config.manager.watermark_pages;
-  int64_t seats = kv_.max_batch - BatchAfterLeaving() - forks_;
-  int64_t budget = config.max_tokens_per_step - decode_tokens_;
+  int64_t seats = kv_.max_batch - BatchAfterLeaving() - forks_ - held_seats_;
   int64_t pages =
-      Timed(phases_.planning_ns, [&] { return manager_.pool().NumFree(); }) -
+      Timed(phases_.planning_ns, [&] { return manager_.NumAllocatable(); }) -
       watermark - append_pages_;
-  SequenceId next_id = next_sequence_id_ + forks_;
   for (size_t i = 0; i < waiting_.size() && admitted_ < admit_limit;) {
     RequestState& r = *waiting_[i];
     const Request& request = *r.request;
@@ -282,13 +412,23 @@ absl::Status Runner::PlanAdmissions(int64_t admit_limit) {
       limit_ = StepLimit::kMaxBatch;
       break;
     }
+    AdmitOptions admit;
+    if (config.chunked_prefill) {
+      if (budget_ <= 0) {
+        limit_ = StepLimit::kTokenBudget;
+        break;
+      }
+      admit.prefill_tokens = config.chunk_tokens > 0
+                                 ? std::min(budget_, config.chunk_tokens)
+                                 : budget_;
+    }
     const HashExtraKeys extra{.cache_salt = request.cache_salt};
     KVBLOCK_ASSIGN_OR_RETURN(
         const AdmissionPlan plan, Timed(phases_.planning_ns, [&] {
-          return manager_.PlanAdmission(request.prompt, extra, r.prompt_hashes);
+          return manager_.PlanAdmission(request.prompt, extra, r.prompt_hashes,
+                                        admit);
         }));
     const int64_t prompt = static_cast<int64_t>(request.prompt.size());
-    const int64_t computed = prompt - plan.hit_tokens;
     const int64_t prompt_pages = CeilDiv(prompt, kv_.page_size);
     std::string reason;
     RejectedRequest::Kind kind = RejectedRequest::Kind::kPoolTooSmall;
@@ -297,41 +437,49 @@ absl::Status Runner::PlanAdmissions(int64_t admit_limit) {
           "its prompt needs %d pages, the pool admits %d (%d less a watermark "
           "of %d)",
           prompt_pages, kv_.num_pages - watermark, kv_.num_pages, watermark);
-    } else if (computed > config.max_tokens_per_step) {
+    } else if (!config.chunked_prefill &&
+               plan.computed_tokens > config.max_tokens_per_step) {
       kind = RejectedRequest::Kind::kOverTokenBudget;
       reason = absl::StrFormat(
-          "%d uncached prompt tokens exceed max_tokens_per_step %d", computed,
-          config.max_tokens_per_step);
+          "%d uncached prompt tokens exceed max_tokens_per_step %d (chunked "
+          "prefill is off)",
+          plan.computed_tokens, config.max_tokens_per_step);
     }
     if (!reason.empty()) {
       Reject(r, kind, std::move(reason));
       waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(i));
       continue;
     }
-    if (computed > budget) {
+    if (plan.computed_tokens > budget_) {
       limit_ = StepLimit::kTokenBudget;
       break;
     }
-    if (plan.pages_consumed() > pages) {
+    const int64_t taken = plan.pages_consumed() + plan.reserved_pages;
+    if (taken > pages) {
       limit_ = StepLimit::kPages;
       break;
     }
-    r.first_id = next_id;
-    joins_.push_back({.id = next_id,
+    r.first_id = next_id_;
+    r.planned_prompt = plan.hit_tokens + plan.computed_tokens;
+    joins_.push_back({.id = next_id_,
                       .fork_of = kNoSequence,
                       .tokens = request.prompt,
                       .extra = extra,
-                      .prompt_hashes = r.prompt_hashes});
-    for (int32_t sample = 1; sample < samples; ++sample) {
-      joins_.push_back({.id = next_id + sample,
-                        .fork_of = next_id,
-                        .tokens = {},
-                        .extra = {}});
+                      .prompt_hashes = r.prompt_hashes,
+                      .admit = admit});
+    ++next_id_;
+    // A chunked prompt's samples fork once it is done; their seats are held.
+    if (r.planned_prompt == prompt) {
+      for (int32_t sample = 1; sample < samples; ++sample) {
+        joins_.push_back({.id = next_id_++,
+                          .fork_of = r.first_id,
+                          .tokens = {},
+                          .extra = {}});
+      }
     }
-    next_id += samples;
     seats -= samples;
-    budget -= computed;
-    pages -= plan.pages_consumed();
+    budget_ -= plan.computed_tokens;
+    pages -= taken;
     ++admitted_;
     ++i;
   }
@@ -343,26 +491,48 @@ absl::Status Runner::PlanStep(int64_t admit_limit) {
   preempted_.assign(victims_preempted_.begin(), victims_preempted_.end());
   joins_.clear();
   fork_tokens_.clear();
-  next_token_.clear();
+  prompt_chunks_.clear();
+  stepping_.clear();
   forks_ = 0;
-  decode_tokens_ = 0;
+  held_seats_ = 0;
+  budget_ = state_.config.max_tokens_per_step;
   append_pages_ = 0;
   admitted_ = 0;
   limit_ = StepLimit::kNone;
   PlanRunning();
+  next_id_ = next_sequence_id_ + forks_;
   append_counts_.clear();
   append_tokens_.clear();
+  draft_counts_.clear();
+  page_counts_.clear();
+  const bool drafting = state_.config.spec_tokens > 0;
   for (const SequenceId id : commit_.slots()) {
-    const auto it = next_token_.find(id);
-    append_counts_.push_back(it == next_token_.end() ? 0 : 1);
-    if (it != next_token_.end()) append_tokens_.push_back(it->second);
+    const auto it = stepping_.find(id);
+    int32_t appends = 0, drafts = 0, chunk = 0;
+    if (it != stepping_.end()) {
+      const RequestState& r = *it->second.request;
+      if (r.chunk > 0) {
+        chunk = static_cast<int32_t>(r.chunk);
+      } else {
+        appends = r.appends;
+        drafts = r.new_drafts;
+        for (int32_t j = 0; j < appends; ++j) {
+          append_tokens_.push_back(
+              GeneratedToken(*r.request, it->second.sample, r.generated + j));
+        }
+      }
+    }
+    append_counts_.push_back(appends);
+    page_counts_.push_back(appends + chunk);
+    if (drafting) draft_counts_.push_back(drafts);
   }
-  // What the appends take from the pool, the manager's own count (new
-  // pages and copies of shared partial pages).
-  KVBLOCK_ASSIGN_OR_RETURN(const int64_t append_pages,
-                           Timed(phases_.planning_ns, [&] {
-                             return commit_.AppendPages(append_counts_);
-                           }));
+  // What the appends, chunks and drafts take from the pool, the manager's
+  // own count (new pages, copies of shared partial pages, less the pages
+  // reserved for the prompts).
+  KVBLOCK_ASSIGN_OR_RETURN(
+      const int64_t append_pages, Timed(phases_.planning_ns, [&] {
+        return commit_.AppendPages(page_counts_, draft_counts_);
+      }));
   append_pages_ += append_pages;
   return PlanAdmissions(admit_limit);
 }
@@ -390,41 +560,94 @@ absl::Status Runner::GiveWay() {
   // Recompute: the request restarts from its prompt.
   victim.generated = 0;
   victim.next_sample = 0;
+  victim.prompt_done = 0;
+  victim.prompt_steps = 0;
+  victim.forks_pending = false;
+  victim.drafts = 0;
   waiting_.push_front(&victim);
   ++step_preemptions_;
   return absl::OkStatus();
 }
 
-void Runner::ApplyStep() {
+absl::Status Runner::ApplyStep() {
   still_running_.clear();
   for (RequestState* r : running_) {
+    const Request& request = *r->request;
     if (r->finishing) {
       r->sequences.clear();
       ++result_.completed;
-      queue_waits_.push_back(r->first_admitted - r->request->arrival);
+      queue_waits_.push_back(r->first_admitted - request.arrival);
+      first_token_waits_.push_back(r->first_token - request.arrival + 1);
+      prompt_steps_.push_back(r->prompt_steps);
       continue;
+    }
+    still_running_.push_back(r);
+    if (r->chunk > 0) {
+      r->prompt_done += r->chunk;
+      ++r->prompt_steps;
+      if (PromptLeft(*r) == 0 && r->first_token < 0) r->first_token = clock_;
+      continue;
+    }
+    if (PromptLeft(*r) > 0) continue;  // no budget for its chunk this step.
+    if (r->samples_fork) {
+      for (int32_t sample = 1; sample < request.n; ++sample) {
+        r->sequences.push_back(
+            {.id = r->fork_id + sample - 1, .sample = sample});
+      }
+      r->next_sample = request.n;
+      r->forks_pending = false;
     }
     if (r->fork >= 0) {
       r->sequences.push_back({.id = r->fork_id, .sample = r->next_sample++});
     }
     if (r->drop >= 0) r->sequences.erase(r->sequences.begin() + r->drop);
-    ++r->generated;
-    still_running_.push_back(r);
+    const int64_t live = static_cast<int64_t>(r->sequences.size());
+    result_.drafts_accepted += int64_t{r->accepted} * live;
+    result_.drafts_proposed += int64_t{r->new_drafts} * live;
+    r->generated += r->appends;
+    r->drafts = r->new_drafts;
   }
-  next_sequence_id_ += forks_;
   for (int64_t i = 0; i < admitted_; ++i) {
     RequestState& r = *waiting_.front();
     waiting_.pop_front();
     if (r.first_admitted < 0) r.first_admitted = clock_;
     const Request& request = *r.request;
-    for (int32_t sample = 0; sample < request.n; ++sample) {
+    // The manager's count: a prompt may hit pages that a join before it in
+    // this step registered, which planning did not see.
+    const int64_t prompt = static_cast<int64_t>(request.prompt.size());
+    KVBLOCK_ASSIGN_OR_RETURN(const int64_t left,
+                             Timed(phases_.planning_ns, [&] {
+                               return manager_.PromptTokensLeft(r.first_id);
+                             }));
+    r.prompt_done = prompt - left;
+    r.prompt_steps = 1;
+    if (PromptLeft(r) == 0 && r.first_token < 0) r.first_token = clock_;
+    // Samples join with a prompt planned whole, else fork once it is done.
+    const bool whole = r.planned_prompt == prompt;
+    r.forks_pending = !whole && request.n > 1;
+    const int32_t samples = whole ? request.n : 1;
+    for (int32_t sample = 0; sample < samples; ++sample) {
       r.sequences.push_back({.id = r.first_id + sample, .sample = sample});
     }
-    r.next_sample = request.n;
-    next_sequence_id_ += request.n;
+    r.next_sample = samples;
     still_running_.push_back(&r);
   }
+  next_sequence_id_ = next_id_;
   running_.swap(still_running_);
+  return absl::OkStatus();
+}
+
+int32_t Runner::DraftOnlyPages() const {
+  int64_t pages = 0;
+  for (const RequestState* r : running_) {
+    if (r->drafts == 0) continue;
+    const int64_t tokens =
+        static_cast<int64_t>(r->request->prompt.size()) + r->generated;
+    pages += static_cast<int64_t>(r->sequences.size()) *
+             (CeilDiv(tokens + r->drafts, kv_.page_size) -
+              CeilDiv(tokens, kv_.page_size));
+  }
+  return static_cast<int32_t>(pages);
 }
 
 absl::Status Runner::RunDevice(absl::Span<const PageCopy> copies) {
@@ -486,7 +709,9 @@ absl::StatusOr<std::optional<StepResult>> Runner::CommitStep() {
                         .preempted = preempted_,
                         .joins = joins_,
                         .append_counts = append_counts_,
-                        .append_tokens = append_tokens_};
+                        .append_tokens = append_tokens_,
+                        .prompt_chunks = prompt_chunks_,
+                        .draft_counts = draft_counts_};
     absl::StatusOr<StepResult> step =
         Timed(commit_ns_, [&] { return commit_.Commit(plan); });
     if (step.ok()) return *step;
@@ -529,7 +754,12 @@ absl::StatusOr<SimResult> Runner::Run() {
       }
       continue;
     }
-    ApplyStep();
+    KVBLOCK_RETURN_IF_ERROR(ApplyStep());
+    result_.draft_copies += step->draft_copies;
+    if (state_.config.spec_tokens > 0) {
+      result_.peak_draft_pages =
+          std::max(result_.peak_draft_pages, DraftOnlyPages());
+    }
     KVBLOCK_RETURN_IF_ERROR(RunDevice(step->copies));
     const BlockManagerStats& after = manager_.stats();
     const StepRecord record{
@@ -597,8 +827,9 @@ absl::StatusOr<SimResult> Runner::Run() {
   phases_.bookkeeping_ns = commit_ns_ - commit.frees_ns - commit.admissions_ns -
                            commit.appends_ns - commit.page_table_ns;
   result_.queue_steps = StatsOf(queue_waits_);
-  for (int64_t& wait : queue_waits_) ++wait;  // the admitting step's end.
-  result_.ttft_steps = StatsOf(queue_waits_);
+  result_.ttft_steps = StatsOf(first_token_waits_);
+  result_.prompt_steps = StatsOf(prompt_steps_);
+  result_.prompt_chunks = stats.prompt_chunks;
   result_.host_ns_by_phase = phases_;
   result_.host_ns_total = phases_.total_ns();
   const KVPageTableUploadStats& uploads = state_.table->upload_stats();
@@ -673,6 +904,19 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
     return absl::InvalidArgumentError(
         absl::StrFormat("max_tokens_per_step must be positive, got %d",
                         config.max_tokens_per_step));
+  }
+  if (config.chunk_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "chunk_tokens must be 0 or positive, got %d", config.chunk_tokens));
+  }
+  if (config.spec_tokens < 0 || config.spec_tokens > kMaxSpecTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("spec_tokens must be in [0, %d], got %d",
+                        kMaxSpecTokens, config.spec_tokens));
+  }
+  if (!(config.spec_acceptance >= 0 && config.spec_acceptance <= 1)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "spec_acceptance must be in [0, 1], got %g", config.spec_acceptance));
   }
   auto state = std::make_unique<SchedulerState>(device);
   state->config = config;

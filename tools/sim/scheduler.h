@@ -7,20 +7,37 @@
 // A step:
 //   1. Requests whose arrival step has come join the FCFS waiting queue.
 //   2. Running requests: those that have generated max_tokens tokens leave
-//      (their sequences finish); every other sequence appends its next token
-//      (GeneratedToken). A beam-search request first applies the beam rule:
-//      a deterministic function of (id, position) forks one beam (when fewer
-//      than W run and the batch has room) and/or drops another (when more
-//      than one runs), so 1..W beams live; a fork joins with its own token.
+//      (their sequences finish); every other sequence whose prompt is done
+//      appends its next token (GeneratedToken). A beam-search request first
+//      applies the beam rule: a deterministic function of (id, position)
+//      forks one beam (when fewer than W run and the batch has room) and/or
+//      drops another (when more than one runs), so 1..W beams live; a fork
+//      joins with its own token.
+//      Speculative decoding (spec_tokens > 0; not for beams): a sequence
+//      also holds up to spec_tokens draft slots the step writes KV for. The
+//      next step verifies them: each draft is accepted with probability
+//      spec_acceptance, decided by a hash of (request id, position, seed),
+//      and the first rejection ends the run, so the step appends the
+//      accepted drafts plus the target model's own token (never past
+//      max_tokens) and proposes new drafts. The samples of a request move in
+//      lockstep (one acceptance decision for all).
+//      Token budget (max_tokens_per_step): each decoding sequence takes 1
+//      token; then, in admission order, each decoding request its new
+//      drafts (fewer when the budget runs short) and each request being
+//      prefilled its next prompt chunk: min(prompt left, budget left,
+//      chunk_tokens).
 //   3. Admission, FCFS from the queue head, stopping at the first request
 //      that does not fit: the batch must have room for its samples, the
-//      step's token budget (max_tokens_per_step, minus one token per
-//      appending sequence) for its prompt tokens not served by prefix hits,
-//      and the allocatable pages (free + evictable, less the watermark and
-//      the pages this step's appends may take) for the pages
-//      BlockManager::PlanAdmission says it consumes. A request with n > 1
-//      joins as its prompt plus n - 1 forks of it (forks are not prefix
-//      hits); a beam request joins with one beam.
+//      step's token budget for the prompt tokens it computes (with chunked
+//      prefill, the first chunk: what the budget has left, at most
+//      chunk_tokens; without, the whole uncached prompt), and the
+//      allocatable pages (BlockManager::NumAllocatable, less the watermark
+//      and the pages this step's appends, chunks and drafts may take) for
+//      the pages BlockManager::PlanAdmission says it consumes and reserves.
+//      A request with n > 1 joins as its prompt plus n - 1 forks of it
+//      (forks are not prefix hits); when its prompt is chunked, its samples
+//      fork, each with its first token, in the step after the prompt is done
+//      (their seats are held meanwhile). A beam request joins with one beam.
 //   4. The step is committed through BatchCommit as one transaction. When
 //      it fails with ResourceExhausted, the most recently admitted request
 //      gives way and the step is planned and committed again: first this
@@ -31,11 +48,14 @@
 //      copy-on-write copies run through the copy kernel on the device's KV
 //      pool.
 //
+// Preempting a request half-way through its prompt releases its pages and
+// keeps the ones it registered: re-admitted, it hits them.
+//
 // Rejection: a request that can never run is reported as rejected and the
 // rest run: a prompt needing more pages than the pool holds (less the
-// watermark), a prompt whose uncached tokens exceed max_tokens_per_step (no
-// chunked prefill), or a request that runs out of pages while it is the only
-// one running.
+// watermark), a prompt whose uncached tokens exceed max_tokens_per_step
+// (without chunked prefill only), or a request that runs out of pages while
+// it is the only one running.
 //
 // Start-up: Create uploads the empty page table once (the first upload sets
 // every entry, O(max_batch x max_pages_per_seq)); its time is
@@ -81,10 +101,26 @@ struct SchedulerConfig {
   PagedKvConfig kv;
   // Prefix caching, hash algorithm, watermark pages.
   BlockManagerOptions manager;
-  // Tokens one step may compute: one per appending sequence plus the
-  // uncached prompt tokens of the requests it admits. Positive.
+  // Tokens one step may compute: one per decoding sequence plus its new
+  // drafts, plus the prompt tokens it computes. Positive.
   int64_t max_tokens_per_step = 2048;
+  // Chunked prefill (on by default, as in vLLM v1 and SGLang): a prompt is
+  // computed over as many steps as the budget needs, at most chunk_tokens a
+  // step (0: no cap but the budget; else positive). Off: a prompt is
+  // computed in the step that admits it, and one whose uncached tokens
+  // exceed max_tokens_per_step is rejected.
+  bool chunked_prefill = true;
+  int64_t chunk_tokens = 0;
+  // Speculative decoding: draft slots per decoding sequence (0: none; at
+  // most kMaxSpecTokens), the probability each draft is accepted (in
+  // [0, 1]) and the seed of those decisions.
+  int32_t spec_tokens = 0;
+  double spec_acceptance = 0.7;
+  uint64_t spec_seed = 1;
 };
+
+// The most draft slots SchedulerConfig::spec_tokens may ask for.
+inline constexpr int32_t kMaxSpecTokens = 64;
 
 // What stopped a step's admissions while requests were still waiting.
 enum class StepLimit : uint8_t {
@@ -204,11 +240,26 @@ struct SimResult {
   int64_t table_setup_ns = 0;
   std::vector<StepRecord> timeline;
   // Queueing, over completed requests, in steps: from arrival to the step
-  // that first admits it (queue wait), and to that step's end, when its
-  // first token exists (time to first token: queue wait + 1, since a prompt
-  // is prefilled in the step that admits it).
+  // that first admits it (queue wait), and to the end of the step that
+  // first completes its prompt, when its first token exists (time to first
+  // token: queue wait + 1 for a prompt computed in the step that admits
+  // it).
   StepStats queue_steps;
   StepStats ttft_steps;
+  // Chunked prefill: the prompt chunks after the admitting steps (the
+  // manager's AppendPrompt calls), and over completed requests the steps
+  // their prompt was computed in, in the admission that completed (1: in
+  // the admitting step alone).
+  int64_t prompt_chunks = 0;
+  StepStats prompt_steps;
+  // Speculative decoding: draft slots proposed and drafts accepted, summed
+  // over sequences and steps; the most pages that held nothing but draft
+  // slots after a step; the copy-on-write copies drafts made (of
+  // cow_copies).
+  int64_t drafts_proposed = 0;
+  int64_t drafts_accepted = 0;
+  int32_t peak_draft_pages = 0;
+  int64_t draft_copies = 0;
   int64_t peak_waiting = 0;  // requests arrived and queued, at most.
   // Committed steps whose admissions stopped at each limit while requests
   // waited.
@@ -237,7 +288,9 @@ class Scheduler {
  public:
   // A scheduler over a fresh manager, page table and KV pool on `device`
   // (which must outlive it). InvalidArgument for a config that fails
-  // Validate() or a non-positive max_tokens_per_step; the errors of
+  // Validate(), a non-positive max_tokens_per_step, a negative chunk_tokens,
+  // spec_tokens outside [0, kMaxSpecTokens] or spec_acceptance outside
+  // [0, 1]; the errors of
   // BlockManager::Create, KVPageTable::Create and BatchCommit::Create; and
   // ResourceExhausted when the device cannot hold the KV pool.
   static absl::StatusOr<std::unique_ptr<Scheduler>> Create(
