@@ -367,7 +367,8 @@ absl::Status BlockManager::AppendSlow(
       const BlockHash chain_before = cold.last_full_hash;
       if (options_.enable_prefix_caching) {
         KVBLOCK_RETURN_IF_ERROR(RegisterFullPage(
-            entry, static_cast<int32_t>(hot.num_tokens / page_size), nullptr));
+            entry, static_cast<int32_t>(hot.num_tokens / page_size), nullptr,
+            absl::MakeConstSpan(partial, page_size)));
       }
       journal_->Filled(entry, chain_before);
       ++hot.num_tokens;
@@ -449,45 +450,67 @@ absl::Status BlockManager::AppendSlow(
   // From here on the last page is fresh, copied or held here alone.
   hot.tail_maybe_shared = false;
   const int32_t pages_before = table.num_pages();
-  for (const TokenId token : tokens) {
-    if (offset == 0 && hot.num_tokens / page_size == table.num_pages()) {
-      KVBLOCK_ASSIGN_OR_RETURN(const PageId page, pool_->Allocate());
-      KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(absl::MakeConstSpan(&page, 1)));
-      ++result.new_pages;
+  if (pages > pages_before) {
+    // Every new page at once, before any fills (a long prompt chunk spans
+    // many). The capacity was checked above.
+    const absl::Span<PageId> fresh =
+        absl::MakeSpan(page_scratch_).first(pages - pages_before);
+    KVBLOCK_RETURN_IF_ERROR(pool_->AllocateN(fresh));
+    KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(fresh));
+    result.new_pages += static_cast<int32_t>(fresh.size());
+  }
+  // The partial page first (its tokens are in `partial`), then whole pages
+  // straight from `tokens` (a long prompt chunk spans many), then the tail.
+  // Each page that fills is registered.
+  absl::Span<const TokenId> rest = tokens;
+  absl::Span<const TokenId> page_tokens;  // of the last page filled.
+  while (!rest.empty()) {
+    if (offset == 0 && rest.size() >= static_cast<size_t>(page_size)) {
+      page_tokens = rest.first(page_size);
+      rest.remove_prefix(page_size);
+      hot.num_tokens += page_size;
+    } else {
+      const size_t take =
+          std::min(rest.size(), static_cast<size_t>(page_size - offset));
+      std::copy_n(rest.begin(), take, partial + offset);
+      rest.remove_prefix(take);
+      hot.num_tokens += static_cast<int64_t>(take);
+      offset += static_cast<int32_t>(take);
+      if (offset < page_size) break;
+      offset = 0;
+      page_tokens = absl::MakeConstSpan(partial, page_size);
     }
-    partial[offset] = token;
-    ++hot.num_tokens;
-    if (++offset < page_size) continue;
-    offset = 0;
-    if (options_.enable_prefix_caching) {
-      const int32_t page = static_cast<int32_t>(hot.num_tokens / page_size) - 1;
-      // Page 0 is hashed: it checks that the hashes are this prompt's.
-      const BlockHash* given =
-          page > 0 && !prompt_hashes.empty() ? &prompt_hashes[page] : nullptr;
-      KVBLOCK_RETURN_IF_ERROR(RegisterFullPage(entry, page, given));
-      if (page == 0 && !prompt_hashes.empty() &&
-          cold.last_full_hash != prompt_hashes[0]) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "block manager: the prompt hashes of a chunk of sequence ", cold.id,
-            " do not start from its prompt and extra keys"));
-      }
+    if (!options_.enable_prefix_caching) continue;
+    const int32_t page = static_cast<int32_t>(hot.num_tokens / page_size) - 1;
+    // Page 0 is hashed: it checks that the hashes are this prompt's.
+    const BlockHash* given =
+        page > 0 && !prompt_hashes.empty() ? &prompt_hashes[page] : nullptr;
+    KVBLOCK_RETURN_IF_ERROR(RegisterFullPage(entry, page, given, page_tokens));
+    if (page == 0 && !prompt_hashes.empty() &&
+        cold.last_full_hash != prompt_hashes[0]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block manager: the prompt hashes of a chunk of sequence ", cold.id,
+          " do not start from its prompt and extra keys"));
     }
+  }
+  // At offset 0 `partial` holds the last full page's tokens (an undone fill
+  // of this transaction needs them back).
+  if (offset == 0 && !page_tokens.empty() && page_tokens.data() != partial) {
+    std::copy(page_tokens.begin(), page_tokens.end(), partial);
   }
   hot.offset = offset;
   DrawReservation(entry, table.num_pages() - pages_before);
   return absl::OkStatus();
 }
 
-absl::Status BlockManager::RegisterFullPage(int32_t entry, int32_t page,
-                                            const BlockHash* hash) {
+absl::Status BlockManager::RegisterFullPage(
+    int32_t entry, int32_t page, const BlockHash* hash,
+    absl::Span<const TokenId> page_tokens) {
   const SequenceBlockTable& table = slab_->hot(entry).table;
   internal::SequenceCold& cold = slab_->cold(entry);
   const BlockHash full =
-      hash != nullptr
-          ? *hash
-          : hasher_.HashPage(
-                cold.last_full_hash,
-                absl::MakeConstSpan(slab_->partial(entry), config_.page_size));
+      hash != nullptr ? *hash
+                      : hasher_.HashPage(cold.last_full_hash, page_tokens);
   KVBLOCK_RETURN_IF_ERROR(
       pool_->RegisterCached(table.entries()[page], full).status());
   cold.last_full_hash = full;

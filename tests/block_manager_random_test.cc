@@ -281,12 +281,12 @@ class Model {
     }
     sequence.drafts = static_cast<int32_t>(std::max<int64_t>(
         0, sequence.drafts - static_cast<int64_t>(tokens.size())));
+    // Every new page is allocated before any fills (and is registered).
+    while (static_cast<int64_t>(sequence.pages.size()) < pages) {
+      sequence.pages.push_back(AllocateOne());
+      ++result.new_pages;
+    }
     for (const TokenId token : tokens) {
-      if (sequence.tokens.size() % page_size == 0 &&
-          sequence.tokens.size() / page_size == sequence.pages.size()) {
-        sequence.pages.push_back(AllocateOne());
-        ++result.new_pages;
-      }
       sequence.tokens.push_back(token);
       if (sequence.tokens.size() % page_size != 0 ||
           !options_.enable_prefix_caching) {

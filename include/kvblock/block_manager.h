@@ -438,9 +438,10 @@ class BlockManager {
                           absl::Span<const BlockHash> prompt_hashes = {});
   absl::Status SetDraftsAt(int32_t entry, int32_t count, AppendResult& result);
   // Registers the sequence's full page `page` (the one its last token
-  // filled) under `hash`, or hashes it when null.
+  // filled, holding `page_tokens`) under `hash`, or hashes it when null.
   absl::Status RegisterFullPage(int32_t entry, int32_t page,
-                                const BlockHash* hash);
+                                const BlockHash* hash,
+                                absl::Span<const TokenId> page_tokens);
   // What allocations for the sequence at `entry` may take now: free +
   // evictable, less the other sequences' reservations.
   int64_t AllocatableFor(int32_t entry) const;

@@ -33,6 +33,16 @@
 // and the patch kernel); on the host device the copy is a memcpy and the
 // patch is applied by the CPU, both inside the time.
 //
+// Speculative decoding (`drafts:4`): every running sequence holds 4 draft
+// slots after each step; the next step accepts each draft with probability
+// 0.7 until the first rejection, so it appends 1 + accepted tokens (2.77 on
+// average) and sets 4 new drafts (pages for them allocated, shared partial
+// pages copied, pages wholly past the new end released). `ns_per_seq` is
+// then the cost of one sequence's step, which advances it 2.77 tokens, to
+// set against the `drafts:0` row's one token. The pool is three times as
+// large (sequences run longer before they finish), and a sequence that
+// nears its row's width finishes.
+//
 // Heap allocations are counted by replacing the global operator new in this
 // binary and OpenSSL's allocator (SHA-256 page hashes): `allocs_per_step`
 // counts those made inside the timed calls (the goal is 0).
@@ -102,6 +112,7 @@ constexpr int32_t kPageSize = 16;
 constexpr int32_t kPrefixTokens = 4 * kPageSize;
 constexpr int32_t kMaxSuffixTokens = 2 * kPageSize;
 constexpr int32_t kWarmupSteps = 1000;
+constexpr double kDraftAcceptance = 0.7;
 
 // A decode workload at one batch size: the stack, and the scratch the
 // scheduler fills each step (reused, so steps allocate nothing here).
@@ -110,16 +121,19 @@ class DecodeWorkload {
   // Creates the stack and fills the batch; false (with the error reported to
   // `state`) on failure.
   bool Init(benchmark::State& state, int32_t batch, int32_t width,
-            HashAlgorithm hash, bool prefix_caching, bool hash_on_arrival) {
+            HashAlgorithm hash, bool prefix_caching, bool hash_on_arrival,
+            int32_t drafts) {
     batch_ = batch;
     hash_on_arrival_ = hash_on_arrival;
+    drafts_ = drafts;
+    max_tokens_ = int64_t{width - 1} * kPageSize - (drafts + 1);
     PagedKvConfig config;
     config.page_size = kPageSize;
     config.max_pages_per_seq = width;
     config.max_batch = batch;
     // Steady state: about half the pool in use, the rest cached pages that
     // the steps evict.
-    config.num_pages = 16 * batch;
+    config.num_pages = (drafts > 0 ? 48 : 16) * batch;
     BlockManagerOptions options;
     options.hash_algorithm = hash;
     options.enable_prefix_caching = prefix_caching;
@@ -150,6 +164,7 @@ class DecodeWorkload {
     finished_.reserve(batch);
     leaving_slots_.reserve(batch);
     counts_.assign(batch, 1);
+    draft_counts_.assign(drafts > 0 ? batch : 0, 0);
 
     // Everyone joins at once, then the batch runs into its steady state
     // (cache full, evicting; journals and scratch at their peak size).
@@ -164,28 +179,56 @@ class DecodeWorkload {
   }
 
   // Drafts the next decode step: ~1% finish at random slots, as many prompts
-  // arrive and join, every other sequence appends one token.
+  // arrive and join, every other sequence appends one token (with drafts:
+  // its accepted drafts and one, then holds new drafts).
   void Draft() {
     finish_credit_ += batch_;
-    const int32_t leaving = finish_credit_ / 100;
+    int32_t leaving = finish_credit_ / 100;
     finish_credit_ %= 100;
     finished_.clear();
     leaving_slots_.clear();
     const absl::Span<const SequenceId> slots = commit_->slots();
+    int32_t tokens = batch_;
+    if (drafts_ > 0) {
+      tokens = 0;
+      // The last step's joins, after the survivors, hold no drafts yet.
+      const int32_t drafting = batch_ - last_joins_;
+      for (SlotId slot = 0; slot < batch_; ++slot) {
+        int32_t accepted = 0;
+        const int32_t held = slot < drafting ? drafts_ : 0;
+        while (accepted < held && accept_(rng_)) ++accepted;
+        counts_[slot] = 1 + accepted;
+        draft_counts_[slot] = drafts_;
+        tokens += counts_[slot];
+        // A sequence that nears its row's width finishes.
+        if (leaving_slots_.size() < static_cast<size_t>(batch_ / 2) &&
+            manager_->NumTokens(slots[slot]).value_or(0) > max_tokens_) {
+          tokens -= counts_[slot];
+          counts_[slot] = draft_counts_[slot] = 0;
+          leaving_slots_.push_back(slot);
+          finished_.push_back(slots[slot]);
+        }
+      }
+      leaving += static_cast<int32_t>(finished_.size());
+    }
     while (static_cast<int32_t>(finished_.size()) < leaving) {
       const SlotId slot =
           static_cast<SlotId>(rng_() % static_cast<uint32_t>(batch_));
       if (counts_[slot] == 0) continue;  // already leaving.
+      tokens -= counts_[slot];
       counts_[slot] = 0;
+      if (drafts_ > 0) draft_counts_[slot] = 0;
       leaving_slots_.push_back(slot);
       finished_.push_back(slots[slot]);
     }
     for (int32_t i = 0; i < leaving; ++i) DraftJoin(i);
+    last_joins_ = leaving;
     plan_ = StepPlan{
         .finished = finished_,
         .joins = absl::MakeConstSpan(joins_.data(), leaving),
         .append_counts = counts_,
-        .append_tokens = NextTokens(batch_ - leaving),
+        .append_tokens = NextTokens(tokens),
+        .draft_counts = draft_counts_,
     };
   }
 
@@ -245,6 +288,10 @@ class DecodeWorkload {
 
   int32_t batch_ = 0;
   bool hash_on_arrival_ = false;
+  int32_t drafts_ = 0;
+  int64_t max_tokens_ = 0;  // a drafting sequence past this finishes.
+  int32_t last_joins_ = 0;  // joins of the last step: its last slots.
+  std::bernoulli_distribution accept_{kDraftAcceptance};
   double arrival_seconds_ = 0;
   std::unique_ptr<BlockManager> manager_;
   std::unique_ptr<KVPageTable> table_;
@@ -264,12 +311,14 @@ class DecodeWorkload {
   StepPlan plan_;
   std::vector<SequenceId> finished_;
   std::vector<SlotId> leaving_slots_;
-  std::vector<int32_t> counts_;  // by slot: 1, or 0 while leaving.
+  std::vector<int32_t> counts_;        // by slot: tokens, or 0 while leaving.
+  std::vector<int32_t> draft_counts_;  // by slot; empty without drafts.
 };
 
 // Args: batch, width (max_pages_per_seq), upload (0/1), hash (0: SHA-256,
 // the default; 1: XXH3), prefix caching (1, the default; 0: off, so no page
-// is hashed), prompts hashed on arrival (1) or in the step (0).
+// is hashed), prompts hashed on arrival (1) or in the step (0), drafts per
+// sequence.
 void BM_CommitDecodeStep(benchmark::State& state) {
   if (!crypto_allocations_counted) {
     state.SkipWithError("OpenSSL allocated before its allocator was replaced");
@@ -282,7 +331,8 @@ void BM_CommitDecodeStep(benchmark::State& state) {
       state.range(3) == 0 ? HashAlgorithm::kSha256 : HashAlgorithm::kXxh3_128;
   DecodeWorkload workload;
   if (!workload.Init(state, batch, width, hash, state.range(4) != 0,
-                     state.range(5) != 0)) {
+                     state.range(5) != 0,
+                     static_cast<int32_t>(state.range(6)))) {
     return;
   }
   const double arrival_before = workload.arrival_seconds();
@@ -331,12 +381,15 @@ void BM_CommitDecodeStep(benchmark::State& state) {
   state.SetLabel(std::string(BenchDevice().name()));
 }
 BENCHMARK(BM_CommitDecodeStep)
-    ->ArgNames({"batch", "width", "upload", "xxh3", "cache", "arrival"})
+    ->ArgNames({"batch", "width", "upload", "xxh3", "cache", "arrival",
+                "drafts"})
     // The whole step, upload included, at three row widths.
-    ->ArgsProduct({{64, 256, 1024}, {128, 256, 2048}, {1}, {0}, {1}, {1}})
+    ->ArgsProduct({{64, 256, 1024}, {128, 256, 2048}, {1}, {0}, {1}, {1}, {0}})
+    // Speculative decoding: 4 drafts a sequence, 70% accepted each.
+    ->ArgsProduct({{64, 256, 1024}, {256}, {1}, {0}, {1}, {1}, {4}})
     // Commit alone: the hash algorithms, hashing in the step, no caching.
-    ->ArgsProduct({{64, 256, 1024}, {128}, {0}, {0, 1}, {1}, {1, 0}})
-    ->ArgsProduct({{64, 256, 1024}, {128}, {0}, {0}, {0}, {0}})
+    ->ArgsProduct({{64, 256, 1024}, {128}, {0}, {0, 1}, {1}, {1, 0}, {0}})
+    ->ArgsProduct({{64, 256, 1024}, {128}, {0}, {0}, {0}, {0}, {0}})
     ->UseManualTime();
 
 }  // namespace
