@@ -189,6 +189,14 @@ void BlockManager::RollbackTransaction(const Transaction& transaction) {
         }
         return;
       }
+      case JournalRecord::Kind::kRedrafted: {
+        const JournalRecord::Redrafted& r = record.redrafted;
+        SequenceHot& hot = slab.hot(r.entry);
+        hot.num_tokens -= r.count;
+        hot.offset -= r.count;
+        hot.drafts = r.drafts;
+        return;
+      }
       case JournalRecord::Kind::kDrafted: {
         const JournalRecord::Drafted& r = record.drafted;
         SequenceHot& hot = slab.hot(r.entry);

@@ -64,6 +64,31 @@ inline bool BlockManager::AppendInPlace(int32_t entry,
   return true;
 }
 
+inline bool BlockManager::RedraftInPlace(int32_t entry,
+                                         absl::Span<const TokenId> tokens,
+                                         int32_t drafts) {
+  const int32_t page_size = config_.page_size;
+  if (drafts < 0 || tokens.size() >= static_cast<size_t>(page_size)) {
+    return false;
+  }
+  const int32_t count = static_cast<int32_t>(tokens.size());
+  SequenceHot& hot = slab_->hot(entry);
+  if (hot.offset == 0 || hot.tail_maybe_shared ||
+      hot.num_tokens < hot.prompt_end || hot.offset + count >= page_size) {
+    return false;
+  }
+  const int64_t end = hot.num_tokens + count + drafts;
+  if ((end + page_size - 1) / page_size != hot.table.num_pages()) return false;
+  std::copy(tokens.begin(), tokens.end(), slab_->partial(entry) + hot.offset);
+  journal_->Redrafted(entry, count, hot.drafts);
+  // As the append then SetDraftsAt would count them.
+  if (drafts != std::max(0, hot.drafts - count)) stats_.draft_slots += drafts;
+  hot.num_tokens += count;
+  hot.offset += count;
+  hot.drafts = drafts;
+  return true;
+}
+
 absl::StatusOr<AppendResult> BlockManager::Append(
     SequenceId id, absl::Span<const TokenId> tokens) {
   const int32_t entry = slab_->Find(id);
@@ -294,6 +319,9 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
           tokens.subspan(next, count);
       next += count;
       stats_.appended_tokens += count;
+      if (drafting && RedraftInPlace(entry, entry_tokens, draft_counts[i])) {
+        continue;
+      }
       const bool in_place = AppendInPlace(entry, entry_tokens);
       if (in_place && !drafting) continue;
       const SequenceBlockTable& table = slab_->hot(entry).table;

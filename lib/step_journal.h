@@ -75,6 +75,7 @@ struct JournalRecord {
     kNewPage,
     kChanged,
     kDrafted,
+    kRedrafted,
   };
   struct Created {
     int32_t entry;
@@ -115,6 +116,12 @@ struct JournalRecord {
     bool tail_maybe_shared;
   };
 
+  // Tokens appended in place and the drafts set again, no page changed.
+  struct Redrafted {
+    int32_t entry;
+    int32_t count;
+    int32_t drafts;  // before.
+  };
   struct Drafted {
     int32_t entry;
     int32_t drafts;
@@ -138,6 +145,7 @@ struct JournalRecord {
     NewPage new_page;
     Changed changed;
     Drafted drafted;
+    Redrafted redrafted;
   };
 };
 
@@ -213,6 +221,10 @@ class StepJournal {
   void Appended(int32_t entry, int32_t count) {
     JournalRecord& record = Add(JournalRecord::Kind::kAppended);
     record.appended = {entry, count};
+  }
+  void Redrafted(int32_t entry, int32_t count, int32_t drafts) {
+    JournalRecord& record = Add(JournalRecord::Kind::kRedrafted);
+    record.redrafted = {entry, count, drafts};
   }
   void Filled(int32_t entry, const BlockHash& chain_before) {
     JournalRecord& record = Add(JournalRecord::Kind::kFilled);

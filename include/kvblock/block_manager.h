@@ -427,6 +427,12 @@ class BlockManager {
   // stay in a partial page held here alone, the one check both share);
   // AppendSlow the rest.
   bool AppendInPlace(int32_t entry, absl::Span<const TokenId> tokens);
+  // Speculative decoding's common step, for AppendMany with draft counts:
+  // the tokens stay in the partial page (held here alone) without filling
+  // it, and `drafts` new drafts end on the pages already held: no page is
+  // allocated, released, copied or filled. False (nothing done) otherwise.
+  bool RedraftInPlace(int32_t entry, absl::Span<const TokenId> tokens,
+                      int32_t drafts);
   // `prompt_hashes`: the whole prompt's hashes for a prompt chunk (pages
   // that fill take theirs), else empty (they are hashed).
   size_t AppendDecodeRun(absl::Span<const SequenceHandle> handles,
