@@ -273,12 +273,15 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
                                       absl::Span<const TokenId> tokens,
                                       AppendManyResult& result,
                                       absl::Span<const int32_t> draft_counts) {
-  result.changed.clear();
-  result.pages.clear();
-  result.first_changed_page.clear();
-  result.copies.clear();
-  result.new_pages = 0;
-  result.draft_copies = 0;
+  const auto clear_result = [&result] {
+    result.changed.clear();
+    result.pages.clear();
+    result.first_changed_page.clear();
+    result.copies.clear();
+    result.new_pages = 0;
+    result.draft_copies = 0;
+  };
+  clear_result();
   if (handles.size() != counts.size() ||
       (!draft_counts.empty() && draft_counts.size() != handles.size())) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -365,14 +368,7 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
     }
     return absl::OkStatus();
   });
-  if (!status.ok()) {
-    result.changed.clear();
-    result.pages.clear();
-    result.first_changed_page.clear();
-    result.copies.clear();
-    result.new_pages = 0;
-    result.draft_copies = 0;
-  }
+  if (!status.ok()) clear_result();
   return status;
 }
 
