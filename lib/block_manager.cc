@@ -164,6 +164,7 @@ void BlockManager::RollbackTransaction(const Transaction& transaction) {
           SequenceHot& hot = slab.hot(it->entry);
           hot.num_tokens -= it->count;
           hot.offset -= it->count;
+          hot.drafts = it->drafts;
         }
         return;
       }
@@ -187,14 +188,6 @@ void BlockManager::RollbackTransaction(const Transaction& transaction) {
           std::copy_n(journal.tokens(r.tokens_offset), page_size,
                       slab.partial(r.entry));
         }
-        return;
-      }
-      case JournalRecord::Kind::kRedrafted: {
-        const JournalRecord::Redrafted& r = record.redrafted;
-        SequenceHot& hot = slab.hot(r.entry);
-        hot.num_tokens -= r.count;
-        hot.offset -= r.count;
-        hot.drafts = r.drafts;
         return;
       }
       case JournalRecord::Kind::kDrafted: {

@@ -2,8 +2,9 @@
 //
 // BlockManager's append paths. Every append first asks one question, inline:
 // do the tokens stay in a partial page this sequence holds alone, without
-// filling it (StaysInPartialPage)? Then they are written in place with an
-// 8-byte undo note: Append's one sequence (AppendInPlace), or AppendMany's
+// filling it (StaysInPartialPage; with drafts, RedraftsInPlace: and the new
+// drafts end on the pages held)? Then they are written in place with a
+// 12-byte undo note: Append's one sequence (AppendInPlace), or AppendMany's
 // run of decoding sequences (AppendDecodeRun). Everything else takes the one
 // slow path, AppendSlow: a token that fills the partial page or starts a new
 // one (the decode cases, with short records), or the general case (several
@@ -34,6 +35,22 @@ inline bool StaysInPartialPage(const SequenceHot& hot, int32_t count,
          hot.num_tokens >= hot.prompt_end && hot.offset + count < page_size;
 }
 
+// Speculative decoding's common step: as StaysInPartialPage, but whatever
+// drafts the sequence holds, and then `drafts` new ones that end on the pages
+// it holds: no page is allocated, released, copied or filled.
+inline bool RedraftsInPlace(const SequenceHot& hot, int32_t count,
+                            int32_t drafts, int32_t page_size) {
+  if (hot.offset == 0 || hot.tail_maybe_shared || drafts < 0 ||
+      hot.num_tokens < hot.prompt_end || hot.offset + count >= page_size) {
+    return false;
+  }
+  // The pages held are those of num_tokens + drafts (an invariant): no
+  // need to read the table's line of the entry.
+  const int64_t held = hot.num_tokens + hot.drafts + page_size - 1;
+  const int64_t end = hot.num_tokens + count + drafts + page_size - 1;
+  return end / page_size == held / page_size;
+}
+
 // FailedPrecondition when the sequence at `hot` still has prompt tokens to
 // compute: its next tokens are those, through AppendPrompt.
 absl::Status CheckPromptDone(const SequenceHot& hot, SequenceId id) {
@@ -61,31 +78,6 @@ inline bool BlockManager::AppendInPlace(int32_t entry,
   journal_->Appended(entry, count);
   hot.num_tokens += count;
   hot.offset += count;
-  return true;
-}
-
-inline bool BlockManager::RedraftInPlace(int32_t entry,
-                                         absl::Span<const TokenId> tokens,
-                                         int32_t drafts) {
-  const int32_t page_size = config_.page_size;
-  if (drafts < 0 || tokens.size() >= static_cast<size_t>(page_size)) {
-    return false;
-  }
-  const int32_t count = static_cast<int32_t>(tokens.size());
-  SequenceHot& hot = slab_->hot(entry);
-  if (hot.offset == 0 || hot.tail_maybe_shared ||
-      hot.num_tokens < hot.prompt_end || hot.offset + count >= page_size) {
-    return false;
-  }
-  const int64_t end = hot.num_tokens + count + drafts;
-  if ((end + page_size - 1) / page_size != hot.table.num_pages()) return false;
-  std::copy(tokens.begin(), tokens.end(), slab_->partial(entry) + hot.offset);
-  journal_->Redrafted(entry, count, hot.drafts);
-  // As the append then SetDraftsAt would count them.
-  if (drafts != std::max(0, hot.drafts - count)) stats_.draft_slots += drafts;
-  hot.num_tokens += count;
-  hot.offset += count;
-  hot.drafts = drafts;
   return true;
 }
 
@@ -232,10 +224,14 @@ absl::Status BlockManager::SetDraftsAt(int32_t entry, int32_t count,
 
 size_t BlockManager::AppendDecodeRun(absl::Span<const SequenceHandle> handles,
                                      absl::Span<const int32_t> counts,
-                                     absl::Span<const TokenId> tokens, size_t i,
-                                     size_t& next, InPlaceAppend*& notes) {
+                                     absl::Span<const TokenId> tokens,
+                                     absl::Span<const int32_t> draft_counts,
+                                     size_t i, size_t& next,
+                                     InPlaceAppend*& notes) {
   const SequenceHandle* const handle_of = handles.data();
   const int32_t* const count_of = counts.data();
+  const int32_t* const draft_of =
+      draft_counts.empty() ? nullptr : draft_counts.data();
   const TokenId* const token_of = tokens.data();
   SequenceHot* const slab = slab_->hot_data();
   const size_t slab_size = static_cast<size_t>(slab_->limit());
@@ -243,25 +239,43 @@ size_t BlockManager::AppendDecodeRun(absl::Span<const SequenceHandle> handles,
   const int32_t page_size = config_.page_size;
   InPlaceAppend* note = notes;
   size_t token = next;
+  int64_t draft_slots = 0;
   for (; i < handles.size(); ++i) {
     const SequenceHandle handle = handle_of[i];
-    if (count_of[i] != 1 || token == tokens.size() ||
+    const int32_t count = count_of[i];
+    if (count < 1 || count >= page_size ||
+        static_cast<size_t>(count) > tokens.size() - token ||
         static_cast<size_t>(handle.index) >= slab_size) {
       break;
     }
     SequenceHot& hot = slab[handle.index];
-    if (!hot.live || hot.generation != handle.generation ||
-        !StaysInPartialPage(hot, 1, page_size)) {
+    if (!hot.live || hot.generation != handle.generation) break;
+    if (draft_of == nullptr
+            ? !StaysInPartialPage(hot, count, page_size)
+            : !RedraftsInPlace(hot, count, draft_of[i], page_size)) {
       break;
     }
-    // Read once: the token store below may alias it.
+    // Read once: the token stores below may alias it.
     const int32_t offset = hot.offset;
-    partial_tokens[static_cast<size_t>(handle.index) * page_size + offset] =
-        token_of[token++];
-    *note++ = {handle.index, 1};
-    ++hot.num_tokens;
-    hot.offset = offset + 1;
+    TokenId* const partial =
+        partial_tokens + static_cast<size_t>(handle.index) * page_size + offset;
+    if (count == 1) {
+      *partial = token_of[token];
+    } else {
+      std::copy_n(token_of + token, count, partial);
+    }
+    token += static_cast<size_t>(count);
+    *note++ = {handle.index, count, hot.drafts};
+    hot.num_tokens += count;
+    hot.offset = offset + count;
+    if (draft_of != nullptr) {
+      // Counted as the append and SetDraftsAt would count them.
+      const int32_t drafts = draft_of[i];
+      if (drafts != std::max(0, hot.drafts - count)) draft_slots += drafts;
+      hot.drafts = drafts;
+    }
   }
+  stats_.draft_slots += draft_slots;
   stats_.appended_tokens += static_cast<int64_t>(token - next);
   next = token;
   notes = note;
@@ -296,12 +310,11 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
     absl::Cleanup end_runs = [&] { journal_->EndRuns(notes); };
     size_t next = 0;
     for (size_t i = 0; i < handles.size(); ++i) {
-      if (!drafting) {
-        InPlaceAppend* const run = notes;
-        i = AppendDecodeRun(handles, counts, tokens, i, next, notes);
-        journal_->Run(run, notes);
-        if (i == handles.size()) break;
-      }
+      InPlaceAppend* const run = notes;
+      i = AppendDecodeRun(handles, counts, tokens, draft_counts, i, next,
+                          notes);
+      journal_->Run(run, notes);
+      if (i == handles.size()) break;
       const int32_t count = counts[i];
       if (count < 0 || static_cast<size_t>(count) > tokens.size() - next) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -322,22 +335,26 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
           tokens.subspan(next, count);
       next += count;
       stats_.appended_tokens += count;
-      if (drafting && RedraftInPlace(entry, entry_tokens, draft_counts[i])) {
-        continue;
-      }
       const bool in_place = AppendInPlace(entry, entry_tokens);
       if (in_place && !drafting) continue;
       const SequenceBlockTable& table = slab_->hot(entry).table;
       const int32_t pages_before = table.num_pages();
       AppendResult one;
+      // With drafts whose end does not fall back (the common speculative
+      // step), the append sets them too.
+      bool drafts_set = false;
       if (!in_place) {
-        KVBLOCK_RETURN_IF_ERROR(
-            CheckPromptDone(slab_->hot(entry), slab_->cold(entry).id));
-        KVBLOCK_RETURN_IF_ERROR(AppendSlow(entry, entry_tokens, one));
+        const SequenceHot& hot = slab_->hot(entry);
+        KVBLOCK_RETURN_IF_ERROR(CheckPromptDone(hot, slab_->cold(entry).id));
+        drafts_set = drafting && draft_counts[i] >= 0 &&
+                     hot.num_tokens + count + draft_counts[i] >
+                         int64_t{pages_before - 1} * config_.page_size;
+        KVBLOCK_RETURN_IF_ERROR(AppendSlow(entry, entry_tokens, one, {},
+                                           drafts_set ? draft_counts[i] : -1));
       }
       // A copy on write replaces the last page held before.
       int32_t first_changed = pages_before - (one.copy.has_value() ? 1 : 0);
-      if (drafting) {
+      if (drafting && !drafts_set) {
         const int32_t pages_between = table.num_pages();
         AppendResult drafted;
         KVBLOCK_RETURN_IF_ERROR(SetDraftsAt(entry, draft_counts[i], drafted));
@@ -372,9 +389,11 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
   return status;
 }
 
-absl::Status BlockManager::AppendSlow(
-    int32_t entry, absl::Span<const TokenId> tokens, AppendResult& result,
-    absl::Span<const BlockHash> prompt_hashes) {
+absl::Status BlockManager::AppendSlow(int32_t entry,
+                                      absl::Span<const TokenId> tokens,
+                                      AppendResult& result,
+                                      absl::Span<const BlockHash> prompt_hashes,
+                                      int32_t drafts_after) {
   const int32_t page_size = config_.page_size;
   SequenceHot& hot = slab_->hot(entry);
   internal::SequenceCold& cold = slab_->cold(entry);
@@ -385,7 +404,7 @@ absl::Status BlockManager::AppendSlow(
   // starts a page. (With one-token pages every page fills at once, and with
   // drafts or a prompt's hashes: the general case.)
   if (tokens.size() == 1 && page_size > 1 && hot.drafts == 0 &&
-      prompt_hashes.empty()) {
+      drafts_after <= 0 && prompt_hashes.empty()) {
     if (hot.offset == page_size - 1 && !hot.tail_maybe_shared) {
       partial[page_size - 1] = tokens[0];  // past the page until it counts.
       const BlockHash chain_before = cold.last_full_hash;
@@ -427,34 +446,50 @@ absl::Status BlockManager::AppendSlow(
   }
 
   // The general case: any number of tokens, across pages (draft slots'
-  // pages first), copying a shared partial page first.
+  // pages first), copying a shared partial page first; then the new drafts.
   const int64_t count = static_cast<int64_t>(tokens.size());
   const int64_t new_tokens = hot.num_tokens + count;
   const int32_t old_pages = table.num_pages();
-  const int64_t pages = (new_tokens + page_size - 1) / page_size;
-  if (pages > config_.max_pages_per_seq) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "block manager: sequence ", cold.id, " would hold ", new_tokens,
-        " tokens in ", pages,
-        " pages, more than max_pages_per_seq = ", config_.max_pages_per_seq));
-  }
+  const int64_t new_drafts =
+      drafts_after >= 0 ? drafts_after
+                        : std::max<int64_t>(0, int64_t{hot.drafts} - count);
   const PageId last_page = old_pages > 0 ? *table.Get(old_pages - 1) : kNoPage;
   // With drafts the partial page is held here alone: never copied.
   const bool copy = hot.offset != 0 && hot.tail_maybe_shared &&
                     pool_->RefCount(last_page) > 1;
-  const int64_t needed =
-      std::max<int64_t>(0, pages - old_pages) + (copy ? 1 : 0);
-  if (needed > AllocatableFor(entry)) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("block manager: sequence ", cold.id, " needs ", needed,
-                     " pages, ", AllocatableFor(entry), " are allocatable"));
+  // The tokens' pages, then with the new drafts (as SetDraftsAt would check
+  // them after the append).
+  const int64_t token_pages = (new_tokens + page_size - 1) / page_size;
+  const int64_t pages =
+      drafts_after > 0 ? (new_tokens + drafts_after + page_size - 1) / page_size
+                       : token_pages;
+  for (const int64_t end : {token_pages, pages}) {
+    const int64_t drafts = end == token_pages ? 0 : drafts_after;
+    if (end > config_.max_pages_per_seq) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "block manager: sequence ", cold.id, " would hold ", new_tokens,
+          " tokens and ", drafts, " drafts in ", end,
+          " pages, more than max_pages_per_seq = ", config_.max_pages_per_seq));
+    }
+    const int64_t needed =
+        std::max<int64_t>(0, end - old_pages) + (copy ? 1 : 0);
+    if (needed > AllocatableFor(entry)) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("block manager: sequence ", cold.id, " needs ", needed,
+                       " pages for its tokens and ", drafts, " drafts, ",
+                       AllocatableFor(entry), " are allocatable"));
+    }
   }
-  if (hot.drafts > 0) {
+  if (hot.drafts > 0 || new_drafts > 0) {
     // The tokens take the draft slots first.
     journal_->Drafted(entry, hot.drafts, old_pages, last_page,
                       hot.tail_maybe_shared, {});
-    hot.drafts =
-        static_cast<int32_t>(std::max<int64_t>(0, int64_t{hot.drafts} - count));
+    // As SetDraftsAt counts a change of drafts.
+    if (drafts_after >= 0 &&
+        new_drafts != std::max<int64_t>(0, int64_t{hot.drafts} - count)) {
+      stats_.draft_slots += new_drafts;
+    }
+    hot.drafts = static_cast<int32_t>(new_drafts);
   }
   int32_t offset = hot.offset;
   // The partial tokens are overwritten only when a page fills; at offset 0

@@ -59,10 +59,12 @@
 
 namespace kvblock::internal {
 
-// One entry of an appended_run record.
+// One entry of an appended_run record: `count` tokens appended in place to
+// the sequence at `entry`, which held `drafts` draft slots before.
 struct InPlaceAppend {
   int32_t entry;
   int32_t count;
+  int32_t drafts;
 };
 
 struct JournalRecord {
@@ -75,7 +77,6 @@ struct JournalRecord {
     kNewPage,
     kChanged,
     kDrafted,
-    kRedrafted,
   };
   struct Created {
     int32_t entry;
@@ -116,12 +117,6 @@ struct JournalRecord {
     bool tail_maybe_shared;
   };
 
-  // Tokens appended in place and the drafts set again, no page changed.
-  struct Redrafted {
-    int32_t entry;
-    int32_t count;
-    int32_t drafts;  // before.
-  };
   struct Drafted {
     int32_t entry;
     int32_t drafts;
@@ -145,7 +140,6 @@ struct JournalRecord {
     NewPage new_page;
     Changed changed;
     Drafted drafted;
-    Redrafted redrafted;
   };
 };
 
@@ -221,10 +215,6 @@ class StepJournal {
   void Appended(int32_t entry, int32_t count) {
     JournalRecord& record = Add(JournalRecord::Kind::kAppended);
     record.appended = {entry, count};
-  }
-  void Redrafted(int32_t entry, int32_t count, int32_t drafts) {
-    JournalRecord& record = Add(JournalRecord::Kind::kRedrafted);
-    record.redrafted = {entry, count, drafts};
   }
   void Filled(int32_t entry, const BlockHash& chain_before) {
     JournalRecord& record = Add(JournalRecord::Kind::kFilled);

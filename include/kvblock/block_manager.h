@@ -427,21 +427,20 @@ class BlockManager {
   // stay in a partial page held here alone, the one check both share);
   // AppendSlow the rest.
   bool AppendInPlace(int32_t entry, absl::Span<const TokenId> tokens);
-  // Speculative decoding's common step, for AppendMany with draft counts:
-  // the tokens stay in the partial page (held here alone) without filling
-  // it, and `drafts` new drafts end on the pages already held: no page is
-  // allocated, released, copied or filled. False (nothing done) otherwise.
-  bool RedraftInPlace(int32_t entry, absl::Span<const TokenId> tokens,
-                      int32_t drafts);
   // `prompt_hashes`: the whole prompt's hashes for a prompt chunk (pages
   // that fill take theirs), else empty (they are hashed).
   size_t AppendDecodeRun(absl::Span<const SequenceHandle> handles,
                          absl::Span<const int32_t> counts,
-                         absl::Span<const TokenId> tokens, size_t i,
+                         absl::Span<const TokenId> tokens,
+                         absl::Span<const int32_t> draft_counts, size_t i,
                          size_t& next, internal::InPlaceAppend*& notes);
+  // `drafts_after`: the draft slots the sequence then holds, whose end must
+  // not fall short of the pages it holds (no page is released); -1: those
+  // left after the tokens take theirs.
   absl::Status AppendSlow(int32_t entry, absl::Span<const TokenId> tokens,
                           AppendResult& result,
-                          absl::Span<const BlockHash> prompt_hashes = {});
+                          absl::Span<const BlockHash> prompt_hashes = {},
+                          int32_t drafts_after = -1);
   absl::Status SetDraftsAt(int32_t entry, int32_t count, AppendResult& result);
   // Registers the sequence's full page `page` (the one its last token
   // filled, holding `page_tokens`) under `hash`, or hashes it when null.
