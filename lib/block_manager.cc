@@ -210,7 +210,9 @@ void BlockManager::RollbackTransaction(const Transaction& transaction) {
         hot.num_tokens = r.num_tokens;
         hot.offset = static_cast<int32_t>(r.num_tokens % page_size);
         hot.tail_maybe_shared = r.tail_maybe_shared;
-        slab.cold(r.entry).last_full_hash = journal.hash(r.hash_index);
+        if (r.hash_index >= 0) {
+          slab.cold(r.entry).last_full_hash = journal.hash(r.hash_index);
+        }
         if (r.tokens_offset >= 0) {
           std::copy_n(journal.tokens(r.tokens_offset),
                       hot.offset == 0 ? page_size : hot.offset,

@@ -463,6 +463,7 @@ absl::Status BlockManager::AppendSlow(int32_t entry,
   const int64_t pages =
       drafts_after > 0 ? (new_tokens + drafts_after + page_size - 1) / page_size
                        : token_pages;
+  const int64_t allocatable = AllocatableFor(entry);
   for (const int64_t end : {token_pages, pages}) {
     const int64_t drafts = end == token_pages ? 0 : drafts_after;
     if (end > config_.max_pages_per_seq) {
@@ -473,11 +474,11 @@ absl::Status BlockManager::AppendSlow(int32_t entry,
     }
     const int64_t needed =
         std::max<int64_t>(0, end - old_pages) + (copy ? 1 : 0);
-    if (needed > AllocatableFor(entry)) {
+    if (needed > allocatable) {
       return absl::ResourceExhaustedError(
           absl::StrCat("block manager: sequence ", cold.id, " needs ", needed,
                        " pages for its tokens and ", drafts, " drafts, ",
-                       AllocatableFor(entry), " are allocatable"));
+                       allocatable, " are allocatable"));
     }
   }
   if (hot.drafts > 0 || new_drafts > 0) {
@@ -495,9 +496,10 @@ absl::Status BlockManager::AppendSlow(int32_t entry,
   // The partial tokens are overwritten only when a page fills; at offset 0
   // they are the last full page's, which an undone fill of this transaction
   // needs back.
-  const bool save_tokens = offset == 0 || offset + count >= page_size;
+  const bool fills = offset + count >= page_size;
+  const bool save_tokens = offset == 0 || fills;
   journal_->Changed(entry, hot.tail_maybe_shared, hot.num_tokens, old_pages,
-                    last_page, cold.last_full_hash,
+                    last_page, fills ? &cold.last_full_hash : nullptr,
                     save_tokens ? absl::MakeConstSpan(
                                       partial, offset == 0 ? page_size : offset)
                                 : absl::Span<const TokenId>());

@@ -233,9 +233,10 @@ class StepJournal {
   }
   // `partial` are the tokens to restore (num_tokens % page_size of them, a
   // page at 0), or empty when none need restoring.
+  // `chain_before`: null when no page fills (the chain stays).
   void Changed(int32_t entry, bool tail_maybe_shared, int64_t num_tokens,
                int32_t num_pages, PageId last_page,
-               const BlockHash& chain_before,
+               const BlockHash* chain_before,
                absl::Span<const TokenId> partial) {
     JournalRecord& record = Add(JournalRecord::Kind::kChanged);
     record.changed = {
@@ -243,11 +244,12 @@ class StepJournal {
         .num_pages = num_pages,
         .num_tokens = num_tokens,
         .last_page = last_page,
-        .hash_index = static_cast<int32_t>(hashes_.size()),
+        .hash_index =
+            chain_before == nullptr ? -1 : static_cast<int32_t>(hashes_.size()),
         .tokens_offset =
             partial.empty() ? -1 : static_cast<int32_t>(tokens_.size()),
         .tail_maybe_shared = tail_maybe_shared};
-    hashes_.push_back(chain_before);
+    if (chain_before != nullptr) hashes_.push_back(*chain_before);
     tokens_.insert(tokens_.end(), partial.begin(), partial.end());
   }
 
