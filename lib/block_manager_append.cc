@@ -222,63 +222,93 @@ absl::Status BlockManager::SetDraftsAt(int32_t entry, int32_t count,
   return absl::OkStatus();
 }
 
-size_t BlockManager::AppendDecodeRun(absl::Span<const SequenceHandle> handles,
-                                     absl::Span<const int32_t> counts,
-                                     absl::Span<const TokenId> tokens,
-                                     absl::Span<const int32_t> draft_counts,
-                                     size_t i, size_t& next,
-                                     InPlaceAppend*& notes) {
-  const SequenceHandle* const handle_of = handles.data();
-  const int32_t* const count_of = counts.data();
-  const int32_t* const draft_of =
-      draft_counts.empty() ? nullptr : draft_counts.data();
+namespace {
+
+// AppendDecodeRun's loop, one instantiation for plain decode (one token a
+// sequence, StaysInPartialPage) and one for speculative steps (several
+// tokens, RedraftsInPlace, the new drafts in `draft_of`). Returns the index
+// of the first sequence it did not take; advances `token` and `note`.
+template <bool kDrafting>
+size_t DecodeRun(absl::Span<const SequenceHandle> handles,
+                 const int32_t* count_of, absl::Span<const TokenId> tokens,
+                 const int32_t* draft_of, size_t i, size_t& next,
+                 InPlaceAppend*& notes, SequenceHot* slab, size_t slab_size,
+                 TokenId* partial_tokens, int32_t page_size,
+                 int64_t& draft_slots) {
   const TokenId* const token_of = tokens.data();
-  SequenceHot* const slab = slab_->hot_data();
-  const size_t slab_size = static_cast<size_t>(slab_->limit());
-  TokenId* const partial_tokens = slab_->partial_data();
-  const int32_t page_size = config_.page_size;
-  InPlaceAppend* note = notes;
+  // Locals, not the references, in the loop: no store may alias them.
   size_t token = next;
-  int64_t draft_slots = 0;
+  InPlaceAppend* note = notes;
+  int64_t slots = 0;
   for (; i < handles.size(); ++i) {
-    const SequenceHandle handle = handle_of[i];
-    const int32_t count = count_of[i];
-    if (count < 1 || count >= page_size ||
-        static_cast<size_t>(count) > tokens.size() - token ||
-        static_cast<size_t>(handle.index) >= slab_size) {
+    const SequenceHandle handle = handles[i];
+    const int32_t count = kDrafting ? count_of[i] : 1;
+    if (static_cast<size_t>(handle.index) >= slab_size) break;
+    if constexpr (kDrafting) {
+      if (count < 1 || count >= page_size ||
+          static_cast<size_t>(count) > tokens.size() - token) {
+        break;
+      }
+    } else if (count_of[i] != 1 || token == tokens.size()) {
       break;
     }
     SequenceHot& hot = slab[handle.index];
     if (!hot.live || hot.generation != handle.generation) break;
-    if (draft_of == nullptr
-            ? !StaysInPartialPage(hot, count, page_size)
-            : !RedraftsInPlace(hot, count, draft_of[i], page_size)) {
+    if constexpr (kDrafting) {
+      if (!RedraftsInPlace(hot, count, draft_of[i], page_size)) break;
+    } else if (!StaysInPartialPage(hot, 1, page_size)) {
       break;
     }
     // Read once: the token stores below may alias it.
     const int32_t offset = hot.offset;
     TokenId* const partial =
         partial_tokens + static_cast<size_t>(handle.index) * page_size + offset;
-    if (count == 1) {
-      *partial = token_of[token];
-    } else {
+    if constexpr (kDrafting) {
       std::copy_n(token_of + token, count, partial);
+    } else {
+      *partial = token_of[token];  // no call into memmove for one token.
     }
     token += static_cast<size_t>(count);
     *note++ = {handle.index, count, hot.drafts};
     hot.num_tokens += count;
     hot.offset = offset + count;
-    if (draft_of != nullptr) {
+    if constexpr (kDrafting) {
       // Counted as the append and SetDraftsAt would count them.
       const int32_t drafts = draft_of[i];
-      if (drafts != std::max(0, hot.drafts - count)) draft_slots += drafts;
+      if (drafts != std::max(0, hot.drafts - count)) slots += drafts;
       hot.drafts = drafts;
     }
   }
+  next = token;
+  notes = note;
+  draft_slots += slots;
+  return i;
+}
+
+}  // namespace
+
+size_t BlockManager::AppendDecodeRun(absl::Span<const SequenceHandle> handles,
+                                     absl::Span<const int32_t> counts,
+                                     absl::Span<const TokenId> tokens,
+                                     absl::Span<const int32_t> draft_counts,
+                                     size_t i, size_t& next,
+                                     InPlaceAppend*& notes) {
+  size_t token = next;
+  int64_t draft_slots = 0;
+  SequenceHot* const slab = slab_->hot_data();
+  const size_t slab_size = static_cast<size_t>(slab_->limit());
+  TokenId* const partial = slab_->partial_data();
+  const int32_t page_size = config_.page_size;
+  i = draft_counts.empty()
+          ? DecodeRun<false>(handles, counts.data(), tokens, nullptr, i, token,
+                             notes, slab, slab_size, partial, page_size,
+                             draft_slots)
+          : DecodeRun<true>(handles, counts.data(), tokens, draft_counts.data(),
+                            i, token, notes, slab, slab_size, partial,
+                            page_size, draft_slots);
   stats_.draft_slots += draft_slots;
   stats_.appended_tokens += static_cast<int64_t>(token - next);
   next = token;
-  notes = note;
   return i;
 }
 
