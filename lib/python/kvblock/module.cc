@@ -1,0 +1,500 @@
+// Copyright 2026 The kvblock Authors.
+//
+// kvblock._kvblock: the Python bindings (pybind11). Arrays in and out are
+// numpy: a step's counts and tokens are read in place when they are
+// contiguous int32 (others are converted once), and a step's results are
+// read-only views into the commit layer's buffers, valid until its next
+// commit. Commit and Upload run without the GIL. Errors raise kvblock.Error
+// subclasses (status_error.h).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "kvblock/batch_commit.h"
+#include "kvblock/block_hash.h"
+#include "kvblock/block_manager.h"
+#include "kvblock/config.h"
+#include "kvblock/device.h"
+#include "kvblock/page_table.h"
+#include "status_error.h"
+
+namespace kvblock::python {
+namespace {
+
+namespace py = pybind11;
+using py::literals::operator""_a;
+
+template <typename T>
+using Array = py::array_t<T, py::array::c_style | py::array::forcecast>;
+
+template <typename T>
+absl::Span<const T> SpanOf(const Array<T>& array) {
+  return absl::MakeConstSpan(array.data(), static_cast<size_t>(array.size()));
+}
+
+// Prompt hashes as an (n, 32) uint8 array, and back.
+absl::Span<const BlockHash> HashesOf(const std::optional<Array<uint8_t>>& a) {
+  if (!a.has_value() || a->size() == 0) return {};
+  if (a->ndim() != 2 || a->shape(1) != 32) {
+    Raise(absl::InvalidArgumentError(
+        "prompt_hashes must be an (n, 32) uint8 array"));
+  }
+  static_assert(sizeof(BlockHash) == 32);
+  return absl::MakeConstSpan(reinterpret_cast<const BlockHash*>(a->data()),
+                             static_cast<size_t>(a->shape(0)));
+}
+
+// A read-only view of `count` items at `data`, shaped `shape`, kept alive by
+// `owner`.
+template <typename T>
+py::array ReadOnlyView(const T* data, std::vector<py::ssize_t> shape,
+                       py::handle owner) {
+  py::array view(py::dtype::of<T>(), shape, {}, data, owner);
+  py::detail::array_proxy(view.ptr())->flags &=
+      ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  return view;
+}
+
+py::dict StatsDict(const BlockManagerStats& s) {
+  return py::dict(
+      "admitted"_a = s.admitted, "forks"_a = s.forks, "freed"_a = s.freed,
+      "preemptions"_a = s.preemptions, "prompt_tokens"_a = s.prompt_tokens,
+      "prefix_hit_tokens"_a = s.prefix_hit_tokens,
+      "prompt_chunks"_a = s.prompt_chunks,
+      "appended_tokens"_a = s.appended_tokens, "draft_slots"_a = s.draft_slots,
+      "cow_copies"_a = s.cow_copies, "evictions"_a = s.evictions,
+      "pages_in_use"_a = s.pages_in_use,
+      "peak_pages_in_use"_a = s.peak_pages_in_use);
+}
+
+py::array CopyPages(absl::Span<const PageId> pages) {
+  py::array_t<PageId> out(static_cast<py::ssize_t>(pages.size()));
+  std::copy(pages.begin(), pages.end(), out.mutable_data());
+  return out;
+}
+
+// One join of a step, as Python builds it.
+struct PyJoin {
+  SequenceId id = kNoSequence;
+  SequenceId fork_of = kNoSequence;
+  Array<TokenId> tokens;
+  std::string cache_salt;
+  int64_t adapter_id = 0;
+  std::optional<Array<uint8_t>> prompt_hashes;
+  std::optional<int64_t> prefill_tokens;
+  bool read_prefix_cache = true;
+};
+
+struct PyChunk {
+  SequenceId id = kNoSequence;
+  Array<TokenId> tokens;
+  std::optional<Array<uint8_t>> prompt_hashes;
+};
+
+AdmitOptions AdmitOf(std::optional<int64_t> prefill_tokens,
+                     bool read_prefix_cache) {
+  AdmitOptions admit;
+  if (prefill_tokens.has_value()) admit.prefill_tokens = *prefill_tokens;
+  admit.read_prefix_cache = read_prefix_cache;
+  return admit;
+}
+
+void BindConfig(py::module_& m) {
+  py::enum_<DType>(m, "DType")
+      .value("F16", DType::kF16)
+      .value("BF16", DType::kBf16)
+      .value("F32", DType::kF32);
+  py::class_<PagedKvConfig>(m, "PagedKvConfig",
+                            "Pool and page-table geometry, and the KV layout.")
+      .def(py::init<>())
+      .def_readwrite("num_pages", &PagedKvConfig::num_pages)
+      .def_readwrite("max_batch", &PagedKvConfig::max_batch)
+      .def_readwrite("max_pages_per_seq", &PagedKvConfig::max_pages_per_seq)
+      .def_readwrite("page_size", &PagedKvConfig::page_size)
+      .def_readwrite("num_layers", &PagedKvConfig::num_layers)
+      .def_readwrite("num_kv_heads", &PagedKvConfig::num_kv_heads)
+      .def_readwrite("head_dim", &PagedKvConfig::head_dim)
+      .def_readwrite("dtype", &PagedKvConfig::dtype)
+      .def("validate",
+           [](const PagedKvConfig& c) { ThrowIfError(c.Validate()); })
+      .def_property_readonly("max_tokens_per_seq",
+                             &PagedKvConfig::MaxTokensPerSeq);
+  py::enum_<HashAlgorithm>(m, "HashAlgorithm")
+      .value("SHA256", HashAlgorithm::kSha256)
+      .value("XXH3_128", HashAlgorithm::kXxh3_128);
+  py::class_<BlockManagerOptions>(m, "BlockManagerOptions")
+      .def(py::init<>())
+      .def_readwrite("enable_prefix_caching",
+                     &BlockManagerOptions::enable_prefix_caching)
+      .def_readwrite("hash_algorithm", &BlockManagerOptions::hash_algorithm)
+      .def_readwrite("watermark_pages", &BlockManagerOptions::watermark_pages)
+      .def_readwrite("max_sequences", &BlockManagerOptions::max_sequences)
+      .def_readwrite("reserve_prompt_pages",
+                     &BlockManagerOptions::reserve_prompt_pages);
+  py::class_<AdmissionPlan>(m, "AdmissionPlan")
+      .def_readonly("hit_pages", &AdmissionPlan::hit_pages)
+      .def_readonly("hit_tokens", &AdmissionPlan::hit_tokens)
+      .def_readonly("revived_pages", &AdmissionPlan::revived_pages)
+      .def_readonly("new_pages", &AdmissionPlan::new_pages)
+      .def_readonly("computed_tokens", &AdmissionPlan::computed_tokens)
+      .def_readonly("reserved_pages", &AdmissionPlan::reserved_pages)
+      .def_property_readonly("pages_consumed", &AdmissionPlan::pages_consumed);
+  py::class_<AppendResult>(m, "AppendResult")
+      .def_readonly("new_pages", &AppendResult::new_pages)
+      .def_readonly("released_pages", &AppendResult::released_pages)
+      .def_property_readonly("copy", [](const AppendResult& r) -> py::object {
+        if (!r.copy.has_value()) return py::none();
+        return py::make_tuple(r.copy->source, r.copy->destination);
+      });
+}
+
+void BindManager(py::module_& m) {
+  py::class_<BlockManager>(
+      m, "BlockManager",
+      "Sequences by id: admission with prefix hits, appends, chunked prefill, "
+      "drafts, fork, free, preempt. Every failing call changes nothing.")
+      .def(py::init([](const PagedKvConfig& config,
+                       const BlockManagerOptions& options) {
+             return ValueOrThrow(BlockManager::Create(config, options));
+           }),
+           "config"_a, "options"_a = BlockManagerOptions{})
+      .def(
+          "hash_prompt",
+          [](const BlockManager& bm, const Array<TokenId>& prompt,
+             const std::string& cache_salt, int64_t adapter_id) {
+            py::array_t<uint8_t> out(
+                {static_cast<py::ssize_t>(prompt.size() /
+                                          bm.config().page_size),
+                 py::ssize_t{32}});
+            const absl::Span<BlockHash> hashes(
+                reinterpret_cast<BlockHash*>(out.mutable_data()),
+                static_cast<size_t>(out.shape(0)));
+            ValueOrThrow(bm.HashPrompt(
+                SpanOf(prompt),
+                {.cache_salt = cache_salt, .adapter_id = adapter_id}, hashes));
+            return out;
+          },
+          "prompt"_a, "cache_salt"_a = "", "adapter_id"_a = 0,
+          "The hashes of the prompt's full pages, (pages, 32) uint8.")
+      .def(
+          "plan_admission",
+          [](const BlockManager& bm, const Array<TokenId>& prompt,
+             const std::string& cache_salt, int64_t adapter_id,
+             const std::optional<Array<uint8_t>>& prompt_hashes,
+             std::optional<int64_t> prefill_tokens, bool read_prefix_cache) {
+            return ValueOrThrow(bm.PlanAdmission(
+                SpanOf(prompt),
+                {.cache_salt = cache_salt, .adapter_id = adapter_id},
+                HashesOf(prompt_hashes),
+                AdmitOf(prefill_tokens, read_prefix_cache)));
+          },
+          "prompt"_a, "cache_salt"_a = "", "adapter_id"_a = 0,
+          "prompt_hashes"_a = py::none(), "prefill_tokens"_a = py::none(),
+          "read_prefix_cache"_a = true)
+      .def(
+          "admit",
+          [](BlockManager& bm, SequenceId id, const Array<TokenId>& prompt,
+             const std::string& cache_salt, int64_t adapter_id,
+             const std::optional<Array<uint8_t>>& prompt_hashes,
+             std::optional<int64_t> prefill_tokens, bool read_prefix_cache) {
+            return ValueOrThrow(
+                bm.Admit(id, SpanOf(prompt),
+                         {.cache_salt = cache_salt, .adapter_id = adapter_id},
+                         HashesOf(prompt_hashes),
+                         AdmitOf(prefill_tokens, read_prefix_cache)));
+          },
+          "id"_a, "prompt"_a, "cache_salt"_a = "", "adapter_id"_a = 0,
+          "prompt_hashes"_a = py::none(), "prefill_tokens"_a = py::none(),
+          "read_prefix_cache"_a = true)
+      .def(
+          "append",
+          [](BlockManager& bm, SequenceId id, const Array<TokenId>& tokens) {
+            return ValueOrThrow(bm.Append(id, SpanOf(tokens)));
+          },
+          "id"_a, "tokens"_a)
+      .def(
+          "append_prompt",
+          [](BlockManager& bm, SequenceId id, const Array<TokenId>& tokens,
+             const std::optional<Array<uint8_t>>& prompt_hashes) {
+            return ValueOrThrow(
+                bm.AppendPrompt(id, SpanOf(tokens), HashesOf(prompt_hashes)));
+          },
+          "id"_a, "tokens"_a, "prompt_hashes"_a = py::none())
+      .def(
+          "set_drafts",
+          [](BlockManager& bm, SequenceId id, int32_t count) {
+            return ValueOrThrow(bm.SetDrafts(id, count));
+          },
+          "id"_a, "count"_a)
+      .def(
+          "fork",
+          [](BlockManager& bm, SequenceId parent, SequenceId child) {
+            ThrowIfError(bm.Fork(parent, child));
+          },
+          "parent"_a, "child"_a)
+      .def(
+          "free",
+          [](BlockManager& bm, SequenceId id) { ThrowIfError(bm.Free(id)); },
+          "id"_a)
+      .def(
+          "preempt",
+          [](BlockManager& bm, SequenceId id) { ThrowIfError(bm.Preempt(id)); },
+          "id"_a)
+      .def("__contains__", &BlockManager::Contains)
+      .def("__len__", &BlockManager::num_sequences)
+      .def(
+          "pages",
+          [](const BlockManager& bm, SequenceId id) {
+            return CopyPages(ValueOrThrow(bm.Pages(id)));
+          },
+          "id"_a, "The sequence's page ids (a copy).")
+      .def(
+          "num_tokens",
+          [](const BlockManager& bm, SequenceId id) {
+            return ValueOrThrow(bm.NumTokens(id));
+          },
+          "id"_a)
+      .def(
+          "prompt_tokens_left",
+          [](const BlockManager& bm, SequenceId id) {
+            return ValueOrThrow(bm.PromptTokensLeft(id));
+          },
+          "id"_a)
+      .def(
+          "num_drafts",
+          [](const BlockManager& bm, SequenceId id) {
+            return ValueOrThrow(bm.NumDrafts(id));
+          },
+          "id"_a)
+      .def_property_readonly(
+          "num_free",
+          [](const BlockManager& bm) { return bm.pool().NumFree(); })
+      .def_property_readonly("num_allocatable", &BlockManager::NumAllocatable)
+      .def_property_readonly(
+          "num_cached",
+          [](const BlockManager& bm) { return bm.pool().NumCached(); })
+      .def_property_readonly("reserved_pages", &BlockManager::reserved_pages)
+      .def_property_readonly(
+          "stats", [](const BlockManager& bm) { return StatsDict(bm.stats()); })
+      .def_property_readonly("config", &BlockManager::config)
+      .def("reset_prefix_cache",
+           [](BlockManager& bm) { ThrowIfError(bm.ResetPrefixCache()); })
+      .def("begin_step", [](BlockManager& bm) { ThrowIfError(bm.BeginStep()); })
+      .def("commit_step",
+           [](BlockManager& bm) { ThrowIfError(bm.CommitStep()); })
+      .def("rollback_step",
+           [](BlockManager& bm) { ThrowIfError(bm.RollbackStep()); })
+      .def_property_readonly("in_step", &BlockManager::in_step)
+      .def("check_invariants",
+           [](const BlockManager& bm) { ThrowIfError(bm.CheckInvariants()); });
+}
+
+void BindTable(py::module_& m) {
+  py::class_<Device>(m, "Device",
+                     "Where the page table lives: the host, or a CUDA GPU.")
+      .def_static("host", [] { return Device::Host(); })
+      .def_static(
+          "cuda",
+          [](int ordinal) { return ValueOrThrow(Device::Cuda(ordinal)); },
+          "ordinal"_a = 0)
+      .def_property_readonly(
+          "name", [](const Device& d) { return std::string(d.name()); });
+  py::class_<KVPageTable>(
+      m, "KVPageTable",
+      "The batched device page table, int32 [max_batch, 2, "
+      "max_pages_per_seq]: K page ids, then V ids (K id + num_pages).")
+      .def(py::init([](int32_t max_batch, int32_t max_pages_per_seq,
+                       int32_t num_pages, Device& device) {
+             return ValueOrThrow(KVPageTable::Create(
+                 max_batch, max_pages_per_seq, num_pages, device));
+           }),
+           "max_batch"_a, "max_pages_per_seq"_a, "num_pages"_a, "device"_a,
+           py::keep_alive<1, 5>())
+      .def(
+          "upload",
+          [](KVPageTable& table) {
+            absl::StatusOr<bool> uploaded;
+            {
+              py::gil_scoped_release release;
+              uploaded = table.Upload(nullptr);
+            }
+            return ValueOrThrow(std::move(uploaded));
+          },
+          "Uploads the entries written since the last upload; True when "
+          "anything was copied.")
+      .def(
+          "host_row",
+          [](const py::object& self, SlotId slot) {
+            const KVPageTable& table = self.cast<const KVPageTable&>();
+            const absl::Span<const PageId> row =
+                ValueOrThrow(table.HostRow(slot));
+            return ReadOnlyView(row.data(),
+                                {static_cast<py::ssize_t>(row.size())}, self);
+          },
+          "slot"_a,
+          "The K page ids of row `slot` on the host, a read-only view.")
+      .def_property_readonly("max_batch", &KVPageTable::max_batch)
+      .def_property_readonly("max_pages_per_seq",
+                             &KVPageTable::max_pages_per_seq)
+      .def_property_readonly("num_pages", &KVPageTable::num_pages)
+      .def("check_invariants", [](const KVPageTable& table) {
+        ThrowIfError(table.CheckInvariants());
+      });
+}
+
+void BindCommit(py::module_& m) {
+  py::class_<PyJoin>(m, "Join",
+                     "A sequence joining a step: a prompt or a fork.")
+      .def(py::init([](SequenceId id, const Array<TokenId>& tokens,
+                       SequenceId fork_of, std::string cache_salt,
+                       int64_t adapter_id,
+                       std::optional<Array<uint8_t>> prompt_hashes,
+                       std::optional<int64_t> prefill_tokens,
+                       bool read_prefix_cache) {
+             return PyJoin{.id = id,
+                           .fork_of = fork_of,
+                           .tokens = tokens,
+                           .cache_salt = std::move(cache_salt),
+                           .adapter_id = adapter_id,
+                           .prompt_hashes = std::move(prompt_hashes),
+                           .prefill_tokens = prefill_tokens,
+                           .read_prefix_cache = read_prefix_cache};
+           }),
+           "id"_a, "tokens"_a = Array<TokenId>(0), "fork_of"_a = kNoSequence,
+           "cache_salt"_a = "", "adapter_id"_a = 0,
+           "prompt_hashes"_a = py::none(), "prefill_tokens"_a = py::none(),
+           "read_prefix_cache"_a = true)
+      .def_readonly("id", &PyJoin::id)
+      .def_readonly("fork_of", &PyJoin::fork_of);
+  py::class_<PyChunk>(m, "PromptChunk",
+                      "The next part of a running sequence's prompt.")
+      .def(py::init([](SequenceId id, const Array<TokenId>& tokens,
+                       std::optional<Array<uint8_t>> prompt_hashes) {
+             return PyChunk{.id = id,
+                            .tokens = tokens,
+                            .prompt_hashes = std::move(prompt_hashes)};
+           }),
+           "id"_a, "tokens"_a, "prompt_hashes"_a = py::none())
+      .def_readonly("id", &PyChunk::id);
+  py::class_<BatchCommit>(
+      m, "BatchCommit",
+      "Applies one scheduler step as a transaction and compacts it into the "
+      "page table.")
+      .def(py::init([](BlockManager& manager, KVPageTable& table) {
+             return ValueOrThrow(BatchCommit::Create(manager, table));
+           }),
+           "manager"_a, "table"_a, py::keep_alive<1, 2>(),
+           py::keep_alive<1, 3>())
+      .def(
+          "commit",
+          [](const py::object& self, const Array<SequenceId>& finished,
+             const Array<SequenceId>& preempted,
+             const std::vector<PyJoin>& joins,
+             const Array<int32_t>& append_counts,
+             const Array<TokenId>& append_tokens,
+             const std::vector<PyChunk>& prompt_chunks,
+             const Array<int32_t>& draft_counts) {
+            BatchCommit& commit = self.cast<BatchCommit&>();
+            std::vector<JoinRequest> join_requests;
+            join_requests.reserve(joins.size());
+            for (const PyJoin& j : joins) {
+              join_requests.push_back(
+                  {.id = j.id,
+                   .fork_of = j.fork_of,
+                   .tokens = SpanOf(j.tokens),
+                   .extra = {.cache_salt = j.cache_salt,
+                             .adapter_id = j.adapter_id},
+                   .prompt_hashes = HashesOf(j.prompt_hashes),
+                   .admit = AdmitOf(j.prefill_tokens, j.read_prefix_cache)});
+            }
+            std::vector<PromptChunk> chunks;
+            chunks.reserve(prompt_chunks.size());
+            for (const PyChunk& c : prompt_chunks) {
+              chunks.push_back({.id = c.id,
+                                .tokens = SpanOf(c.tokens),
+                                .prompt_hashes = HashesOf(c.prompt_hashes)});
+            }
+            const StepPlan plan{.finished = SpanOf(finished),
+                                .preempted = SpanOf(preempted),
+                                .joins = join_requests,
+                                .append_counts = SpanOf(append_counts),
+                                .append_tokens = SpanOf(append_tokens),
+                                .prompt_chunks = chunks,
+                                .draft_counts = SpanOf(draft_counts)};
+            absl::StatusOr<StepResult> result;
+            {
+              py::gil_scoped_release release;
+              result = commit.Commit(plan);
+            }
+            const StepResult step = ValueOrThrow(std::move(result));
+            static_assert(sizeof(KVPageTableRowMove) == 2 * sizeof(SlotId));
+            static_assert(sizeof(PageCopy) == 2 * sizeof(PageId));
+            return py::dict(
+                "old_to_new"_a = ReadOnlyView(
+                    step.old_to_new.data(),
+                    {static_cast<py::ssize_t>(step.old_to_new.size())}, self),
+                "batch"_a = step.batch,
+                "moves"_a = ReadOnlyView(
+                    reinterpret_cast<const SlotId*>(step.moves.data()),
+                    {static_cast<py::ssize_t>(step.moves.size()), 2}, self),
+                "changed_slots"_a = ReadOnlyView(
+                    step.changed_slots.data(),
+                    {static_cast<py::ssize_t>(step.changed_slots.size())},
+                    self),
+                "copies"_a = ReadOnlyView(
+                    reinterpret_cast<const PageId*>(step.copies.data()),
+                    {static_cast<py::ssize_t>(step.copies.size()), 2}, self),
+                "new_pages"_a = step.new_pages,
+                "draft_copies"_a = step.draft_copies);
+          },
+          "finished"_a = Array<SequenceId>(0),
+          "preempted"_a = Array<SequenceId>(0),
+          "joins"_a = std::vector<PyJoin>{},
+          "append_counts"_a = Array<int32_t>(0),
+          "append_tokens"_a = Array<TokenId>(0),
+          "prompt_chunks"_a = std::vector<PyChunk>{},
+          "draft_counts"_a = Array<int32_t>(0),
+          "Commits one step (BatchCommit::Commit). Returns a dict of the slot "
+          "map (`old_to_new`), `batch`, the row `moves`, `changed_slots`, the "
+          "copy-on-write `copies` (n, 2) and counts; the arrays are read-only "
+          "views valid until the next commit.")
+      .def_property_readonly(
+          "slots",
+          [](const py::object& self) {
+            const absl::Span<const SequenceId> slots =
+                self.cast<const BatchCommit&>().slots();
+            return ReadOnlyView(slots.data(),
+                                {static_cast<py::ssize_t>(slots.size())}, self);
+          })
+      .def_property_readonly("batch", &BatchCommit::batch)
+      .def(
+          "append_pages",
+          [](const BatchCommit& commit, const Array<int32_t>& append_counts,
+             const Array<int32_t>& draft_counts) {
+            return ValueOrThrow(commit.AppendPages(SpanOf(append_counts),
+                                                   SpanOf(draft_counts)));
+          },
+          "append_counts"_a, "draft_counts"_a = Array<int32_t>(0))
+      .def("check_invariants", [](const BatchCommit& commit) {
+        ThrowIfError(commit.CheckInvariants());
+      });
+}
+
+}  // namespace
+}  // namespace kvblock::python
+
+PYBIND11_MODULE(_kvblock, m) {
+  m.doc() = "kvblock: the KV-cache block manager of an LLM serving engine.";
+  kvblock::python::RegisterErrors(m);
+  kvblock::python::BindConfig(m);
+  kvblock::python::BindManager(m);
+  kvblock::python::BindTable(m);
+  kvblock::python::BindCommit(m);
+}

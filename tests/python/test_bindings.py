@@ -1,0 +1,171 @@
+# Copyright 2026 The kvblock Authors.
+"""kvblock's Python bindings: round trips through the C++ library, errors as
+exceptions that change nothing, and the zero-copy views of a step."""
+import numpy as np
+import pytest
+
+import kvblock
+
+
+def make_config(num_pages=32, max_batch=8, max_pages_per_seq=8, page_size=4):
+    config = kvblock.PagedKvConfig()
+    config.num_pages = num_pages
+    config.max_batch = max_batch
+    config.max_pages_per_seq = max_pages_per_seq
+    config.page_size = page_size
+    return config
+
+
+def make_stack(**kwargs):
+    config = make_config(**kwargs)
+    manager = kvblock.BlockManager(config)
+    device = kvblock.Device.host()
+    table = kvblock.KVPageTable(config.max_batch, config.max_pages_per_seq,
+                                config.num_pages, device)
+    commit = kvblock.BatchCommit(manager, table)
+    return manager, table, commit
+
+
+def test_errors_are_kvblock_errors_and_builtins():
+    assert issubclass(kvblock.InvalidArgumentError, kvblock.Error)
+    assert issubclass(kvblock.InvalidArgumentError, ValueError)
+    assert issubclass(kvblock.NotFoundError, KeyError)
+    assert issubclass(kvblock.OutOfRangeError, IndexError)
+    assert issubclass(kvblock.ResourceExhaustedError, RuntimeError)
+    config = make_config(num_pages=0)
+    with pytest.raises(kvblock.InvalidArgumentError, match="num_pages"):
+        config.validate()
+    with pytest.raises(ValueError):
+        kvblock.BlockManager(config)
+
+
+def test_admit_append_fork_free_round_trip():
+    manager = kvblock.BlockManager(make_config())
+    plan = manager.admit(1, np.arange(10, dtype=np.int32))
+    assert plan.new_pages == 3 and plan.hit_pages == 0
+    assert 1 in manager and len(manager) == 1
+    assert manager.num_tokens(1) == 10
+    manager.append(1, [100, 101])
+    assert manager.num_tokens(1) == 12
+    assert len(manager.pages(1)) == 3
+    manager.fork(1, 2)
+    assert list(manager.pages(2)) == list(manager.pages(1))
+    result = manager.append(2, [7])
+    assert result.new_pages == 1 and result.copy is None
+    manager.free(1)
+    manager.free(2)
+    assert len(manager) == 0
+    manager.check_invariants()
+    stats = manager.stats
+    assert stats["admitted"] == 1 and stats["forks"] == 1
+    assert stats["freed"] == 2
+
+
+def test_prefix_hits_and_hashes_on_arrival():
+    manager = kvblock.BlockManager(make_config())
+    prompt = np.arange(12, dtype=np.int32)
+    hashes = manager.hash_prompt(prompt, cache_salt="tenant")
+    assert hashes.shape == (3, 32) and hashes.dtype == np.uint8
+    manager.admit(1, prompt, cache_salt="tenant", prompt_hashes=hashes)
+    plan = manager.plan_admission(prompt, cache_salt="tenant",
+                                  prompt_hashes=hashes)
+    assert plan.hit_pages == 2  # a fully cached prompt recomputes its last.
+    assert manager.plan_admission(prompt, cache_salt="other").hit_pages == 0
+
+
+def test_a_failed_call_changes_nothing():
+    manager = kvblock.BlockManager(make_config(num_pages=4))
+    manager.admit(1, np.arange(8, dtype=np.int32))
+    before = (manager.num_free, manager.num_tokens(1), manager.stats)
+    with pytest.raises(kvblock.AlreadyExistsError, match="1"):
+        manager.admit(1, [1, 2])
+    with pytest.raises(kvblock.NotFoundError, match="42"):
+        manager.free(42)
+    with pytest.raises(kvblock.ResourceExhaustedError):
+        manager.append(1, np.arange(100, 120, dtype=np.int32))
+    with pytest.raises(kvblock.OutOfRangeError):
+        manager.admit(2, np.arange(40, dtype=np.int32))
+    assert (manager.num_free, manager.num_tokens(1), manager.stats) == before
+    manager.check_invariants()
+
+
+def test_chunked_prefill_and_drafts():
+    manager = kvblock.BlockManager(make_config())
+    prompt = np.arange(10, dtype=np.int32)
+    plan = manager.admit(1, prompt, prefill_tokens=4)
+    assert plan.computed_tokens == 4
+    assert manager.prompt_tokens_left(1) == 6
+    with pytest.raises(kvblock.FailedPreconditionError, match="prompt"):
+        manager.append(1, [5])
+    manager.append_prompt(1, prompt[4:])
+    assert manager.prompt_tokens_left(1) == 0
+    result = manager.set_drafts(1, 5)
+    assert result.new_pages == 1 and manager.num_drafts(1) == 5
+    manager.append(1, [1, 2])  # two drafts accepted.
+    assert manager.num_tokens(1) == 12
+    manager.check_invariants()
+
+
+def test_a_step_through_batch_commit():
+    manager, table, commit = make_stack()
+    step = commit.commit(joins=[
+        kvblock.Join(1, np.arange(6, dtype=np.int32)),
+        kvblock.Join(2, fork_of=1),
+        kvblock.Join(3, np.arange(50, 59, dtype=np.int32), prefill_tokens=4),
+    ])
+    assert step["batch"] == 3
+    assert list(commit.slots) == [1, 2, 3]
+    assert not step["old_to_new"].flags.writeable
+    table.upload()
+    # The host rows are the sequences' pages, as read-only views.
+    for slot, seq in enumerate(commit.slots):
+        row = table.host_row(slot)
+        assert not row.flags.writeable
+        np.testing.assert_array_equal(row[:len(manager.pages(seq))],
+                                      manager.pages(seq))
+    # Decode 1 and 2 (sharing a partial page: 2 copies it), chunk 3's rest.
+    step = commit.commit(
+        append_counts=np.array([1, 1, 0], dtype=np.int32),
+        append_tokens=np.array([7, 8], dtype=np.int32),
+        prompt_chunks=[kvblock.PromptChunk(3, np.arange(54, 59,
+                                                       dtype=np.int32))])
+    assert step["copies"].shape == (1, 2)
+    assert manager.prompt_tokens_left(3) == 0
+    # 1 finishes; the last row fills its hole.
+    step = commit.commit(finished=np.array([1]))
+    assert step["batch"] == 2
+    assert list(step["old_to_new"][:3]) == [-1, 1, 0]
+    assert step["moves"].tolist() == [[2, 0]]
+    commit.check_invariants()
+    table.upload()
+    table.check_invariants()
+
+
+def test_a_failed_step_rolls_back():
+    manager, table, commit = make_stack(num_pages=4)
+    commit.commit(joins=[kvblock.Join(1, np.arange(8, dtype=np.int32))])
+    before = (manager.num_free, list(commit.slots), manager.stats)
+    with pytest.raises(kvblock.ResourceExhaustedError):
+        commit.commit(append_counts=np.array([12], dtype=np.int32),
+                      append_tokens=np.arange(12, dtype=np.int32))
+    with pytest.raises(kvblock.InvalidArgumentError, match="append_counts"):
+        commit.commit(append_counts=np.array([1, 1], dtype=np.int32),
+                      append_tokens=np.arange(2, dtype=np.int32))
+    assert (manager.num_free, list(commit.slots), manager.stats) == before
+    commit.check_invariants()
+
+
+def test_speculative_step_with_draft_counts():
+    manager, table, commit = make_stack()
+    commit.commit(joins=[kvblock.Join(1, np.arange(5, dtype=np.int32))])
+    commit.commit(append_counts=np.array([1], dtype=np.int32),
+                  append_tokens=np.array([9], dtype=np.int32),
+                  draft_counts=np.array([4], dtype=np.int32))
+    assert manager.num_drafts(1) == 4
+    # Two drafts accepted plus the target's token; four new drafts.
+    commit.commit(append_counts=np.array([3], dtype=np.int32),
+                  append_tokens=np.array([10, 11, 12], dtype=np.int32),
+                  draft_counts=np.array([4], dtype=np.int32))
+    assert manager.num_tokens(1) == 9 and manager.num_drafts(1) == 4
+    assert len(manager.pages(1)) == 4  # (9 + 4) tokens in pages of 4.
+    commit.check_invariants()
