@@ -169,3 +169,26 @@ def test_speculative_step_with_draft_counts():
     assert manager.num_tokens(1) == 9 and manager.num_drafts(1) == 4
     assert len(manager.pages(1)) == 4  # (9 + 4) tokens in pages of 4.
     commit.check_invariants()
+
+
+def test_device_table_through_dlpack_matches_the_host_rows():
+    manager, table, commit = make_stack()
+    assert table.__dlpack_device__() == (1, 0)  # kDLCPU: the host device.
+    commit.commit(joins=[kvblock.Join(1, np.arange(9, dtype=np.int32)),
+                         kvblock.Join(2, np.arange(40, 45, dtype=np.int32))])
+    table.upload()
+    device = np.from_dlpack(table)
+    assert device.shape == (table.max_batch, 2, table.max_pages_per_seq)
+    assert device.dtype == np.int32
+    for slot in range(commit.batch):
+        row = table.host_row(slot)
+        live = row[row >= 0]
+        np.testing.assert_array_equal(device[slot, 0, :len(live)], live)
+        np.testing.assert_array_equal(device[slot, 1, :len(live)],
+                                      live + table.num_pages)
+    # The same memory, no copy: the next upload shows in the same array.
+    commit.commit(finished=np.array([1]))
+    table.upload()
+    np.testing.assert_array_equal(device[0, 0, :2], manager.pages(2))
+    del table, commit  # the exported array keeps the table alive.
+    assert device.sum() != 0

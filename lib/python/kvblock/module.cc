@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "dlpack_export.h"
 #include "kvblock/batch_commit.h"
 #include "kvblock/block_hash.h"
 #include "kvblock/block_manager.h"
@@ -79,6 +80,18 @@ py::array CopyPages(absl::Span<const PageId> pages) {
   std::copy(pages.begin(), pages.end(), out.mutable_data());
   return out;
 }
+
+// A device and where DLPack says it is.
+struct PyDevice {
+  std::unique_ptr<Device> device;
+  DLDevice dl_device;
+};
+
+// A page table and the device it lives on (kept alive by the Python object).
+struct PyTable {
+  std::unique_ptr<KVPageTable> table;
+  DLDevice dl_device;
+};
 
 // One join of a step, as Python builds it.
 struct PyJoin {
@@ -297,33 +310,44 @@ void BindManager(py::module_& m) {
 }
 
 void BindTable(py::module_& m) {
-  py::class_<Device>(m, "Device",
-                     "Where the page table lives: the host, or a CUDA GPU.")
-      .def_static("host", [] { return Device::Host(); })
+  py::class_<PyDevice>(m, "Device",
+                       "Where the page table lives: the host, or a CUDA GPU.")
+      .def_static(
+          "host",
+          [] {
+            return PyDevice{.device = Device::Host(), .dl_device = {kDLCPU, 0}};
+          })
       .def_static(
           "cuda",
-          [](int ordinal) { return ValueOrThrow(Device::Cuda(ordinal)); },
+          [](int ordinal) {
+            return PyDevice{.device = ValueOrThrow(Device::Cuda(ordinal)),
+                            .dl_device = {kDLCUDA, ordinal}};
+          },
           "ordinal"_a = 0)
-      .def_property_readonly(
-          "name", [](const Device& d) { return std::string(d.name()); });
-  py::class_<KVPageTable>(
+      .def_property_readonly("name", [](const PyDevice& d) {
+        return std::string(d.device->name());
+      });
+  py::class_<PyTable>(
       m, "KVPageTable",
       "The batched device page table, int32 [max_batch, 2, "
-      "max_pages_per_seq]: K page ids, then V ids (K id + num_pages).")
+      "max_pages_per_seq]: K page ids, then V ids (K id + num_pages). "
+      "__dlpack__ exports the device copy without copying.")
       .def(py::init([](int32_t max_batch, int32_t max_pages_per_seq,
-                       int32_t num_pages, Device& device) {
-             return ValueOrThrow(KVPageTable::Create(
-                 max_batch, max_pages_per_seq, num_pages, device));
+                       int32_t num_pages, PyDevice& device) {
+             return PyTable{
+                 .table = ValueOrThrow(KVPageTable::Create(
+                     max_batch, max_pages_per_seq, num_pages, *device.device)),
+                 .dl_device = device.dl_device};
            }),
            "max_batch"_a, "max_pages_per_seq"_a, "num_pages"_a, "device"_a,
            py::keep_alive<1, 5>())
       .def(
           "upload",
-          [](KVPageTable& table) {
+          [](PyTable& t) {
             absl::StatusOr<bool> uploaded;
             {
               py::gil_scoped_release release;
-              uploaded = table.Upload(nullptr);
+              uploaded = t.table->Upload(nullptr);
             }
             return ValueOrThrow(std::move(uploaded));
           },
@@ -332,21 +356,38 @@ void BindTable(py::module_& m) {
       .def(
           "host_row",
           [](const py::object& self, SlotId slot) {
-            const KVPageTable& table = self.cast<const KVPageTable&>();
+            const PyTable& t = self.cast<const PyTable&>();
             const absl::Span<const PageId> row =
-                ValueOrThrow(table.HostRow(slot));
+                ValueOrThrow(t.table->HostRow(slot));
             return ReadOnlyView(row.data(),
                                 {static_cast<py::ssize_t>(row.size())}, self);
           },
           "slot"_a,
           "The K page ids of row `slot` on the host, a read-only view.")
-      .def_property_readonly("max_batch", &KVPageTable::max_batch)
-      .def_property_readonly("max_pages_per_seq",
-                             &KVPageTable::max_pages_per_seq)
-      .def_property_readonly("num_pages", &KVPageTable::num_pages)
-      .def("check_invariants", [](const KVPageTable& table) {
-        ThrowIfError(table.CheckInvariants());
-      });
+      .def(
+          "__dlpack__",
+          [](const py::object& self, const py::object& /*stream*/) {
+            const PyTable& t = self.cast<const PyTable&>();
+            return ExportDlpack(t.table->kernel_view(), t.dl_device, self);
+          },
+          "stream"_a = py::none(),
+          "The device table as a DLPack capsule (no copy): on the host device "
+          "a CPU tensor, on a GPU a CUDA one. Upload first; the capsule keeps "
+          "the table alive.")
+      .def("__dlpack_device__",
+           [](const PyTable& t) {
+             return py::make_tuple(static_cast<int>(t.dl_device.device_type),
+                                   t.dl_device.device_id);
+           })
+      .def_property_readonly(
+          "max_batch", [](const PyTable& t) { return t.table->max_batch(); })
+      .def_property_readonly(
+          "max_pages_per_seq",
+          [](const PyTable& t) { return t.table->max_pages_per_seq(); })
+      .def_property_readonly(
+          "num_pages", [](const PyTable& t) { return t.table->num_pages(); })
+      .def("check_invariants",
+           [](const PyTable& t) { ThrowIfError(t.table->CheckInvariants()); });
 }
 
 void BindCommit(py::module_& m) {
@@ -387,8 +428,8 @@ void BindCommit(py::module_& m) {
       m, "BatchCommit",
       "Applies one scheduler step as a transaction and compacts it into the "
       "page table.")
-      .def(py::init([](BlockManager& manager, KVPageTable& table) {
-             return ValueOrThrow(BatchCommit::Create(manager, table));
+      .def(py::init([](BlockManager& manager, PyTable& table) {
+             return ValueOrThrow(BatchCommit::Create(manager, *table.table));
            }),
            "manager"_a, "table"_a, py::keep_alive<1, 2>(),
            py::keep_alive<1, 3>())
