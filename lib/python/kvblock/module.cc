@@ -75,12 +75,6 @@ py::dict StatsDict(const BlockManagerStats& s) {
       "peak_pages_in_use"_a = s.peak_pages_in_use);
 }
 
-py::array CopyPages(absl::Span<const PageId> pages) {
-  py::array_t<PageId> out(static_cast<py::ssize_t>(pages.size()));
-  std::copy(pages.begin(), pages.end(), out.mutable_data());
-  return out;
-}
-
 // A device and where DLPack says it is.
 struct PyDevice {
   std::unique_ptr<Device> device;
@@ -233,6 +227,12 @@ void BindManager(py::module_& m) {
           },
           "id"_a, "tokens"_a)
       .def(
+          "append_token",
+          [](BlockManager& bm, SequenceId id, TokenId token) {
+            return ValueOrThrow(bm.Append(id, absl::MakeConstSpan(&token, 1)));
+          },
+          "id"_a, "token"_a, "Append of one token, without an array.")
+      .def(
           "append_prompt",
           [](BlockManager& bm, SequenceId id, const Array<TokenId>& tokens,
              const std::optional<Array<uint8_t>>& prompt_hashes) {
@@ -265,9 +265,17 @@ void BindManager(py::module_& m) {
       .def(
           "pages",
           [](const BlockManager& bm, SequenceId id) {
-            return CopyPages(ValueOrThrow(bm.Pages(id)));
+            const absl::Span<const PageId> pages = ValueOrThrow(bm.Pages(id));
+            return std::vector<PageId>(pages.begin(), pages.end());
           },
-          "id"_a, "The sequence's page ids (a copy).")
+          "id"_a, "The sequence's page ids, a list.")
+      .def(
+          "ref_count",
+          [](const BlockManager& bm, PageId page) {
+            return bm.pool().RefCount(page);
+          },
+          "page"_a,
+          "Sequences holding page `page` (0 when free or out of range).")
       .def(
           "num_tokens",
           [](const BlockManager& bm, SequenceId id) {

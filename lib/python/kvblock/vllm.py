@@ -1,0 +1,366 @@
+# Copyright 2026 The kvblock Authors.
+"""A vLLM v1-shaped KV cache manager on kvblock.
+
+`KVCacheManager` has the scheduler-facing methods of vLLM v1's
+`vllm/v1/core/kv_cache_manager.py` (followed at vllm-project/vllm commit
+003df2961dd8830c317a61f9745ccd557da9fa06): `get_computed_blocks`,
+`allocate_slots`, `free`, `get_blocks`, `get_block_ids`, `usage`,
+`make_prefix_cache_stats`, `reset_prefix_cache`, `take_events`,
+`get_num_common_prefix_blocks`, `remove_skipped_blocks`,
+`create_kv_cache_blocks` and `empty_kv_cache_blocks`. Requests are
+duck-typed with vLLM's `Request` field names: `request_id`,
+`all_token_ids`, `num_tokens`, `num_computed_tokens`, `cache_salt`,
+`lora_request` (its `lora_int_id`), `skip_reading_prefix_cache` and
+`status` (a name ending in WAITING or PREEMPTED gets the watermark).
+
+Where vLLM's semantics and kvblock's differ:
+
+- Block ids are kvblock page ids, 0 to num_blocks - 1. There is no null
+  block (vLLM reserves block 0 as one): every id is a real page, and a
+  request's blocks never contain a placeholder (full attention only; a
+  sliding window is not supported, so `remove_skipped_blocks` frees
+  nothing).
+- `get_computed_blocks` counts the hit but takes no reference: kvblock
+  takes the hit pages atomically with the admission in `allocate_slots`,
+  so nothing is held between the two calls. Its `KVCacheBlocks` carries
+  the hit pages' count, not their ids; `allocate_slots` returns the ids of
+  all the request's new pages, the hits included, on admission.
+- Prefix hashes are kvblock's (SHA-256 chains with the cache salt and the
+  LoRA id, byte for byte as `include/kvblock/block_hash.h` specifies), not
+  vLLM's; a hit is a whole page, and a fully cached prompt recomputes its
+  last page, as in vLLM.
+- Free and evictable pages: a freed request's full pages stay cached and
+  are evicted least recently used first (vLLM frees a request's blocks in
+  reverse order so that tail blocks go first; kvblock evicts a chain's tail
+  before its head too). `usage` counts evictable pages as free, as vLLM's
+  `get_usage` does.
+- Draft (lookahead) slots are never cached. The pages holding them are
+  kept while the request runs (a request's block list only grows, as
+  vLLM's scheduler expects), so a step that rejects drafts keeps those
+  pages for the next drafts.
+- `full_sequence_must_fit` is the manager's `reserve_prompt_pages`: set at
+  construction (on by default) rather than per call; the pages of a
+  chunked prompt's rest are reserved at admission.
+- KV events (`enable_kv_cache_events`) are not supported yet: the
+  constructor refuses them, and `take_events` returns no events.
+- `reset_prefix_cache` returns False while any page is in use, as vLLM's.
+"""
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+
+import kvblock
+
+
+@dataclass
+class KVCacheBlocks:
+    """Page ids by KV cache group (one group: full attention)."""
+
+    blocks: tuple  # tuple[list[int], ...]
+    # get_computed_blocks: the hit pages, taken at admission.
+    num_hit_blocks: int = 0
+
+    def __add__(self, other: "KVCacheBlocks") -> "KVCacheBlocks":
+        return KVCacheBlocks(
+            tuple(list(a) + list(b) for a, b in zip(self.blocks, other.blocks)),
+            self.num_hit_blocks + other.num_hit_blocks)
+
+    def get_block_ids(self, allow_none: bool = False):
+        if allow_none and all(len(group) == 0 for group in self.blocks):
+            return None
+        return tuple(list(group) for group in self.blocks)
+
+    def get_unhashed_block_ids(self) -> list:
+        raise NotImplementedError(
+            "kvblock does not expose which pages are cached per block")
+
+    def new_empty(self) -> "KVCacheBlocks":
+        return KVCacheBlocks(tuple(() for _ in self.blocks))
+
+
+@dataclass
+class PrefixCacheStats:
+    """What get_computed_blocks saw since the last make_prefix_cache_stats."""
+
+    reset: bool = False
+    requests: int = 0
+    queries: int = 0  # prompt tokens looked up.
+    hits: int = 0  # of those, served from the cache.
+    preempted_requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+
+
+def _is_waiting(request) -> bool:
+    status = getattr(request, "status", None)
+    name = getattr(status, "name", str(status))
+    return name.endswith("WAITING") or name.endswith("PREEMPTED")
+
+
+def _extra_keys(request):
+    salt = getattr(request, "cache_salt", None) or ""
+    lora = getattr(request, "lora_request", None)
+    adapter = getattr(lora, "lora_int_id", 0) if lora is not None else 0
+    return salt, adapter
+
+
+@dataclass
+class _Tracked:
+    seq: int  # kvblock sequence id.
+    pages: int = 0  # pages the scheduler has been told about.
+
+
+class KVCacheManager:
+    """vLLM v1's KVCacheManager interface over kvblock.BlockManager."""
+
+    def __init__(self, num_blocks: int, block_size: int, max_model_len: int,
+                 max_num_seqs: int = 256, enable_caching: bool = True,
+                 log_stats: bool = False, enable_kv_cache_events: bool = False,
+                 watermark: float = 0.0, full_sequence_must_fit: bool = True,
+                 hash_algorithm=kvblock.HashAlgorithm.SHA256):
+        if enable_kv_cache_events:
+            raise kvblock.UnimplementedError(
+                "kvblock.vllm: KV cache events are not supported yet")
+        config = kvblock.PagedKvConfig()
+        config.num_pages = num_blocks
+        config.page_size = block_size
+        config.max_batch = max_num_seqs
+        config.max_pages_per_seq = -(-max_model_len // block_size)
+        options = kvblock.BlockManagerOptions()
+        options.enable_prefix_caching = enable_caching
+        options.hash_algorithm = hash_algorithm
+        options.reserve_prompt_pages = full_sequence_must_fit
+        # Enough entries for every running request and the admissions of a
+        # step.
+        options.max_sequences = 4 * max_num_seqs
+        self.manager = kvblock.BlockManager(config, options)
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.log_stats = log_stats
+        self.watermark_blocks = int(watermark * num_blocks)
+        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
+        self.empty_kv_cache_blocks = KVCacheBlocks(((),))
+        self._requests: dict = {}  # request_id -> _Tracked
+        self._next_seq = 0
+
+    # Queries -----------------------------------------------------------------
+
+    @property
+    def usage(self) -> float:
+        """Pages in use (referenced by a request), in [0, 1]."""
+        return 1.0 - self.manager.num_free / self.num_blocks
+
+    def make_prefix_cache_stats(self) -> Optional[PrefixCacheStats]:
+        if not self.log_stats:
+            return None
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    def get_computed_blocks(self, request):
+        """The prefix hit of a waiting request: (blocks, computed tokens).
+
+        Takes no reference (see the module's notes): the hit pages are taken
+        by allocate_slots, which admits the request."""
+        if not self.enable_caching or getattr(
+                request, "skip_reading_prefix_cache", False):
+            return self.empty_kv_cache_blocks, 0
+        salt, adapter = _extra_keys(request)
+        plan = self.manager.plan_admission(
+            np.asarray(request.all_token_ids[:request.num_tokens],
+                       dtype=np.int32),
+            cache_salt=salt, adapter_id=adapter)
+        if self.log_stats:
+            stats = self.prefix_cache_stats
+            stats.requests += 1
+            stats.queries += request.num_tokens
+            stats.hits += plan.hit_tokens
+            if getattr(request, "num_preemptions", 0) > 0:
+                stats.preempted_requests += 1
+                stats.preempted_queries += request.num_tokens
+                stats.preempted_hits += plan.hit_tokens
+        if plan.hit_pages == 0:
+            return self.empty_kv_cache_blocks, 0
+        return KVCacheBlocks(([],), plan.hit_pages), plan.hit_tokens
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        tracked = self._requests.get(request_id)
+        if tracked is None:
+            return self.empty_kv_cache_blocks
+        return KVCacheBlocks((self.manager.pages(tracked.seq),))
+
+    def get_block_ids(self, request_id: str) -> tuple:
+        return self.get_blocks(request_id).get_block_ids()
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list:
+        """Leading pages of the request that every request holding pages
+        shares."""
+        tracked = self._requests.get(running_request_id)
+        if tracked is None:
+            return [0]
+        holders = len(self.manager)
+        common = 0
+        for page in self.manager.pages(tracked.seq):
+            if self.manager.ref_count(page) != holders:
+                break
+            common += 1
+        return [common]
+
+    def take_events(self) -> list:
+        return []  # KV events are refused at construction (see the notes).
+
+    def create_kv_cache_blocks(self, blocks) -> KVCacheBlocks:
+        return KVCacheBlocks(tuple(blocks))
+
+    # Changes -----------------------------------------------------------------
+
+    def allocate_slots(self, request, num_new_tokens: int,
+                       num_new_computed_tokens: int = 0,
+                       new_computed_blocks: Optional[KVCacheBlocks] = None,
+                       num_lookahead_tokens: int = 0,
+                       delay_cache_blocks: bool = False,
+                       **unsupported) -> Optional[KVCacheBlocks]:
+        """Slots for `num_new_tokens` more tokens of `request` (drafts
+        included) and `num_lookahead_tokens` lookahead slots; the new pages,
+        or None when the pool cannot hold them (nothing changes then)."""
+        if num_new_tokens <= 0:
+            raise ValueError(
+                f"num_new_tokens must be positive, got {num_new_tokens}")
+        if delay_cache_blocks or any(unsupported.values()):
+            raise kvblock.UnimplementedError(
+                "kvblock.vllm: delayed caching and KV connectors are not "
+                f"supported (got delay_cache_blocks={delay_cache_blocks}, "
+                f"{ {k: v for k, v in unsupported.items() if v} })")
+        tracked = self._requests.get(request.request_id)
+        if tracked is None:
+            return self._admit(request, num_new_tokens, num_new_computed_tokens,
+                               num_lookahead_tokens)
+        return self._extend(request, tracked, num_new_tokens,
+                            num_lookahead_tokens)
+
+    def free(self, request) -> None:
+        tracked = self._requests.pop(request.request_id, None)
+        if tracked is not None:
+            self.manager.free(tracked.seq)
+
+    def remove_skipped_blocks(self, request_id: str,
+                              num_computed_tokens: int, *args) -> None:
+        """Full attention skips no block: nothing to free."""
+
+    def reset_prefix_cache(self) -> bool:
+        try:
+            self.manager.reset_prefix_cache()
+        except kvblock.FailedPreconditionError:
+            return False
+        if self.log_stats:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    # Internals ---------------------------------------------------------------
+
+    def _new_pages(self, tracked: _Tracked) -> KVCacheBlocks:
+        pages = self.manager.pages(tracked.seq)
+        if len(pages) == tracked.pages:
+            return self.empty_kv_cache_blocks
+        new = pages[tracked.pages:]
+        tracked.pages = len(pages)
+        return KVCacheBlocks((new,))
+
+    def _admit(self, request, num_new_tokens, num_new_computed_tokens,
+               num_lookahead_tokens):
+        salt, adapter = _extra_keys(request)
+        prompt = np.asarray(request.all_token_ids[:request.num_tokens],
+                            dtype=np.int32)
+        read_cache = self.enable_caching and not getattr(
+            request, "skip_reading_prefix_cache", False)
+        plan = self.manager.plan_admission(
+            prompt, cache_salt=salt, adapter_id=adapter,
+            prefill_tokens=num_new_tokens, read_prefix_cache=read_cache)
+        if plan.hit_tokens != num_new_computed_tokens:
+            raise kvblock.FailedPreconditionError(
+                f"kvblock.vllm: request {request.request_id} was given "
+                f"{num_new_computed_tokens} computed tokens, the cache now "
+                f"holds {plan.hit_tokens} (get_computed_blocks is stale)")
+        watermark = self.watermark_blocks if _is_waiting(request) else 0
+        if (plan.pages_consumed + plan.reserved_pages >
+                self.manager.num_allocatable - watermark):
+            return None
+        seq = self._next_seq
+        self._next_seq += 1
+        try:
+            self.manager.admit(seq, prompt, cache_salt=salt,
+                               adapter_id=adapter,
+                               prefill_tokens=num_new_tokens,
+                               read_prefix_cache=read_cache)
+        except kvblock.ResourceExhaustedError:
+            return None
+        tracked = _Tracked(seq=seq)
+        self._requests[request.request_id] = tracked
+        if num_lookahead_tokens > 0 and self.manager.prompt_tokens_left(
+                seq) == 0:
+            try:
+                self.manager.set_drafts(seq, num_lookahead_tokens)
+            except kvblock.ResourceExhaustedError:
+                self._requests.pop(request.request_id)
+                self.manager.free(seq)
+                return None
+        return self._new_pages(tracked)
+
+    def _extend(self, request, tracked, num_new_tokens, num_lookahead_tokens):
+        manager = self.manager
+        seq = tracked.seq
+        have = manager.num_tokens(seq)
+        tokens = request.all_token_ids
+        # Known tokens (prompt and sampled) go in; drafts get slots only.
+        end = request.num_computed_tokens + num_new_tokens
+        target = min(end, request.num_tokens)
+        left = manager.prompt_tokens_left(seq)
+        prompt_part = min(left, max(0, target - have))
+        appended = max(0, target - have - prompt_part)
+        drafts = None  # unchanged
+        if left == prompt_part:  # the prompt is done after this call.
+            # The pages held stay (the block list only grows): the drafts'
+            # end reaches into the last page held.
+            slots = end + num_lookahead_tokens - target
+            held = len(manager.pages(seq))
+            slots = max(slots, (held - 1) * self.block_size + 1 - target)
+            if slots != max(0, manager.num_drafts(seq) - appended):
+                drafts = slots
+        calls = (prompt_part > 0) + (appended > 0) + (drafts is not None)
+        if calls > 1:
+            manager.begin_step()
+        try:
+            if prompt_part > 0:
+                manager.append_prompt(seq, np.asarray(
+                    tokens[have:have + prompt_part], dtype=np.int32))
+                have += prompt_part
+            if appended == 1:
+                manager.append_token(seq, tokens[have])
+            elif appended > 1:
+                manager.append(seq, np.asarray(tokens[have:target],
+                                               dtype=np.int32))
+            if drafts is not None:
+                manager.set_drafts(seq, drafts)
+        except BaseException as error:
+            if calls > 1:
+                manager.rollback_step()
+            if isinstance(error, kvblock.ResourceExhaustedError):
+                return None
+            raise
+        if calls > 1:
+            manager.commit_step()
+        return self._new_pages(tracked)
+
+    def check_invariants(self) -> None:
+        """The manager's invariants, and every tracked request is live."""
+        self.manager.check_invariants()
+        for request_id, tracked in self._requests.items():
+            if tracked.seq not in self.manager:
+                raise kvblock.InternalError(
+                    f"kvblock.vllm: request {request_id} is not live")
+
+    def __len__(self) -> int:
+        return len(self._requests)
