@@ -113,9 +113,9 @@ def test_a_step_through_batch_commit():
         kvblock.Join(2, fork_of=1),
         kvblock.Join(3, np.arange(50, 59, dtype=np.int32), prefill_tokens=4),
     ])
-    assert step["batch"] == 3
+    assert step.batch == 3
     assert list(commit.slots) == [1, 2, 3]
-    assert not step["old_to_new"].flags.writeable
+    assert not step.old_to_new.flags.writeable
     table.upload()
     # The host rows are the sequences' pages, as read-only views.
     for slot, seq in enumerate(commit.slots):
@@ -129,13 +129,13 @@ def test_a_step_through_batch_commit():
         append_tokens=np.array([7, 8], dtype=np.int32),
         prompt_chunks=[kvblock.PromptChunk(3, np.arange(54, 59,
                                                        dtype=np.int32))])
-    assert step["copies"].shape == (1, 2)
+    assert step.copies.shape == (1, 2)
     assert manager.prompt_tokens_left(3) == 0
     # 1 finishes; the last row fills its hole.
     step = commit.commit(finished=np.array([1]))
-    assert step["batch"] == 2
-    assert list(step["old_to_new"][:3]) == [-1, 1, 0]
-    assert step["moves"].tolist() == [[2, 0]]
+    assert step.batch == 2
+    assert list(step.old_to_new[:3]) == [-1, 1, 0]
+    assert step.moves.tolist() == [[2, 0]]
     commit.check_invariants()
     table.upload()
     table.check_invariants()

@@ -31,6 +31,7 @@ from kvblock._kvblock import (
     PagedKvConfig,
     PromptChunk,
     ResourceExhaustedError,
+    StepResult,
     UnimplementedError,
 )
 
@@ -55,5 +56,6 @@ __all__ = [
     "PagedKvConfig",
     "PromptChunk",
     "ResourceExhaustedError",
+    "StepResult",
     "UnimplementedError",
 ]

@@ -40,6 +40,12 @@ absl::Span<const T> SpanOf(const Array<T>& array) {
   return absl::MakeConstSpan(array.data(), static_cast<size_t>(array.size()));
 }
 
+// An argument left out (None) is empty.
+template <typename T>
+absl::Span<const T> SpanOf(const std::optional<Array<T>>& array) {
+  return array.has_value() ? SpanOf(*array) : absl::Span<const T>();
+}
+
 // Prompt hashes as an (n, 32) uint8 array, and back.
 absl::Span<const BlockHash> HashesOf(const std::optional<Array<uint8_t>>& a) {
   if (!a.has_value() || a->size() == 0) return {};
@@ -85,6 +91,13 @@ struct PyDevice {
 struct PyTable {
   std::unique_ptr<KVPageTable> table;
   DLDevice dl_device;
+};
+
+// A committed step: its counts, and views into the commit's buffers made
+// when asked for (valid until the next commit).
+struct PyStepResult {
+  StepResult step;
+  py::object commit;  // keeps the buffers alive.
 };
 
 // One join of a step, as Python builds it.
@@ -228,10 +241,17 @@ void BindManager(py::module_& m) {
           "id"_a, "tokens"_a)
       .def(
           "append_token",
-          [](BlockManager& bm, SequenceId id, TokenId token) {
-            return ValueOrThrow(bm.Append(id, absl::MakeConstSpan(&token, 1)));
+          [](BlockManager& bm, SequenceId id, TokenId token) -> py::object {
+            const AppendResult result =
+                ValueOrThrow(bm.Append(id, absl::MakeConstSpan(&token, 1)));
+            if (result.new_pages == 0 && !result.copy.has_value()) {
+              return py::none();
+            }
+            return py::cast(result);
           },
-          "id"_a, "token"_a, "Append of one token, without an array.")
+          "id"_a, "token"_a,
+          "Append of one token (decode), without an array: None when it "
+          "stayed in the partial page, else the AppendResult.")
       .def(
           "append_prompt",
           [](BlockManager& bm, SequenceId id, const Array<TokenId>& tokens,
@@ -432,6 +452,52 @@ void BindCommit(py::module_& m) {
            }),
            "id"_a, "tokens"_a, "prompt_hashes"_a = py::none())
       .def_readonly("id", &PyChunk::id);
+  static_assert(sizeof(KVPageTableRowMove) == 2 * sizeof(SlotId));
+  static_assert(sizeof(PageCopy) == 2 * sizeof(PageId));
+  py::class_<PyStepResult>(
+      m, "StepResult",
+      "What a committed step did. The arrays are read-only views into the "
+      "commit layer's buffers, valid until its next commit.")
+      .def_property_readonly(
+          "old_to_new",
+          [](const PyStepResult& r) {
+            return ReadOnlyView(
+                r.step.old_to_new.data(),
+                {static_cast<py::ssize_t>(r.step.old_to_new.size())}, r.commit);
+          },
+          "By old slot (max_batch entries): its sequence's new slot, or -1.")
+      .def_property_readonly(
+          "moves",
+          [](const PyStepResult& r) {
+            return ReadOnlyView(
+                reinterpret_cast<const SlotId*>(r.step.moves.data()),
+                {static_cast<py::ssize_t>(r.step.moves.size()), 2}, r.commit);
+          },
+          "The rows that moved, (n, 2): old slot, new slot.")
+      .def_property_readonly(
+          "changed_slots",
+          [](const PyStepResult& r) {
+            return ReadOnlyView(
+                r.step.changed_slots.data(),
+                {static_cast<py::ssize_t>(r.step.changed_slots.size())},
+                r.commit);
+          },
+          "New slots whose rows were rewritten.")
+      .def_property_readonly(
+          "copies",
+          [](const PyStepResult& r) {
+            return ReadOnlyView(
+                reinterpret_cast<const PageId*>(r.step.copies.data()),
+                {static_cast<py::ssize_t>(r.step.copies.size()), 2}, r.commit);
+          },
+          "Copy-on-write copies to run, (n, 2): source, destination page.")
+      .def_property_readonly("batch",
+                             [](const PyStepResult& r) { return r.step.batch; })
+      .def_property_readonly(
+          "new_pages", [](const PyStepResult& r) { return r.step.new_pages; })
+      .def_property_readonly("draft_copies", [](const PyStepResult& r) {
+        return r.step.draft_copies;
+      });
   py::class_<BatchCommit>(
       m, "BatchCommit",
       "Applies one scheduler step as a transaction and compacts it into the "
@@ -443,17 +509,21 @@ void BindCommit(py::module_& m) {
            py::keep_alive<1, 3>())
       .def(
           "commit",
-          [](const py::object& self, const Array<SequenceId>& finished,
-             const Array<SequenceId>& preempted,
-             const std::vector<PyJoin>& joins,
-             const Array<int32_t>& append_counts,
-             const Array<TokenId>& append_tokens,
-             const std::vector<PyChunk>& prompt_chunks,
-             const Array<int32_t>& draft_counts) {
+          [](const py::object& self,
+             const std::optional<Array<SequenceId>>& finished,
+             const std::optional<Array<SequenceId>>& preempted,
+             const std::optional<std::vector<PyJoin>>& joins,
+             const std::optional<Array<int32_t>>& append_counts,
+             const std::optional<Array<TokenId>>& append_tokens,
+             const std::optional<std::vector<PyChunk>>& prompt_chunks,
+             const std::optional<Array<int32_t>>& draft_counts) {
             BatchCommit& commit = self.cast<BatchCommit&>();
+            // The plan views the joins' and chunks' tokens, hashes and
+            // salts: the lists stay alive (and unchanged) through Commit.
+            static const std::vector<PyJoin> kNoJoins;
+            static const std::vector<PyChunk> kNoChunks;
             std::vector<JoinRequest> join_requests;
-            join_requests.reserve(joins.size());
-            for (const PyJoin& j : joins) {
+            for (const PyJoin& j : joins.has_value() ? *joins : kNoJoins) {
               join_requests.push_back(
                   {.id = j.id,
                    .fork_of = j.fork_of,
@@ -464,8 +534,8 @@ void BindCommit(py::module_& m) {
                    .admit = AdmitOf(j.prefill_tokens, j.read_prefix_cache)});
             }
             std::vector<PromptChunk> chunks;
-            chunks.reserve(prompt_chunks.size());
-            for (const PyChunk& c : prompt_chunks) {
+            for (const PyChunk& c :
+                 prompt_chunks.has_value() ? *prompt_chunks : kNoChunks) {
               chunks.push_back({.id = c.id,
                                 .tokens = SpanOf(c.tokens),
                                 .prompt_hashes = HashesOf(c.prompt_hashes)});
@@ -483,37 +553,14 @@ void BindCommit(py::module_& m) {
               result = commit.Commit(plan);
             }
             const StepResult step = ValueOrThrow(std::move(result));
-            static_assert(sizeof(KVPageTableRowMove) == 2 * sizeof(SlotId));
-            static_assert(sizeof(PageCopy) == 2 * sizeof(PageId));
-            return py::dict(
-                "old_to_new"_a = ReadOnlyView(
-                    step.old_to_new.data(),
-                    {static_cast<py::ssize_t>(step.old_to_new.size())}, self),
-                "batch"_a = step.batch,
-                "moves"_a = ReadOnlyView(
-                    reinterpret_cast<const SlotId*>(step.moves.data()),
-                    {static_cast<py::ssize_t>(step.moves.size()), 2}, self),
-                "changed_slots"_a = ReadOnlyView(
-                    step.changed_slots.data(),
-                    {static_cast<py::ssize_t>(step.changed_slots.size())},
-                    self),
-                "copies"_a = ReadOnlyView(
-                    reinterpret_cast<const PageId*>(step.copies.data()),
-                    {static_cast<py::ssize_t>(step.copies.size()), 2}, self),
-                "new_pages"_a = step.new_pages,
-                "draft_copies"_a = step.draft_copies);
+            return PyStepResult{.step = step, .commit = self};
           },
-          "finished"_a = Array<SequenceId>(0),
-          "preempted"_a = Array<SequenceId>(0),
-          "joins"_a = std::vector<PyJoin>{},
-          "append_counts"_a = Array<int32_t>(0),
-          "append_tokens"_a = Array<TokenId>(0),
-          "prompt_chunks"_a = std::vector<PyChunk>{},
-          "draft_counts"_a = Array<int32_t>(0),
-          "Commits one step (BatchCommit::Commit). Returns a dict of the slot "
-          "map (`old_to_new`), `batch`, the row `moves`, `changed_slots`, the "
-          "copy-on-write `copies` (n, 2) and counts; the arrays are read-only "
-          "views valid until the next commit.")
+          "finished"_a = py::none(), "preempted"_a = py::none(),
+          "joins"_a = py::none(), "append_counts"_a = py::none(),
+          "append_tokens"_a = py::none(), "prompt_chunks"_a = py::none(),
+          "draft_counts"_a = py::none(),
+          "Commits one step (BatchCommit::Commit) as one transaction; its "
+          "StepResult.")
       .def_property_readonly(
           "slots",
           [](const py::object& self) {

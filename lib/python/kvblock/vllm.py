@@ -106,10 +106,20 @@ def _extra_keys(request):
     return salt, adapter
 
 
-@dataclass
 class _Tracked:
-    seq: int  # kvblock sequence id.
-    pages: int = 0  # pages the scheduler has been told about.
+    """A request's sequence, and its counts as the manager has them (kept
+    here so that a decode makes one call into the manager)."""
+
+    __slots__ = ("seq", "tokens", "prompt_left", "drafts", "pages",
+                 "prompt_hashes")
+
+    def __init__(self, seq, tokens, prompt_left):
+        self.seq = seq  # kvblock sequence id.
+        self.tokens = tokens  # tokens in the sequence.
+        self.prompt_left = prompt_left  # prompt tokens not yet in it.
+        self.drafts = 0  # draft slots it holds.
+        self.pages = 0  # pages the scheduler has been told about.
+        self.prompt_hashes = None  # the admission's, for its prompt chunks.
 
 
 class KVCacheManager:
@@ -146,6 +156,9 @@ class KVCacheManager:
         self.empty_kv_cache_blocks = KVCacheBlocks(((),))
         self._requests: dict = {}  # request_id -> _Tracked
         self._next_seq = 0
+        # The last get_computed_blocks' request id, prompt array and hashes:
+        # allocate_slots of the same request reuses them.
+        self._looked_up = (None, None, None)
 
     # Queries -----------------------------------------------------------------
 
@@ -168,11 +181,11 @@ class KVCacheManager:
         if not self.enable_caching or getattr(
                 request, "skip_reading_prefix_cache", False):
             return self.empty_kv_cache_blocks, 0
+        prompt, hashes = self._prompt_of(request)
         salt, adapter = _extra_keys(request)
-        plan = self.manager.plan_admission(
-            np.asarray(request.all_token_ids[:request.num_tokens],
-                       dtype=np.int32),
-            cache_salt=salt, adapter_id=adapter)
+        plan = self.manager.plan_admission(prompt, cache_salt=salt,
+                                           adapter_id=adapter,
+                                           prompt_hashes=hashes)
         if self.log_stats:
             stats = self.prefix_cache_stats
             stats.requests += 1
@@ -226,6 +239,24 @@ class KVCacheManager:
         """Slots for `num_new_tokens` more tokens of `request` (drafts
         included) and `num_lookahead_tokens` lookahead slots; the new pages,
         or None when the pool cannot hold them (nothing changes then)."""
+        tracked = self._requests.get(request.request_id)
+        if (tracked is not None and num_new_tokens == 1 and
+                not num_lookahead_tokens and not tracked.drafts and
+                not tracked.prompt_left and not delay_cache_blocks and
+                not unsupported):
+            # Decode, the common call: the last sampled token goes in.
+            tokens = request.all_token_ids
+            if request.num_computed_tokens + 1 == len(tokens) == \
+                    tracked.tokens + 1:
+                try:
+                    self.manager.append_token(tracked.seq, tokens[-1])
+                except kvblock.ResourceExhaustedError:
+                    return None
+                tracked.tokens += 1
+                if tracked.tokens % self.block_size != 1 and \
+                        self.block_size != 1:
+                    return self.empty_kv_cache_blocks
+                return self._new_pages(tracked)
         if num_new_tokens <= 0:
             raise ValueError(
                 f"num_new_tokens must be positive, got {num_new_tokens}")
@@ -234,7 +265,6 @@ class KVCacheManager:
                 "kvblock.vllm: delayed caching and KV connectors are not "
                 f"supported (got delay_cache_blocks={delay_cache_blocks}, "
                 f"{ {k: v for k, v in unsupported.items() if v} })")
-        tracked = self._requests.get(request.request_id)
         if tracked is None:
             return self._admit(request, num_new_tokens, num_new_computed_tokens,
                                num_lookahead_tokens)
@@ -261,23 +291,40 @@ class KVCacheManager:
 
     # Internals ---------------------------------------------------------------
 
+    def _prompt_of(self, request):
+        """The request's tokens as an array and their page hashes, made once
+        for get_computed_blocks and allocate_slots."""
+        looked_up_id, prompt, hashes = self._looked_up
+        if looked_up_id != request.request_id or len(prompt) != \
+                request.num_tokens:
+            prompt = np.array(request.all_token_ids[:request.num_tokens],
+                              dtype=np.int32)
+            hashes = None
+            if self.enable_caching:
+                salt, adapter = _extra_keys(request)
+                hashes = self.manager.hash_prompt(prompt, cache_salt=salt,
+                                                  adapter_id=adapter)
+            self._looked_up = (request.request_id, prompt, hashes)
+        return prompt, hashes
+
     def _new_pages(self, tracked: _Tracked) -> KVCacheBlocks:
-        pages = self.manager.pages(tracked.seq)
-        if len(pages) == tracked.pages:
+        # The manager holds the pages of tokens + drafts (its invariant).
+        held = -(-(tracked.tokens + tracked.drafts) // self.block_size)
+        if held == tracked.pages:
             return self.empty_kv_cache_blocks
-        new = pages[tracked.pages:]
-        tracked.pages = len(pages)
+        new = self.manager.pages(tracked.seq)[tracked.pages:]
+        tracked.pages = held
         return KVCacheBlocks((new,))
 
     def _admit(self, request, num_new_tokens, num_new_computed_tokens,
                num_lookahead_tokens):
         salt, adapter = _extra_keys(request)
-        prompt = np.asarray(request.all_token_ids[:request.num_tokens],
-                            dtype=np.int32)
+        prompt, hashes = self._prompt_of(request)
+        self._looked_up = (None, None, None)
         read_cache = self.enable_caching and not getattr(
             request, "skip_reading_prefix_cache", False)
         plan = self.manager.plan_admission(
-            prompt, cache_salt=salt, adapter_id=adapter,
+            prompt, cache_salt=salt, adapter_id=adapter, prompt_hashes=hashes,
             prefill_tokens=num_new_tokens, read_prefix_cache=read_cache)
         if plan.hit_tokens != num_new_computed_tokens:
             raise kvblock.FailedPreconditionError(
@@ -292,56 +339,60 @@ class KVCacheManager:
         self._next_seq += 1
         try:
             self.manager.admit(seq, prompt, cache_salt=salt,
-                               adapter_id=adapter,
+                               adapter_id=adapter, prompt_hashes=hashes,
                                prefill_tokens=num_new_tokens,
                                read_prefix_cache=read_cache)
         except kvblock.ResourceExhaustedError:
             return None
-        tracked = _Tracked(seq=seq)
+        tokens = plan.hit_tokens + plan.computed_tokens
+        tracked = _Tracked(seq, tokens, len(prompt) - tokens)
+        tracked.prompt_hashes = hashes
         self._requests[request.request_id] = tracked
-        if num_lookahead_tokens > 0 and self.manager.prompt_tokens_left(
-                seq) == 0:
+        if num_lookahead_tokens > 0 and tracked.prompt_left == 0:
             try:
                 self.manager.set_drafts(seq, num_lookahead_tokens)
             except kvblock.ResourceExhaustedError:
                 self._requests.pop(request.request_id)
                 self.manager.free(seq)
                 return None
+            tracked.drafts = num_lookahead_tokens
         return self._new_pages(tracked)
 
     def _extend(self, request, tracked, num_new_tokens, num_lookahead_tokens):
         manager = self.manager
         seq = tracked.seq
-        have = manager.num_tokens(seq)
+        have = tracked.tokens
         tokens = request.all_token_ids
         # Known tokens (prompt and sampled) go in; drafts get slots only.
         end = request.num_computed_tokens + num_new_tokens
         target = min(end, request.num_tokens)
-        left = manager.prompt_tokens_left(seq)
+        left = tracked.prompt_left
         prompt_part = min(left, max(0, target - have))
         appended = max(0, target - have - prompt_part)
+        drafts_after_append = max(0, tracked.drafts - appended)
         drafts = None  # unchanged
         if left == prompt_part:  # the prompt is done after this call.
             # The pages held stay (the block list only grows): the drafts'
             # end reaches into the last page held.
             slots = end + num_lookahead_tokens - target
-            held = len(manager.pages(seq))
+            held = -(-(have + tracked.drafts) // self.block_size)
             slots = max(slots, (held - 1) * self.block_size + 1 - target)
-            if slots != max(0, manager.num_drafts(seq) - appended):
+            if slots != drafts_after_append:
                 drafts = slots
         calls = (prompt_part > 0) + (appended > 0) + (drafts is not None)
         if calls > 1:
             manager.begin_step()
         try:
             if prompt_part > 0:
-                manager.append_prompt(seq, np.asarray(
-                    tokens[have:have + prompt_part], dtype=np.int32))
-                have += prompt_part
+                manager.append_prompt(
+                    seq,
+                    np.array(tokens[have:have + prompt_part], dtype=np.int32),
+                    prompt_hashes=getattr(tracked, "prompt_hashes", None))
             if appended == 1:
-                manager.append_token(seq, tokens[have])
+                manager.append_token(seq, tokens[target - 1])
             elif appended > 1:
-                manager.append(seq, np.asarray(tokens[have:target],
-                                               dtype=np.int32))
+                manager.append(seq, np.array(tokens[target - appended:target],
+                                             dtype=np.int32))
             if drafts is not None:
                 manager.set_drafts(seq, drafts)
         except BaseException as error:
@@ -352,15 +403,27 @@ class KVCacheManager:
             raise
         if calls > 1:
             manager.commit_step()
+        tracked.tokens = target
+        tracked.prompt_left = left - prompt_part
+        tracked.drafts = drafts_after_append if drafts is None else drafts
         return self._new_pages(tracked)
 
     def check_invariants(self) -> None:
         """The manager's invariants, and every tracked request is live."""
         self.manager.check_invariants()
+        manager = self.manager
         for request_id, tracked in self._requests.items():
-            if tracked.seq not in self.manager:
+            counts = (manager.num_tokens(tracked.seq),
+                      manager.prompt_tokens_left(tracked.seq),
+                      manager.num_drafts(tracked.seq),
+                      len(manager.pages(tracked.seq)))
+            mine = (tracked.tokens, tracked.prompt_left, tracked.drafts,
+                    tracked.pages)
+            if counts != mine:
                 raise kvblock.InternalError(
-                    f"kvblock.vllm: request {request_id} is not live")
+                    f"kvblock.vllm: request {request_id}: the manager has "
+                    f"(tokens, prompt left, drafts, pages) {counts}, the "
+                    f"adapter {mine}")
 
     def __len__(self) -> int:
         return len(self._requests)

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+# Copyright 2026 The kvblock Authors.
+"""kvblock from Python: what a scheduler pays per call.
+
+  PYTHONPATH=build-release/lib/python python3 tools/bench/python_bench.py
+
+Rows (medians of --repetitions runs, each timing --iterations calls):
+  vllm decode allocate_slots   kvblock.vllm.KVCacheManager.allocate_slots for
+                               one decode token of a running request (256
+                               running, 16-token pages; 1 in 16 starts a page)
+  vllm admission               get_computed_blocks + allocate_slots of a new
+                               512-token prompt (4 of its 32 pages hit)
+  vllm free                    free of a finished request (33 pages)
+  batched step (Python)        BatchCommit.commit + KVPageTable.upload at
+                               batch 64, 256 and 1024 (page-table width 128):
+                               every sequence appends one token from numpy
+                               arrays, ~1% finish and as many prompts join
+                               (hashed on arrival), as BM_CommitDecodeStep
+                               upload:1 arrival:1 does; per step and per
+                               sequence, and a line fitted through the three:
+                               ns per sequence (to set against kvblock-bench's
+                               BM_CommitDecodeStep upload:1 width:128) plus a
+                               fixed cost per call
+The request objects' own updates (appending the sampled token) are outside
+the timed calls.
+"""
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import kvblock
+from kvblock.vllm import KVCacheManager
+
+
+class Request:
+    """vLLM's Request fields, as the adapter reads them."""
+
+    def __init__(self, request_id, tokens):
+        self.request_id = request_id
+        self.all_token_ids = list(tokens)
+        self.num_computed_tokens = 0
+        self.cache_salt = None
+        self.lora_request = None
+        self.status = None
+
+    @property
+    def num_tokens(self):
+        return len(self.all_token_ids)
+
+
+def median_ns(run, repetitions):
+    return statistics.median(run() for _ in range(repetitions))
+
+
+def bench_decode(iterations, repetitions):
+    kv = KVCacheManager(num_blocks=65536, block_size=16, max_model_len=32768,
+                        max_num_seqs=256)
+    running = []
+    for i in range(256):
+        r = Request(f"r{i}", range(i * 1000, i * 1000 + 300))
+        kv.allocate_slots(r, r.num_tokens)
+        r.num_computed_tokens = r.num_tokens
+        running.append(r)
+    token = [1]
+
+    def run():
+        calls = 0
+        elapsed = 0
+        for _ in range(max(1, iterations // len(running))):
+            for r in running:
+                r.all_token_ids.append(token[0])
+                token[0] += 1
+            start = time.perf_counter_ns()
+            for r in running:
+                kv.allocate_slots(r, 1)
+            elapsed += time.perf_counter_ns() - start
+            for r in running:
+                r.num_computed_tokens += 1
+            calls += len(running)
+        return elapsed / calls
+
+    return median_ns(run, repetitions)
+
+
+def bench_admit_free(iterations, repetitions):
+    kv = KVCacheManager(num_blocks=65536, block_size=16, max_model_len=32768,
+                        max_num_seqs=4096)
+    shared = list(range(64))
+    counter = [0]
+
+    def prompt():
+        counter[0] += 1
+        base = 100000 + counter[0] * 1000
+        return shared + list(range(base, base + 448))
+
+    # Warm: the shared prefix cached.
+    warm = Request("warm", prompt())
+    kv.allocate_slots(warm, warm.num_tokens)
+    kv.free(warm)
+
+    def admit_all(requests):
+        for r in requests:
+            blocks, hits = kv.get_computed_blocks(r)
+            kv.allocate_slots(r, r.num_tokens - hits, hits, blocks)
+
+    def run_admit():
+        requests = [Request(f"a{counter[0]}-{i}", prompt())
+                    for i in range(iterations)]
+        start = time.perf_counter_ns()
+        admit_all(requests)
+        elapsed = time.perf_counter_ns() - start
+        for r in requests:
+            kv.free(r)
+        return elapsed / iterations
+
+    def run_free():
+        requests = [Request(f"f{counter[0]}-{i}", prompt())
+                    for i in range(iterations)]
+        admit_all(requests)
+        start = time.perf_counter_ns()
+        for r in requests:
+            kv.free(r)
+        return (time.perf_counter_ns() - start) / iterations
+
+    return median_ns(run_admit, repetitions), median_ns(run_free, repetitions)
+
+
+def bench_batched_step(steps, repetitions, batch=256):
+    config = kvblock.PagedKvConfig()
+    config.page_size = 16
+    config.max_pages_per_seq = 128
+    config.max_batch = batch
+    config.num_pages = 16 * batch
+    manager = kvblock.BlockManager(config)
+    device = kvblock.Device.host()
+    table = kvblock.KVPageTable(batch, 128, config.num_pages, device)
+    commit = kvblock.BatchCommit(manager, table)
+    table.upload()
+    rng = np.random.default_rng(batch)
+    prefix = rng.integers(0, 32000, 64, dtype=np.int32)
+    next_id = [0]
+
+    def new_join():
+        suffix = rng.integers(0, 32000, 1 + next_id[0] % 32, dtype=np.int32)
+        prompt = np.concatenate([prefix, suffix])
+        # Hashed on arrival, outside the timed step (as arrival:1 in C++).
+        join = kvblock.Join(next_id[0], prompt,
+                            prompt_hashes=manager.hash_prompt(prompt))
+        next_id[0] += 1
+        return join
+
+    commit.commit(joins=[new_join() for _ in range(batch)])
+    table.upload()
+    tokens = rng.integers(0, 32000, batch, dtype=np.int32)
+    credit = [0]
+
+    def draft():
+        credit[0] += batch
+        leaving = credit[0] // 100
+        credit[0] %= 100
+        slots = commit.slots
+        counts = np.ones(batch, dtype=np.int32)
+        picks = rng.choice(batch, leaving, replace=False)
+        counts[picks] = 0
+        finished = np.array(slots[picks], dtype=np.int64)
+        joins = [new_join() for _ in range(leaving)]
+        return finished, joins, counts, tokens[:batch - leaving]
+
+    for _ in range(200):  # into the steady state.
+        f, j, c, t = draft()
+        commit.commit(finished=f, joins=j, append_counts=c, append_tokens=t)
+        table.upload()
+
+    def run():
+        elapsed = 0
+        for _ in range(steps):
+            f, j, c, t = draft()
+            start = time.perf_counter_ns()
+            commit.commit(finished=f, joins=j, append_counts=c,
+                          append_tokens=t)
+            table.upload()
+            elapsed += time.perf_counter_ns() - start
+        return elapsed / steps
+
+    per_step = median_ns(run, repetitions)
+    return per_step, per_step / batch
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=20000)
+    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=2000)
+    args = parser.parse_args(argv)
+    decode = bench_decode(args.iterations, args.repetitions)
+    admit, free = bench_admit_free(max(1, args.iterations // 20),
+                                   args.repetitions)
+    batches = (64, 256, 1024)
+    steps = [bench_batched_step(args.steps, args.repetitions, b)[0]
+             for b in batches]
+    slope, fixed = np.polyfit(batches, steps, 1)
+    rows = [
+        ("vllm decode allocate_slots", f"{decode / 1e3:.2f} us per call"),
+        ("vllm admission (512 tokens)", f"{admit / 1e3:.2f} us per call"),
+        ("vllm free (33 pages)", f"{free / 1e3:.2f} us per call"),
+    ] + [
+        (f"batched step (Python), batch {b}",
+         f"{t / 1e3:.2f} us per step, {t / b:.1f} ns per sequence")
+        for b, t in zip(batches, steps)
+    ] + [("batched step (Python), fitted",
+          f"{slope:.1f} ns per sequence + {fixed / 1e3:.2f} us per call")]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
