@@ -192,3 +192,30 @@ def test_device_table_through_dlpack_matches_the_host_rows():
     np.testing.assert_array_equal(device[0, 0, :2], manager.pages(2))
     del table, commit  # the exported array keeps the table alive.
     assert device.sum() != 0
+
+
+def test_block_pool_refcounts_copy_on_write_and_the_cache():
+    pool = kvblock.BlockPool(4)
+    page = pool.allocate()
+    assert pool.num_used == 1 and pool.ref_count(page) == 1
+    pool.retain(page)
+    new, source, copied = pool.writable(page)  # shared: copied first.
+    assert copied and source == page and new != page
+    assert pool.ref_count(page) == 1 and pool.ref_count(new) == 1
+    digest = bytes(range(32))
+    assert pool.register_cached(page, digest) == page
+    assert pool.lookup(digest) == page
+    pool.release(page)
+    assert pool.num_evictable == 1 and pool.num_cached == 1
+    with pytest.raises(kvblock.InvalidArgumentError, match="32 bytes"):
+        pool.lookup(b"short")
+    with pytest.raises(kvblock.Error):
+        pool.release(page)  # not in use any more.
+    pool.check_invariants()
+    assert pool.stats["cow_copies"] == 1
+
+
+def test_batch_commit_is_a_sequence_of_its_slots():
+    manager, table, commit = make_stack()
+    commit.commit(joins=[kvblock.Join(5, [1, 2, 3]), kvblock.Join(9, [4])])
+    assert len(commit) == 2 and list(commit) == [5, 9]

@@ -2,7 +2,7 @@
 """kvblock: the KV-cache block manager of an LLM serving engine, from Python.
 
 The classes are the C++ library's (kvblock._kvblock, pybind11): PagedKvConfig,
-BlockManagerOptions, BlockManager, Device, KVPageTable, BatchCommit with Join
+BlockPool, BlockManagerOptions, BlockManager, Device, KVPageTable, BatchCommit with Join
 and PromptChunk. Token ids, counts and slot maps are numpy arrays; a step's
 results are read-only views valid until the next commit. Every error is a
 kvblock.Error, whose subclasses name the status code and also derive from
@@ -17,6 +17,7 @@ from kvblock._kvblock import (
     BatchCommit,
     BlockManager,
     BlockManagerOptions,
+    BlockPool,
     Device,
     DType,
     Error,
@@ -42,6 +43,7 @@ __all__ = [
     "BatchCommit",
     "BlockManager",
     "BlockManagerOptions",
+    "BlockPool",
     "Device",
     "DType",
     "Error",

@@ -21,6 +21,7 @@
 #include "kvblock/batch_commit.h"
 #include "kvblock/block_hash.h"
 #include "kvblock/block_manager.h"
+#include "kvblock/block_pool.h"
 #include "kvblock/config.h"
 #include "kvblock/device.h"
 #include "kvblock/page_table.h"
@@ -175,6 +176,82 @@ void BindConfig(py::module_& m) {
       });
 }
 
+BlockHash HashOf(const py::bytes& bytes) {
+  const std::string text = bytes;
+  if (text.size() != 32) {
+    Raise(absl::InvalidArgumentError("a block hash is 32 bytes, got " +
+                                     std::to_string(text.size())));
+  }
+  BlockHash hash;
+  std::copy(text.begin(), text.end(), hash.bytes.begin());
+  return hash;
+}
+
+void BindPool(py::module_& m) {
+  py::class_<BlockPool>(
+      m, "BlockPool",
+      "The refcounted page pool with its prefix cache: pages, refcounts, "
+      "copy-on-write, cached pages and their LRU eviction.")
+      .def(py::init([](int32_t num_pages) {
+             return ValueOrThrow(BlockPool::Create(num_pages));
+           }),
+           "num_pages"_a)
+      .def("allocate", [](BlockPool& p) { return ValueOrThrow(p.Allocate()); })
+      .def(
+          "retain",
+          [](BlockPool& p, PageId page) { ThrowIfError(p.Retain(page)); },
+          "page"_a)
+      .def(
+          "release",
+          [](BlockPool& p, PageId page) { ThrowIfError(p.Release(page)); },
+          "page"_a)
+      .def(
+          "writable",
+          [](BlockPool& p, PageId page) {
+            const CopyOnWrite cow = ValueOrThrow(p.Writable(page));
+            return py::make_tuple(cow.page, cow.source,
+                                  cow.kind == CopyOnWrite::Kind::kCopy);
+          },
+          "page"_a,
+          "The page to write for `page`: (page, source, copied); a shared page "
+          "is copied first.")
+      .def(
+          "register_cached",
+          [](BlockPool& p, PageId page, const py::bytes& hash) {
+            return ValueOrThrow(p.RegisterCached(page, HashOf(hash)));
+          },
+          "page"_a, "hash"_a,
+          "Files a full page under its 32-byte hash; the page already filed "
+          "under it, if another.")
+      .def(
+          "lookup",
+          [](const BlockPool& p, const py::bytes& hash) -> py::object {
+            const std::optional<PageId> page = p.Lookup(HashOf(hash));
+            if (!page.has_value()) return py::none();
+            return py::int_(*page);
+          },
+          "hash"_a)
+      .def("ref_count", &BlockPool::RefCount, "page"_a)
+      .def_property_readonly("num_pages", &BlockPool::num_pages)
+      .def_property_readonly("num_free", &BlockPool::NumFree)
+      .def_property_readonly("num_evictable", &BlockPool::NumEvictable)
+      .def_property_readonly("num_cached", &BlockPool::NumCached)
+      .def_property_readonly("num_used", &BlockPool::NumUsed)
+      .def("reset_prefix_cache",
+           [](BlockPool& p) { ThrowIfError(p.ResetPrefixCache()); })
+      .def("check_invariants",
+           [](const BlockPool& p) { ThrowIfError(p.CheckInvariants()); })
+      .def_property_readonly("stats", [](const BlockPool& p) {
+        const BlockPoolStats& s = p.stats();
+        return py::dict(
+            "allocations"_a = s.allocations, "evictions"_a = s.evictions,
+            "cow_copies"_a = s.cow_copies, "cache_hits"_a = s.cache_hits,
+            "cache_revivals"_a = s.cache_revivals,
+            "cache_registrations"_a = s.cache_registrations,
+            "peak_used"_a = s.peak_used);
+      });
+}
+
 void BindManager(py::module_& m) {
   py::class_<BlockManager>(
       m, "BlockManager",
@@ -325,6 +402,7 @@ void BindManager(py::module_& m) {
       .def_property_readonly(
           "stats", [](const BlockManager& bm) { return StatsDict(bm.stats()); })
       .def_property_readonly("config", &BlockManager::config)
+
       .def("reset_prefix_cache",
            [](BlockManager& bm) { ThrowIfError(bm.ResetPrefixCache()); })
       .def("begin_step", [](BlockManager& bm) { ThrowIfError(bm.BeginStep()); })
@@ -570,6 +648,14 @@ void BindCommit(py::module_& m) {
                                 {static_cast<py::ssize_t>(slots.size())}, self);
           })
       .def_property_readonly("batch", &BatchCommit::batch)
+      .def("__len__", &BatchCommit::batch)
+      .def(
+          "__iter__",
+          [](const BatchCommit& commit) {
+            return py::make_iterator(commit.slots().begin(),
+                                     commit.slots().end());
+          },
+          py::keep_alive<0, 1>(), "The running sequences in slot order.")
       .def(
           "append_pages",
           [](const BatchCommit& commit, const Array<int32_t>& append_counts,
@@ -590,6 +676,7 @@ PYBIND11_MODULE(_kvblock, m) {
   m.doc() = "kvblock: the KV-cache block manager of an LLM serving engine.";
   kvblock::python::RegisterErrors(m);
   kvblock::python::BindConfig(m);
+  kvblock::python::BindPool(m);
   kvblock::python::BindManager(m);
   kvblock::python::BindTable(m);
   kvblock::python::BindCommit(m);
