@@ -4,8 +4,9 @@
 // numpy: a step's counts and tokens are read in place when they are
 // contiguous int32 (others are converted once), and a step's results are
 // read-only views into the commit layer's buffers, valid until its next
-// commit. Commit and Upload run without the GIL. Errors raise kvblock.Error
-// subclasses (status_error.h).
+// commit. Calls whose work grows with a prompt or a batch (hashing, planning,
+// admitting, prompt chunks, Commit, Upload) run without the GIL. Errors
+// raise kvblock.Error subclasses (status_error.h).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -45,6 +46,14 @@ absl::Span<const T> SpanOf(const Array<T>& array) {
 template <typename T>
 absl::Span<const T> SpanOf(const std::optional<Array<T>>& array) {
   return array.has_value() ? SpanOf(*array) : absl::Span<const T>();
+}
+
+// Runs `call` (C++ only: no Python object may be touched) without the GIL,
+// for calls whose work grows with a prompt.
+template <typename Call>
+auto WithoutGil(Call&& call) {
+  py::gil_scoped_release release;
+  return call();
 }
 
 // Prompt hashes as an (n, 32) uint8 array, and back.
@@ -273,9 +282,12 @@ void BindManager(py::module_& m) {
             const absl::Span<BlockHash> hashes(
                 reinterpret_cast<BlockHash*>(out.mutable_data()),
                 static_cast<size_t>(out.shape(0)));
-            ValueOrThrow(bm.HashPrompt(
-                SpanOf(prompt),
-                {.cache_salt = cache_salt, .adapter_id = adapter_id}, hashes));
+            const absl::Span<const TokenId> tokens = SpanOf(prompt);
+            ValueOrThrow(WithoutGil([&] {
+              return bm.HashPrompt(
+                  tokens, {.cache_salt = cache_salt, .adapter_id = adapter_id},
+                  hashes);
+            }));
             return out;
           },
           "prompt"_a, "cache_salt"_a = "", "adapter_id"_a = 0,
@@ -286,11 +298,13 @@ void BindManager(py::module_& m) {
              const std::string& cache_salt, int64_t adapter_id,
              const std::optional<Array<uint8_t>>& prompt_hashes,
              std::optional<int64_t> prefill_tokens, bool read_prefix_cache) {
-            return ValueOrThrow(bm.PlanAdmission(
-                SpanOf(prompt),
-                {.cache_salt = cache_salt, .adapter_id = adapter_id},
-                HashesOf(prompt_hashes),
-                AdmitOf(prefill_tokens, read_prefix_cache)));
+            const absl::Span<const TokenId> tokens = SpanOf(prompt);
+            const absl::Span<const BlockHash> hashes = HashesOf(prompt_hashes);
+            return ValueOrThrow(WithoutGil([&] {
+              return bm.PlanAdmission(
+                  tokens, {.cache_salt = cache_salt, .adapter_id = adapter_id},
+                  hashes, AdmitOf(prefill_tokens, read_prefix_cache));
+            }));
           },
           "prompt"_a, "cache_salt"_a = "", "adapter_id"_a = 0,
           "prompt_hashes"_a = py::none(), "prefill_tokens"_a = py::none(),
@@ -301,11 +315,14 @@ void BindManager(py::module_& m) {
              const std::string& cache_salt, int64_t adapter_id,
              const std::optional<Array<uint8_t>>& prompt_hashes,
              std::optional<int64_t> prefill_tokens, bool read_prefix_cache) {
-            return ValueOrThrow(
-                bm.Admit(id, SpanOf(prompt),
-                         {.cache_salt = cache_salt, .adapter_id = adapter_id},
-                         HashesOf(prompt_hashes),
-                         AdmitOf(prefill_tokens, read_prefix_cache)));
+            const absl::Span<const TokenId> tokens = SpanOf(prompt);
+            const absl::Span<const BlockHash> hashes = HashesOf(prompt_hashes);
+            return ValueOrThrow(WithoutGil([&] {
+              return bm.Admit(
+                  id, tokens,
+                  {.cache_salt = cache_salt, .adapter_id = adapter_id}, hashes,
+                  AdmitOf(prefill_tokens, read_prefix_cache));
+            }));
           },
           "id"_a, "prompt"_a, "cache_salt"_a = "", "adapter_id"_a = 0,
           "prompt_hashes"_a = py::none(), "prefill_tokens"_a = py::none(),
@@ -333,8 +350,10 @@ void BindManager(py::module_& m) {
           "append_prompt",
           [](BlockManager& bm, SequenceId id, const Array<TokenId>& tokens,
              const std::optional<Array<uint8_t>>& prompt_hashes) {
+            const absl::Span<const TokenId> chunk = SpanOf(tokens);
+            const absl::Span<const BlockHash> hashes = HashesOf(prompt_hashes);
             return ValueOrThrow(
-                bm.AppendPrompt(id, SpanOf(tokens), HashesOf(prompt_hashes)));
+                WithoutGil([&] { return bm.AppendPrompt(id, chunk, hashes); }));
           },
           "id"_a, "tokens"_a, "prompt_hashes"_a = py::none())
       .def(
@@ -450,12 +469,8 @@ void BindTable(py::module_& m) {
       .def(
           "upload",
           [](PyTable& t) {
-            absl::StatusOr<bool> uploaded;
-            {
-              py::gil_scoped_release release;
-              uploaded = t.table->Upload(nullptr);
-            }
-            return ValueOrThrow(std::move(uploaded));
+            return ValueOrThrow(
+                WithoutGil([&] { return t.table->Upload(nullptr); }));
           },
           "Uploads the entries written since the last upload; True when "
           "anything was copied.")
@@ -625,12 +640,8 @@ void BindCommit(py::module_& m) {
                                 .append_tokens = SpanOf(append_tokens),
                                 .prompt_chunks = chunks,
                                 .draft_counts = SpanOf(draft_counts)};
-            absl::StatusOr<StepResult> result;
-            {
-              py::gil_scoped_release release;
-              result = commit.Commit(plan);
-            }
-            const StepResult step = ValueOrThrow(std::move(result));
+            const StepResult step =
+                ValueOrThrow(WithoutGil([&] { return commit.Commit(plan); }));
             return PyStepResult{.step = step, .commit = self};
           },
           "finished"_a = py::none(), "preempted"_a = py::none(),
