@@ -72,10 +72,6 @@ class KVCacheBlocks:
             return None
         return tuple(list(group) for group in self.blocks)
 
-    def get_unhashed_block_ids(self) -> list:
-        raise NotImplementedError(
-            "kvblock does not expose which pages are cached per block")
-
     def new_empty(self) -> "KVCacheBlocks":
         return KVCacheBlocks(tuple(() for _ in self.blocks))
 
