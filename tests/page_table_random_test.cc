@@ -25,7 +25,7 @@ using ::kvblock::testing::PageTableModel;
 using ::kvblock::testing::PageTableRandomRun;
 using ::kvblock::testing::ReadMirror;
 
-constexpr int kOps = 10000;
+constexpr int kOps = ::kvblock::testing::RandomRunLength(10000);
 
 // The default staging, or the least that holds one row (so that most
 // patches split).

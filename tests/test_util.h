@@ -4,6 +4,7 @@
 #ifndef KVBLOCK_TESTS_TEST_UTIL_H_
 #define KVBLOCK_TESTS_TEST_UTIL_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -18,6 +19,23 @@ inline const absl::Status& GetStatus(const absl::Status& status) {
 template <typename T>
 const absl::Status& GetStatus(const absl::StatusOr<T>& status_or) {
   return status_or.status();
+}
+
+// The length of a randomized run: `ops`, or a quarter of it in a sanitizer
+// build (ASan and UBSan make each operation about eight times slower; the
+// default build runs every seed at full length).
+constexpr int64_t RandomRunLength(int64_t ops) {
+#if defined(__SANITIZE_ADDRESS__)
+  return ops / 4;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  return ops / 4;
+#else
+  return ops;
+#endif
+#else
+  return ops;
+#endif
 }
 
 }  // namespace kvblock::testing
