@@ -79,6 +79,19 @@ py::array ReadOnlyView(const T* data, std::vector<py::ssize_t> shape,
   return view;
 }
 
+// A read-only view of `items`, kept alive by `owner`: shape (n) for items of
+// one T, (n, k) for items that are k T's (a struct of them).
+template <typename T, typename Item>
+py::array ItemsView(absl::Span<const Item> items, py::handle owner) {
+  static_assert(sizeof(Item) % sizeof(T) == 0);
+  constexpr py::ssize_t kColumns = sizeof(Item) / sizeof(T);
+  const auto rows = static_cast<py::ssize_t>(items.size());
+  std::vector<py::ssize_t> shape = {rows};
+  if (kColumns > 1) shape.push_back(kColumns);
+  return ReadOnlyView(reinterpret_cast<const T*>(items.data()),
+                      std::move(shape), owner);
+}
+
 py::dict StatsDict(const BlockManagerStats& s) {
   return py::dict(
       "admitted"_a = s.admitted, "forks"_a = s.forks, "freed"_a = s.freed,
@@ -478,10 +491,8 @@ void BindTable(py::module_& m) {
           "host_row",
           [](const py::object& self, SlotId slot) {
             const PyTable& t = self.cast<const PyTable&>();
-            const absl::Span<const PageId> row =
-                ValueOrThrow(t.table->HostRow(slot));
-            return ReadOnlyView(row.data(),
-                                {static_cast<py::ssize_t>(row.size())}, self);
+            return ItemsView<PageId>(ValueOrThrow(t.table->HostRow(slot)),
+                                     self);
           },
           "slot"_a,
           "The K page ids of row `slot` on the host, a read-only view.")
@@ -545,8 +556,6 @@ void BindCommit(py::module_& m) {
            }),
            "id"_a, "tokens"_a, "prompt_hashes"_a = py::none())
       .def_readonly("id", &PyChunk::id);
-  static_assert(sizeof(KVPageTableRowMove) == 2 * sizeof(SlotId));
-  static_assert(sizeof(PageCopy) == 2 * sizeof(PageId));
   py::class_<PyStepResult>(
       m, "StepResult",
       "What a committed step did. The arrays are read-only views into the "
@@ -554,34 +563,25 @@ void BindCommit(py::module_& m) {
       .def_property_readonly(
           "old_to_new",
           [](const PyStepResult& r) {
-            return ReadOnlyView(
-                r.step.old_to_new.data(),
-                {static_cast<py::ssize_t>(r.step.old_to_new.size())}, r.commit);
+            return ItemsView<SlotId>(r.step.old_to_new, r.commit);
           },
           "By old slot (max_batch entries): its sequence's new slot, or -1.")
       .def_property_readonly(
           "moves",
           [](const PyStepResult& r) {
-            return ReadOnlyView(
-                reinterpret_cast<const SlotId*>(r.step.moves.data()),
-                {static_cast<py::ssize_t>(r.step.moves.size()), 2}, r.commit);
+            return ItemsView<SlotId>(r.step.moves, r.commit);
           },
           "The rows that moved, (n, 2): old slot, new slot.")
       .def_property_readonly(
           "changed_slots",
           [](const PyStepResult& r) {
-            return ReadOnlyView(
-                r.step.changed_slots.data(),
-                {static_cast<py::ssize_t>(r.step.changed_slots.size())},
-                r.commit);
+            return ItemsView<SlotId>(r.step.changed_slots, r.commit);
           },
           "New slots whose rows were rewritten.")
       .def_property_readonly(
           "copies",
           [](const PyStepResult& r) {
-            return ReadOnlyView(
-                reinterpret_cast<const PageId*>(r.step.copies.data()),
-                {static_cast<py::ssize_t>(r.step.copies.size()), 2}, r.commit);
+            return ItemsView<PageId>(r.step.copies, r.commit);
           },
           "Copy-on-write copies to run, (n, 2): source, destination page.")
       .def_property_readonly("batch",
@@ -650,14 +650,12 @@ void BindCommit(py::module_& m) {
           "draft_counts"_a = py::none(),
           "Commits one step (BatchCommit::Commit) as one transaction; its "
           "StepResult.")
-      .def_property_readonly(
-          "slots",
-          [](const py::object& self) {
-            const absl::Span<const SequenceId> slots =
-                self.cast<const BatchCommit&>().slots();
-            return ReadOnlyView(slots.data(),
-                                {static_cast<py::ssize_t>(slots.size())}, self);
-          })
+      .def_property_readonly("slots",
+                             [](const py::object& self) {
+                               return ItemsView<SequenceId>(
+                                   self.cast<const BatchCommit&>().slots(),
+                                   self);
+                             })
       .def_property_readonly("batch", &BatchCommit::batch)
       .def("__len__", &BatchCommit::batch)
       .def(
