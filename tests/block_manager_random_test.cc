@@ -271,14 +271,7 @@ class Model {
         (copy ? 1 : 0);
     if (needed > AllocatableFor(sequence)) return Code::kResourceExhausted;
     const int32_t reserved_before = ReservationOf(sequence);
-    if (copy) {
-      const PageId source = sequence.pages[partial];
-      const PageId destination = AllocateOne();
-      --refcount_[source];
-      ++pool_stats_.cow_copies;
-      sequence.pages[partial] = destination;
-      result.copy = PageCopy{source, destination};
-    }
+    if (copy) CopyOnWrite(sequence, partial, result);
     sequence.drafts = static_cast<int32_t>(std::max<int64_t>(
         0, sequence.drafts - static_cast<int64_t>(tokens.size())));
     // Every new page is allocated before any fills (and is registered).
@@ -341,14 +334,7 @@ class Model {
       free_stack_.push_back(page);
       ++result.released_pages;
     }
-    if (copy) {
-      const PageId source = sequence.pages[partial];
-      const PageId destination = AllocateOne();
-      --refcount_[source];
-      ++pool_stats_.cow_copies;
-      sequence.pages[partial] = destination;
-      result.copy = PageCopy{source, destination};
-    }
+    if (copy) CopyOnWrite(sequence, partial, result);
     while (static_cast<int64_t>(sequence.pages.size()) < pages) {
       sequence.pages.push_back(AllocateOne());
       ++result.new_pages;
@@ -441,6 +427,18 @@ class Model {
   }
 
   // The free-stack top, else the least recently released cached page.
+  // The sequence's shared page `partial` is copied: its reference moves to
+  // a fresh page.
+  void CopyOnWrite(ModelSequence& sequence, size_t partial,
+                   AppendResult& result) {
+    const PageId source = sequence.pages[partial];
+    const PageId destination = AllocateOne();
+    --refcount_[source];
+    ++pool_stats_.cow_copies;
+    sequence.pages[partial] = destination;
+    result.copy = PageCopy{source, destination};
+  }
+
   PageId AllocateOne() {
     PageId page;
     if (!free_stack_.empty()) {

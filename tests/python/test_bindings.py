@@ -48,6 +48,9 @@ def test_admit_append_fork_free_round_trip():
     manager.append(1, [100, 101])
     assert manager.num_tokens(1) == 12
     assert len(manager.pages(1)) == 3
+    assert manager.pages(1, 1) == manager.pages(1)[1:]
+    with pytest.raises(kvblock.OutOfRangeError, match="start 4"):
+        manager.pages(1, 4)
     manager.fork(1, 2)
     assert list(manager.pages(2)) == list(manager.pages(1))
     result = manager.append(2, [7])

@@ -7,17 +7,22 @@
 Rows (medians of --repetitions runs, each timing --iterations calls):
   vllm decode allocate_slots   kvblock.vllm.KVCacheManager.allocate_slots for
                                one decode token of a running request (256
-                               running, 16-token pages; 1 in 16 starts a page)
+                               running 4,096-token requests, 16-token pages;
+                               1 in 16 starts a page)
   vllm admission               get_computed_blocks + allocate_slots of a new
-                               512-token prompt (4 of its 32 pages hit)
-  vllm free                    free of a finished request (33 pages)
+                               prompt of 512 and of 4,096 tokens (the first 4
+                               pages hit), converting its token list included
+  vllm free                    free of a finished request (33 and 257 pages)
   batched step (Python)        BatchCommit.commit + KVPageTable.upload at
                                batch 64, 256 and 1024 (page-table width 128):
                                every sequence appends one token from numpy
                                arrays, ~1% finish and as many prompts join
                                (hashed on arrival), as BM_CommitDecodeStep
                                upload:1 arrival:1 does; per step and per
-                               sequence, and a line fitted through the three:
+                               sequence, and a line fitted through the three
+                               (sequences about 6 pages long, as in the C++
+                               benchmark, whose rows show the step's cost
+                               does not depend on their length):
                                ns per sequence (to set against kvblock-bench's
                                BM_CommitDecodeStep upload:1 width:128) plus a
                                fixed cost per call
@@ -56,11 +61,11 @@ def median_ns(run, repetitions):
 
 
 def bench_decode(iterations, repetitions):
-    kv = KVCacheManager(num_blocks=65536, block_size=16, max_model_len=32768,
+    kv = KVCacheManager(num_blocks=72000, block_size=16, max_model_len=32768,
                         max_num_seqs=256)
     running = []
     for i in range(256):
-        r = Request(f"r{i}", range(i * 1000, i * 1000 + 300))
+        r = Request(f"r{i}", range(i * 10000, i * 10000 + 4096))
         kv.allocate_slots(r, r.num_tokens)
         r.num_computed_tokens = r.num_tokens
         running.append(r)
@@ -85,7 +90,7 @@ def bench_decode(iterations, repetitions):
     return median_ns(run, repetitions)
 
 
-def bench_admit_free(iterations, repetitions):
+def bench_admit_free(iterations, repetitions, tokens):
     kv = KVCacheManager(num_blocks=65536, block_size=16, max_model_len=32768,
                         max_num_seqs=4096)
     shared = list(range(64))
@@ -93,8 +98,8 @@ def bench_admit_free(iterations, repetitions):
 
     def prompt():
         counter[0] += 1
-        base = 100000 + counter[0] * 1000
-        return shared + list(range(base, base + 448))
+        base = 100000 + counter[0] * 10000
+        return shared + list(range(base, base + tokens - len(shared)))
 
     # Warm: the shared prefix cached.
     warm = Request("warm", prompt())
@@ -197,7 +202,9 @@ def main(argv):
     args = parser.parse_args(argv)
     decode = bench_decode(args.iterations, args.repetitions)
     admit, free = bench_admit_free(max(1, args.iterations // 20),
-                                   args.repetitions)
+                                   args.repetitions, 512)
+    admit_4k, free_4k = bench_admit_free(max(1, args.iterations // 160),
+                                         args.repetitions, 4096)
     batches = (64, 256, 1024)
     steps = [bench_batched_step(args.steps, args.repetitions, b)[0]
              for b in batches]
@@ -205,7 +212,9 @@ def main(argv):
     rows = [
         ("vllm decode allocate_slots", f"{decode / 1e3:.2f} us per call"),
         ("vllm admission (512 tokens)", f"{admit / 1e3:.2f} us per call"),
+        ("vllm admission (4096 tokens)", f"{admit_4k / 1e3:.2f} us per call"),
         ("vllm free (33 pages)", f"{free / 1e3:.2f} us per call"),
+        ("vllm free (257 pages)", f"{free_4k / 1e3:.2f} us per call"),
     ] + [
         (f"batched step (Python), batch {b}",
          f"{t / 1e3:.2f} us per step, {t / b:.1f} ns per sequence")

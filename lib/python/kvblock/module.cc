@@ -393,11 +393,17 @@ void BindManager(py::module_& m) {
       .def("__len__", &BlockManager::num_sequences)
       .def(
           "pages",
-          [](const BlockManager& bm, SequenceId id) {
+          [](const BlockManager& bm, SequenceId id, int32_t start) {
             const absl::Span<const PageId> pages = ValueOrThrow(bm.Pages(id));
-            return std::vector<PageId>(pages.begin(), pages.end());
+            if (start < 0 || static_cast<size_t>(start) > pages.size()) {
+              Raise(absl::OutOfRangeError(
+                  "pages: start " + std::to_string(start) + " of a sequence " +
+                  "of " + std::to_string(pages.size()) + " pages"));
+            }
+            return std::vector<PageId>(pages.begin() + start, pages.end());
           },
-          "id"_a, "The sequence's page ids, a list.")
+          "id"_a, "start"_a = 0,
+          "The sequence's page ids from page `start` on, a list.")
       .def(
           "ref_count",
           [](const BlockManager& bm, PageId page) {

@@ -308,7 +308,7 @@ class KVCacheManager:
         held = -(-(tracked.tokens + tracked.drafts) // self.block_size)
         if held == tracked.pages:
             return self.empty_kv_cache_blocks
-        new = self.manager.pages(tracked.seq)[tracked.pages:]
+        new = self.manager.pages(tracked.seq, tracked.pages)
         tracked.pages = held
         return KVCacheBlocks((new,))
 
