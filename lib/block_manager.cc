@@ -203,6 +203,20 @@ void BlockManager::RollbackTransaction(const Transaction& transaction) {
         hot.tail_maybe_shared = r.tail_maybe_shared;
         return;
       }
+      case JournalRecord::Kind::kDraftStep: {
+        const JournalRecord::DraftStep& r = record.draft_step;
+        SequenceHot& hot = slab.hot(r.entry);
+        hot.table.ForgetFrom(r.num_pages);  // the pool takes back a page.
+        hot.num_tokens = r.num_tokens;
+        hot.offset = static_cast<int32_t>(r.num_tokens % page_size);
+        hot.drafts = r.drafts;
+        if (r.hash_index >= 0) {
+          slab.cold(r.entry).last_full_hash = journal.hash(r.hash_index);
+          std::copy_n(journal.tokens(r.tokens_offset), hot.offset,
+                      slab.partial(r.entry));
+        }
+        return;
+      }
       case JournalRecord::Kind::kChanged: {
         const JournalRecord::Changed& r = record.changed;
         SequenceHot& hot = slab.hot(r.entry);

@@ -5,10 +5,13 @@
 // filling it (StaysInPartialPage; with drafts, RedraftsInPlace: and the new
 // drafts end on the pages held)? Then they are written in place with a
 // 12-byte undo note: Append's one sequence (AppendInPlace), or AppendMany's
-// run of decoding sequences (AppendDecodeRun). Everything else takes the one
-// slow path, AppendSlow: a token that fills the partial page or starts a new
-// one (the decode cases, with short records), or the general case (several
-// tokens, a shared partial page to copy, the errors).
+// run of decoding sequences (AppendDecodeRun). A speculative step that
+// crosses a page edge (a page fills, or the drafts need one more page: a
+// third of the batch at 4 drafts) takes AppendDraftStep, with one short
+// record. Everything else takes the one slow path, AppendSlow: a token that
+// fills the partial page or starts a new one (the decode cases, with short
+// records), or the general case (several tokens, a shared partial page to
+// copy, drafts that shrink, the errors).
 #include <algorithm>
 #include <cstdint>
 
@@ -346,6 +349,17 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
       journal_->Run(run, notes);
       if (i == handles.size()) break;
       const int32_t count = counts[i];
+      if (drafting && count >= 0 &&
+          static_cast<size_t>(count) <= tokens.size() - next) {
+        bool taken = false;
+        KVBLOCK_RETURN_IF_ERROR(
+            AppendDraftStep(handles[i], i, tokens.subspan(next, count),
+                            draft_counts[i], result, taken));
+        if (taken) {
+          next += count;
+          continue;
+        }
+      }
       if (count < 0 || static_cast<size_t>(count) > tokens.size() - next) {
         return absl::InvalidArgumentError(absl::StrCat(
             "block manager: append many counts[", i, "] is ", count, " with ",
@@ -417,6 +431,79 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
   });
   if (!status.ok()) clear_result();
   return status;
+}
+
+absl::Status BlockManager::AppendDraftStep(SequenceHandle handle, size_t i,
+                                           absl::Span<const TokenId> tokens,
+                                           int32_t drafts,
+                                           AppendManyResult& result,
+                                           bool& taken) {
+  taken = false;
+  const int32_t page_size = config_.page_size;
+  const int32_t count = static_cast<int32_t>(tokens.size());
+  if (count < 1 || count >= page_size || drafts < 0 || !slab_->IsLive(handle)) {
+    return absl::OkStatus();
+  }
+  const int32_t entry = handle.index;
+  SequenceHot& hot = slab_->hot(entry);
+  const int32_t offset = hot.offset;
+  // At offset 0 the partial page holds the last full page's tokens, which
+  // an undone fill of this transaction would need back.
+  if (hot.tail_maybe_shared || hot.num_tokens < hot.prompt_end ||
+      (offset == 0 && hot.filled_in_transaction == journal_->serial())) {
+    return absl::OkStatus();
+  }
+  SequenceBlockTable& table = hot.table;
+  const int32_t held = table.num_pages();
+  const int64_t pages =
+      (hot.num_tokens + count + drafts + page_size - 1) / page_size;
+  if (pages < held || pages > held + 1 || pages > config_.max_pages_per_seq) {
+    return absl::OkStatus();
+  }
+  const bool adds = pages > held;
+  if (adds && AllocatableFor(entry) < 1) return absl::OkStatus();
+  // count < page_size: at most one page fills, the partial one.
+  const bool fills = offset + count >= page_size;
+  const int32_t into_partial = fills ? page_size - offset : count;
+  const int32_t past = count - into_partial;
+  internal::SequenceCold& cold = slab_->cold(entry);
+  TokenId* const partial = slab_->partial(entry);
+  // A fill overwrites the partial tokens, and later appends of this
+  // transaction may overwrite what the tokens past the page leave.
+  journal_->DraftStep(
+      entry, hot.num_tokens, held, hot.drafts,
+      fills ? &cold.last_full_hash : nullptr,
+      absl::MakeConstSpan(partial, fills ? static_cast<size_t>(offset) : 0));
+  taken = true;
+  if (adds) {
+    KVBLOCK_ASSIGN_OR_RETURN(const PageId page, pool_->Allocate());
+    // Cannot fail: pages <= max_pages_per_seq. With the prompt done no
+    // reservation is left to draw from.
+    KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(absl::MakeConstSpan(&page, 1)));
+  }
+  std::copy_n(tokens.begin(), into_partial, partial + offset);
+  if (fills) {
+    if (options_.enable_prefix_caching) {
+      KVBLOCK_RETURN_IF_ERROR(RegisterFullPage(
+          entry, static_cast<int32_t>(hot.num_tokens / page_size), nullptr,
+          absl::MakeConstSpan(partial, page_size)));
+    }
+    std::copy_n(tokens.begin() + into_partial, past, partial);
+    hot.filled_in_transaction = journal_->serial();
+  }
+  hot.num_tokens += count;
+  hot.offset = fills ? past : offset + count;
+  // Counted as the append and SetDraftsAt would count them.
+  if (drafts != std::max(0, hot.drafts - count)) stats_.draft_slots += drafts;
+  hot.drafts = drafts;
+  stats_.appended_tokens += count;
+  if (adds) {
+    result.changed.push_back(static_cast<int32_t>(i));
+    result.pages.push_back(table.entries().first(table.num_pages()));
+    result.first_changed_page.push_back(held);
+    ++result.new_pages;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status BlockManager::AppendSlow(int32_t entry,

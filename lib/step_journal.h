@@ -34,6 +34,11 @@
 //                pages, or copied its partial page); written when a
 //                sequence's drafts change, before the records of the same
 //                change
+//   draft_step   entry, its num_tokens, num_pages and drafts before, and
+//                when a page filled the chain hash (hashes[index]) and the
+//                partial tokens (tokens[offset, offset + n), n = num_tokens
+//                % page_size) before (-1: none): a speculative step past a
+//                page edge (BlockManager::AppendDraftStep)
 //
 // The payloads point into four arenas (pages, tokens, hashes, runs), so a
 // record has a fixed size and is written in place (a record built on the
@@ -77,6 +82,7 @@ struct JournalRecord {
     kNewPage,
     kChanged,
     kDrafted,
+    kDraftStep,
   };
   struct Created {
     int32_t entry;
@@ -126,6 +132,15 @@ struct JournalRecord {
     int32_t num_released;
     bool tail_maybe_shared;
   };
+  struct DraftStep {
+    int32_t entry;
+    int32_t num_pages;
+    int64_t num_tokens;
+    int32_t drafts;
+    // -1 when no page filled.
+    int32_t hash_index;
+    int32_t tokens_offset;
+  };
 
   // Written in place, field by field: no zeroing first.
   JournalRecord() {}
@@ -140,6 +155,7 @@ struct JournalRecord {
     NewPage new_page;
     Changed changed;
     Drafted drafted;
+    DraftStep draft_step;
   };
 };
 
@@ -269,6 +285,23 @@ class StepJournal {
     pages_.insert(pages_.end(), released.begin(), released.end());
   }
 
+  // `chain_before` and `partial`: null and empty when no page fills.
+  void DraftStep(int32_t entry, int64_t num_tokens, int32_t num_pages,
+                 int32_t drafts, const BlockHash* chain_before,
+                 absl::Span<const TokenId> partial) {
+    JournalRecord& record = Add(JournalRecord::Kind::kDraftStep);
+    record.draft_step = {.entry = entry,
+                         .num_pages = num_pages,
+                         .num_tokens = num_tokens,
+                         .drafts = drafts,
+                         .hash_index = -1,
+                         .tokens_offset = -1};
+    if (chain_before == nullptr) return;
+    record.draft_step.hash_index = static_cast<int32_t>(hashes_.size());
+    record.draft_step.tokens_offset = static_cast<int32_t>(tokens_.size());
+    hashes_.push_back(*chain_before);
+    tokens_.insert(tokens_.end(), partial.begin(), partial.end());
+  }
   // Decode runs (AppendMany): RunSpace(n) makes room for n entries at the
   // end of the runs arena and returns it; Run records entries [begin, end)
   // written there as one appended_run record (nothing for an empty run);

@@ -258,6 +258,52 @@ TEST_CASE("drafts across a page, all rejected, then new drafts") {
   REQUIRE(PagesOf(*manager, 1) == Pages{0, 1, 2});
 }
 
+TEST_CASE("a speculative step past a page edge fills, adds and rolls back") {
+  auto manager = MakeManager(16);
+  REQUIRE_OK(manager->Admit(1, Range(100, 6)));  // pages 0, 1; 2 in page 1.
+  DraftsOk(*manager, 1, 1);                      // page 1's third slot.
+  const SequenceHandle handle = *manager->HandleOf(1);
+  const BlockManagerSnapshot before = manager->Snapshot();
+
+  // The draft accepted, and two more tokens: page 1 fills (cached) and
+  // token 9 starts page 2; three new drafts end in page 2, just added.
+  const std::vector<int32_t> counts = {3};
+  const std::vector<int32_t> drafts = {3};
+  const Tokens tokens = Range(200, 3);
+  REQUIRE_OK(manager->BeginStep());
+  AppendManyResult result;
+  REQUIRE_OK(manager->AppendMany({&handle, 1}, counts, tokens, result, drafts));
+  REQUIRE(PagesOf(*manager, 1) == Pages{0, 1, 2});
+  REQUIRE(result.changed == std::vector<int32_t>{0});
+  REQUIRE(result.first_changed_page == std::vector<int32_t>{2});
+  REQUIRE(result.new_pages == 1);
+  REQUIRE(*manager->NumTokens(1) == 9);
+  REQUIRE(*manager->NumDrafts(1) == 3);
+  const Tokens verified = Concat(Range(100, 6), tokens);
+  REQUIRE(CachedPage(*manager, Slice(verified, 0, 8)) == 1);
+  REQUIRE_OK(manager->CheckInvariants());
+
+  // Undone: page 2 back, page 1 uncached, the partial tokens and drafts
+  // as they were.
+  REQUIRE_OK(manager->RollbackStep());
+  REQUIRE(manager->Snapshot() == before);
+  REQUIRE(manager->pool().NumCached() == 1);
+  REQUIRE_OK(manager->CheckInvariants());
+
+  // Again, committed; then three tokens end on page 2's edge (cached) and
+  // two drafts need page 3.
+  REQUIRE_OK(manager->AppendMany({&handle, 1}, counts, tokens, result, drafts));
+  const std::vector<int32_t> three = {3};
+  const std::vector<int32_t> two_drafts = {2};
+  REQUIRE_OK(manager->AppendMany({&handle, 1}, three, Range(300, 3), result,
+                                 two_drafts));
+  REQUIRE(PagesOf(*manager, 1) == Pages{0, 1, 2, 3});
+  REQUIRE(result.first_changed_page == std::vector<int32_t>{3});
+  REQUIRE(*manager->NumTokens(1) == 12);
+  REQUIRE(CachedPage(*manager, Concat(verified, Range(300, 3))) == 2);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
 TEST_CASE("drafts over a shared partial page copy it first") {
   auto manager = MakeManager(16);
   REQUIRE_OK(manager->Admit(1, Range(100, 6)));  // pages 0, 1.

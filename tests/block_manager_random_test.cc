@@ -881,6 +881,7 @@ class RandomRun {
     Model trial = model_;
     AppendManyResult expected;
     Code code = Code::kOk;
+    int64_t draft_steps = 0;
     for (int n = Uniform(1, 4); n > 0; --n) {
       const SequenceId id = LiveId();
       const absl::StatusOr<SequenceHandle> handle = manager_->HandleOf(id);
@@ -906,6 +907,10 @@ class RandomRun {
         return static_cast<int32_t>(trial.sequences().at(id).pages.size());
       };
       const int32_t pages_before = pages_of();
+      const int32_t page_size = manager_->config().page_size;
+      const bool fills =
+          trial.sequences().at(id).tokens.size() % page_size + more.size() >=
+          static_cast<size_t>(page_size);
       AppendResult one;
       code = trial.Append(id, more, one);
       if (code != Code::kOk) continue;
@@ -921,6 +926,12 @@ class RandomRun {
         if (drafted.copy.has_value()) one.copy = drafted.copy;
         one.new_pages += drafted.new_pages;
         one.released_pages = drafted.released_pages;
+        // AppendDraftStep's kind: a page fills or one is added, and no more.
+        if (!one.copy.has_value() && one.released_pages == 0 &&
+            one.new_pages <= 1 && (fills || one.new_pages == 1) &&
+            !more.empty() && more.size() < static_cast<size_t>(page_size)) {
+          ++draft_steps;
+        }
       }
       if (one.new_pages == 0 && !one.copy.has_value() &&
           one.released_pages == 0) {
@@ -937,7 +948,10 @@ class RandomRun {
     REQUIRE(
         manager_->AppendMany(handles, counts, tokens, result, drafts).code() ==
         code);
-    if (drafting && code == Code::kOk) ++(*counts_)["append many drafting"];
+    if (drafting && code == Code::kOk) {
+      ++(*counts_)["append many drafting"];
+      (*counts_)["append many drafts past a page edge"] += draft_steps;
+    }
     if (code == Code::kOk) {
       model_ = std::move(trial);
       REQUIRE(result.changed == expected.changed);
@@ -1136,7 +1150,8 @@ TEST_CASE("random manager calls match the model", "[random]") {
                            "set drafts allocates",
                            "set_drafts -> FAILED_PRECONDITION",
                            "set_drafts -> OUT_OF_RANGE",
-                           "append many drafting"}) {
+                           "append many drafting",
+                           "append many drafts past a page edge"}) {
     CAPTURE(name);
     CHECK(counts[name] >= testing::RandomRunLength(20));
   }

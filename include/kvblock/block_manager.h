@@ -425,7 +425,8 @@ class BlockManager {
   // The append paths (block_manager_append.cc): AppendInPlace takes the
   // common case for Append and AppendDecodeRun for AppendMany (tokens that
   // stay in a partial page held here alone, the one check both share);
-  // AppendSlow the rest.
+  // AppendDraftStep a speculative step past a page edge; AppendSlow the
+  // rest.
   bool AppendInPlace(int32_t entry, absl::Span<const TokenId> tokens);
   // `prompt_hashes`: the whole prompt's hashes for a prompt chunk (pages
   // that fill take theirs), else empty (they are hashed).
@@ -442,6 +443,12 @@ class BlockManager {
                           absl::Span<const BlockHash> prompt_hashes = {},
                           int32_t drafts_after = -1);
   absl::Status SetDraftsAt(int32_t entry, int32_t count, AppendResult& result);
+  // AppendMany's speculative step past a page edge, for the sequence of
+  // `handle` at index `i`: sets `taken` when it was one (else changes
+  // nothing), and records a changed table in `result`.
+  absl::Status AppendDraftStep(SequenceHandle handle, size_t i,
+                               absl::Span<const TokenId> tokens, int32_t drafts,
+                               AppendManyResult& result, bool& taken);
   // Registers the sequence's full page `page` (the one its last token
   // filled, holding `page_tokens`) under `hash`, or hashes it when null.
   absl::Status RegisterFullPage(int32_t entry, int32_t page,
