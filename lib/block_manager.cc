@@ -96,6 +96,7 @@ BlockManager::BlockManager(const PagedKvConfig& config,
           static_cast<size_t>(config.max_pages_per_seq) *
               static_cast<size_t>(config.max_batch))),
       page_scratch_(config.max_pages_per_seq),
+      hash_scratch_(config.max_pages_per_seq),
       step_(std::make_unique<Transaction>()) {}
 
 BlockManager::~BlockManager() = default;
@@ -367,10 +368,9 @@ absl::StatusOr<AdmissionPlan> BlockManager::Admit(
     KVBLOCK_RETURN_IF_ERROR(pool_->AllocateN(fresh));
     KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(fresh));
     if (options_.enable_prefix_caching) {
-      for (int32_t i = plan.hit_pages; i < full_pages; ++i) {
-        KVBLOCK_RETURN_IF_ERROR(
-            pool_->RegisterCached(*table.Get(i), hashes[i]).status());
-      }
+      KVBLOCK_RETURN_IF_ERROR(RegisterPages(
+          entry, plan.hit_pages,
+          hashes.subspan(plan.hit_pages, full_pages - plan.hit_pages)));
       cold.last_full_hash =
           full_pages > 0 ? hashes[full_pages - 1] : hasher_.RootHash(extra);
     }

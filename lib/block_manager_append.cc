@@ -643,6 +643,28 @@ absl::Status BlockManager::AppendSlow(int32_t entry,
   absl::Span<const TokenId> rest = tokens;
   absl::Span<const TokenId> page_tokens;  // of the last page filled.
   while (!rest.empty()) {
+    const int64_t next_page = hot.num_tokens / page_size;
+    // Whole pages (a long prompt chunk spans many) in one run, registered
+    // as an admission registers them; page 0 of given hashes goes alone
+    // (hashed, it checks that they are this prompt's).
+    if (offset == 0 && rest.size() >= static_cast<size_t>(page_size) &&
+        (next_page > 0 || prompt_hashes.empty())) {
+      const size_t pages = rest.size() / page_size;
+      const absl::Span<const TokenId> run = rest.first(pages * page_size);
+      if (options_.enable_prefix_caching) {
+        const absl::Span<const BlockHash> hashes =
+            prompt_hashes.empty()
+                ? HashPages(cold.last_full_hash, run)
+                : prompt_hashes.subspan(static_cast<size_t>(next_page), pages);
+        KVBLOCK_RETURN_IF_ERROR(
+            RegisterPages(entry, static_cast<int32_t>(next_page), hashes));
+        cold.last_full_hash = hashes.back();
+      }
+      page_tokens = run.last(page_size);
+      rest.remove_prefix(run.size());
+      hot.num_tokens += static_cast<int64_t>(run.size());
+      continue;
+    }
     if (offset == 0 && rest.size() >= static_cast<size_t>(page_size)) {
       page_tokens = rest.first(page_size);
       rest.remove_prefix(page_size);
@@ -678,6 +700,29 @@ absl::Status BlockManager::AppendSlow(int32_t entry,
   }
   hot.offset = offset;
   DrawReservation(entry, table.num_pages() - pages_before);
+  return absl::OkStatus();
+}
+
+absl::Span<const BlockHash> BlockManager::HashPages(
+    BlockHash parent, absl::Span<const TokenId> tokens) {
+  const size_t page_size = static_cast<size_t>(config_.page_size);
+  const absl::Span<BlockHash> hashes =
+      absl::MakeSpan(hash_scratch_).first(tokens.size() / page_size);
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    parent = hasher_.HashPage(parent, tokens.subspan(i * page_size, page_size));
+    hashes[i] = parent;
+  }
+  return hashes;
+}
+
+absl::Status BlockManager::RegisterPages(int32_t entry, int32_t first,
+                                         absl::Span<const BlockHash> hashes) {
+  const absl::Span<const PageId> pages =
+      slab_->hot(entry).table.entries().subspan(first, hashes.size());
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    KVBLOCK_RETURN_IF_ERROR(
+        pool_->RegisterCached(pages[i], hashes[i]).status());
+  }
   return absl::OkStatus();
 }
 

@@ -207,6 +207,7 @@ class BatchCommit {
   // Turns timing of Commit's parts on or off (off at creation): eight clock
   // reads a step while on.
   void set_time_phases(bool on) { time_phases_ = on; }
+  bool time_phases() const { return time_phases_; }
   const CommitPhaseTimes& phase_times() const { return phase_times_; }
 
   // Internal when the slot map and the manager or the table disagree: every

@@ -449,6 +449,14 @@ class BlockManager {
   absl::Status AppendDraftStep(SequenceHandle handle, size_t i,
                                absl::Span<const TokenId> tokens, int32_t drafts,
                                AppendManyResult& result, bool& taken);
+  // The chain hashes of `tokens`' whole pages after `parent`, in
+  // hash_scratch_.
+  absl::Span<const BlockHash> HashPages(BlockHash parent,
+                                        absl::Span<const TokenId> tokens);
+  // Registers the sequence's pages [first, first + hashes.size()) under
+  // `hashes` (the chain is the caller's to advance).
+  absl::Status RegisterPages(int32_t entry, int32_t first,
+                             absl::Span<const BlockHash> hashes);
   // Registers the sequence's full page `page` (the one its last token
   // filled, holding `page_tokens`) under `hash`, or hashes it when null.
   absl::Status RegisterFullPage(int32_t entry, int32_t page,
@@ -475,6 +483,8 @@ class BlockManager {
   std::unique_ptr<internal::StepJournal> journal_;
   // Admit's fresh pages, and a removed sequence's pages.
   std::vector<PageId> page_scratch_;
+  // The hashes of an append's whole pages (HashPages).
+  std::vector<BlockHash> hash_scratch_;
   // The step's transaction (allocated once), open while in_step_.
   std::unique_ptr<Transaction> step_;
   bool in_step_ = false;

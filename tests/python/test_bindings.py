@@ -144,6 +144,22 @@ def test_a_step_through_batch_commit():
     table.check_invariants()
 
 
+def test_phase_times_count_only_while_on():
+    manager, table, commit = make_stack()
+    assert not commit.time_phases
+    commit.commit(joins=[kvblock.Join(1, np.arange(6, dtype=np.int32))])
+    assert commit.phase_times.total_ns == 0
+    commit.time_phases = True
+    commit.commit(joins=[kvblock.Join(2, np.arange(9, dtype=np.int32))])
+    times = commit.phase_times
+    parts = (times.frees_ns + times.admissions_ns + times.appends_ns +
+             times.page_table_ns)
+    assert times.admissions_ns > 0 and 0 < parts <= times.total_ns
+    commit.time_phases = False
+    commit.commit(finished=np.array([1]))
+    assert commit.phase_times.total_ns == times.total_ns
+
+
 def test_a_failed_step_rolls_back():
     manager, table, commit = make_stack(num_pages=4)
     commit.commit(joins=[kvblock.Join(1, np.arange(8, dtype=np.int32))])

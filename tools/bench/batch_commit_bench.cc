@@ -43,6 +43,14 @@
 // large (sequences run longer before they finish), and a sequence that
 // nears its row's width finishes.
 //
+// Cold caches (`cold:1`): in serving, the scheduler's own work and the
+// model's launch run between two steps, and the step finds the CPU's
+// caches holding their data, not its own. These rows write to every cache
+// line of a 4 MiB buffer (twice this machine's L2) between steps, outside
+// the time; python_bench.py's batched step does the same, so the two
+// compare in one regime (its own work between steps evicts part of the
+// caches too).
+//
 // Heap allocations are counted by replacing the global operator new in this
 // binary and OpenSSL's allocator (SHA-256 page hashes): `allocs_per_step`
 // counts those made inside the timed calls (the goal is 0).
@@ -113,6 +121,15 @@ constexpr int32_t kPrefixTokens = 4 * kPageSize;
 constexpr int32_t kMaxSuffixTokens = 2 * kPageSize;
 constexpr int32_t kWarmupSteps = 1000;
 constexpr double kDraftAcceptance = 0.7;
+constexpr size_t kColdBytes = size_t{4} << 20;
+
+// Writes a byte in every cache line of a kColdBytes buffer, evicting the
+// step's data from the core's caches.
+void EvictCaches() {
+  static std::vector<char> lines(kColdBytes);
+  for (size_t i = 0; i < lines.size(); i += 64) ++lines[i];
+  benchmark::DoNotOptimize(lines.data());
+}
 
 // A decode workload at one batch size: the stack, and the scratch the
 // scheduler fills each step (reused, so steps allocate nothing here).
@@ -318,7 +335,7 @@ class DecodeWorkload {
 // Args: batch, width (max_pages_per_seq), upload (0/1), hash (0: SHA-256,
 // the default; 1: XXH3), prefix caching (1, the default; 0: off, so no page
 // is hashed), prompts hashed on arrival (1) or in the step (0), drafts per
-// sequence.
+// sequence, caches evicted between steps (1) or not (0).
 void BM_CommitDecodeStep(benchmark::State& state) {
   if (!crypto_allocations_counted) {
     state.SkipWithError("OpenSSL allocated before its allocator was replaced");
@@ -335,12 +352,14 @@ void BM_CommitDecodeStep(benchmark::State& state) {
                      static_cast<int32_t>(state.range(6)))) {
     return;
   }
+  const bool cold = state.range(7) != 0;
   const double arrival_before = workload.arrival_seconds();
   const KVPageTableUploadStats uploads_before = workload.upload_stats();
   int64_t step_allocations = 0;
   double step_seconds = 0;
   for (auto _ : state) {
     workload.Draft();
+    if (cold) EvictCaches();
     const int64_t before = allocations;
     const auto start = std::chrono::steady_clock::now();
     const absl::Status status = workload.Commit(upload);
@@ -382,18 +401,21 @@ void BM_CommitDecodeStep(benchmark::State& state) {
 }
 BENCHMARK(BM_CommitDecodeStep)
     ->ArgNames({"batch", "width", "upload", "xxh3", "cache", "arrival",
-                "drafts"})
+                "drafts", "cold"})
     // The whole step, upload included, at three row widths.
-    ->ArgsProduct({{64, 256, 1024}, {128, 256, 2048}, {1}, {0}, {1}, {1}, {0}})
+    ->ArgsProduct(
+        {{64, 256, 1024}, {128, 256, 2048}, {1}, {0}, {1}, {1}, {0}, {0}})
+    // The same step from cold caches (to set against python_bench.py's).
+    ->ArgsProduct({{64, 256, 1024}, {128}, {1}, {0}, {1}, {1}, {0}, {1}})
     // Speculative decoding: 4 drafts a sequence, 70% accepted each; at batch
     // 256 also against plain decode with XXH3 page hashes and without
     // prefix caching (what hashing the 2.77x more pages that fill costs).
-    ->ArgsProduct({{64, 256, 1024}, {256}, {1}, {0}, {1}, {1}, {4}})
-    ->ArgsProduct({{256}, {256}, {1}, {1}, {1}, {1}, {0, 4}})
-    ->ArgsProduct({{256}, {256}, {1}, {0}, {0}, {1}, {0, 4}})
+    ->ArgsProduct({{64, 256, 1024}, {256}, {1}, {0}, {1}, {1}, {4}, {0}})
+    ->ArgsProduct({{256}, {256}, {1}, {1}, {1}, {1}, {0, 4}, {0}})
+    ->ArgsProduct({{256}, {256}, {1}, {0}, {0}, {1}, {0, 4}, {0}})
     // Commit alone: the hash algorithms, hashing in the step, no caching.
-    ->ArgsProduct({{64, 256, 1024}, {128}, {0}, {0, 1}, {1}, {1, 0}, {0}})
-    ->ArgsProduct({{64, 256, 1024}, {128}, {0}, {0}, {0}, {0}, {0}})
+    ->ArgsProduct({{64, 256, 1024}, {128}, {0}, {0, 1}, {1}, {1, 0}, {0}, {0}})
+    ->ArgsProduct({{64, 256, 1024}, {128}, {0}, {0}, {0}, {0}, {0}, {0}})
     ->UseManualTime();
 
 }  // namespace

@@ -26,6 +26,16 @@ Rows (medians of --repetitions runs, each timing --iterations calls):
                                ns per sequence (to set against kvblock-bench's
                                BM_CommitDecodeStep upload:1 width:128) plus a
                                fixed cost per call
+  binding's part               of each timed commit, the time outside
+                               BatchCommit::Commit's own clock (phase timing
+                               on, for the whole batched step): converting
+                               the arguments and the joins, building the
+                               result, the GIL; per batch and fitted
+  batched step (Python, cold)  the same, with a byte written in every cache
+                               line of 4 MiB between steps (outside the
+                               time), as BM_CommitDecodeStep cold:1 does: the
+                               step as it runs in serving, after the
+                               scheduler's and the model launch's work
 The request objects' own updates (appending the sampled token) are outside
 the timed calls.
 """
@@ -133,7 +143,12 @@ def bench_admit_free(iterations, repetitions, tokens):
     return median_ns(run_admit, repetitions), median_ns(run_free, repetitions)
 
 
-def bench_batched_step(steps, repetitions, batch=256):
+# Written between steps in the cold rows, as BM_CommitDecodeStep cold:1
+# does: a byte in every cache line of 4 MiB.
+COLD_LINES = np.zeros(4 << 20, dtype=np.uint8)
+
+
+def bench_batched_step(steps, repetitions, batch=256, cold=False):
     config = kvblock.PagedKvConfig()
     config.page_size = 16
     config.max_pages_per_seq = 128
@@ -179,19 +194,32 @@ def bench_batched_step(steps, repetitions, batch=256):
         commit.commit(finished=f, joins=j, append_counts=c, append_tokens=t)
         table.upload()
 
+    # Commit's own clock (BatchCommit.time_phases) splits each timed call
+    # into the C++ step and what the binding adds around it.
+    commit.time_phases = True
+
     def run():
         elapsed = 0
+        binding = 0
         for _ in range(steps):
             f, j, c, t = draft()
+            if cold:
+                COLD_LINES[::64] += 1
+            inside = commit.phase_times.total_ns
             start = time.perf_counter_ns()
             commit.commit(finished=f, joins=j, append_counts=c,
                           append_tokens=t)
+            committed = time.perf_counter_ns()
             table.upload()
-            elapsed += time.perf_counter_ns() - start
-        return elapsed / steps
+            end = time.perf_counter_ns()
+            elapsed += end - start
+            binding += committed - start - (commit.phase_times.total_ns -
+                                            inside)
+        return elapsed / steps, binding / steps
 
-    per_step = median_ns(run, repetitions)
-    return per_step, per_step / batch
+    runs = [run() for _ in range(repetitions)]
+    return (statistics.median(r[0] for r in runs),
+            statistics.median(r[1] for r in runs))
 
 
 def main(argv):
@@ -206,21 +234,33 @@ def main(argv):
     admit_4k, free_4k = bench_admit_free(max(1, args.iterations // 160),
                                          args.repetitions, 4096)
     batches = (64, 256, 1024)
-    steps = [bench_batched_step(args.steps, args.repetitions, b)[0]
-             for b in batches]
-    slope, fixed = np.polyfit(batches, steps, 1)
+    step_rows = []
+    for cold in (False, True):
+        name = "batched step (Python" + (", cold)" if cold else ")")
+        stepped = [bench_batched_step(args.steps, args.repetitions, b, cold)
+                   for b in batches]
+        steps = [s for s, _ in stepped]
+        bindings = [b for _, b in stepped]
+        slope, fixed = np.polyfit(batches, steps, 1)
+        binding_slope, binding_fixed = np.polyfit(batches, bindings, 1)
+        step_rows += [
+            (f"{name}, batch {b}",
+             f"{t / 1e3:.2f} us per step, {t / b:.1f} ns per sequence")
+            for b, t in zip(batches, steps)
+        ] + [(f"{name}, fitted",
+              f"{slope:.1f} ns per sequence + {fixed / 1e3:.2f} us per call")
+             ] + [(f"{name}, binding's part, batch {b}", f"{t / 1e3:.2f} us")
+                  for b, t in zip(batches, bindings)
+                  ] + [(f"{name}, binding's part, fitted",
+                        f"{binding_slope:.2f} ns per sequence + "
+                        f"{binding_fixed / 1e3:.2f} us per call")]
     rows = [
         ("vllm decode allocate_slots", f"{decode / 1e3:.2f} us per call"),
         ("vllm admission (512 tokens)", f"{admit / 1e3:.2f} us per call"),
         ("vllm admission (4096 tokens)", f"{admit_4k / 1e3:.2f} us per call"),
         ("vllm free (33 pages)", f"{free / 1e3:.2f} us per call"),
         ("vllm free (257 pages)", f"{free_4k / 1e3:.2f} us per call"),
-    ] + [
-        (f"batched step (Python), batch {b}",
-         f"{t / 1e3:.2f} us per step, {t / b:.1f} ns per sequence")
-        for b, t in zip(batches, steps)
-    ] + [("batched step (Python), fitted",
-          f"{slope:.1f} ns per sequence + {fixed / 1e3:.2f} us per call")]
+    ] + step_rows
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")

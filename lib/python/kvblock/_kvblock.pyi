@@ -82,6 +82,13 @@ class AdmissionPlan:
     @property
     def pages_consumed(self) -> int: ...
 
+class CommitPhaseTimes:
+    frees_ns: int
+    admissions_ns: int
+    appends_ns: int
+    page_table_ns: int
+    total_ns: int
+
 class AppendResult:
     new_pages: int
     released_pages: int
@@ -223,6 +230,9 @@ class BatchCommit:
     def slots(self) -> npt.NDArray[np.int64]: ...
     @property
     def batch(self) -> int: ...
+    time_phases: bool
+    @property
+    def phase_times(self) -> CommitPhaseTimes: ...
     def __len__(self) -> int: ...
     def __iter__(self) -> Iterator[int]: ...
     def append_pages(self, append_counts: IntArray,

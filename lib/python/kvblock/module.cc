@@ -189,6 +189,15 @@ void BindConfig(py::module_& m) {
       .def_readonly("computed_tokens", &AdmissionPlan::computed_tokens)
       .def_readonly("reserved_pages", &AdmissionPlan::reserved_pages)
       .def_property_readonly("pages_consumed", &AdmissionPlan::pages_consumed);
+  py::class_<CommitPhaseTimes>(
+      m, "CommitPhaseTimes",
+      "Host time in BatchCommit.commit by part, in ns, summed over the "
+      "steps committed while BatchCommit.time_phases was on.")
+      .def_readonly("frees_ns", &CommitPhaseTimes::frees_ns)
+      .def_readonly("admissions_ns", &CommitPhaseTimes::admissions_ns)
+      .def_readonly("appends_ns", &CommitPhaseTimes::appends_ns)
+      .def_readonly("page_table_ns", &CommitPhaseTimes::page_table_ns)
+      .def_readonly("total_ns", &CommitPhaseTimes::total_ns);
   py::class_<AppendResult>(m, "AppendResult")
       .def_readonly("new_pages", &AppendResult::new_pages)
       .def_readonly("released_pages", &AppendResult::released_pages)
@@ -663,6 +672,12 @@ void BindCommit(py::module_& m) {
                                    self);
                              })
       .def_property_readonly("batch", &BatchCommit::batch)
+      .def_property("time_phases", &BatchCommit::time_phases,
+                    &BatchCommit::set_time_phases,
+                    "Whether commits time their parts (phase_times).")
+      .def_property_readonly(
+          "phase_times",
+          [](const BatchCommit& commit) { return commit.phase_times(); })
       .def("__len__", &BatchCommit::batch)
       .def(
           "__iter__",
