@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "admission_planner.h"
 #include "block_manager_transact.h"
+#include "cache_event_log.h"
 #include "kvblock/status_macros.h"
 #include "reservation.h"
 #include "sequence_slab.h"
@@ -60,7 +61,7 @@ absl::StatusOr<std::unique_ptr<BlockManager>> BlockManager::Create(
   reservation.Add(sequences,
                   2 * int64_t{sizeof(std::pair<SequenceId, int32_t>)});
   reservation.Add(width,
-                  int64_t{sizeof(BlockHash)} + 2 * int64_t{sizeof(PageId)});
+                  2 * int64_t{sizeof(BlockHash)} + 2 * int64_t{sizeof(PageId)});
   reservation.Add(width, int64_t{config.max_batch} * int64_t{sizeof(PageId)});
   reservation.Add(page_size, sizeof(TokenId));
   KVBLOCK_RETURN_IF_ERROR(reservation.Check());
@@ -97,7 +98,12 @@ BlockManager::BlockManager(const PagedKvConfig& config,
               static_cast<size_t>(config.max_batch))),
       page_scratch_(config.max_pages_per_seq),
       hash_scratch_(config.max_pages_per_seq),
-      step_(std::make_unique<Transaction>()) {}
+      step_(std::make_unique<Transaction>()) {
+  if (options_.enable_kv_events) {
+    events_ = std::make_unique<internal::CacheEventLog>();
+    pool_->set_event_log(events_.get());
+  }
+}
 
 BlockManager::~BlockManager() = default;
 
@@ -368,9 +374,13 @@ absl::StatusOr<AdmissionPlan> BlockManager::Admit(
     KVBLOCK_RETURN_IF_ERROR(pool_->AllocateN(fresh));
     KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(fresh));
     if (options_.enable_prefix_caching) {
+      const size_t first = static_cast<size_t>(plan.hit_pages);
       KVBLOCK_RETURN_IF_ERROR(RegisterPages(
           entry, plan.hit_pages,
-          hashes.subspan(plan.hit_pages, full_pages - plan.hit_pages)));
+          first > 0 ? hashes[first - 1] : hasher_.RootHash(extra),
+          hashes.subspan(first, full_pages - first),
+          prompt.subspan(first * config_.page_size,
+                         (full_pages - first) * config_.page_size)));
       cold.last_full_hash =
           full_pages > 0 ? hashes[full_pages - 1] : hasher_.RootHash(extra);
     }
@@ -460,6 +470,21 @@ absl::Status BlockManager::Preempt(SequenceId id) { return Remove(id, true); }
 
 absl::Status BlockManager::ResetPrefixCache() {
   return pool_->ResetPrefixCache();
+}
+
+absl::Status BlockManager::TakeKvEvents(std::vector<KvCacheEvent>& out) {
+  if (events_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "block manager: KV cache events are off "
+        "(BlockManagerOptions::enable_kv_events)");
+  }
+  if (in_step_) {
+    return absl::FailedPreconditionError(
+        "block manager: KV cache events are taken between steps, and a step "
+        "is open");
+  }
+  events_->TakeInto(config_.page_size, out);
+  return absl::OkStatus();
 }
 
 // Observers -------------------------------------------------------------------

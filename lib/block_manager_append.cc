@@ -18,6 +18,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "block_manager_transact.h"
+#include "cache_event_log.h"
 #include "kvblock/block_manager.h"
 #include "kvblock/status_macros.h"
 #include "sequence_slab.h"
@@ -657,7 +658,8 @@ absl::Status BlockManager::AppendSlow(int32_t entry,
                 ? HashPages(cold.last_full_hash, run)
                 : prompt_hashes.subspan(static_cast<size_t>(next_page), pages);
         KVBLOCK_RETURN_IF_ERROR(
-            RegisterPages(entry, static_cast<int32_t>(next_page), hashes));
+            RegisterPages(entry, static_cast<int32_t>(next_page),
+                          cold.last_full_hash, hashes, run));
         cold.last_full_hash = hashes.back();
       }
       page_tokens = run.last(page_size);
@@ -716,13 +718,21 @@ absl::Span<const BlockHash> BlockManager::HashPages(
 }
 
 absl::Status BlockManager::RegisterPages(int32_t entry, int32_t first,
-                                         absl::Span<const BlockHash> hashes) {
+                                         const BlockHash& parent,
+                                         absl::Span<const BlockHash> hashes,
+                                         absl::Span<const TokenId> tokens) {
   const absl::Span<const PageId> pages =
       slab_->hot(entry).table.entries().subspan(first, hashes.size());
+  if (events_ != nullptr) {
+    const internal::SequenceCold& cold = slab_->cold(entry);
+    events_->BeginRun(first, parent, hashes, tokens, cold.cache_salt,
+                      cold.adapter_id);
+  }
   for (size_t i = 0; i < hashes.size(); ++i) {
     KVBLOCK_RETURN_IF_ERROR(
         pool_->RegisterCached(pages[i], hashes[i]).status());
   }
+  if (events_ != nullptr) events_->EndRun();
   return absl::OkStatus();
 }
 
@@ -734,8 +744,13 @@ absl::Status BlockManager::RegisterFullPage(
   const BlockHash full =
       hash != nullptr ? *hash
                       : hasher_.HashPage(cold.last_full_hash, page_tokens);
+  if (events_ != nullptr) {
+    events_->BeginRun(page, cold.last_full_hash, absl::MakeConstSpan(&full, 1),
+                      page_tokens, cold.cache_salt, cold.adapter_id);
+  }
   KVBLOCK_RETURN_IF_ERROR(
       pool_->RegisterCached(table.entries()[page], full).status());
+  if (events_ != nullptr) events_->EndRun();
   cold.last_full_hash = full;
   return absl::OkStatus();
 }

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "cache_event_log.h"
 #include "fault_injection.h"
 #include "kvblock/status_macros.h"
 #include "prefix_index.h"
@@ -165,6 +166,7 @@ PageId BlockPool::AllocateUnchecked() {
     pages_[page].cached = 0;
     ++stats_.evictions;
     Journal(UndoRecord::Op::kEvict, page, kNoPage, pages_[page].hash);
+    if (events_ != nullptr) events_->Removed(pages_[page].hash);
   }
   pages_[page].refcount = 1;
   ++stats_.allocations;
@@ -235,6 +237,7 @@ absl::StatusOr<CopyOnWrite> BlockPool::Writable(PageId page) {
         assert(erased);
         pages_[page].cached = 0;
         Journal(UndoRecord::Op::kUncache, page, kNoPage, pages_[page].hash);
+        if (events_ != nullptr) events_->Removed(pages_[page].hash);
       }
       return CopyOnWrite{CopyOnWrite::Kind::kExisting, page, kNoPage};
     }
@@ -260,7 +263,10 @@ absl::StatusOr<PageId> BlockPool::RegisterCached(PageId page,
                                                  const BlockHash& hash) {
   if (!IsUsed(page)) return UnusedError(page);
   if (pages_[page].cached) {
-    if (pages_[page].hash == hash) return page;
+    if (pages_[page].hash == hash) {
+      if (events_ != nullptr) events_->Registered(hash, /*stored=*/false);
+      return page;
+    }
     return absl::FailedPreconditionError(absl::StrCat(
         "block pool: page ", page, " is cached as ",
         ShortHash(pages_[page].hash), "..., not ", ShortHash(hash), "..."));
@@ -273,6 +279,7 @@ absl::StatusOr<PageId> BlockPool::RegisterCached(PageId page,
         absl::StrCat("block pool: the prefix index is full with ",
                      index_->size(), " pages (a broken invariant)"));
   }
+  if (events_ != nullptr) events_->Registered(hash, indexed == page);
   if (indexed != page) return indexed;
   pages_[page].cached = 1;
   pages_[page].hash = hash;
@@ -359,12 +366,19 @@ absl::Status BlockPool::ResetPrefixCache() {
   }
   index_->ForEach([this](PageId page) { pages_[page].cached = 0; });
   index_->Clear();
+  if (events_ != nullptr) events_->Cleared();
   return absl::OkStatus();
 }
 
 BlockPool::Savepoint BlockPool::BeginTransaction() {
   ++depth_;
-  return Savepoint{depth_, journal_.size(), stats_};
+  Savepoint savepoint{depth_, journal_.size(), stats_};
+  if (events_ != nullptr) {
+    const internal::CacheEventLog::Mark mark = events_->mark();
+    savepoint.event_records = mark.records;
+    savepoint.event_runs = mark.runs;
+  }
+  return savepoint;
 }
 
 absl::Status BlockPool::CommitTransaction(const Savepoint& savepoint) {
@@ -388,6 +402,9 @@ absl::Status BlockPool::RollbackTransaction(const Savepoint& savepoint) {
     journal_.pop_back();
   }
   stats_ = savepoint.stats;
+  if (events_ != nullptr) {
+    events_->Truncate({savepoint.event_records, savepoint.event_runs});
+  }
   --depth_;
   return absl::OkStatus();
 }

@@ -78,6 +78,7 @@
 #include "kvblock/block_hash.h"
 #include "kvblock/block_pool.h"
 #include "kvblock/config.h"
+#include "kvblock/kv_events.h"
 #include "kvblock/sequence_table.h"
 #include "kvblock/types.h"
 
@@ -85,6 +86,7 @@ namespace kvblock {
 
 namespace internal {
 class AdmissionPlanner;
+class CacheEventLog;
 struct InPlaceAppend;
 class SequenceSlab;
 class StepJournal;
@@ -104,6 +106,9 @@ struct BlockManagerOptions {
   // chunks reserves that part's pages (vLLM's "the whole prompt must fit");
   // false admits on the first chunk's pages alone.
   bool reserve_prompt_pages = true;
+  // Record KV cache events (kvblock/kv_events.h) for TakeKvEvents. They
+  // accumulate until taken: take them every step or so.
+  bool enable_kv_events = false;
 };
 
 // How a prompt is admitted (PlanAdmission, CanAdmit, Admit).
@@ -374,6 +379,12 @@ class BlockManager {
   // Drops every cached prefix; see BlockPool::ResetPrefixCache.
   absl::Status ResetPrefixCache();
 
+  // Appends to `out` the KV cache events since the last call, in order,
+  // and forgets them. FailedPrecondition when events are off
+  // (BlockManagerOptions::enable_kv_events) or inside a step (its events
+  // come when it commits; a rolled-back one has none).
+  absl::Status TakeKvEvents(std::vector<KvCacheEvent>& out);
+
   // Step transactions (used by BatchCommit). BeginStep starts journaling;
   // CommitStep forgets the journal; RollbackStep undoes every change since
   // BeginStep. FailedPrecondition when called out of order.
@@ -453,10 +464,13 @@ class BlockManager {
   // hash_scratch_.
   absl::Span<const BlockHash> HashPages(BlockHash parent,
                                         absl::Span<const TokenId> tokens);
-  // Registers the sequence's pages [first, first + hashes.size()) under
-  // `hashes` (the chain is the caller's to advance).
+  // Registers the sequence's pages [first, first + hashes.size()), which
+  // hold `tokens` and follow `parent` in its chain, under `hashes` (the
+  // chain is the caller's to advance).
   absl::Status RegisterPages(int32_t entry, int32_t first,
-                             absl::Span<const BlockHash> hashes);
+                             const BlockHash& parent,
+                             absl::Span<const BlockHash> hashes,
+                             absl::Span<const TokenId> tokens);
   // Registers the sequence's full page `page` (the one its last token
   // filled, holding `page_tokens`) under `hash`, or hashes it when null.
   absl::Status RegisterFullPage(int32_t entry, int32_t page,
@@ -488,6 +502,8 @@ class BlockManager {
   // The step's transaction (allocated once), open while in_step_.
   std::unique_ptr<Transaction> step_;
   bool in_step_ = false;
+  // With enable_kv_events: the pool's and the registrations' record.
+  std::unique_ptr<internal::CacheEventLog> events_;
   // Manager-owned counters (pool-derived ones are filled in by stats()).
   BlockManagerStats stats_;
   // Pages reserved for the rest of chunked prompts, the sum of

@@ -59,6 +59,9 @@
 namespace kvblock {
 
 class PrefixIndex;  // internal: lib/prefix_index.h
+namespace internal {
+class CacheEventLog;  // lib/cache_event_log.h
+}  // namespace internal
 
 // What `BlockPool::Writable` decided.
 struct CopyOnWrite {
@@ -132,6 +135,9 @@ class BlockPool {
     int32_t depth = 0;
     size_t journal_size = 0;
     BlockPoolStats stats;
+    // The event log's size (see set_event_log).
+    size_t event_records = 0;
+    size_t event_runs = 0;
   };
 
   // A pool of `num_pages` free pages. InvalidArgument when `num_pages` is not
@@ -233,6 +239,12 @@ class BlockPool {
 
   // Open transactions (0 outside any).
   int32_t transaction_depth() const { return depth_; }
+
+  // KV cache events: with a log set (null: none, the default), every
+  // RegisterCached, every page evicted or uncached and every reset is
+  // recorded in it, and a rollback truncates it to its savepoint.
+  // BlockManager sets one for BlockManagerOptions::enable_kv_events.
+  void set_event_log(internal::CacheEventLog* log) { events_ = log; }
 
   // Observers ----------------------------------------------------------------
 
@@ -349,6 +361,7 @@ class BlockPool {
   // depth_ == 0.
   std::vector<UndoRecord> journal_;
   int32_t depth_ = 0;
+  internal::CacheEventLog* events_ = nullptr;
 };
 
 }  // namespace kvblock

@@ -1,0 +1,44 @@
+// Copyright 2026 The kvblock Authors.
+//
+// KV cache events: what entered and left the prefix cache, in order, so a
+// fleet router can send each request to the replica that caches its prefix.
+// They follow vLLM's (vllm/distributed/kv_events.py): BlockStored for pages
+// newly registered (consecutive pages of one registration in one event, with
+// the hash of the page before the first and the pages' tokens),
+// BlockRemoved for cached pages evicted or uncached, AllBlocksCleared for a
+// reset. BlockManager records them with BlockManagerOptions::
+// enable_kv_events and hands them out with TakeKvEvents; a step that rolls
+// back leaves none.
+#ifndef KVBLOCK_KV_EVENTS_H_
+#define KVBLOCK_KV_EVENTS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kvblock/block_hash.h"
+#include "kvblock/types.h"
+
+namespace kvblock {
+
+struct KvCacheEvent {
+  enum class Kind : uint8_t { kBlockStored, kBlockRemoved, kAllBlocksCleared };
+  Kind kind = Kind::kBlockStored;
+  // kBlockStored and kBlockRemoved: the pages' hashes, in chain order for
+  // kBlockStored.
+  std::vector<BlockHash> block_hashes;
+  // kBlockStored: the hash of the page before the first (none when the
+  // first is a prompt's first page), its tokens (page_size a page), and the
+  // extra keys the hashes include. Unset when the pool was called directly.
+  std::optional<BlockHash> parent_block_hash;
+  std::vector<TokenId> token_ids;
+  std::string cache_salt;
+  int64_t adapter_id = 0;
+
+  friend bool operator==(const KvCacheEvent&, const KvCacheEvent&) = default;
+};
+
+}  // namespace kvblock
+
+#endif  // KVBLOCK_KV_EVENTS_H_

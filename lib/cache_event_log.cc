@@ -1,0 +1,117 @@
+// Copyright 2026 The kvblock Authors.
+#include "cache_event_log.h"
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace kvblock::internal {
+
+void CacheEventLog::Truncate(const Mark& mark) {
+  if (mark.runs < runs_.size()) {
+    const Run& first_dropped = runs_[mark.runs];
+    hashes_.resize(first_dropped.hashes_offset);
+    tokens_.resize(first_dropped.tokens_offset);
+    salts_.resize(first_dropped.salt_offset);
+    runs_.resize(mark.runs);
+  }
+  records_.resize(mark.records);
+  open_run_ = -1;
+}
+
+void CacheEventLog::Registered(const BlockHash& hash, bool stored) {
+  const int32_t page_in_run = open_run_ >= 0 ? run_cursor_++ : 0;
+  if (!stored) return;
+  Add(Kind::kStored, hash, open_run_, page_in_run);
+}
+
+void CacheEventLog::BeginRun(int64_t first_page, const BlockHash& parent,
+                             absl::Span<const BlockHash> hashes,
+                             absl::Span<const TokenId> tokens,
+                             absl::string_view cache_salt, int64_t adapter_id) {
+  open_run_ = static_cast<int32_t>(runs_.size());
+  run_cursor_ = 0;
+  runs_.push_back({.first_page = first_page,
+                   .parent = parent,
+                   .hashes_offset = hashes_.size(),
+                   .tokens_offset = tokens_.size(),
+                   .salt_offset = salts_.size(),
+                   .salt_size = cache_salt.size(),
+                   .adapter_id = adapter_id});
+  hashes_.insert(hashes_.end(), hashes.begin(), hashes.end());
+  tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+  salts_.append(cache_salt.data(), cache_salt.size());
+}
+
+void CacheEventLog::TakeInto(int32_t page_size,
+                             std::vector<KvCacheEvent>& out) {
+  const size_t page = static_cast<size_t>(page_size);
+  const Record* previous = nullptr;
+  for (const Record& record : records_) {
+    switch (record.kind) {
+      case Kind::kCleared:
+        out.emplace_back().kind = KvCacheEvent::Kind::kAllBlocksCleared;
+        break;
+      case Kind::kRemoved:
+        if (previous == nullptr || previous->kind != Kind::kRemoved) {
+          out.emplace_back().kind = KvCacheEvent::Kind::kBlockRemoved;
+        }
+        out.back().block_hashes.push_back(record.hash);
+        break;
+      case Kind::kStored:
+        AddStored(record, previous, page, out);
+        break;
+    }
+    previous = &record;
+  }
+  records_.clear();
+  runs_.clear();
+  hashes_.clear();
+  tokens_.clear();
+  salts_.clear();
+  open_run_ = -1;
+}
+
+void CacheEventLog::AddStored(const Record& record, const Record* previous,
+                              size_t page_size,
+                              std::vector<KvCacheEvent>& out) const {
+  // A page the pool registered on its own has no chain, tokens or keys.
+  if (record.run < 0) {
+    KvCacheEvent& event = out.emplace_back();
+    event.block_hashes.push_back(record.hash);
+    return;
+  }
+  const Run& run = runs_[record.run];
+  // The chain before this page: the run's page before it (cached already or
+  // not, it is the chain), or the run's parent; none at page 0.
+  std::optional<BlockHash> parent;
+  if (record.page_in_run > 0) {
+    parent = hashes_[run.hashes_offset + record.page_in_run - 1];
+  } else if (run.first_page > 0) {
+    parent = run.parent;
+  }
+  const absl::string_view salt =
+      absl::string_view(salts_).substr(run.salt_offset, run.salt_size);
+  // Pages that continue the last event's chain, under the same keys, join
+  // it: consecutive pages of one registration make one event.
+  const bool extends =
+      previous != nullptr && previous->kind == Kind::kStored &&
+      previous->run >= 0 && parent.has_value() && *parent == previous->hash &&
+      out.back().cache_salt == salt && out.back().adapter_id == run.adapter_id;
+  if (!extends) {
+    KvCacheEvent& event = out.emplace_back();
+    event.parent_block_hash = parent;
+    event.cache_salt = std::string(salt);
+    event.adapter_id = run.adapter_id;
+  }
+  KvCacheEvent& event = out.back();
+  event.block_hashes.push_back(record.hash);
+  const auto tokens =
+      tokens_.begin() + static_cast<ptrdiff_t>(run.tokens_offset +
+                                               record.page_in_run * page_size);
+  event.token_ids.insert(event.token_ids.end(), tokens,
+                         tokens + static_cast<ptrdiff_t>(page_size));
+}
+
+}  // namespace kvblock::internal

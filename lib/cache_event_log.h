@@ -1,0 +1,105 @@
+// Copyright 2026 The kvblock Authors.
+//
+// Internal: CacheEventLog, the prefix cache's changes in order, from which
+// BlockManager::TakeKvEvents builds KV cache events. BlockPool appends a
+// record for every page it newly registers, evicts or uncaches and for a
+// reset; it does not know a page's tokens or chain, so BlockManager opens a
+// registration run around its RegisterCached calls (the run's parent hash,
+// hashes, tokens and extra keys), and each registration the pool reports
+// while the run is open is its next page. A pool rollback truncates the log
+// to the savepoint's mark: a rolled-back step leaves no record.
+//
+// Thread safety: thread-compatible, owned by one BlockManager.
+#ifndef KVBLOCK_LIB_CACHE_EVENT_LOG_H_
+#define KVBLOCK_LIB_CACHE_EVENT_LOG_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "kvblock/block_hash.h"
+#include "kvblock/kv_events.h"
+#include "kvblock/types.h"
+
+namespace kvblock::internal {
+
+class CacheEventLog {
+ public:
+  // The log's size at a savepoint.
+  struct Mark {
+    size_t records = 0;
+    size_t runs = 0;
+  };
+
+  Mark mark() const { return {records_.size(), runs_.size()}; }
+  // Drops what came after `mark`, and closes an open run.
+  void Truncate(const Mark& mark);
+
+  // From BlockPool: RegisterCached on `hash` (`stored`: the page is newly
+  // cached), an eviction or uncaching of a page cached as `hash`, a reset.
+  void Registered(const BlockHash& hash, bool stored);
+  void Removed(const BlockHash& hash) { Add(Kind::kRemoved, hash); }
+  void Cleared() { Add(Kind::kCleared, BlockHash{}); }
+
+  // From BlockManager: the next hashes.size() registrations are pages
+  // [first_page, ...) of a sequence after `parent` (its chain before them),
+  // holding `tokens`, under extra keys `cache_salt` and `adapter_id`.
+  void BeginRun(int64_t first_page, const BlockHash& parent,
+                absl::Span<const BlockHash> hashes,
+                absl::Span<const TokenId> tokens, absl::string_view cache_salt,
+                int64_t adapter_id);
+  void EndRun() { open_run_ = -1; }
+
+  bool empty() const { return records_.empty(); }
+  // Appends the records as events to `out` (consecutive pages of a run in
+  // one BlockStored, consecutive removals in one BlockRemoved) and clears
+  // the log. `page_size`: tokens a page.
+  void TakeInto(int32_t page_size, std::vector<KvCacheEvent>& out);
+
+ private:
+  enum class Kind : uint8_t { kStored, kRemoved, kCleared };
+  struct Record {
+    Kind kind = Kind::kRemoved;
+    // kStored: the run (runs_[run], -1: none) and the page's index in it.
+    int32_t run = -1;
+    int32_t page_in_run = 0;
+    BlockHash hash;
+  };
+  struct Run {
+    int64_t first_page = 0;
+    BlockHash parent;
+    size_t hashes_offset = 0;  // in hashes_, one a page.
+    size_t tokens_offset = 0;  // in tokens_, page_size a page.
+    size_t salt_offset = 0;    // in salts_.
+    size_t salt_size = 0;
+    int64_t adapter_id = 0;
+  };
+
+  // Appends a stored record's page to `out`, extending the last event when
+  // it continues its chain.
+  void AddStored(const Record& record, const Record* previous, size_t page_size,
+                 std::vector<KvCacheEvent>& out) const;
+  void Add(Kind kind, const BlockHash& hash, int32_t run = -1,
+           int32_t page_in_run = 0) {
+    Record& record = records_.emplace_back();
+    record.kind = kind;
+    record.run = run;
+    record.page_in_run = page_in_run;
+    record.hash = hash;
+  }
+
+  std::vector<Record> records_;
+  std::vector<Run> runs_;
+  std::vector<BlockHash> hashes_;
+  std::vector<TokenId> tokens_;
+  std::string salts_;
+  int32_t open_run_ = -1;
+  int32_t run_cursor_ = 0;  // registrations so far in the open run.
+};
+
+}  // namespace kvblock::internal
+
+#endif  // KVBLOCK_LIB_CACHE_EVENT_LOG_H_

@@ -1,0 +1,256 @@
+// Copyright 2026 The kvblock Authors.
+//
+// KV cache events through BlockManager (BlockManagerOptions::
+// enable_kv_events): scripted registrations, evictions, a reset and
+// rolled-back steps with exact events; then random steps, after each of which
+// the set of cached hashes rebuilt from the events alone equals the pool's,
+// and every stored event's hashes are its tokens' chain.
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kvblock/block_hash.h"
+#include "kvblock/block_manager.h"
+#include "kvblock/kv_events.h"
+#include "test_util.h"
+
+namespace kvblock {
+namespace {
+
+using Kind = KvCacheEvent::Kind;
+using Tokens = std::vector<TokenId>;
+
+constexpr int32_t kPageSize = 4;
+
+std::unique_ptr<BlockManager> MakeManager(int32_t num_pages,
+                                          bool events = true) {
+  PagedKvConfig config;
+  config.num_pages = num_pages;
+  config.page_size = kPageSize;
+  config.max_pages_per_seq = 16;
+  config.max_batch = 8;
+  BlockManagerOptions options;
+  options.enable_kv_events = events;
+  auto manager = BlockManager::Create(config, options);
+  REQUIRE_OK(manager);
+  return *std::move(manager);
+}
+
+Tokens Range(TokenId first, int count) {
+  Tokens tokens(count);
+  std::iota(tokens.begin(), tokens.end(), first);
+  return tokens;
+}
+
+std::vector<KvCacheEvent> Take(BlockManager& manager) {
+  std::vector<KvCacheEvent> events;
+  REQUIRE_OK(manager.TakeKvEvents(events));
+  return events;
+}
+
+std::vector<BlockHash> HashesOf(BlockManager& manager, const Tokens& tokens,
+                                const HashExtraKeys& extra = {}) {
+  std::vector<BlockHash> hashes(tokens.size() / kPageSize);
+  REQUIRE_OK(manager.HashPrompt(tokens, extra, absl::MakeSpan(hashes)));
+  return hashes;
+}
+
+TEST_CASE("an admission stores its full pages in one event") {
+  auto manager = MakeManager(16);
+  const Tokens prompt = Range(100, 10);  // two full pages, two tokens more.
+  REQUIRE_OK(
+      manager->Admit(1, prompt, {.cache_salt = "tenant", .adapter_id = 7}));
+  const std::vector<KvCacheEvent> events = Take(*manager);
+  REQUIRE(events.size() == 1);
+  const KvCacheEvent& stored = events[0];
+  REQUIRE(stored.kind == Kind::kBlockStored);
+  REQUIRE(
+      stored.block_hashes ==
+      HashesOf(*manager, prompt, {.cache_salt = "tenant", .adapter_id = 7}));
+  REQUIRE_FALSE(stored.parent_block_hash.has_value());  // a prompt's first.
+  REQUIRE(stored.token_ids == Range(100, 8));
+  REQUIRE(stored.cache_salt == "tenant");
+  REQUIRE(stored.adapter_id == 7);
+  REQUIRE(Take(*manager).empty());  // taken once.
+}
+
+TEST_CASE("a page that fills is stored after its chain") {
+  auto manager = MakeManager(16);
+  const Tokens prompt = Range(100, 6);
+  REQUIRE_OK(manager->Admit(1, prompt));
+  const BlockHash first = HashesOf(*manager, prompt)[0];
+  Take(*manager);
+  REQUIRE_OK(manager->Append(1, {7}));  // 7 tokens: page 1 not full yet.
+  REQUIRE(Take(*manager).empty());
+  REQUIRE_OK(manager->Append(1, {8}));
+  const std::vector<KvCacheEvent> events = Take(*manager);
+  REQUIRE(events.size() == 1);
+  REQUIRE(events[0].parent_block_hash == first);
+  REQUIRE(events[0].token_ids == Tokens{104, 105, 7, 8});
+  Tokens verified = prompt;
+  verified.insert(verified.end(), {7, 8});
+  REQUIRE(events[0].block_hashes ==
+          std::vector<BlockHash>{HashesOf(*manager, verified)[1]});
+}
+
+TEST_CASE("an eviction is removed before the page is stored again") {
+  auto manager = MakeManager(2);
+  const Tokens a = Range(100, 8);  // two full pages: the whole pool.
+  REQUIRE_OK(manager->Admit(1, a));
+  REQUIRE_OK(manager->Free(1));  // both cached, evictable.
+  Take(*manager);
+  const Tokens b = Range(500, 4);
+  // Evicts the LRU head: a's page 1 (a free releases the last page first).
+  REQUIRE_OK(manager->Admit(2, b));
+  const std::vector<KvCacheEvent> events = Take(*manager);
+  REQUIRE(events.size() == 2);
+  REQUIRE(events[0].kind == Kind::kBlockRemoved);
+  REQUIRE(events[0].block_hashes ==
+          std::vector<BlockHash>{HashesOf(*manager, a)[1]});
+  REQUIRE(events[1].kind == Kind::kBlockStored);
+  REQUIRE(events[1].block_hashes == HashesOf(*manager, b));
+}
+
+TEST_CASE("a rolled-back step leaves no event, a committed one its own") {
+  auto manager = MakeManager(16);
+  REQUIRE_OK(manager->BeginStep());
+  REQUIRE_OK(manager->Admit(1, Range(100, 8)));
+  std::vector<KvCacheEvent> early;
+  REQUIRE_STATUS_IS(manager->TakeKvEvents(early), kFailedPrecondition);
+  REQUIRE_OK(manager->RollbackStep());
+  REQUIRE(Take(*manager).empty());
+
+  REQUIRE_OK(manager->BeginStep());
+  REQUIRE_OK(manager->Admit(1, Range(100, 8)));
+  REQUIRE_OK(manager->CommitStep());
+  REQUIRE(Take(*manager).size() == 1);
+
+  // A call that fails changes nothing, events included.
+  REQUIRE_STATUS_IS(manager->Admit(2, Range(0, 400)), kOutOfRange);
+  REQUIRE(Take(*manager).empty());
+}
+
+TEST_CASE("a reset clears all, and events can be off") {
+  auto manager = MakeManager(16);
+  REQUIRE_OK(manager->Admit(1, Range(100, 8)));
+  REQUIRE_OK(manager->ResetPrefixCache());
+  const std::vector<KvCacheEvent> events = Take(*manager);
+  REQUIRE(events.size() == 2);
+  REQUIRE(events[1].kind == Kind::kAllBlocksCleared);
+
+  auto off = MakeManager(16, /*events=*/false);
+  std::vector<KvCacheEvent> none;
+  auto status = off->TakeKvEvents(none);
+  REQUIRE(status.code() == absl::StatusCode::kFailedPrecondition);
+  REQUIRE(std::string(status.message()).find("enable_kv_events") !=
+          std::string::npos);
+}
+
+// Random steps: admissions (shared prefixes, two salts), appends, forks,
+// frees and now and then a reset, in steps that commit or roll back.
+TEST_CASE("the cached set rebuilt from the events is the pool's") {
+  for (const uint32_t seed : {1u, 2u, 3u}) {
+    INFO("seed " << seed);
+    std::mt19937 rng(seed);
+    const auto uniform = [&](int lo, int hi) {
+      return std::uniform_int_distribution<int>(lo, hi)(rng);
+    };
+    auto manager = MakeManager(24);
+    auto hasher = BlockHasher::Create(HashAlgorithm::kSha256, kPageSize);
+    REQUIRE_OK(hasher);
+    std::set<std::string> cached;  // hashes, as bytes, from the events.
+    const auto key = [](const BlockHash& hash) {
+      return std::string(hash.bytes.begin(), hash.bytes.end());
+    };
+    std::vector<SequenceId> live;
+    SequenceId next_id = 0;
+    int64_t stored = 0;
+    int64_t removed = 0;
+    for (int64_t op = 0; op < testing::RandomRunLength(3000); ++op) {
+      INFO("op " << op);
+      const bool step = uniform(0, 3) == 0;
+      const std::vector<SequenceId> live_before = live;
+      if (step) REQUIRE_OK(manager->BeginStep());
+      for (int n = step ? uniform(1, 4) : 1; n > 0; --n) {
+        const int dice = uniform(0, 99);
+        if (dice < 30 || live.empty()) {
+          Tokens prompt = Range(1000 * uniform(0, 2), uniform(1, 10));
+          for (TokenId& t : prompt) t += uniform(0, 3) == 0 ? uniform(0, 2) : 0;
+          const std::string salt = uniform(0, 1) ? "a" : "";
+          if (manager->Admit(next_id, prompt, {.cache_salt = salt}).ok()) {
+            live.push_back(next_id);
+          }
+          ++next_id;
+        } else if (dice < 70) {
+          const SequenceId id = live[uniform(0, live.size() - 1)];
+          (void)manager->Append(id, Range(uniform(0, 50), uniform(1, 5)));
+        } else if (dice < 78) {
+          const SequenceId id = live[uniform(0, live.size() - 1)];
+          if (manager->Fork(id, next_id).ok()) live.push_back(next_id);
+          ++next_id;
+        } else if (dice < 97 || step) {
+          const size_t i = uniform(0, live.size() - 1);
+          REQUIRE_OK(manager->Free(live[i]));
+          live.erase(live.begin() + i);
+        } else {
+          REQUIRE_OK(manager->ResetPrefixCache());
+        }
+      }
+      const bool rollback = step && uniform(0, 2) == 0;
+      if (rollback) {
+        // The step's admissions, forks and frees are undone.
+        REQUIRE_OK(manager->RollbackStep());
+        live = live_before;
+      } else if (step) {
+        REQUIRE_OK(manager->CommitStep());
+      }
+      for (const KvCacheEvent& event : Take(*manager)) {
+        switch (event.kind) {
+          case Kind::kAllBlocksCleared:
+            cached.clear();
+            break;
+          case Kind::kBlockRemoved:
+            for (const BlockHash& hash : event.block_hashes) {
+              REQUIRE(cached.erase(key(hash)) == 1);
+              ++removed;
+            }
+            break;
+          case Kind::kBlockStored: {
+            // The hashes are the tokens' chain after the parent (the extra
+            // keys' root for a prompt's first page).
+            REQUIRE(event.token_ids.size() ==
+                    event.block_hashes.size() * kPageSize);
+            BlockHash parent = event.parent_block_hash.value_or(
+                hasher->RootHash({.cache_salt = event.cache_salt,
+                                  .adapter_id = event.adapter_id}));
+            for (size_t i = 0; i < event.block_hashes.size(); ++i) {
+              parent = hasher->HashPage(parent,
+                                        absl::MakeConstSpan(event.token_ids)
+                                            .subspan(i * kPageSize, kPageSize));
+              REQUIRE(parent == event.block_hashes[i]);
+              REQUIRE(cached.insert(key(parent)).second);
+              ++stored;
+            }
+            break;
+          }
+        }
+      }
+      std::set<std::string> pool_cached;
+      for (const auto& [page, hash] : manager->pool().Snapshot().cached) {
+        pool_cached.insert(key(hash));
+      }
+      REQUIRE(cached == pool_cached);
+      REQUIRE_OK(manager->CheckInvariants());
+    }
+    CHECK(stored >= testing::RandomRunLength(300));
+    CHECK(removed >= testing::RandomRunLength(100));
+  }
+}
+
+}  // namespace
+}  // namespace kvblock
