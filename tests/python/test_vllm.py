@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import kvblock
-from kvblock.vllm import KVCacheManager
+from kvblock.vllm import (AllBlocksCleared, BlockRemoved, BlockStored,
+                          KVCacheManager)
 
 
 class Status(enum.Enum):
@@ -178,17 +179,20 @@ def test_a_vllm_style_scheduler_runs_a_trace_to_the_end(seed, spec_tokens,
                                                         reserve, preempts):
     kv = KVCacheManager(num_blocks=96, block_size=4, max_model_len=128,
                         max_num_seqs=16, log_stats=True,
-                        full_sequence_must_fit=reserve)
+                        full_sequence_must_fit=reserve,
+                        enable_kv_cache_events=True)
     scheduler = Scheduler(kv, token_budget=48, max_running=16,
                           spec_tokens=spec_tokens, seed=seed)
     arrivals = make_trace(seed)
     total = len(arrivals)
     step = 0
+    cached = set()  # the cache as the events tell it, as a router would.
     while scheduler.finished < total:
         while arrivals and arrivals[0][0] <= step:
             scheduler.waiting.append(arrivals.pop(0)[1])
         scheduler.step()
         check_step(kv, scheduler)
+        apply_events(kv, cached)
         step += 1
         assert step < 5000, "the loop does not converge"
     assert kv.usage == 0.0 and len(kv) == 0
@@ -202,6 +206,36 @@ def test_a_vllm_style_scheduler_runs_a_trace_to_the_end(seed, spec_tokens,
     stats = kv.make_prefix_cache_stats()
     assert stats.hits > 0  # shared system prompts and parallel samples.
     assert kv.reset_prefix_cache()
+    apply_events(kv, cached)
+    assert not cached
+
+
+def apply_events(kv, cached):
+    """Applies the adapter's KV events to `cached` (vLLM's integer hashes)
+    and checks it against the manager's cache."""
+    for event in kv.take_events():
+        if isinstance(event, AllBlocksCleared):
+            cached.clear()
+        elif isinstance(event, BlockRemoved):
+            for block in event.block_hashes:
+                cached.remove(block)
+        else:
+            assert isinstance(event, BlockStored)
+            assert len(event.token_ids) == kv.block_size * len(
+                event.block_hashes)
+            assert event.block_size == kv.block_size
+            if event.parent_block_hash is None:
+                # A prompt's first pages: their hashes are the prompt's.
+                salt = event.extra_keys[0][0] if event.extra_keys else ""
+                digests = kv.manager.hash_prompt(
+                    np.array(event.token_ids, dtype=np.int32),
+                    cache_salt=salt)
+                assert [int.from_bytes(bytes(d[-8:]), "big")
+                        for d in digests] == event.block_hashes
+            for block in event.block_hashes:
+                assert block not in cached
+                cached.add(block)
+    assert len(cached) == kv.manager.num_cached
 
 
 def test_admission_hits_and_new_blocks():
@@ -232,7 +266,4 @@ def test_refusals_change_nothing():
     assert len(kv) == 0 and kv.usage == 0.0
     with pytest.raises(ValueError, match="num_new_tokens"):
         kv.allocate_slots(big, 0)
-    with pytest.raises(kvblock.UnimplementedError, match="events"):
-        KVCacheManager(num_blocks=4, block_size=4, max_model_len=64,
-                       enable_kv_cache_events=True)
-    assert kv.take_events() == []
+    assert kv.take_events() == []  # events off.

@@ -70,6 +70,7 @@ class BlockManagerOptions:
     watermark_pages: int
     max_sequences: int
     reserve_prompt_pages: bool
+    enable_kv_events: bool
     def __init__(self) -> None: ...
 
 class AdmissionPlan:
@@ -109,6 +110,17 @@ class ManagerStats(TypedDict):
     evictions: int
     pages_in_use: int
     peak_pages_in_use: int
+
+class KvCacheEvent:
+    @property
+    def kind(self) -> str: ...  # BlockStored, BlockRemoved, AllBlocksCleared
+    @property
+    def block_hashes(self) -> list[bytes]: ...
+    @property
+    def parent_block_hash(self) -> Optional[bytes]: ...
+    token_ids: list[int]
+    cache_salt: str
+    adapter_id: int
 
 class BlockManager:
     def __init__(self, config: PagedKvConfig,
@@ -155,6 +167,7 @@ class BlockManager:
     @property
     def config(self) -> PagedKvConfig: ...
     def reset_prefix_cache(self) -> None: ...
+    def take_kv_events(self) -> list[KvCacheEvent]: ...
     def begin_step(self) -> None: ...
     def commit_step(self) -> None: ...
     def rollback_step(self) -> None: ...

@@ -25,6 +25,7 @@
 #include "kvblock/block_pool.h"
 #include "kvblock/config.h"
 #include "kvblock/device.h"
+#include "kvblock/kv_events.h"
 #include "kvblock/page_table.h"
 #include "status_error.h"
 
@@ -180,7 +181,9 @@ void BindConfig(py::module_& m) {
       .def_readwrite("watermark_pages", &BlockManagerOptions::watermark_pages)
       .def_readwrite("max_sequences", &BlockManagerOptions::max_sequences)
       .def_readwrite("reserve_prompt_pages",
-                     &BlockManagerOptions::reserve_prompt_pages);
+                     &BlockManagerOptions::reserve_prompt_pages)
+      .def_readwrite("enable_kv_events",
+                     &BlockManagerOptions::enable_kv_events);
   py::class_<AdmissionPlan>(m, "AdmissionPlan")
       .def_readonly("hit_pages", &AdmissionPlan::hit_pages)
       .def_readonly("hit_tokens", &AdmissionPlan::hit_tokens)
@@ -204,6 +207,55 @@ void BindConfig(py::module_& m) {
       .def_property_readonly("copy", [](const AppendResult& r) -> py::object {
         if (!r.copy.has_value()) return py::none();
         return py::make_tuple(r.copy->source, r.copy->destination);
+      });
+}
+
+py::bytes BytesOf(const BlockHash& hash) {
+  return py::bytes(reinterpret_cast<const char*>(hash.bytes.data()),
+                   hash.bytes.size());
+}
+
+py::list BytesOf(absl::Span<const BlockHash> hashes) {
+  py::list list;
+  for (const BlockHash& hash : hashes) list.append(BytesOf(hash));
+  return list;
+}
+
+const char* KindName(KvCacheEvent::Kind kind) {
+  switch (kind) {
+    case KvCacheEvent::Kind::kBlockStored:
+      return "BlockStored";
+    case KvCacheEvent::Kind::kBlockRemoved:
+      return "BlockRemoved";
+    case KvCacheEvent::Kind::kAllBlocksCleared:
+      return "AllBlocksCleared";
+  }
+  return "?";
+}
+
+void BindEvents(py::module_& m) {
+  py::class_<KvCacheEvent>(
+      m, "KvCacheEvent",
+      "A change of the prefix cache (BlockManager.take_kv_events): kind "
+      "BlockStored, BlockRemoved or AllBlocksCleared; hashes as 32 bytes.")
+      .def_property_readonly(
+          "kind", [](const KvCacheEvent& e) { return KindName(e.kind); })
+      .def_property_readonly(
+          "block_hashes",
+          [](const KvCacheEvent& e) { return BytesOf(e.block_hashes); })
+      .def_property_readonly("parent_block_hash",
+                             [](const KvCacheEvent& e) -> py::object {
+                               if (!e.parent_block_hash.has_value()) {
+                                 return py::none();
+                               }
+                               return BytesOf(*e.parent_block_hash);
+                             })
+      .def_readonly("token_ids", &KvCacheEvent::token_ids)
+      .def_readonly("cache_salt", &KvCacheEvent::cache_salt)
+      .def_readonly("adapter_id", &KvCacheEvent::adapter_id)
+      .def("__repr__", [](const KvCacheEvent& e) {
+        return std::string("KvCacheEvent(") + KindName(e.kind) + ", " +
+               std::to_string(e.block_hashes.size()) + " pages)";
       });
 }
 
@@ -452,6 +504,15 @@ void BindManager(py::module_& m) {
 
       .def("reset_prefix_cache",
            [](BlockManager& bm) { ThrowIfError(bm.ResetPrefixCache()); })
+      .def(
+          "take_kv_events",
+          [](BlockManager& bm) {
+            std::vector<KvCacheEvent> events;
+            ThrowIfError(bm.TakeKvEvents(events));
+            return events;
+          },
+          "The KV cache events since the last call, in order (with "
+          "BlockManagerOptions.enable_kv_events; between steps).")
       .def("begin_step", [](BlockManager& bm) { ThrowIfError(bm.BeginStep()); })
       .def("commit_step",
            [](BlockManager& bm) { ThrowIfError(bm.CommitStep()); })
@@ -707,6 +768,7 @@ PYBIND11_MODULE(_kvblock, m) {
   kvblock::python::RegisterErrors(m);
   kvblock::python::BindConfig(m);
   kvblock::python::BindPool(m);
+  kvblock::python::BindEvents(m);
   kvblock::python::BindManager(m);
   kvblock::python::BindTable(m);
   kvblock::python::BindCommit(m);

@@ -41,8 +41,13 @@ Where vLLM's semantics and kvblock's differ:
 - `full_sequence_must_fit` is the manager's `reserve_prompt_pages`: set at
   construction (on by default) rather than per call; the pages of a
   chunked prompt's rest are reserved at admission.
-- KV events (`enable_kv_cache_events`) are not supported yet: the
-  constructor refuses them, and `take_events` returns no events.
+- KV events (`enable_kv_cache_events`): `take_events` returns
+  `BlockStored`, `BlockRemoved` and `AllBlocksCleared` with vLLM's field
+  names; block hashes are kvblock's, in vLLM's integer form (the low 64
+  bits of the big-endian digest), the cache salt goes in `extra_keys` (one
+  `(salt,)` a block, None without one) and the LoRA adapter in `lora_id`
+  and `lora_name` (the name of the request that admitted it). `medium` is
+  "GPU"; `block_size` the page size.
 - `reset_prefix_cache` returns False while any page is in use, as vLLM's.
 """
 
@@ -74,6 +79,34 @@ class KVCacheBlocks:
 
     def new_empty(self) -> "KVCacheBlocks":
         return KVCacheBlocks(tuple(() for _ in self.blocks))
+
+
+def _hash_int(digest: bytes) -> int:
+    """vLLM's integer form of a block hash: the digest's low 64 bits."""
+    return int.from_bytes(digest[-8:], "big")
+
+
+@dataclass
+class BlockStored:
+    block_hashes: list
+    parent_block_hash: Optional[int]
+    token_ids: list
+    block_size: int
+    lora_id: Optional[int]
+    medium: Optional[str] = "GPU"
+    lora_name: Optional[str] = None
+    extra_keys: Optional[list] = None
+
+
+@dataclass
+class BlockRemoved:
+    block_hashes: list
+    medium: Optional[str] = "GPU"
+
+
+@dataclass
+class AllBlocksCleared:
+    pass
 
 
 @dataclass
@@ -126,9 +159,6 @@ class KVCacheManager:
                  log_stats: bool = False, enable_kv_cache_events: bool = False,
                  watermark: float = 0.0, full_sequence_must_fit: bool = True,
                  hash_algorithm=kvblock.HashAlgorithm.SHA256):
-        if enable_kv_cache_events:
-            raise kvblock.UnimplementedError(
-                "kvblock.vllm: KV cache events are not supported yet")
         config = kvblock.PagedKvConfig()
         config.num_pages = num_blocks
         config.page_size = block_size
@@ -138,6 +168,7 @@ class KVCacheManager:
         options.enable_prefix_caching = enable_caching
         options.hash_algorithm = hash_algorithm
         options.reserve_prompt_pages = full_sequence_must_fit
+        options.enable_kv_events = enable_kv_cache_events
         # Enough entries for every running request and the admissions of a
         # step.
         options.max_sequences = 4 * max_num_seqs
@@ -150,6 +181,8 @@ class KVCacheManager:
         self.watermark_blocks = int(watermark * num_blocks)
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.empty_kv_cache_blocks = KVCacheBlocks(((),))
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self._lora_names: dict = {}  # lora_int_id -> lora_name, for events.
         self._requests: dict = {}  # request_id -> _Tracked
         self._next_seq = 0
         # The last get_computed_blocks' request id, prompt array and hashes:
@@ -219,7 +252,30 @@ class KVCacheManager:
         return [common]
 
     def take_events(self) -> list:
-        return []  # KV events are refused at construction (see the notes).
+        """The KV cache events since the last call (none unless
+        enable_kv_cache_events)."""
+        if not self.enable_kv_cache_events:
+            return []
+        events = []
+        for e in self.manager.take_kv_events():
+            if e.kind == "BlockStored":
+                adapter = e.adapter_id or None
+                events.append(BlockStored(
+                    block_hashes=[_hash_int(h) for h in e.block_hashes],
+                    parent_block_hash=(None if e.parent_block_hash is None
+                                       else _hash_int(e.parent_block_hash)),
+                    token_ids=list(e.token_ids),
+                    block_size=self.block_size,
+                    lora_id=adapter,
+                    lora_name=self._lora_names.get(adapter),
+                    extra_keys=([(e.cache_salt,)] * len(e.block_hashes)
+                                if e.cache_salt else None)))
+            elif e.kind == "BlockRemoved":
+                events.append(BlockRemoved(
+                    block_hashes=[_hash_int(h) for h in e.block_hashes]))
+            else:
+                events.append(AllBlocksCleared())
+        return events
 
     def create_kv_cache_blocks(self, blocks) -> KVCacheBlocks:
         return KVCacheBlocks(tuple(blocks))
@@ -315,6 +371,9 @@ class KVCacheManager:
     def _admit(self, request, num_new_tokens, num_new_computed_tokens,
                num_lookahead_tokens):
         salt, adapter = _extra_keys(request)
+        if adapter and self.enable_kv_cache_events:
+            self._lora_names[adapter] = getattr(request.lora_request,
+                                                "lora_name", None)
         prompt, hashes = self._prompt_of(request)
         self._looked_up = (None, None, None)
         read_cache = self.enable_caching and not getattr(
