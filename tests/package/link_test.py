@@ -6,7 +6,8 @@
 # once through the uninstalled kvblock.pc of the build folder and once
 # through the installed one (`meson install --destdir` into a temporary
 # folder), then run. Also checks that the install holds only the library,
-# its public headers, kvblock.pc and kvblock-sim.
+# its public headers, kvblock.pc, kvblock-sim and the KV event publisher's
+# library.
 #
 # Usage: link_test.py BUILD_DIR CONSUMER_CC PREFIX LIBDIR BINDIR INCLUDEDIR
 #                     MESON PKG_CONFIG CXX... [-- EXTRA_FLAGS...]
@@ -68,6 +69,9 @@ with tempfile.TemporaryDirectory() as tmp:
         allowed_dirs = {os.path.join(includedir, "kvblock")}
         allowed = {os.path.join(libdir, "libkvblock.a"),
                    os.path.join(libdir, "libkvblock.so"),
+                   # The KV event publisher (ZeroMQ), when built.
+                   os.path.join(libdir, "libkvblock-events.a"),
+                   os.path.join(libdir, "libkvblock-events.so"),
                    os.path.join(libdir, "pkgconfig", "kvblock.pc"),
                    os.path.join(bindir, "kvblock-sim")}
         # The Python package, where Meson's python module puts it
@@ -79,6 +83,8 @@ with tempfile.TemporaryDirectory() as tmp:
         for path in installed:
             if (path not in allowed and not path.startswith(
                     os.path.join(libdir, "libkvblock.so.")) and
+                    not path.startswith(
+                        os.path.join(libdir, "libkvblock-events.so.")) and
                     os.path.dirname(path) not in allowed_dirs and
                     not in_python_package(path)):
                 failures.append("install: " + path)

@@ -1,0 +1,111 @@
+// Copyright 2026 The kvblock Authors.
+//
+// KvEventPublisher: KV cache events (kvblock/kv_events.h) over ZeroMQ in
+// vLLM's wire format (vllm/distributed/kv_events.py), so that a fleet
+// router (NVIDIA Dynamo's KV router, llm-d's KV-cache indexer) learns what a
+// replica caches. The scheduler thread hands each step's events to
+// Publish, which never blocks: it queues the batch, or drops and counts it
+// when the queue is full. A publisher thread encodes each batch (msgpack)
+// and sends it on a PUB socket as three frames: the topic, an 8-byte
+// big-endian sequence number (from 0, one a batch sent) and the payload
+// `[ts, [events...], data_parallel_rank]`. It keeps the last batches for
+// an optional ROUTER replay socket: a request `[identity, "", start_seq]`
+// (8 bytes, big-endian) is answered with `[identity, "", seq, payload]` for
+// every kept batch from start_seq on, then `[identity, "", -1, ""]`; a
+// malformed request gets no reply.
+//
+// Thread safety: Publish and stats may be called from any thread; the
+// sockets belong to the publisher thread.
+#ifndef KVBLOCK_KV_EVENT_PUBLISHER_H_
+#define KVBLOCK_KV_EVENT_PUBLISHER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "kvblock/kv_events.h"
+
+namespace kvblock {
+
+struct KvEventPublisherOptions {
+  // The PUB socket's bind endpoint ("tcp://127.0.0.1:5557"; a port of "*"
+  // picks a free one, see endpoint()).
+  std::string endpoint;
+  // The ROUTER replay socket's bind endpoint; empty: no replay.
+  std::string replay_endpoint;
+  // The first frame of every message; may be empty.
+  std::string topic;
+  // The PUB socket's send high-water mark, in messages.
+  int32_t send_hwm = 100000;
+  // Batches Publish may queue for the publisher thread (at least 1).
+  int32_t queue_capacity = 1024;
+  // Batches kept for replay (0: none).
+  int32_t replay_buffer = 10000;
+  // The batch's third element; none: nil.
+  std::optional<int64_t> data_parallel_rank;
+  // Tokens a page: BlockStored's block_size.
+  int32_t block_size = 16;
+  // vLLM's encodings: maps with a "type" key (the default, vLLM since
+  // mid-2026) or tagged arrays ["BlockStored", field, ...] (before).
+  enum class Encoding : uint8_t { kMap, kTaggedArray };
+  Encoding encoding = Encoding::kMap;
+  // Block hashes as vLLM's 64-bit integers (the digest's low 64 bits, read
+  // big-endian) or as the raw 32-byte digests.
+  enum class HashForm : uint8_t { kInt64, kBytes };
+  HashForm hash_form = HashForm::kInt64;
+};
+
+struct KvEventPublisherStats {
+  int64_t batches_published = 0;
+  int64_t events_published = 0;
+  int64_t batches_dropped = 0;  // the queue was full.
+  int64_t events_dropped = 0;
+  int64_t replay_requests = 0;
+  int64_t malformed_requests = 0;  // given no reply.
+};
+
+// The payload of one batch, as the publisher sends it: msgpack of
+// [ts, [events...], data_parallel_rank].
+std::string EncodeKvEventBatch(double ts, absl::Span<const KvCacheEvent> events,
+                               const KvEventPublisherOptions& options);
+
+class KvEventPublisher {
+ public:
+  // Binds the sockets and starts the publisher thread. InvalidArgument for
+  // an empty endpoint or queue_capacity < 1; Unavailable when a socket
+  // cannot bind (the message names the endpoint and ZeroMQ's reason).
+  static absl::StatusOr<std::unique_ptr<KvEventPublisher>> Create(
+      KvEventPublisherOptions options);
+
+  KvEventPublisher(const KvEventPublisher&) = delete;
+  KvEventPublisher& operator=(const KvEventPublisher&) = delete;
+  // Sends what is queued, then stops the thread and closes the sockets.
+  ~KvEventPublisher();
+
+  // Queues one batch (stamped now) for the publisher thread, without
+  // waiting; false when the queue is full: the batch is dropped and
+  // counted. An empty batch is not sent.
+  bool Publish(std::vector<KvCacheEvent> events);
+
+  // The endpoints as bound (with the port a "*" picked).
+  const std::string& endpoint() const;
+  const std::string& replay_endpoint() const;
+  KvEventPublisherStats stats() const;
+  // Waits until every queued batch is sent, at most `timeout`; false on
+  // timeout.
+  bool Flush(absl::Duration timeout);
+
+ private:
+  struct State;
+  explicit KvEventPublisher(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace kvblock
+
+#endif  // KVBLOCK_KV_EVENT_PUBLISHER_H_

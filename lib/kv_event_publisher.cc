@@ -1,0 +1,384 @@
+// Copyright 2026 The kvblock Authors.
+#include "kvblock/kv_event_publisher.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "kvblock/status_macros.h"
+
+// Debian's msgpack-cxx 4 uses Boost unless told not to; nothing here needs
+// it.
+#define MSGPACK_NO_BOOST 1
+#include <msgpack.hpp>
+#include <zmq.hpp>
+
+namespace kvblock {
+namespace {
+
+using Packer = msgpack::packer<msgpack::sbuffer>;
+using Options = KvEventPublisherOptions;
+
+void PackHash(Packer& pk, const BlockHash& hash, const Options& options) {
+  if (options.hash_form == Options::HashForm::kBytes) {
+    pk.pack_bin(static_cast<uint32_t>(hash.bytes.size()));
+    pk.pack_bin_body(reinterpret_cast<const char*>(hash.bytes.data()),
+                     static_cast<uint32_t>(hash.bytes.size()));
+    return;
+  }
+  // vLLM's integer form: the digest's last 8 bytes, big-endian.
+  uint64_t value = 0;
+  for (size_t i = hash.bytes.size() - 8; i < hash.bytes.size(); ++i) {
+    value = value << 8 | hash.bytes[i];
+  }
+  pk.pack_uint64(value);
+}
+
+void PackHashes(Packer& pk, absl::Span<const BlockHash> hashes,
+                const Options& options) {
+  pk.pack_array(static_cast<uint32_t>(hashes.size()));
+  for (const BlockHash& hash : hashes) PackHash(pk, hash, options);
+}
+
+void PackString(Packer& pk, std::string_view text) {
+  pk.pack_str(static_cast<uint32_t>(text.size()));
+  pk.pack_str_body(text.data(), static_cast<uint32_t>(text.size()));
+}
+
+// One field: its name first in the map encoding, its value either way.
+void Key(Packer& pk, const Options& options, std::string_view name) {
+  if (options.encoding == Options::Encoding::kMap) PackString(pk, name);
+}
+
+// vLLM's fields, in its order (the tagged arrays are positional).
+void PackEvent(Packer& pk, const KvCacheEvent& event, const Options& options) {
+  const bool map = options.encoding == Options::Encoding::kMap;
+  switch (event.kind) {
+    case KvCacheEvent::Kind::kBlockStored: {
+      constexpr uint32_t kFields = 11;
+      if (map) {
+        pk.pack_map(kFields + 1);
+        PackString(pk, "type");
+      } else {
+        pk.pack_array(kFields + 1);
+      }
+      PackString(pk, "BlockStored");
+      Key(pk, options, "block_hashes");
+      PackHashes(pk, event.block_hashes, options);
+      Key(pk, options, "parent_block_hash");
+      if (event.parent_block_hash.has_value()) {
+        PackHash(pk, *event.parent_block_hash, options);
+      } else {
+        pk.pack_nil();
+      }
+      Key(pk, options, "token_ids");
+      pk.pack_array(static_cast<uint32_t>(event.token_ids.size()));
+      for (const TokenId token : event.token_ids) pk.pack_int32(token);
+      Key(pk, options, "block_size");
+      pk.pack_int32(options.block_size);
+      Key(pk, options, "lora_id");
+      if (event.adapter_id != 0) {
+        pk.pack_int64(event.adapter_id);
+      } else {
+        pk.pack_nil();
+      }
+      Key(pk, options, "medium");
+      PackString(pk, "GPU");
+      Key(pk, options, "lora_name");
+      pk.pack_nil();
+      // vLLM's extra keys: one tuple a block; the cache salt is kvblock's.
+      Key(pk, options, "extra_keys");
+      if (event.cache_salt.empty()) {
+        pk.pack_nil();
+      } else {
+        pk.pack_array(static_cast<uint32_t>(event.block_hashes.size()));
+        for (size_t i = 0; i < event.block_hashes.size(); ++i) {
+          pk.pack_array(1);
+          PackString(pk, event.cache_salt);
+        }
+      }
+      Key(pk, options, "group_idx");
+      pk.pack_int32(0);
+      Key(pk, options, "kv_cache_spec_kind");
+      PackString(pk, "full_attention");
+      Key(pk, options, "kv_cache_spec_sliding_window");
+      pk.pack_nil();
+      return;
+    }
+    case KvCacheEvent::Kind::kBlockRemoved:
+      if (map) {
+        pk.pack_map(4);
+        PackString(pk, "type");
+      } else {
+        pk.pack_array(4);
+      }
+      PackString(pk, "BlockRemoved");
+      Key(pk, options, "block_hashes");
+      PackHashes(pk, event.block_hashes, options);
+      Key(pk, options, "medium");
+      PackString(pk, "GPU");
+      Key(pk, options, "group_idx");
+      pk.pack_int32(0);
+      return;
+    case KvCacheEvent::Kind::kAllBlocksCleared:
+      if (map) {
+        pk.pack_map(1);
+        PackString(pk, "type");
+      } else {
+        pk.pack_array(1);
+      }
+      PackString(pk, "AllBlocksCleared");
+      return;
+  }
+}
+
+std::array<uint8_t, 8> BigEndian(int64_t value) {
+  std::array<uint8_t, 8> bytes;
+  for (int i = 7; i >= 0; --i) {
+    bytes[i] = static_cast<uint8_t>(value & 0xff);
+    value = static_cast<int64_t>(static_cast<uint64_t>(value) >> 8);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+std::string EncodeKvEventBatch(double ts, absl::Span<const KvCacheEvent> events,
+                               const KvEventPublisherOptions& options) {
+  msgpack::sbuffer buffer;
+  Packer pk(&buffer);
+  pk.pack_array(3);
+  pk.pack_double(ts);
+  pk.pack_array(static_cast<uint32_t>(events.size()));
+  for (const KvCacheEvent& event : events) PackEvent(pk, event, options);
+  if (options.data_parallel_rank.has_value()) {
+    pk.pack_int64(*options.data_parallel_rank);
+  } else {
+    pk.pack_nil();
+  }
+  return std::string(buffer.data(), buffer.size());
+}
+
+struct KvEventPublisher::State {
+  struct Batch {
+    double ts = 0;
+    std::vector<KvCacheEvent> events;
+  };
+
+  explicit State(KvEventPublisherOptions o)
+      : options(std::move(o)), pub(context, zmq::socket_type::pub) {}
+
+  // The publisher thread: sends what is queued, answers replay requests,
+  // until stopped with the queue empty.
+  void Run();
+  void Send(const Batch& batch);
+  void ServeReplay();
+
+  const KvEventPublisherOptions options;
+  zmq::context_t context;
+  zmq::socket_t pub;
+  std::optional<zmq::socket_t> router;
+  std::string endpoint;
+  std::string replay_endpoint;
+
+  mutable std::mutex mutex;
+  std::condition_variable wake;     // a batch queued, or stop.
+  std::condition_variable drained;  // the queue emptied and was sent.
+  std::deque<Batch> queue;          // guarded by mutex.
+  bool stop = false;                // guarded by mutex.
+  bool sending = false;             // guarded by mutex: batches in hand.
+  KvEventPublisherStats stats;      // guarded by mutex.
+
+  // The publisher thread's own.
+  int64_t next_seq = 0;
+  std::deque<std::pair<int64_t, std::string>> kept;  // for replay.
+  std::thread thread;
+};
+
+void KvEventPublisher::State::Run() {
+  std::vector<Batch> batches;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mutex);
+      // With a replay socket, wake now and then to serve it.
+      wake.wait_for(lock, std::chrono::milliseconds(router ? 2 : 100),
+                    [&] { return stop || !queue.empty(); });
+      while (!queue.empty()) {
+        batches.push_back(std::move(queue.front()));
+        queue.pop_front();
+      }
+      sending = !batches.empty();
+      if (batches.empty() && stop) return;
+    }
+    for (const Batch& batch : batches) Send(batch);
+    const int64_t sent_events = [&] {
+      int64_t n = 0;
+      for (const Batch& batch : batches) n += batch.events.size();
+      return n;
+    }();
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stats.batches_published += static_cast<int64_t>(batches.size());
+      stats.events_published += sent_events;
+      sending = false;
+      if (queue.empty()) drained.notify_all();
+    }
+    batches.clear();
+    if (router) ServeReplay();
+  }
+}
+
+void KvEventPublisher::State::Send(const Batch& batch) {
+  const int64_t seq = next_seq++;
+  std::string payload = EncodeKvEventBatch(batch.ts, batch.events, options);
+  const std::array<uint8_t, 8> seq_bytes = BigEndian(seq);
+  // PUB never blocks: at the high-water mark ZeroMQ drops the message.
+  pub.send(zmq::buffer(options.topic), zmq::send_flags::sndmore);
+  pub.send(zmq::buffer(seq_bytes), zmq::send_flags::sndmore);
+  pub.send(zmq::buffer(payload), zmq::send_flags::none);
+  if (options.replay_buffer > 0) {
+    kept.emplace_back(seq, std::move(payload));
+    while (kept.size() > static_cast<size_t>(options.replay_buffer)) {
+      kept.pop_front();
+    }
+  }
+}
+
+void KvEventPublisher::State::ServeReplay() {
+  while (true) {
+    std::vector<zmq::message_t> frames;
+    while (true) {
+      zmq::message_t frame;
+      if (!router->recv(frame, zmq::recv_flags::dontwait)) break;
+      const bool more = frame.more();
+      frames.push_back(std::move(frame));
+      if (!more) break;
+    }
+    if (frames.empty()) return;
+    const bool well_formed =
+        frames.size() == 3 && frames[1].size() == 0 && frames[2].size() == 8;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      ++(well_formed ? stats.replay_requests : stats.malformed_requests);
+    }
+    if (!well_formed) continue;
+    int64_t start = 0;
+    const auto* bytes = static_cast<const uint8_t*>(frames[2].data());
+    for (int i = 0; i < 8; ++i) start = start << 8 | bytes[i];
+    const zmq::message_t& identity = frames[0];
+    const auto reply = [&](int64_t seq, const std::string& payload) {
+      const std::array<uint8_t, 8> seq_bytes = BigEndian(seq);
+      router->send(zmq::buffer(identity.data(), identity.size()),
+                   zmq::send_flags::sndmore);
+      router->send(zmq::message_t(), zmq::send_flags::sndmore);
+      router->send(zmq::buffer(seq_bytes), zmq::send_flags::sndmore);
+      router->send(zmq::buffer(payload), zmq::send_flags::none);
+    };
+    for (const auto& [seq, payload] : kept) {
+      if (seq >= start) reply(seq, payload);
+    }
+    reply(-1, "");
+  }
+}
+
+absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
+    KvEventPublisherOptions options) {
+  if (options.endpoint.empty()) {
+    return absl::InvalidArgumentError(
+        "kv event publisher: the endpoint is empty");
+  }
+  if (options.queue_capacity < 1 || options.replay_buffer < 0 ||
+      options.send_hwm < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv event publisher: queue_capacity ", options.queue_capacity,
+        " (at least 1), replay_buffer ", options.replay_buffer,
+        " and send_hwm ", options.send_hwm, " (at least 0)"));
+  }
+  auto state = std::make_unique<State>(std::move(options));
+  const auto bind = [](zmq::socket_t& socket, const std::string& endpoint,
+                       std::string& bound) -> absl::Status {
+    try {
+      socket.bind(endpoint);
+      bound = socket.get(zmq::sockopt::last_endpoint);
+    } catch (const zmq::error_t& error) {
+      return absl::UnavailableError(absl::StrCat(
+          "kv event publisher: cannot bind ", endpoint, ": ", error.what()));
+    }
+    return absl::OkStatus();
+  };
+  state->pub.set(zmq::sockopt::sndhwm, state->options.send_hwm);
+  state->pub.set(zmq::sockopt::linger, 0);
+  KVBLOCK_RETURN_IF_ERROR(
+      bind(state->pub, state->options.endpoint, state->endpoint));
+  if (!state->options.replay_endpoint.empty()) {
+    state->router.emplace(state->context, zmq::socket_type::router);
+    state->router->set(zmq::sockopt::linger, 0);
+    KVBLOCK_RETURN_IF_ERROR(bind(*state->router, state->options.replay_endpoint,
+                                 state->replay_endpoint));
+  }
+  State* const raw = state.get();
+  raw->thread = std::thread([raw] { raw->Run(); });
+  return std::unique_ptr<KvEventPublisher>(
+      new KvEventPublisher(std::move(state)));
+}
+
+KvEventPublisher::KvEventPublisher(std::unique_ptr<State> state)
+    : state_(std::move(state)) {}
+
+KvEventPublisher::~KvEventPublisher() {
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->stop = true;
+  }
+  state_->wake.notify_one();
+  state_->thread.join();
+}
+
+bool KvEventPublisher::Publish(std::vector<KvCacheEvent> events) {
+  if (events.empty()) return true;
+  const double ts = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    if (state_->queue.size() >=
+        static_cast<size_t>(state_->options.queue_capacity)) {
+      ++state_->stats.batches_dropped;
+      state_->stats.events_dropped += static_cast<int64_t>(events.size());
+      return false;
+    }
+    state_->queue.push_back({ts, std::move(events)});
+  }
+  state_->wake.notify_one();
+  return true;
+}
+
+const std::string& KvEventPublisher::endpoint() const {
+  return state_->endpoint;
+}
+
+const std::string& KvEventPublisher::replay_endpoint() const {
+  return state_->replay_endpoint;
+}
+
+KvEventPublisherStats KvEventPublisher::stats() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->stats;
+}
+
+bool KvEventPublisher::Flush(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  return state_->drained.wait_for(
+      lock, absl::ToChronoNanoseconds(timeout),
+      [&] { return state_->queue.empty() && !state_->sending; });
+}
+
+}  // namespace kvblock

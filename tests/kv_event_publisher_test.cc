@@ -1,0 +1,376 @@
+// Copyright 2026 The kvblock Authors.
+//
+// KvEventPublisher on loopback, every wait bounded: the wire format of a
+// batch in both encodings and both hash forms, decoded with msgpack as a
+// router would; a subscriber that rebuilds the cached set of a random
+// manager run from the events alone; replay from 0 and from the middle for
+// a late subscriber; a full queue that drops and counts; a malformed
+// replay request that gets no reply; and the errors of Create.
+#include "kvblock/kv_event_publisher.h"
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kvblock/block_manager.h"
+#include "test_util.h"
+
+#define MSGPACK_NO_BOOST 1
+#include <msgpack.hpp>
+#include <zmq.hpp>
+
+namespace kvblock {
+namespace {
+
+using Options = KvEventPublisherOptions;
+constexpr int32_t kPageSize = 4;
+constexpr int kTimeoutMs = 5000;
+
+BlockHash HashOfByte(uint8_t first, uint8_t last) {
+  BlockHash hash;
+  hash.bytes.fill(0);
+  hash.bytes.front() = first;
+  hash.bytes.back() = last;
+  return hash;
+}
+
+std::vector<KvCacheEvent> SampleEvents() {
+  KvCacheEvent stored;
+  stored.kind = KvCacheEvent::Kind::kBlockStored;
+  stored.block_hashes = {HashOfByte(1, 2), HashOfByte(3, 4)};
+  stored.parent_block_hash = HashOfByte(5, 6);
+  stored.token_ids = {1, 2, 3, 4, 5, 6, 7, 8};
+  stored.cache_salt = "tenant";
+  stored.adapter_id = 9;
+  KvCacheEvent removed;
+  removed.kind = KvCacheEvent::Kind::kBlockRemoved;
+  removed.block_hashes = {HashOfByte(7, 8)};
+  KvCacheEvent cleared;
+  cleared.kind = KvCacheEvent::Kind::kAllBlocksCleared;
+  return {stored, removed, cleared};
+}
+
+// A decoded map's value under `key`.
+const msgpack::object& Field(const msgpack::object& map, std::string key) {
+  REQUIRE(map.type == msgpack::type::MAP);
+  for (uint32_t i = 0; i < map.via.map.size; ++i) {
+    if (map.via.map.ptr[i].key.as<std::string>() == key) {
+      return map.via.map.ptr[i].val;
+    }
+  }
+  FAIL("no field " << key);
+  return map;
+}
+
+TEST_CASE("a batch is encoded as vLLM's, maps or tagged arrays") {
+  Options options;
+  options.block_size = kPageSize;
+  options.data_parallel_rank = 3;
+  const std::vector<KvCacheEvent> events = SampleEvents();
+
+  SECTION("maps with a type key, 64-bit hashes") {
+    const std::string payload = EncodeKvEventBatch(12.5, events, options);
+    const msgpack::object_handle handle =
+        msgpack::unpack(payload.data(), payload.size());
+    const msgpack::object& batch = handle.get();
+    REQUIRE(batch.via.array.size == 3);
+    REQUIRE(batch.via.array.ptr[0].as<double>() == 12.5);
+    REQUIRE(batch.via.array.ptr[2].as<int64_t>() == 3);
+    const msgpack::object& list = batch.via.array.ptr[1];
+    REQUIRE(list.via.array.size == 3);
+    const msgpack::object& stored = list.via.array.ptr[0];
+    REQUIRE(Field(stored, "type").as<std::string>() == "BlockStored");
+    // The digest's low 64 bits, big-endian: only the last byte is set.
+    REQUIRE(Field(stored, "block_hashes").as<std::vector<uint64_t>>() ==
+            std::vector<uint64_t>{2, 4});
+    REQUIRE(Field(stored, "parent_block_hash").as<uint64_t>() == 6);
+    REQUIRE(Field(stored, "token_ids").as<std::vector<int32_t>>() ==
+            events[0].token_ids);
+    REQUIRE(Field(stored, "block_size").as<int32_t>() == kPageSize);
+    REQUIRE(Field(stored, "lora_id").as<int64_t>() == 9);
+    REQUIRE(Field(stored, "medium").as<std::string>() == "GPU");
+    REQUIRE(Field(stored, "lora_name").is_nil());
+    const auto extra =
+        Field(stored, "extra_keys").as<std::vector<std::vector<std::string>>>();
+    REQUIRE(extra == std::vector<std::vector<std::string>>(2, {"tenant"}));
+    REQUIRE(Field(stored, "group_idx").as<int32_t>() == 0);
+    const msgpack::object& removed = list.via.array.ptr[1];
+    REQUIRE(Field(removed, "type").as<std::string>() == "BlockRemoved");
+    REQUIRE(Field(removed, "block_hashes").as<std::vector<uint64_t>>() ==
+            std::vector<uint64_t>{8});
+    REQUIRE(Field(list.via.array.ptr[2], "type").as<std::string>() ==
+            "AllBlocksCleared");
+  }
+
+  SECTION("tagged arrays, raw digests") {
+    options.encoding = Options::Encoding::kTaggedArray;
+    options.hash_form = Options::HashForm::kBytes;
+    options.data_parallel_rank.reset();
+    const std::string payload = EncodeKvEventBatch(1.0, events, options);
+    const msgpack::object_handle handle =
+        msgpack::unpack(payload.data(), payload.size());
+    const msgpack::object& batch = handle.get();
+    REQUIRE(batch.via.array.ptr[2].is_nil());
+    const msgpack::object& stored = batch.via.array.ptr[1].via.array.ptr[0];
+    REQUIRE(stored.type == msgpack::type::ARRAY);
+    REQUIRE(stored.via.array.ptr[0].as<std::string>() == "BlockStored");
+    const msgpack::object& first = stored.via.array.ptr[1].via.array.ptr[0];
+    REQUIRE(first.type == msgpack::type::BIN);
+    REQUIRE(std::string(first.via.bin.ptr, first.via.bin.size) ==
+            std::string(events[0].block_hashes[0].bytes.begin(),
+                        events[0].block_hashes[0].bytes.end()));
+    REQUIRE(stored.via.array.ptr[3].as<std::vector<int32_t>>() ==
+            events[0].token_ids);
+    const msgpack::object& cleared = batch.via.array.ptr[1].via.array.ptr[2];
+    REQUIRE(cleared.via.array.size == 1);
+  }
+}
+
+// One message from `socket`, waiting at most kTimeoutMs; empty on timeout.
+std::vector<zmq::message_t> Receive(zmq::socket_t& socket,
+                                    int timeout_ms = kTimeoutMs) {
+  std::vector<zmq::message_t> frames;
+  zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
+  if (zmq::poll(&item, 1, std::chrono::milliseconds(timeout_ms)) == 0) {
+    return frames;
+  }
+  do {
+    zmq::message_t frame;
+    REQUIRE(socket.recv(frame, zmq::recv_flags::none));
+    frames.push_back(std::move(frame));
+  } while (frames.back().more());
+  return frames;
+}
+
+int64_t SeqOf(const zmq::message_t& frame) {
+  REQUIRE(frame.size() == 8);
+  int64_t seq = 0;
+  const auto* bytes = static_cast<const uint8_t*>(frame.data());
+  for (int i = 0; i < 8; ++i) seq = seq << 8 | bytes[i];
+  return seq;
+}
+
+zmq::message_t SeqFrame(int64_t seq) {
+  std::array<uint8_t, 8> bytes;
+  for (int i = 7; i >= 0; --i, seq >>= 8) bytes[i] = seq & 0xff;
+  return zmq::message_t(bytes.data(), bytes.size());
+}
+
+// Applies one payload's events to `cached` (raw digests as strings).
+void Apply(const zmq::message_t& payload, std::set<std::string>& cached) {
+  const msgpack::object_handle handle =
+      msgpack::unpack(static_cast<const char*>(payload.data()), payload.size());
+  const msgpack::object& list = handle.get().via.array.ptr[1];
+  for (uint32_t i = 0; i < list.via.array.size; ++i) {
+    const msgpack::object& event = list.via.array.ptr[i];
+    const std::string type = Field(event, "type").as<std::string>();
+    if (type == "AllBlocksCleared") {
+      cached.clear();
+      continue;
+    }
+    const msgpack::object& hashes = Field(event, "block_hashes");
+    for (uint32_t h = 0; h < hashes.via.array.size; ++h) {
+      const msgpack::object& hash = hashes.via.array.ptr[h];
+      const std::string key(hash.via.bin.ptr, hash.via.bin.size);
+      if (type == "BlockStored") {
+        REQUIRE(cached.insert(key).second);
+      } else {
+        REQUIRE(cached.erase(key) == 1);
+      }
+    }
+  }
+}
+
+std::vector<TokenId> Range(TokenId first, int count) {
+  std::vector<TokenId> tokens(count);
+  std::iota(tokens.begin(), tokens.end(), first);
+  return tokens;
+}
+
+TEST_CASE("a subscriber rebuilds the cache; a late one replays it") {
+  Options options;
+  options.endpoint = "tcp://127.0.0.1:*";
+  options.replay_endpoint = "tcp://127.0.0.1:*";
+  options.topic = "kv";
+  options.block_size = kPageSize;
+  options.hash_form = Options::HashForm::kBytes;
+  auto publisher = KvEventPublisher::Create(options);
+  REQUIRE_OK(publisher);
+
+  zmq::context_t context;
+  zmq::socket_t sub(context, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "kv");
+  sub.connect((*publisher)->endpoint());
+  // PUB drops what it sends before the subscription arrives: wait for it
+  // with probes, each a reset (harmless: the run below starts empty).
+  int64_t first_seq = -1;
+  for (int probe = 0; probe < 100 && first_seq < 0; ++probe) {
+    KvCacheEvent cleared;
+    cleared.kind = KvCacheEvent::Kind::kAllBlocksCleared;
+    REQUIRE((*publisher)->Publish({cleared}));
+    const std::vector<zmq::message_t> frames = Receive(sub, 50);
+    if (!frames.empty()) first_seq = SeqOf(frames[1]);
+  }
+  REQUIRE(first_seq >= 0);
+
+  PagedKvConfig config;
+  config.num_pages = 16;
+  config.page_size = kPageSize;
+  config.max_pages_per_seq = 8;
+  config.max_batch = 8;
+  BlockManagerOptions manager_options;
+  manager_options.enable_kv_events = true;
+  auto manager = BlockManager::Create(config, manager_options);
+  REQUIRE_OK(manager);
+  std::mt19937 rng(7);
+  std::vector<SequenceId> live;
+  int64_t batches = 0;
+  for (SequenceId id = 0; id < testing::RandomRunLength(400); ++id) {
+    if (live.size() < 4 &&
+        (*manager)->Admit(id, Range(100 * (rng() % 3), 1 + rng() % 12)).ok()) {
+      live.push_back(id);
+    }
+    if (!live.empty()) {
+      (void)(*manager)->Append(live[rng() % live.size()], Range(rng() % 9, 3));
+    }
+    if (!live.empty() && (live.size() >= 4 || rng() % 3 == 0)) {
+      REQUIRE_OK((*manager)->Free(live.front()));
+      live.erase(live.begin());
+    }
+    std::vector<KvCacheEvent> events;
+    REQUIRE_OK((*manager)->TakeKvEvents(events));
+    if (!events.empty()) {
+      REQUIRE((*publisher)->Publish(std::move(events)));
+      ++batches;
+    }
+  }
+  REQUIRE((*publisher)->Flush(absl::Seconds(5)));
+  std::set<std::string> pool_cached;
+  for (const auto& [page, hash] : (*manager)->pool().Snapshot().cached) {
+    pool_cached.insert(std::string(hash.bytes.begin(), hash.bytes.end()));
+  }
+  REQUIRE(!pool_cached.empty());
+
+  // Live: every batch after the probe, in order, rebuilds the cache.
+  std::set<std::string> cached;
+  int64_t expected = first_seq + 1;
+  const int64_t last = (*publisher)->stats().batches_published - 1;
+  while (expected <= last) {
+    const std::vector<zmq::message_t> frames = Receive(sub);
+    REQUIRE(frames.size() == 3);
+    REQUIRE(frames[0].to_string() == "kv");
+    if (SeqOf(frames[1]) < expected) continue;  // a probe's.
+    REQUIRE(SeqOf(frames[1]) == expected);
+    Apply(frames[2], cached);
+    ++expected;
+  }
+  REQUIRE(cached == pool_cached);
+
+  // A late subscriber replays: from the first batch of the run, the same
+  // cache; from the middle, the batches from there on.
+  zmq::socket_t replay(context, zmq::socket_type::dealer);
+  replay.connect((*publisher)->replay_endpoint());
+  // The sequence numbers replayed from `start`; with `rebuilt`, their
+  // events applied to it.
+  const auto request = [&](int64_t start, std::set<std::string>* rebuilt) {
+    replay.send(zmq::message_t(), zmq::send_flags::sndmore);
+    replay.send(SeqFrame(start), zmq::send_flags::none);
+    std::vector<int64_t> seqs;
+    while (true) {
+      const std::vector<zmq::message_t> frames = Receive(replay);
+      REQUIRE(frames.size() == 3);  // DEALER: "", seq, payload.
+      const int64_t seq = SeqOf(frames[1]);
+      if (seq == -1) {
+        REQUIRE(frames[2].size() == 0);
+        return seqs;
+      }
+      seqs.push_back(seq);
+      if (rebuilt != nullptr) Apply(frames[2], *rebuilt);
+    }
+  };
+  std::set<std::string> rebuilt;
+  const std::vector<int64_t> all = request(first_seq + 1, &rebuilt);
+  REQUIRE(static_cast<int64_t>(all.size()) == batches);
+  REQUIRE(all.front() == first_seq + 1);
+  REQUIRE(rebuilt == pool_cached);
+  const int64_t middle = first_seq + 1 + batches / 2;
+  const std::vector<int64_t> tail = request(middle, nullptr);
+  REQUIRE(tail.front() == middle);
+  REQUIRE(tail.back() == last);
+  REQUIRE(static_cast<int64_t>(tail.size()) == last - middle + 1);
+  REQUIRE((*publisher)->stats().replay_requests == 2);
+}
+
+TEST_CASE("a full queue drops batches and counts them, never waiting") {
+  Options options;
+  options.endpoint = "tcp://127.0.0.1:*";
+  options.queue_capacity = 1;
+  auto publisher = KvEventPublisher::Create(options);
+  REQUIRE_OK(publisher);
+  std::vector<KvCacheEvent> events = SampleEvents();
+  constexpr int kBatches = 20000;
+  int accepted = 0;
+  for (int i = 0; i < kBatches; ++i) accepted += (*publisher)->Publish(events);
+  REQUIRE((*publisher)->Flush(absl::Seconds(5)));
+  const KvEventPublisherStats stats = (*publisher)->stats();
+  REQUIRE(stats.batches_published == accepted);
+  REQUIRE(stats.batches_published + stats.batches_dropped == kBatches);
+  REQUIRE(stats.batches_dropped > 0);
+  REQUIRE(stats.events_dropped == 3 * stats.batches_dropped);
+}
+
+TEST_CASE("a malformed replay request gets no reply, and no crash") {
+  Options options;
+  options.endpoint = "tcp://127.0.0.1:*";
+  options.replay_endpoint = "tcp://127.0.0.1:*";
+  auto publisher = KvEventPublisher::Create(options);
+  REQUIRE_OK(publisher);
+  REQUIRE((*publisher)->Publish(SampleEvents()));
+  REQUIRE((*publisher)->Flush(absl::Seconds(5)));
+  zmq::context_t context;
+  zmq::socket_t replay(context, zmq::socket_type::dealer);
+  replay.connect((*publisher)->replay_endpoint());
+  replay.send(zmq::message_t(), zmq::send_flags::sndmore);
+  replay.send(zmq::str_buffer("abc"), zmq::send_flags::none);  // not 8 bytes.
+  REQUIRE(Receive(replay, 300).empty());
+  replay.send(zmq::str_buffer("x"), zmq::send_flags::none);  // one frame.
+  REQUIRE(Receive(replay, 300).empty());
+  REQUIRE((*publisher)->stats().malformed_requests == 2);
+  // It still answers a good one.
+  replay.send(zmq::message_t(), zmq::send_flags::sndmore);
+  replay.send(SeqFrame(0), zmq::send_flags::none);
+  std::vector<zmq::message_t> frames = Receive(replay);
+  REQUIRE(frames.size() == 3);
+  REQUIRE(SeqOf(frames[1]) == 0);
+  frames = Receive(replay);
+  REQUIRE(SeqOf(frames[1]) == -1);
+}
+
+TEST_CASE("Create names what it cannot use") {
+  Options options;
+  REQUIRE_STATUS_IS(KvEventPublisher::Create(options), kInvalidArgument);
+  options.endpoint = "tcp://127.0.0.1:*";
+  options.queue_capacity = 0;
+  auto bad = KvEventPublisher::Create(options);
+  REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(std::string(bad.status().message()).find("queue_capacity 0") !=
+          std::string::npos);
+  options.queue_capacity = 4;
+  auto first = KvEventPublisher::Create(options);
+  REQUIRE_OK(first);
+  options.endpoint = (*first)->endpoint();  // taken.
+  auto taken = KvEventPublisher::Create(options);
+  REQUIRE(taken.status().code() == absl::StatusCode::kUnavailable);
+  REQUIRE(std::string(taken.status().message()).find(options.endpoint) !=
+          std::string::npos);
+  options.endpoint = "nonsense://here";
+  REQUIRE_STATUS_IS(KvEventPublisher::Create(options), kUnavailable);
+}
+
+}  // namespace
+}  // namespace kvblock
