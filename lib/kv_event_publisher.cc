@@ -1,6 +1,8 @@
 // Copyright 2026 The kvblock Authors.
 #include "kvblock/kv_event_publisher.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -25,6 +27,12 @@
 
 namespace kvblock {
 namespace {
+
+int64_t ThreadCpuNanos() {
+  timespec now;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return int64_t{now.tv_sec} * 1000000000 + now.tv_nsec;
+}
 
 using Packer = msgpack::packer<msgpack::sbuffer>;
 using Options = KvEventPublisherOptions;
@@ -192,7 +200,7 @@ struct KvEventPublisher::State {
   std::string replay_endpoint;
 
   mutable std::mutex mutex;
-  std::condition_variable wake;     // a batch queued, or stop.
+  std::condition_variable wake;     // stop.
   std::condition_variable drained;  // the queue emptied and was sent.
   std::deque<Batch> queue;          // guarded by mutex.
   bool stop = false;                // guarded by mutex.
@@ -210,14 +218,16 @@ void KvEventPublisher::State::Run() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mutex);
-      // With a replay socket, wake now and then to serve it.
-      wake.wait_for(lock, std::chrono::milliseconds(router ? 2 : 100),
-                    [&] { return stop || !queue.empty(); });
+      // Publish does not wake the thread (a wake-up is a system call on
+      // the scheduler's thread, every step): it looks every millisecond,
+      // which bounds the events' delay, and serves replay requests then.
+      wake.wait_for(lock, std::chrono::milliseconds(1), [&] { return stop; });
       while (!queue.empty()) {
         batches.push_back(std::move(queue.front()));
         queue.pop_front();
       }
       sending = !batches.empty();
+      stats.thread_cpu_ns = ThreadCpuNanos();
       if (batches.empty() && stop) return;
     }
     for (const Batch& batch : batches) Send(batch);
@@ -357,7 +367,6 @@ bool KvEventPublisher::Publish(std::vector<KvCacheEvent> events) {
     }
     state_->queue.push_back({ts, std::move(events)});
   }
-  state_->wake.notify_one();
   return true;
 }
 

@@ -159,7 +159,7 @@ TEST_CASE("the JSON report has the design's fields") {
   REQUIRE(report["table_setup_ns"] == 2'000'000);
   REQUIRE(report["host_ns_per_sequence_step"] == 50.0);
   const nlohmann::json& phases = report["host_ns_by_phase"];
-  REQUIRE(phases.size() == 8);
+  REQUIRE(phases.size() == 9);
   REQUIRE(phases["planning"] == 1'000'000);
   REQUIRE(phases["admissions"] == 1'500'000);
   REQUIRE(phases["appends"] == 1'000'000);
@@ -168,6 +168,8 @@ TEST_CASE("the JSON report has the design's fields") {
   REQUIRE(phases["page_table"] == 250'000);
   REQUIRE(phases["upload"] == 400'000);
   REQUIRE(phases["copy_on_write"] == 100'000);
+  REQUIRE(phases["kv_events"] == 0);
+  REQUIRE(report["kv_events"]["on"] == false);
   REQUIRE(report["device"] == "host");
   REQUIRE(report["config"]["num_pages"] == 256);
   REQUIRE(report["config"]["hash"] == "sha256");

@@ -67,6 +67,9 @@ struct KvEventPublisherStats {
   int64_t events_dropped = 0;
   int64_t replay_requests = 0;
   int64_t malformed_requests = 0;  // given no reply.
+  // CPU time of the publisher thread (encoding, sending, replays), off the
+  // scheduler's thread.
+  int64_t thread_cpu_ns = 0;
 };
 
 // The payload of one batch, as the publisher sends it: msgpack of
@@ -88,8 +91,9 @@ class KvEventPublisher {
   ~KvEventPublisher();
 
   // Queues one batch (stamped now) for the publisher thread, without
-  // waiting; false when the queue is full: the batch is dropped and
-  // counted. An empty batch is not sent.
+  // waiting and without waking it (it looks every millisecond); false when
+  // the queue is full: the batch is dropped and counted. An empty batch is
+  // not sent.
   bool Publish(std::vector<KvCacheEvent> events);
 
   // The endpoints as bound (with the port a "*" picked).

@@ -27,6 +27,7 @@
 #include "cli/flags.h"
 #include "kvblock/block_hash.h"
 #include "kvblock/device.h"
+#include "kvblock/kv_event_publisher.h"
 #include "sim/output_file.h"
 #include "sim/progress.h"
 #include "sim/report.h"
@@ -69,6 +70,16 @@ ABSL_FLAG(int32_t, spec_tokens, 0,
 ABSL_FLAG(double, spec_acceptance, 0.7,
           "probability each draft is accepted, in [0, 1] (the first "
           "rejection ends a step's accepted run)");
+ABSL_FLAG(std::string, kv_events, "",
+          "publish KV cache events in vLLM's format on a ZeroMQ PUB socket "
+          "bound here (e.g. tcp://127.0.0.1:5557; empty: off)");
+ABSL_FLAG(std::string, kv_events_replay, "",
+          "with --kv_events, a ROUTER replay socket bound here (empty: none)");
+ABSL_FLAG(std::string, kv_events_encoding, "map",
+          "KV event encoding: map (vLLM since mid-2026) or array (tagged "
+          "arrays, before)");
+ABSL_FLAG(std::string, kv_events_hashes, "int64",
+          "KV event block hashes: int64 (vLLM's integer form) or bytes");
 ABSL_FLAG(bool, prefix_caching, true,
           "share full pages of equal prefixes between requests");
 ABSL_FLAG(std::string, hash, "sha256",
@@ -199,6 +210,43 @@ absl::StatusOr<std::vector<Request>> RequestsFromFlags(
   return requests;
 }
 
+// The KV event publisher the flags ask for, or null.
+absl::StatusOr<std::unique_ptr<KvEventPublisher>> PublisherFromFlags(
+    int32_t page_size) {
+  KvEventPublisherOptions options;
+  options.endpoint = absl::GetFlag(FLAGS_kv_events);
+  options.replay_endpoint = absl::GetFlag(FLAGS_kv_events_replay);
+  options.block_size = page_size;
+  if (options.endpoint.empty()) {
+    if (!options.replay_endpoint.empty()) {
+      return absl::InvalidArgumentError("--kv_events_replay needs --kv_events");
+    }
+    return nullptr;
+  }
+  const std::string encoding = absl::GetFlag(FLAGS_kv_events_encoding);
+  if (encoding == "array") {
+    options.encoding = KvEventPublisherOptions::Encoding::kTaggedArray;
+  } else if (encoding != "map") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_events_encoding must be map or array, got '", encoding, "'"));
+  }
+  const std::string hashes = absl::GetFlag(FLAGS_kv_events_hashes);
+  if (hashes == "bytes") {
+    options.hash_form = KvEventPublisherOptions::HashForm::kBytes;
+  } else if (hashes != "int64") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_events_hashes must be int64 or bytes, got '", hashes, "'"));
+  }
+  absl::StatusOr<std::unique_ptr<KvEventPublisher>> publisher =
+      KvEventPublisher::Create(options);
+  // An endpoint that cannot be bound is the flag's fault.
+  if (!publisher.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_events: ", publisher.status().message()));
+  }
+  return publisher;
+}
+
 absl::StatusOr<std::unique_ptr<Device>> DeviceFromFlags() {
   const std::string device = absl::GetFlag(FLAGS_device);
   if (device == "host") return Device::Host();
@@ -255,6 +303,20 @@ int Main() {
                     : kExitFailure,
                 device.status());
   }
+  absl::StatusOr<std::unique_ptr<KvEventPublisher>> publisher =
+      PublisherFromFlags(config->kv.page_size);
+  if (!publisher.ok()) {
+    return Fail(publisher.status().code() == absl::StatusCode::kInvalidArgument
+                    ? kExitBadInput
+                    : kExitFailure,
+                publisher.status());
+  }
+  if (*publisher != nullptr) {
+    config->kv_event_sink =
+        [p = publisher->get()](std::vector<KvCacheEvent> events) {
+          p->Publish(std::move(events));  // a full queue drops: counted.
+        };
+  }
   absl::StatusOr<std::unique_ptr<Scheduler>> scheduler =
       Scheduler::Create(*config, **device);
   if (!scheduler.ok()) {
@@ -276,6 +338,16 @@ int Main() {
       });
   progress.Finish();
   if (!result.ok()) return Fail(kExitFailure, result.status());
+  if (*publisher != nullptr) {
+    // What the thread has left to send, then its counts.
+    (*publisher)->Flush(absl::Seconds(10));
+    const KvEventPublisherStats stats = (*publisher)->stats();
+    result->kv_events.batches_published = stats.batches_published;
+    result->kv_events.events_published = stats.events_published;
+    result->kv_events.batches_dropped = stats.batches_dropped;
+    result->kv_events.events_dropped = stats.events_dropped;
+    result->kv_events.publisher_thread_ns = stats.thread_cpu_ns;
+  }
 
   const RunSetup setup{.source = source,
                        .device = std::string((*device)->name()),

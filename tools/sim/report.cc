@@ -73,6 +73,8 @@ std::vector<Phase> PhasesOf(const HostPhases& p) {
       {"upload", "upload", "the page-table patch to the device", p.upload_ns},
       {"copy_on_write", "copy-on-write", "copy list, copy kernel, waits",
        p.copy_on_write_ns},
+      {"kv_events", "kv events", "taking the step's events, queueing them",
+       p.kv_events_ns},
   };
 }
 
@@ -160,6 +162,14 @@ void PrintReport(const SimResult& result, const RunSetup& setup,
       100 * Ratio(static_cast<double>(result.drafts_accepted),
                   static_cast<double>(result.drafts_proposed)),
       result.peak_draft_pages, result.draft_copies);
+  if (const SimResult::KvEvents& kv = result.kv_events; kv.on) {
+    out << absl::StrFormat(
+        "kv events         %d batches (%d events) from the steps; %d batches "
+        "(%d events) published, %d (%d) dropped; publisher thread %s\n",
+        kv.batches, kv.events, kv.batches_published, kv.events_published,
+        kv.batches_dropped, kv.events_dropped,
+        FormatNanos(static_cast<double>(kv.publisher_thread_ns)));
+  }
   out << absl::StrFormat("steps             %d\n", result.steps);
   out << absl::StrFormat("pages in use      peak %d, mean %.1f of %d\n",
                          result.peak_pages_used, result.mean_pages_used,
@@ -279,6 +289,15 @@ void WriteJsonReport(const SimResult& result, const RunSetup& setup,
       {"pages", result.steps_limited_by_pages},
       {"max_batch", result.steps_limited_by_max_batch},
       {"token_budget", result.steps_limited_by_token_budget}};
+  const SimResult::KvEvents& kv = result.kv_events;
+  report["kv_events"] = {{"on", kv.on},
+                         {"batches", kv.batches},
+                         {"events", kv.events},
+                         {"batches_published", kv.batches_published},
+                         {"events_published", kv.events_published},
+                         {"batches_dropped", kv.batches_dropped},
+                         {"events_dropped", kv.events_dropped},
+                         {"publisher_thread_ns", kv.publisher_thread_ns}};
   report["steps"] = result.steps;
   report["preemptions"] = result.preemptions;
   report["cow_copies"] = result.cow_copies;

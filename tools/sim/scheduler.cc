@@ -145,6 +145,8 @@ class Runner {
   // Plans and commits this step, letting the latest admitted requests give
   // way until it fits the pool; nullopt when there is nothing to commit.
   absl::StatusOr<std::optional<StepResult>> CommitStep();
+  // Hands the committed step's KV cache events to the config's sink.
+  absl::Status HandOffKvEvents();
   // Fills the plan of this step, admitting at most `admit_limit` requests.
   absl::Status PlanStep(int64_t admit_limit);
   // Plans the leaving, appending, drafting, prefilling and forking sequences
@@ -694,6 +696,20 @@ absl::Status Runner::CheckFinalState() const {
   return absl::OkStatus();
 }
 
+absl::Status Runner::HandOffKvEvents() {
+  const auto& sink = state_.config.kv_event_sink;
+  if (!sink) return absl::OkStatus();
+  return Timed(phases_.kv_events_ns, [&]() -> absl::Status {
+    std::vector<KvCacheEvent> events;
+    KVBLOCK_RETURN_IF_ERROR(manager_.TakeKvEvents(events));
+    if (events.empty()) return absl::OkStatus();
+    ++result_.kv_events.batches;
+    result_.kv_events.events += static_cast<int64_t>(events.size());
+    sink(std::move(events));
+    return absl::OkStatus();
+  });
+}
+
 absl::StatusOr<std::optional<StepResult>> Runner::CommitStep() {
   victims_finished_.clear();
   victims_preempted_.clear();
@@ -755,6 +771,7 @@ absl::StatusOr<SimResult> Runner::Run() {
       continue;
     }
     KVBLOCK_RETURN_IF_ERROR(ApplyStep());
+    KVBLOCK_RETURN_IF_ERROR(HandOffKvEvents());
     result_.draft_copies += step->draft_copies;
     if (state_.config.spec_tokens > 0) {
       result_.peak_draft_pages =
@@ -831,6 +848,7 @@ absl::StatusOr<SimResult> Runner::Run() {
   result_.prompt_steps = StatsOf(prompt_steps_);
   result_.prompt_chunks = stats.prompt_chunks;
   result_.host_ns_by_phase = phases_;
+  result_.kv_events.on = static_cast<bool>(state_.config.kv_event_sink);
   result_.host_ns_total = phases_.total_ns();
   const KVPageTableUploadStats& uploads = state_.table->upload_stats();
   const KVPageTableUploadStats& setup = state_.setup_uploads;
@@ -920,8 +938,10 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
   }
   auto state = std::make_unique<SchedulerState>(device);
   state->config = config;
+  BlockManagerOptions options = config.manager;
+  options.enable_kv_events = static_cast<bool>(config.kv_event_sink);
   KVBLOCK_ASSIGN_OR_RETURN(state->manager,
-                           BlockManager::Create(config.kv, config.manager));
+                           BlockManager::Create(config.kv, options));
   KVBLOCK_ASSIGN_OR_RETURN(
       state->table,
       KVPageTable::Create(config.kv.max_batch, config.kv.max_pages_per_seq,

@@ -89,6 +89,7 @@
 #include "kvblock/block_manager.h"
 #include "kvblock/config.h"
 #include "kvblock/device.h"
+#include "kvblock/kv_events.h"
 #include "kvblock/page_table.h"
 #include "sim/trace.h"
 
@@ -117,6 +118,10 @@ struct SchedulerConfig {
   int32_t spec_tokens = 0;
   double spec_acceptance = 0.7;
   uint64_t spec_seed = 1;
+  // KV cache events (--kv_events): with a sink, the manager records them
+  // and every committed step hands its events to it, once, in order. The
+  // sink must not block (KvEventPublisher::Publish).
+  std::function<void(std::vector<KvCacheEvent>)> kv_event_sink;
 };
 
 // The most draft slots SchedulerConfig::spec_tokens may ask for.
@@ -179,10 +184,13 @@ struct HostPhases {
   // Copy-on-write: staging the copy list, its copy, the copy kernel, and
   // waiting for the device.
   int64_t copy_on_write_ns = 0;
+  // Taking each step's KV cache events and handing them to the sink (the
+  // publisher's queue; its thread's time is apart, in SimResult).
+  int64_t kv_events_ns = 0;
 
   int64_t total_ns() const {
     return planning_ns + frees_ns + admissions_ns + appends_ns + page_table_ns +
-           bookkeeping_ns + upload_ns + copy_on_write_ns;
+           bookkeeping_ns + upload_ns + copy_on_write_ns + kv_events_ns;
   }
   friend bool operator==(const HostPhases&, const HostPhases&) = default;
 };
@@ -260,6 +268,21 @@ struct SimResult {
   int64_t drafts_accepted = 0;
   int32_t peak_draft_pages = 0;
   int64_t draft_copies = 0;
+  // KV cache events (with a sink): batches (steps with events) and events
+  // handed to it; the publisher's counts and its thread's CPU time, filled
+  // in by kvblock-sim's main after the run.
+  struct KvEvents {
+    bool on = false;
+    int64_t batches = 0;
+    int64_t events = 0;
+    int64_t batches_published = 0;
+    int64_t events_published = 0;
+    int64_t batches_dropped = 0;
+    int64_t events_dropped = 0;
+    int64_t publisher_thread_ns = 0;
+    friend bool operator==(const KvEvents&, const KvEvents&) = default;
+  };
+  KvEvents kv_events;
   int64_t peak_waiting = 0;  // requests arrived and queued, at most.
   // Committed steps whose admissions stopped at each limit while requests
   // waited.
