@@ -68,19 +68,24 @@ void Key(Packer& pk, const Options& options, std::string_view name) {
   if (options.encoding == Options::Encoding::kMap) PackString(pk, name);
 }
 
+// An event's head: a map with its type under "type", or a tagged array
+// with the type first; `fields` follow.
+void BeginEvent(Packer& pk, const Options& options, std::string_view type,
+                uint32_t fields) {
+  if (options.encoding == Options::Encoding::kMap) {
+    pk.pack_map(fields + 1);
+    PackString(pk, "type");
+  } else {
+    pk.pack_array(fields + 1);
+  }
+  PackString(pk, type);
+}
+
 // vLLM's fields, in its order (the tagged arrays are positional).
 void PackEvent(Packer& pk, const KvCacheEvent& event, const Options& options) {
-  const bool map = options.encoding == Options::Encoding::kMap;
   switch (event.kind) {
     case KvCacheEvent::Kind::kBlockStored: {
-      constexpr uint32_t kFields = 11;
-      if (map) {
-        pk.pack_map(kFields + 1);
-        PackString(pk, "type");
-      } else {
-        pk.pack_array(kFields + 1);
-      }
-      PackString(pk, "BlockStored");
+      BeginEvent(pk, options, "BlockStored", 11);
       Key(pk, options, "block_hashes");
       PackHashes(pk, event.block_hashes, options);
       Key(pk, options, "parent_block_hash");
@@ -124,13 +129,7 @@ void PackEvent(Packer& pk, const KvCacheEvent& event, const Options& options) {
       return;
     }
     case KvCacheEvent::Kind::kBlockRemoved:
-      if (map) {
-        pk.pack_map(4);
-        PackString(pk, "type");
-      } else {
-        pk.pack_array(4);
-      }
-      PackString(pk, "BlockRemoved");
+      BeginEvent(pk, options, "BlockRemoved", 3);
       Key(pk, options, "block_hashes");
       PackHashes(pk, event.block_hashes, options);
       Key(pk, options, "medium");
@@ -139,13 +138,7 @@ void PackEvent(Packer& pk, const KvCacheEvent& event, const Options& options) {
       pk.pack_int32(0);
       return;
     case KvCacheEvent::Kind::kAllBlocksCleared:
-      if (map) {
-        pk.pack_map(1);
-        PackString(pk, "type");
-      } else {
-        pk.pack_array(1);
-      }
-      PackString(pk, "AllBlocksCleared");
+      BeginEvent(pk, options, "AllBlocksCleared", 0);
       return;
   }
 }

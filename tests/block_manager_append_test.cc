@@ -7,7 +7,6 @@
 // the free stack's top, 0 first, so every page list is exact.
 #include <cstdint>
 #include <memory>
-#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,11 +34,7 @@ std::unique_ptr<BlockManager> MakeManager(int32_t num_pages,
   return *std::move(manager);
 }
 
-Tokens Range(TokenId first, int count) {
-  Tokens tokens(count);
-  std::iota(tokens.begin(), tokens.end(), first);
-  return tokens;
-}
+using testing::TokenRange;
 
 Tokens Concat(Tokens a, const Tokens& b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -81,7 +76,7 @@ AppendResult DraftsOk(BlockManager& manager, SequenceId id, int32_t count) {
 
 TEST_CASE("a prompt in chunks takes pages as they come, cached as they fill") {
   auto manager = MakeManager(16);
-  const Tokens prompt = Range(100, 10);  // pages [0, 4), [4, 8), [8, 10).
+  const Tokens prompt = TokenRange(100, 10);  // pages [0, 4), [4, 8), [8, 10).
 
   // The first chunk ends inside page 0: one page now, two reserved.
   auto plan = manager->Admit(1, prompt, {}, {}, {.prefill_tokens = 3});
@@ -122,7 +117,7 @@ TEST_CASE("a prompt in chunks takes pages as they come, cached as they fill") {
 
 TEST_CASE("a first chunk at a page's edge caches that page at admission") {
   auto manager = MakeManager(16);
-  const Tokens prompt = Range(100, 10);
+  const Tokens prompt = TokenRange(100, 10);
   REQUIRE_OK(manager->Admit(1, prompt, {}, {}, {.prefill_tokens = 4}));
   REQUIRE(PagesOf(*manager, 1) == Pages{0});
   REQUIRE(CachedPage(*manager, Slice(prompt, 0, 4)) == 0);
@@ -140,7 +135,7 @@ TEST_CASE("a first chunk at a page's edge caches that page at admission") {
 
 TEST_CASE("a preempted half-prefilled prompt keeps its cached pages") {
   auto manager = MakeManager(16);
-  const Tokens prompt = Range(100, 14);
+  const Tokens prompt = TokenRange(100, 14);
   REQUIRE_OK(manager->Admit(1, prompt, {}, {}, {.prefill_tokens = 8}));
   REQUIRE(manager->reserved_pages() == 2);
   REQUIRE_OK(manager->Preempt(1));
@@ -158,16 +153,16 @@ TEST_CASE("a preempted half-prefilled prompt keeps its cached pages") {
 TEST_CASE("a reserve keeps the rest of a prompt's pages from others") {
   // 6 pages; a 20-token prompt needs 5: 1 now and 4 reserved.
   auto manager = MakeManager(6);
-  const Tokens prompt = Range(100, 20);
+  const Tokens prompt = TokenRange(100, 20);
   REQUIRE_OK(manager->Admit(1, prompt, {}, {}, {.prefill_tokens = 4}));
   REQUIRE(manager->NumAllocatable() == 1);
   const BlockManagerSnapshot before = manager->Snapshot();
-  auto refused = manager->Admit(2, Range(500, 8));
+  auto refused = manager->Admit(2, TokenRange(500, 8));
   REQUIRE_STATUS_IS(refused, kResourceExhausted);
   REQUIRE(refused.status().message().find("1 are allocatable") !=
           std::string::npos);
   REQUIRE(manager->Snapshot() == before);
-  REQUIRE_OK(manager->Admit(2, Range(500, 4)));
+  REQUIRE_OK(manager->Admit(2, TokenRange(500, 4)));
   REQUIRE(manager->NumAllocatable() == 0);
   // Sequence 2's next page would come out of the reserve: refused.
   auto append = manager->Append(2, {1});
@@ -180,11 +175,11 @@ TEST_CASE("a reserve keeps the rest of a prompt's pages from others") {
 
 TEST_CASE("without a reserve the first chunk alone is admitted") {
   auto manager = MakeManager(6, {.reserve_prompt_pages = false});
-  const Tokens prompt = Range(100, 20);
+  const Tokens prompt = TokenRange(100, 20);
   auto plan = manager->Admit(1, prompt, {}, {}, {.prefill_tokens = 4});
   REQUIRE_OK(plan);
   REQUIRE(plan->reserved_pages == 0);
-  REQUIRE_OK(manager->Admit(2, Range(500, 8)));
+  REQUIRE_OK(manager->Admit(2, TokenRange(500, 8)));
   REQUIRE(manager->NumAllocatable() == 3);
   // The rest of the prompt no longer fits.
   const BlockManagerSnapshot before = manager->Snapshot();
@@ -195,7 +190,7 @@ TEST_CASE("without a reserve the first chunk alone is admitted") {
 
 TEST_CASE("a prompt that does not read the cache still fills it") {
   auto manager = MakeManager(16);
-  const Tokens prompt = Range(100, 9);
+  const Tokens prompt = TokenRange(100, 9);
   REQUIRE_OK(manager->Admit(1, prompt, {}, {}, {.read_prefix_cache = false}));
   auto again = manager->Admit(2, prompt, {}, {}, {.read_prefix_cache = false});
   REQUIRE_OK(again);
@@ -210,7 +205,8 @@ TEST_CASE("a prompt that does not read the cache still fills it") {
 
 TEST_CASE("drafts across a page, all accepted") {
   auto manager = MakeManager(16);
-  REQUIRE_OK(manager->Admit(1, Range(100, 6)));     // pages 0, 1; 2 in page 1.
+  REQUIRE_OK(
+      manager->Admit(1, TokenRange(100, 6)));       // pages 0, 1; 2 in page 1.
   AppendResult drafted = DraftsOk(*manager, 1, 5);  // tokens 6..10.
   REQUIRE(drafted.new_pages == 1);
   REQUIRE(PagesOf(*manager, 1) == Pages{0, 1, 2});
@@ -219,13 +215,13 @@ TEST_CASE("drafts across a page, all accepted") {
 
   // The next step accepts all five and adds its own token: they land in the
   // draft slots' pages, which are cached as verified tokens fill them.
-  const Tokens accepted = Range(200, 6);
+  const Tokens accepted = TokenRange(200, 6);
   auto appended = manager->Append(1, accepted);
   REQUIRE_OK(appended);
   REQUIRE(appended->new_pages == 0);
   REQUIRE(*manager->NumDrafts(1) == 0);
   REQUIRE(PagesOf(*manager, 1) == Pages{0, 1, 2});
-  const Tokens verified = Concat(Range(100, 6), accepted);
+  const Tokens verified = Concat(TokenRange(100, 6), accepted);
   REQUIRE(CachedPage(*manager, Slice(verified, 0, 8)) == 1);
   REQUIRE(CachedPage(*manager, Slice(verified, 0, 12)) == 2);
   REQUIRE_OK(manager->CheckInvariants());
@@ -233,7 +229,7 @@ TEST_CASE("drafts across a page, all accepted") {
 
 TEST_CASE("drafts across a page, all rejected, then new drafts") {
   auto manager = MakeManager(16);
-  REQUIRE_OK(manager->Admit(1, Range(100, 6)));
+  REQUIRE_OK(manager->Admit(1, TokenRange(100, 6)));
   DraftsOk(*manager, 1, 5);
   REQUIRE(PagesOf(*manager, 1) == Pages{0, 1, 2});
   const SequenceHandle handle = *manager->HandleOf(1);
@@ -260,8 +256,9 @@ TEST_CASE("drafts across a page, all rejected, then new drafts") {
 
 TEST_CASE("a speculative step past a page edge fills, adds and rolls back") {
   auto manager = MakeManager(16);
-  REQUIRE_OK(manager->Admit(1, Range(100, 6)));  // pages 0, 1; 2 in page 1.
-  DraftsOk(*manager, 1, 1);                      // page 1's third slot.
+  REQUIRE_OK(
+      manager->Admit(1, TokenRange(100, 6)));  // pages 0, 1; 2 in page 1.
+  DraftsOk(*manager, 1, 1);                    // page 1's third slot.
   const SequenceHandle handle = *manager->HandleOf(1);
   const BlockManagerSnapshot before = manager->Snapshot();
 
@@ -269,7 +266,7 @@ TEST_CASE("a speculative step past a page edge fills, adds and rolls back") {
   // token 9 starts page 2; three new drafts end in page 2, just added.
   const std::vector<int32_t> counts = {3};
   const std::vector<int32_t> drafts = {3};
-  const Tokens tokens = Range(200, 3);
+  const Tokens tokens = TokenRange(200, 3);
   REQUIRE_OK(manager->BeginStep());
   AppendManyResult result;
   REQUIRE_OK(manager->AppendMany({&handle, 1}, counts, tokens, result, drafts));
@@ -279,7 +276,7 @@ TEST_CASE("a speculative step past a page edge fills, adds and rolls back") {
   REQUIRE(result.new_pages == 1);
   REQUIRE(*manager->NumTokens(1) == 9);
   REQUIRE(*manager->NumDrafts(1) == 3);
-  const Tokens verified = Concat(Range(100, 6), tokens);
+  const Tokens verified = Concat(TokenRange(100, 6), tokens);
   REQUIRE(CachedPage(*manager, Slice(verified, 0, 8)) == 1);
   REQUIRE_OK(manager->CheckInvariants());
 
@@ -295,18 +292,18 @@ TEST_CASE("a speculative step past a page edge fills, adds and rolls back") {
   REQUIRE_OK(manager->AppendMany({&handle, 1}, counts, tokens, result, drafts));
   const std::vector<int32_t> three = {3};
   const std::vector<int32_t> two_drafts = {2};
-  REQUIRE_OK(manager->AppendMany({&handle, 1}, three, Range(300, 3), result,
-                                 two_drafts));
+  REQUIRE_OK(manager->AppendMany({&handle, 1}, three, TokenRange(300, 3),
+                                 result, two_drafts));
   REQUIRE(PagesOf(*manager, 1) == Pages{0, 1, 2, 3});
   REQUIRE(result.first_changed_page == std::vector<int32_t>{3});
   REQUIRE(*manager->NumTokens(1) == 12);
-  REQUIRE(CachedPage(*manager, Concat(verified, Range(300, 3))) == 2);
+  REQUIRE(CachedPage(*manager, Concat(verified, TokenRange(300, 3))) == 2);
   REQUIRE_OK(manager->CheckInvariants());
 }
 
 TEST_CASE("drafts over a shared partial page copy it first") {
   auto manager = MakeManager(16);
-  REQUIRE_OK(manager->Admit(1, Range(100, 6)));  // pages 0, 1.
+  REQUIRE_OK(manager->Admit(1, TokenRange(100, 6)));  // pages 0, 1.
   REQUIRE_OK(manager->Fork(1, 2));
   AppendResult drafted = DraftsOk(*manager, 1, 2);
   REQUIRE(drafted.copy == PageCopy{1, 2});
@@ -323,9 +320,9 @@ TEST_CASE("drafts over a shared partial page copy it first") {
 
 TEST_CASE("chunk and draft errors name the value and change nothing") {
   auto manager = MakeManager(16);
-  const Tokens prompt = Range(100, 10);
+  const Tokens prompt = TokenRange(100, 10);
   REQUIRE_OK(manager->Admit(1, prompt, {}, {}, {.prefill_tokens = 3}));
-  REQUIRE_OK(manager->Admit(2, Range(500, 5)));
+  REQUIRE_OK(manager->Admit(2, TokenRange(500, 5)));
   const BlockManagerSnapshot before = manager->Snapshot();
   const auto unchanged = [&] { REQUIRE(manager->Snapshot() == before); };
 
@@ -334,7 +331,7 @@ TEST_CASE("chunk and draft errors name the value and change nothing") {
   REQUIRE(zero.status().message().find("prefill_tokens 0") !=
           std::string::npos);
   unchanged();
-  auto too_long = manager->AppendPrompt(1, Range(0, 8));
+  auto too_long = manager->AppendPrompt(1, TokenRange(0, 8));
   REQUIRE_STATUS_IS(too_long, kInvalidArgument);
   REQUIRE(too_long.status().message().find("8 tokens for sequence 1, which "
                                            "has 7 prompt tokens left") !=
@@ -344,7 +341,8 @@ TEST_CASE("chunk and draft errors name the value and change nothing") {
   REQUIRE_STATUS_IS(manager->AppendPrompt(9, {1}), kNotFound);
   unchanged();
   std::vector<BlockHash> other(2);
-  REQUIRE_OK(manager->HashPrompt(Range(900, 10), {}, absl::MakeSpan(other)));
+  REQUIRE_OK(
+      manager->HashPrompt(TokenRange(900, 10), {}, absl::MakeSpan(other)));
   auto wrong = manager->AppendPrompt(1, Slice(prompt, 3, 10), other);
   REQUIRE_STATUS_IS(wrong, kInvalidArgument);
   REQUIRE(wrong.status().message().find("do not start from its prompt") !=
@@ -377,15 +375,15 @@ TEST_CASE("chunk and draft errors name the value and change nothing") {
 
 TEST_CASE("a rolled-back step restores drafts, chunks and reserves") {
   auto manager = MakeManager(16);
-  const Tokens prompt = Range(100, 10);
+  const Tokens prompt = TokenRange(100, 10);
   REQUIRE_OK(manager->Admit(1, prompt, {}, {}, {.prefill_tokens = 3}));
-  REQUIRE_OK(manager->Admit(2, Range(500, 6)));
+  REQUIRE_OK(manager->Admit(2, TokenRange(500, 6)));
   DraftsOk(*manager, 2, 3);
   const BlockManagerSnapshot before = manager->Snapshot();
   const int32_t reserved = manager->reserved_pages();
   REQUIRE_OK(manager->BeginStep());
   PromptOk(*manager, 1, Slice(prompt, 3, 9));
-  REQUIRE_OK(manager->Append(2, Range(600, 2)));
+  REQUIRE_OK(manager->Append(2, TokenRange(600, 2)));
   DraftsOk(*manager, 2, 0);
   DraftsOk(*manager, 2, 7);
   REQUIRE_OK(manager->Preempt(1));

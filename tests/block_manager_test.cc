@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
-#include <numeric>
 #include <vector>
 
 #include "test_util.h"
@@ -32,11 +31,7 @@ std::unique_ptr<BlockManager> MakeManager(const PagedKvConfig& config,
 }
 
 // Tokens first, first + 1, ..., first + count - 1.
-std::vector<TokenId> Range(TokenId first, int count) {
-  std::vector<TokenId> tokens(count);
-  std::iota(tokens.begin(), tokens.end(), first);
-  return tokens;
-}
+using testing::TokenRange;
 
 std::vector<TokenId> Concat(std::vector<TokenId> a,
                             const std::vector<TokenId>& b) {
@@ -95,11 +90,11 @@ TEST_CASE("a config no machine can hold is ResourceExhausted, not a crash") {
 
 TEST_CASE("negative sequence ids are refused; kNoSequence names none") {
   auto manager = MakeManager(Config(16));
-  REQUIRE_OK(manager->Admit(1, Range(0, 5)).status());
+  REQUIRE_OK(manager->Admit(1, TokenRange(0, 5)).status());
   const BlockManagerSnapshot before = manager->Snapshot();
   for (const SequenceId id :
        {kNoSequence, SequenceId{-7}, std::numeric_limits<SequenceId>::min()}) {
-    const auto admitted = manager->Admit(id, Range(0, 5));
+    const auto admitted = manager->Admit(id, TokenRange(0, 5));
     REQUIRE_STATUS_IS(admitted, kInvalidArgument);
     REQUIRE(admitted.status().message().find("is negative") !=
             absl::string_view::npos);
@@ -114,7 +109,7 @@ TEST_CASE("a rolled-back step replays to the same results, handles included") {
   BlockManagerOptions options;
   options.max_sequences = 2;  // the step below grows the slab.
   auto manager = MakeManager(Config(24), options);
-  REQUIRE_OK(manager->Admit(1, Range(0, 6)).status());
+  REQUIRE_OK(manager->Admit(1, TokenRange(0, 6)).status());
   REQUIRE_OK(manager->Fork(1, 2));
   const BlockManagerSnapshot before = manager->Snapshot();
 
@@ -127,17 +122,17 @@ TEST_CASE("a rolled-back step replays to the same results, handles included") {
   };
   const auto step = [&] {
     Results r;
-    const auto plan = manager->Admit(3, Range(40, 9));
+    const auto plan = manager->Admit(3, TokenRange(40, 9));
     REQUIRE_OK(plan);
     r.values.push_back(plan->new_pages);
     REQUIRE_OK(manager->Fork(1, 4));  // 1's tail is shared again.
-    const auto appended = manager->Append(1, Range(70, 5));
+    const auto appended = manager->Append(1, TokenRange(70, 5));
     REQUIRE_OK(appended);
     r.values.push_back(appended->new_pages);
     r.values.push_back(appended->copy.has_value() ? appended->copy->destination
                                                   : -1);
     REQUIRE_OK(manager->Free(2));
-    REQUIRE_OK(manager->Admit(5, Range(90, 3)).status());
+    REQUIRE_OK(manager->Admit(5, TokenRange(90, 3)).status());
     for (const SequenceId id : {1, 3, 4, 5}) {
       r.handles.push_back(*manager->HandleOf(id));
     }
@@ -160,8 +155,9 @@ TEST_CASE("a rolled-back step replays to the same results, handles included") {
 }
 
 TEST_CASE("pages for an append count new pages and the copy of a shared tail") {
-  auto manager = MakeManager(Config(16));               // 4 tokens a page.
-  REQUIRE_OK(manager->Admit(1, Range(0, 6)).status());  // 2 pages, 2 spare.
+  auto manager = MakeManager(Config(16));  // 4 tokens a page.
+  REQUIRE_OK(
+      manager->Admit(1, TokenRange(0, 6)).status());  // 2 pages, 2 spare.
   const SequenceHandle one = *manager->HandleOf(1);
   REQUIRE(*manager->PagesForAppend(one, 0) == 0);
   REQUIRE(*manager->PagesForAppend(one, 2) == 0);
@@ -171,7 +167,7 @@ TEST_CASE("pages for an append count new pages and the copy of a shared tail") {
   REQUIRE_OK(manager->Fork(1, 2));
   REQUIRE(*manager->PagesForAppend(one, 1) == 1);
   REQUIRE(*manager->PagesForAppend(one, 3) == 2);
-  const auto appended = manager->Append(1, Range(50, 3));
+  const auto appended = manager->Append(1, TokenRange(50, 3));
   REQUIRE_OK(appended);
   REQUIRE(appended->new_pages + (appended->copy.has_value() ? 1 : 0) == 2);
   // The copy ended the sharing: the other side appends in place.
@@ -190,7 +186,7 @@ TEST_CASE("pages for an append count new pages and the copy of a shared tail") {
 
 TEST_CASE("shared system prompt is served from the cache in whole pages") {
   auto manager = MakeManager(Config(16));
-  const std::vector<TokenId> system = Range(1, 8);  // two full pages
+  const std::vector<TokenId> system = TokenRange(1, 8);  // two full pages
 
   const AdmissionPlan a = AdmitOk(*manager, 1, Concat(system, {100, 101, 102}));
   REQUIRE(a.hit_pages == 0);
@@ -222,9 +218,9 @@ TEST_CASE("shared system prompt is served from the cache in whole pages") {
 
 TEST_CASE("next chat turn hits the previous prompt and answer") {
   auto manager = MakeManager(Config(16));
-  AdmitOk(*manager, 1, Range(1, 6));  // page 0 full, page 1 holds 5, 6
+  AdmitOk(*manager, 1, TokenRange(1, 6));  // page 0 full, page 1 holds 5, 6
   REQUIRE(PagesOf(*manager, 1) == Pages{0, 1});
-  const AppendResult answer = AppendOk(*manager, 1, Range(7, 6));  // 7..12
+  const AppendResult answer = AppendOk(*manager, 1, TokenRange(7, 6));  // 7..12
   REQUIRE(answer.new_pages == 1);
   REQUIRE_FALSE(answer.copy.has_value());
   REQUIRE(PagesOf(*manager, 1) == Pages{0, 1, 2});
@@ -232,7 +228,7 @@ TEST_CASE("next chat turn hits the previous prompt and answer") {
   REQUIRE_OK(manager->Free(1));
   REQUIRE(manager->pool().NumEvictable() == 3);
 
-  const AdmissionPlan turn2 = AdmitOk(*manager, 2, Range(1, 14));
+  const AdmissionPlan turn2 = AdmitOk(*manager, 2, TokenRange(1, 14));
   REQUIRE(turn2.hit_pages == 3);
   REQUIRE(turn2.revived_pages == 3);
   REQUIRE(turn2.hit_tokens == 12);
@@ -242,7 +238,7 @@ TEST_CASE("next chat turn hits the previous prompt and answer") {
 
 TEST_CASE("n-way fork shares pages and copies the partial page on write") {
   auto manager = MakeManager(Config(16));
-  AdmitOk(*manager, 1, Range(1, 6));
+  AdmitOk(*manager, 1, TokenRange(1, 6));
   for (SequenceId child : {2, 3, 4}) REQUIRE_OK(manager->Fork(1, child));
   REQUIRE(manager->pool().RefCount(0) == 4);
   REQUIRE(manager->pool().RefCount(1) == 4);
@@ -264,7 +260,7 @@ TEST_CASE("n-way fork shares pages and copies the partial page on write") {
 
 TEST_CASE("beam forked in the middle of a page diverges into own pages") {
   auto manager = MakeManager(Config(16));
-  AdmitOk(*manager, 1, Range(1, 10));  // pages 0, 1 full; 2 holds 9, 10
+  AdmitOk(*manager, 1, TokenRange(1, 10));  // pages 0, 1 full; 2 holds 9, 10
   REQUIRE_OK(manager->Fork(1, 2));
   const AppendResult parent = AppendOk(*manager, 1, {11, 12});
   REQUIRE(parent.copy == PageCopy{2, 3});
@@ -279,7 +275,7 @@ TEST_CASE("beam forked in the middle of a page diverges into own pages") {
 
   SECTION("a new request with the child's continuation hits the child's page") {
     const AdmissionPlan plan =
-        AdmitOk(*manager, 3, Concat(Range(1, 10), {21, 22, 23, 24}));
+        AdmitOk(*manager, 3, Concat(TokenRange(1, 10), {21, 22, 23, 24}));
     REQUIRE(plan.hit_pages == 3);
     REQUIRE(PagesOf(*manager, 3) == Pages{0, 1, 2, 5});
   }
@@ -288,29 +284,29 @@ TEST_CASE("beam forked in the middle of a page diverges into own pages") {
 TEST_CASE(
     "under memory pressure the continuation is evicted before the prefix") {
   auto manager = MakeManager(Config(6, 4, 6));
-  AdmitOk(*manager, 1, Range(1, 9));  // pages 0, 1 cached; 2 partial
+  AdmitOk(*manager, 1, TokenRange(1, 9));  // pages 0, 1 cached; 2 partial
   REQUIRE_OK(manager->Free(1));
   REQUIRE(manager->pool().Snapshot().lru == Pages{1, 0});
   REQUIRE(manager->pool().NumFree() == 6);
 
   // Five pages: four plain free pages, then the LRU head (page 1) is evicted.
-  AdmitOk(*manager, 2, Range(100, 20));
+  AdmitOk(*manager, 2, TokenRange(100, 20));
   REQUIRE(PagesOf(*manager, 2) == Pages{2, 3, 4, 5, 1});
   REQUIRE(manager->stats().evictions == 1);
 
   // The prefix page is still cached (and would be revived).
-  auto plan = manager->PlanAdmission(Concat(Range(1, 4), {50}));
+  auto plan = manager->PlanAdmission(Concat(TokenRange(1, 4), {50}));
   REQUIRE_OK(plan);
   REQUIRE(plan->hit_pages == 1);
   REQUIRE(plan->revived_pages == 1);
   REQUIRE(plan->new_pages == 1);
   REQUIRE(plan->pages_consumed() == 2);
-  REQUIRE_FALSE(manager->CanAdmit(Concat(Range(1, 4), {50})));
+  REQUIRE_FALSE(manager->CanAdmit(Concat(TokenRange(1, 4), {50})));
 }
 
 TEST_CASE("a salted request never hits another salt's pages") {
   auto manager = MakeManager(Config(16));
-  const std::vector<TokenId> prompt = Range(1, 9);
+  const std::vector<TokenId> prompt = TokenRange(1, 9);
   AdmitOk(*manager, 1, prompt, {.cache_salt = "tenant-a"});
   const AdmissionPlan other =
       AdmitOk(*manager, 2, prompt, {.cache_salt = "tenant-b"});
@@ -327,8 +323,8 @@ TEST_CASE("a salted request never hits another salt's pages") {
 
 TEST_CASE("prefix caching can be turned off") {
   auto manager = MakeManager(Config(16), {.enable_prefix_caching = false});
-  AdmitOk(*manager, 1, Range(1, 9));
-  const AdmissionPlan plan = AdmitOk(*manager, 2, Range(1, 9));
+  AdmitOk(*manager, 1, TokenRange(1, 9));
+  const AdmissionPlan plan = AdmitOk(*manager, 2, TokenRange(1, 9));
   REQUIRE(plan.hit_pages == 0);
   REQUIRE(manager->pool().NumCached() == 0);
   REQUIRE_OK(manager->Free(1));
@@ -337,7 +333,7 @@ TEST_CASE("prefix caching can be turned off") {
 
 TEST_CASE("admission plans and the watermark") {
   auto manager = MakeManager(Config(8), {.watermark_pages = 2});
-  const std::vector<TokenId> prompt = Range(1, 20);  // 5 pages
+  const std::vector<TokenId> prompt = TokenRange(1, 20);  // 5 pages
   auto plan = manager->PlanAdmission(prompt);
   REQUIRE_OK(plan);
   REQUIRE(plan->new_pages == 5);
@@ -345,10 +341,10 @@ TEST_CASE("admission plans and the watermark") {
   REQUIRE(manager->CanAdmit(prompt));
   AdmitOk(*manager, 1, prompt);
   // 3 pages left, 2 kept: a 2-page prompt must wait, a 1-page one fits.
-  REQUIRE_FALSE(manager->CanAdmit(Range(50, 8)));
-  REQUIRE(manager->CanAdmit(Range(50, 4)));
+  REQUIRE_FALSE(manager->CanAdmit(TokenRange(50, 8)));
+  REQUIRE(manager->CanAdmit(TokenRange(50, 4)));
   // Appends may use the watermark.
-  AppendOk(*manager, 1, Range(21, 12));
+  AppendOk(*manager, 1, TokenRange(21, 12));
   REQUIRE(manager->pool().NumFree() == 0);
 }
 
@@ -360,9 +356,9 @@ SequenceHandle HandleOk(const BlockManager& manager, SequenceId id) {
 
 TEST_CASE("append many appends in entry order and reports changed entries") {
   auto manager = MakeManager(Config(16));
-  AdmitOk(*manager, 1, Range(1, 6));   // pages 0, 1 (2 of 4 in page 1)
-  AdmitOk(*manager, 2, Range(50, 4));  // page 2, full
-  REQUIRE_OK(manager->Fork(1, 3));     // shares 0, 1
+  AdmitOk(*manager, 1, TokenRange(1, 6));   // pages 0, 1 (2 of 4 in page 1)
+  AdmitOk(*manager, 2, TokenRange(50, 4));  // page 2, full
+  REQUIRE_OK(manager->Fork(1, 3));          // shares 0, 1
   const std::vector<SequenceHandle> handles = {
       HandleOk(*manager, 1), HandleOk(*manager, 2), HandleOk(*manager, 3),
       HandleOk(*manager, 1)};
@@ -391,8 +387,8 @@ TEST_CASE("append many appends in entry order and reports changed entries") {
 
   // Same tokens through Append: the same pages and cache entries.
   auto reference = MakeManager(Config(16));
-  AdmitOk(*reference, 1, Range(1, 6));
-  AdmitOk(*reference, 2, Range(50, 4));
+  AdmitOk(*reference, 1, TokenRange(1, 6));
+  AdmitOk(*reference, 2, TokenRange(50, 4));
   REQUIRE_OK(reference->Fork(1, 3));
   AppendOk(*reference, 1, {7});
   AppendOk(*reference, 2, {51});
@@ -403,8 +399,8 @@ TEST_CASE("append many appends in entry order and reports changed entries") {
 
 TEST_CASE("append many fails as a whole") {
   auto manager = MakeManager(Config(4, 4, 4));
-  AdmitOk(*manager, 1, Range(1, 6));
-  AdmitOk(*manager, 2, Range(20, 3));  // 3 pages used, 1 free
+  AdmitOk(*manager, 1, TokenRange(1, 6));
+  AdmitOk(*manager, 2, TokenRange(20, 3));  // 3 pages used, 1 free
   const SequenceHandle one = HandleOk(*manager, 1);
   const SequenceHandle two = HandleOk(*manager, 2);
   const BlockManagerSnapshot before = manager->Snapshot();
@@ -446,7 +442,7 @@ TEST_CASE("append many fails as a whole") {
   }
   SECTION("a later entry passes max_pages_per_seq") {
     REQUIRE_STATUS_IS(
-        manager->AppendMany({two, one}, {1, 11}, Range(21, 12), result),
+        manager->AppendMany({two, one}, {1, 11}, TokenRange(21, 12), result),
         kOutOfRange);
   }
   SECTION("a handle whose sequence left, even once its entry is reused") {
@@ -457,7 +453,7 @@ TEST_CASE("append many fails as a whole") {
     REQUIRE_STATUS_IS(manager->PagesAt(two), kInvalidArgument);
     REQUIRE_STATUS_IS(manager->HandleOf(2), kNotFound);
     REQUIRE(manager->Snapshot() == freed);
-    AdmitOk(*manager, 3, Range(40, 2));
+    AdmitOk(*manager, 3, TokenRange(40, 2));
     const SequenceHandle three = HandleOk(*manager, 3);
     REQUIRE(three.index == two.index);  // LIFO reuse of the entry.
     REQUIRE_FALSE(three == two);
@@ -479,7 +475,7 @@ TEST_CASE("a rolled-back fork keeps copy on write exact") {
   // The fork's undo leaves the parent's partial page flagged as maybe
   // shared; its next append must still write in place.
   auto manager = MakeManager(Config(16));
-  AdmitOk(*manager, 1, Range(1, 6));
+  AdmitOk(*manager, 1, TokenRange(1, 6));
   REQUIRE_OK(manager->BeginStep());
   REQUIRE_OK(manager->Fork(1, 2));
   REQUIRE_OK(manager->RollbackStep());
@@ -488,13 +484,13 @@ TEST_CASE("a rolled-back fork keeps copy on write exact") {
 }
 
 TEST_CASE("prompt hashes computed once serve planning and admission") {
-  const std::vector<TokenId> system = Range(100, 8);  // 2 pages of 4
+  const std::vector<TokenId> system = TokenRange(100, 8);  // 2 pages of 4
   auto manager = MakeManager(Config(16));
   auto reference = MakeManager(Config(16));
   for (BlockManager* m : {manager.get(), reference.get()}) {
-    AdmitOk(*m, 1, Concat(system, Range(1, 3)));
+    AdmitOk(*m, 1, Concat(system, TokenRange(1, 3)));
   }
-  const std::vector<TokenId> prompt = Concat(system, Range(50, 6));
+  const std::vector<TokenId> prompt = Concat(system, TokenRange(50, 6));
   const HashExtraKeys extra = {};
   std::vector<BlockHash> hashes(4);
   auto count = manager->HashPrompt(prompt, extra, absl::MakeSpan(hashes));
@@ -556,22 +552,24 @@ TEST_CASE("prompt hashes computed once serve planning and admission") {
 
 TEST_CASE("failing calls change nothing") {
   auto manager = MakeManager(Config(4, 4, 4));
-  AdmitOk(*manager, 1, Range(1, 6));
+  AdmitOk(*manager, 1, TokenRange(1, 6));
   REQUIRE_OK(manager->Fork(1, 2));  // 2 pages shared, 2 free
   const BlockManagerSnapshot before = manager->Snapshot();
 
   SECTION("admit") {
-    REQUIRE_STATUS_IS(manager->Admit(1, Range(1, 4)), kAlreadyExists);
+    REQUIRE_STATUS_IS(manager->Admit(1, TokenRange(1, 4)), kAlreadyExists);
     REQUIRE_STATUS_IS(manager->Admit(3, {}), kInvalidArgument);
-    REQUIRE_STATUS_IS(manager->Admit(3, Range(1, 17)), kOutOfRange);
-    REQUIRE_STATUS_IS(manager->Admit(3, Range(100, 16)), kResourceExhausted);
+    REQUIRE_STATUS_IS(manager->Admit(3, TokenRange(1, 17)), kOutOfRange);
+    REQUIRE_STATUS_IS(manager->Admit(3, TokenRange(100, 16)),
+                      kResourceExhausted);
     REQUIRE_STATUS_IS(manager->PlanAdmission({}), kInvalidArgument);
   }
   SECTION("append") {
     REQUIRE_STATUS_IS(manager->Append(9, {1}), kNotFound);
-    REQUIRE_STATUS_IS(manager->Append(1, Range(7, 11)), kOutOfRange);
+    REQUIRE_STATUS_IS(manager->Append(1, TokenRange(7, 11)), kOutOfRange);
     // A copy of page 1 plus 2 new pages is one more than the 2 free pages.
-    REQUIRE_STATUS_IS(manager->Append(1, Range(7, 10)), kResourceExhausted);
+    REQUIRE_STATUS_IS(manager->Append(1, TokenRange(7, 10)),
+                      kResourceExhausted);
   }
   SECTION("a one-token start with no page left") {
     AppendOk(*manager, 1, {7, 8});   // copies page 1 and fills the copy.
@@ -605,21 +603,21 @@ TEST_CASE("failing calls change nothing") {
 
 TEST_CASE("a rolled-back step restores the exact state") {
   auto manager = MakeManager(Config(12));
-  AdmitOk(*manager, 1, Range(1, 9));
-  AdmitOk(*manager, 2, Range(1, 6));
-  AppendOk(*manager, 2, Range(7, 3));
+  AdmitOk(*manager, 1, TokenRange(1, 9));
+  AdmitOk(*manager, 2, TokenRange(1, 6));
+  AppendOk(*manager, 2, TokenRange(7, 3));
   REQUIRE_OK(manager->Free(2));
   const BlockManagerSnapshot before = manager->Snapshot();
 
   REQUIRE_OK(manager->BeginStep());
   REQUIRE(manager->in_step());
   REQUIRE_OK(manager->Fork(1, 3));
-  AppendOk(*manager, 1, Range(10, 7));
+  AppendOk(*manager, 1, TokenRange(10, 7));
   AppendOk(*manager, 3, {42});
   REQUIRE_OK(manager->Free(1));
-  AdmitOk(*manager, 4, Range(1, 12));  // revives cached pages
-  AdmitOk(*manager, 5, Range(300, 7));
-  REQUIRE_STATUS_IS(manager->Admit(6, Range(400, 32)), kResourceExhausted);
+  AdmitOk(*manager, 4, TokenRange(1, 12));  // revives cached pages
+  AdmitOk(*manager, 5, TokenRange(300, 7));
+  REQUIRE_STATUS_IS(manager->Admit(6, TokenRange(400, 32)), kResourceExhausted);
   REQUIRE_OK(manager->Preempt(4));
   REQUIRE(manager->Snapshot() != before);
   REQUIRE_OK(manager->RollbackStep());
@@ -629,9 +627,9 @@ TEST_CASE("a rolled-back step restores the exact state") {
   REQUIRE_OK(manager->CheckInvariants());
 
   SECTION("and the manager keeps working after it") {
-    AppendOk(*manager, 1, Range(10, 7));
+    AppendOk(*manager, 1, TokenRange(10, 7));
     REQUIRE_OK(manager->BeginStep());
-    AdmitOk(*manager, 7, Range(1, 5));
+    AdmitOk(*manager, 7, TokenRange(1, 5));
     REQUIRE_OK(manager->CommitStep());
     REQUIRE(manager->Contains(7));
     REQUIRE_OK(manager->CheckInvariants());
@@ -643,7 +641,7 @@ TEST_CASE("appends across page boundaries in one step roll back exactly") {
   SECTION("with prefix caching") {}
   SECTION("without prefix caching") { options.enable_prefix_caching = false; }
   auto manager = MakeManager(Config(12), options);
-  AdmitOk(*manager, 1, Range(1, 3));  // a partial page one token short.
+  AdmitOk(*manager, 1, TokenRange(1, 3));  // a partial page one token short.
   const BlockManagerSnapshot before = manager->Snapshot();
 
   // Each script fills the page, then writes the next page's first tokens
@@ -663,7 +661,7 @@ TEST_CASE("appends across page boundaries in one step roll back exactly") {
   // The restored partial page fills to the same content as before.
   AppendOk(*manager, 1, {50});
   if (options.enable_prefix_caching) {
-    auto plan = manager->PlanAdmission(Concat(Range(1, 3), {50, 9}));
+    auto plan = manager->PlanAdmission(Concat(TokenRange(1, 3), {50, 9}));
     REQUIRE_OK(plan);
     REQUIRE(plan->hit_pages == 1);
   }
@@ -681,7 +679,8 @@ TEST_CASE("create rejects bad configs and options") {
 
 TEST_CASE("sequences beyond the reserved slab still work") {
   auto manager = MakeManager(Config(64), {.max_sequences = 2});
-  for (SequenceId id = 0; id < 10; ++id) AdmitOk(*manager, id, Range(1, 5));
+  for (SequenceId id = 0; id < 10; ++id)
+    AdmitOk(*manager, id, TokenRange(1, 5));
   REQUIRE(manager->num_sequences() == 10);
   for (SequenceId id = 0; id < 10; ++id) REQUIRE_OK(manager->Free(id));
   REQUIRE(manager->num_sequences() == 0);
@@ -691,7 +690,7 @@ TEST_CASE("sequences beyond the reserved slab still work") {
 
 TEST_CASE("stats count tokens, forks, frees and preemptions") {
   auto manager = MakeManager(Config(16));
-  AdmitOk(*manager, 1, Range(1, 9));
+  AdmitOk(*manager, 1, TokenRange(1, 9));
   AppendOk(*manager, 1, {10, 11});
   REQUIRE_OK(manager->Fork(1, 2));
   REQUIRE_OK(manager->Free(1));

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
-#include <numeric>
 #include <random>
 #include <set>
 #include <string>
@@ -41,11 +40,7 @@ std::unique_ptr<BlockManager> MakeManager(int32_t num_pages,
   return *std::move(manager);
 }
 
-Tokens Range(TokenId first, int count) {
-  Tokens tokens(count);
-  std::iota(tokens.begin(), tokens.end(), first);
-  return tokens;
-}
+using testing::TokenRange;
 
 std::vector<KvCacheEvent> Take(BlockManager& manager) {
   std::vector<KvCacheEvent> events;
@@ -62,7 +57,8 @@ std::vector<BlockHash> HashesOf(BlockManager& manager, const Tokens& tokens,
 
 TEST_CASE("an admission stores its full pages in one event") {
   auto manager = MakeManager(16);
-  const Tokens prompt = Range(100, 10);  // two full pages, two tokens more.
+  const Tokens prompt =
+      TokenRange(100, 10);  // two full pages, two tokens more.
   REQUIRE_OK(
       manager->Admit(1, prompt, {.cache_salt = "tenant", .adapter_id = 7}));
   const std::vector<KvCacheEvent> events = Take(*manager);
@@ -73,7 +69,7 @@ TEST_CASE("an admission stores its full pages in one event") {
       stored.block_hashes ==
       HashesOf(*manager, prompt, {.cache_salt = "tenant", .adapter_id = 7}));
   REQUIRE_FALSE(stored.parent_block_hash.has_value());  // a prompt's first.
-  REQUIRE(stored.token_ids == Range(100, 8));
+  REQUIRE(stored.token_ids == TokenRange(100, 8));
   REQUIRE(stored.cache_salt == "tenant");
   REQUIRE(stored.adapter_id == 7);
   REQUIRE(Take(*manager).empty());  // taken once.
@@ -81,7 +77,7 @@ TEST_CASE("an admission stores its full pages in one event") {
 
 TEST_CASE("a page that fills is stored after its chain") {
   auto manager = MakeManager(16);
-  const Tokens prompt = Range(100, 6);
+  const Tokens prompt = TokenRange(100, 6);
   REQUIRE_OK(manager->Admit(1, prompt));
   const BlockHash first = HashesOf(*manager, prompt)[0];
   Take(*manager);
@@ -100,11 +96,11 @@ TEST_CASE("a page that fills is stored after its chain") {
 
 TEST_CASE("an eviction is removed before the page is stored again") {
   auto manager = MakeManager(2);
-  const Tokens a = Range(100, 8);  // two full pages: the whole pool.
+  const Tokens a = TokenRange(100, 8);  // two full pages: the whole pool.
   REQUIRE_OK(manager->Admit(1, a));
   REQUIRE_OK(manager->Free(1));  // both cached, evictable.
   Take(*manager);
-  const Tokens b = Range(500, 4);
+  const Tokens b = TokenRange(500, 4);
   // Evicts the LRU head: a's page 1 (a free releases the last page first).
   REQUIRE_OK(manager->Admit(2, b));
   const std::vector<KvCacheEvent> events = Take(*manager);
@@ -119,25 +115,25 @@ TEST_CASE("an eviction is removed before the page is stored again") {
 TEST_CASE("a rolled-back step leaves no event, a committed one its own") {
   auto manager = MakeManager(16);
   REQUIRE_OK(manager->BeginStep());
-  REQUIRE_OK(manager->Admit(1, Range(100, 8)));
+  REQUIRE_OK(manager->Admit(1, TokenRange(100, 8)));
   std::vector<KvCacheEvent> early;
   REQUIRE_STATUS_IS(manager->TakeKvEvents(early), kFailedPrecondition);
   REQUIRE_OK(manager->RollbackStep());
   REQUIRE(Take(*manager).empty());
 
   REQUIRE_OK(manager->BeginStep());
-  REQUIRE_OK(manager->Admit(1, Range(100, 8)));
+  REQUIRE_OK(manager->Admit(1, TokenRange(100, 8)));
   REQUIRE_OK(manager->CommitStep());
   REQUIRE(Take(*manager).size() == 1);
 
   // A call that fails changes nothing, events included.
-  REQUIRE_STATUS_IS(manager->Admit(2, Range(0, 400)), kOutOfRange);
+  REQUIRE_STATUS_IS(manager->Admit(2, TokenRange(0, 400)), kOutOfRange);
   REQUIRE(Take(*manager).empty());
 }
 
 TEST_CASE("a reset clears all, and events can be off") {
   auto manager = MakeManager(16);
-  REQUIRE_OK(manager->Admit(1, Range(100, 8)));
+  REQUIRE_OK(manager->Admit(1, TokenRange(100, 8)));
   REQUIRE_OK(manager->ResetPrefixCache());
   const std::vector<KvCacheEvent> events = Take(*manager);
   REQUIRE(events.size() == 2);
@@ -179,7 +175,7 @@ TEST_CASE("the cached set rebuilt from the events is the pool's") {
       for (int n = step ? uniform(1, 4) : 1; n > 0; --n) {
         const int dice = uniform(0, 99);
         if (dice < 30 || live.empty()) {
-          Tokens prompt = Range(1000 * uniform(0, 2), uniform(1, 10));
+          Tokens prompt = TokenRange(1000 * uniform(0, 2), uniform(1, 10));
           for (TokenId& t : prompt) t += uniform(0, 3) == 0 ? uniform(0, 2) : 0;
           const std::string salt = uniform(0, 1) ? "a" : "";
           if (manager->Admit(next_id, prompt, {.cache_salt = salt}).ok()) {
@@ -188,7 +184,7 @@ TEST_CASE("the cached set rebuilt from the events is the pool's") {
           ++next_id;
         } else if (dice < 70) {
           const SequenceId id = live[uniform(0, live.size() - 1)];
-          (void)manager->Append(id, Range(uniform(0, 50), uniform(1, 5)));
+          (void)manager->Append(id, TokenRange(uniform(0, 50), uniform(1, 5)));
         } else if (dice < 78) {
           const SequenceId id = live[uniform(0, live.size() - 1)];
           if (manager->Fork(id, next_id).ok()) live.push_back(next_id);

@@ -11,7 +11,6 @@
 #include <array>
 #include <cstdint>
 #include <memory>
-#include <numeric>
 #include <random>
 #include <set>
 #include <string>
@@ -186,11 +185,7 @@ void Apply(const zmq::message_t& payload, std::set<std::string>& cached) {
   }
 }
 
-std::vector<TokenId> Range(TokenId first, int count) {
-  std::vector<TokenId> tokens(count);
-  std::iota(tokens.begin(), tokens.end(), first);
-  return tokens;
-}
+using testing::TokenRange;
 
 TEST_CASE("a subscriber rebuilds the cache; a late one replays it") {
   Options options;
@@ -232,11 +227,14 @@ TEST_CASE("a subscriber rebuilds the cache; a late one replays it") {
   int64_t batches = 0;
   for (SequenceId id = 0; id < testing::RandomRunLength(400); ++id) {
     if (live.size() < 4 &&
-        (*manager)->Admit(id, Range(100 * (rng() % 3), 1 + rng() % 12)).ok()) {
+        (*manager)
+            ->Admit(id, TokenRange(100 * (rng() % 3), 1 + rng() % 12))
+            .ok()) {
       live.push_back(id);
     }
     if (!live.empty()) {
-      (void)(*manager)->Append(live[rng() % live.size()], Range(rng() % 9, 3));
+      (void)(*manager)->Append(live[rng() % live.size()],
+                               TokenRange(rng() % 9, 3));
     }
     if (!live.empty() && (live.size() >= 4 || rng() % 3 == 0)) {
       REQUIRE_OK((*manager)->Free(live.front()));

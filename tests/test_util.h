@@ -5,11 +5,14 @@
 #define KVBLOCK_TESTS_TEST_UTIL_H_
 
 #include <cstdint>
+#include <numeric>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "catch.h"
+#include "kvblock/types.h"
 
 namespace kvblock::testing {
 
@@ -36,6 +39,13 @@ constexpr int64_t RandomRunLength(int64_t ops) {
 #else
   return ops;
 #endif
+}
+
+// `count` consecutive token ids from `first`.
+inline std::vector<TokenId> TokenRange(TokenId first, int count) {
+  std::vector<TokenId> tokens(count);
+  std::iota(tokens.begin(), tokens.end(), first);
+  return tokens;
 }
 
 }  // namespace kvblock::testing
