@@ -72,7 +72,8 @@ ABSL_FLAG(double, spec_acceptance, 0.7,
           "rejection ends a step's accepted run)");
 ABSL_FLAG(std::string, kv_events, "",
           "publish KV cache events in vLLM's format on a ZeroMQ PUB socket "
-          "bound here (e.g. tcp://127.0.0.1:5557; empty: off)");
+          "bound here (e.g. tcp://127.0.0.1:5557; empty: off; discard: "
+          "record and take them, publish nothing)");
 ABSL_FLAG(std::string, kv_events_replay, "",
           "with --kv_events, a ROUTER replay socket bound here (empty: none)");
 ABSL_FLAG(std::string, kv_events_encoding, "map",
@@ -217,7 +218,7 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> PublisherFromFlags(
   options.endpoint = absl::GetFlag(FLAGS_kv_events);
   options.replay_endpoint = absl::GetFlag(FLAGS_kv_events_replay);
   options.block_size = page_size;
-  if (options.endpoint.empty()) {
+  if (options.endpoint.empty() || options.endpoint == "discard") {
     if (!options.replay_endpoint.empty()) {
       return absl::InvalidArgumentError("--kv_events_replay needs --kv_events");
     }
@@ -311,7 +312,11 @@ int Main() {
                     : kExitFailure,
                 publisher.status());
   }
-  if (*publisher != nullptr) {
+  if (absl::GetFlag(FLAGS_kv_events) == "discard") {
+    // What recording and taking the events cost the scheduler's thread,
+    // without a publisher's threads beside it.
+    config->kv_event_sink = [](std::vector<KvCacheEvent>) {};
+  } else if (*publisher != nullptr) {
     config->kv_event_sink =
         [p = publisher->get()](std::vector<KvCacheEvent> events) {
           p->Publish(std::move(events));  // a full queue drops: counted.
