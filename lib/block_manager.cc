@@ -473,6 +473,13 @@ absl::Status BlockManager::ResetPrefixCache() {
 }
 
 absl::Status BlockManager::TakeKvEvents(std::vector<KvCacheEvent>& out) {
+  KvEventBatch batch;
+  KVBLOCK_RETURN_IF_ERROR(TakeKvEvents(batch));
+  batch.AppendTo(out);
+  return absl::OkStatus();
+}
+
+absl::Status BlockManager::TakeKvEvents(KvEventBatch& batch) {
   if (events_ == nullptr) {
     return absl::FailedPreconditionError(
         "block manager: KV cache events are off "
@@ -483,7 +490,13 @@ absl::Status BlockManager::TakeKvEvents(std::vector<KvCacheEvent>& out) {
         "block manager: KV cache events are taken between steps, and a step "
         "is open");
   }
-  events_->TakeInto(config_.page_size, out);
+  if (batch.log_ == nullptr) {
+    batch.log_ = std::make_unique<internal::CacheEventLog>();
+  }
+  // The batch's buffers, emptied, become the manager's log.
+  batch.log_->Clear();
+  batch.log_->Swap(*events_);
+  batch.page_size_ = config_.page_size;
   return absl::OkStatus();
 }
 

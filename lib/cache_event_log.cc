@@ -44,8 +44,27 @@ void CacheEventLog::BeginRun(int64_t first_page, const BlockHash& parent,
   salts_.append(cache_salt.data(), cache_salt.size());
 }
 
-void CacheEventLog::TakeInto(int32_t page_size,
-                             std::vector<KvCacheEvent>& out) {
+void CacheEventLog::Clear() {
+  records_.clear();
+  runs_.clear();
+  hashes_.clear();
+  tokens_.clear();
+  salts_.clear();
+  open_run_ = -1;
+}
+
+void CacheEventLog::Swap(CacheEventLog& other) {
+  records_.swap(other.records_);
+  runs_.swap(other.runs_);
+  hashes_.swap(other.hashes_);
+  tokens_.swap(other.tokens_);
+  salts_.swap(other.salts_);
+  std::swap(open_run_, other.open_run_);
+  std::swap(run_cursor_, other.run_cursor_);
+}
+
+void CacheEventLog::AppendEventsTo(int32_t page_size,
+                                   std::vector<KvCacheEvent>& out) const {
   const size_t page = static_cast<size_t>(page_size);
   const Record* previous = nullptr;
   for (const Record& record : records_) {
@@ -65,12 +84,6 @@ void CacheEventLog::TakeInto(int32_t page_size,
     }
     previous = &record;
   }
-  records_.clear();
-  runs_.clear();
-  hashes_.clear();
-  tokens_.clear();
-  salts_.clear();
-  open_run_ = -1;
 }
 
 void CacheEventLog::AddStored(const Record& record, const Record* previous,

@@ -54,10 +54,16 @@ class CacheEventLog {
   void EndRun() { open_run_ = -1; }
 
   bool empty() const { return records_.empty(); }
-  // Appends the records as events to `out` (consecutive pages of a run in
-  // one BlockStored, consecutive removals in one BlockRemoved) and clears
-  // the log. `page_size`: tokens a page.
-  void TakeInto(int32_t page_size, std::vector<KvCacheEvent>& out);
+  // Pages stored and removed, and resets.
+  int64_t num_records() const { return static_cast<int64_t>(records_.size()); }
+  // Appends the records as events to `out` (consecutive pages of a chain
+  // in one BlockStored, consecutive removals in one BlockRemoved).
+  // `page_size`: tokens a page.
+  void AppendEventsTo(int32_t page_size, std::vector<KvCacheEvent>& out) const;
+  // Forgets every record, keeping the buffers.
+  void Clear();
+  // Exchanges the records with `other`'s (no run open in either).
+  void Swap(CacheEventLog& other);
 
  private:
   enum class Kind : uint8_t { kStored, kRemoved, kCleared };

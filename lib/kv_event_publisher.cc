@@ -174,6 +174,7 @@ struct KvEventPublisher::State {
   struct Batch {
     double ts = 0;
     std::vector<KvCacheEvent> events;
+    KvEventBatch recorded;  // built into `events` on the thread.
   };
 
   explicit State(KvEventPublisherOptions o)
@@ -183,6 +184,8 @@ struct KvEventPublisher::State {
   // until stopped with the queue empty.
   void Run();
   void Send(const Batch& batch);
+  // Queues `batch` stamped now; false (counted) when the queue is full.
+  bool Queue(Batch batch);
   void ServeReplay();
 
   const KvEventPublisherOptions options;
@@ -196,9 +199,11 @@ struct KvEventPublisher::State {
   std::condition_variable wake;     // stop.
   std::condition_variable drained;  // the queue emptied and was sent.
   std::deque<Batch> queue;          // guarded by mutex.
-  bool stop = false;                // guarded by mutex.
-  bool sending = false;             // guarded by mutex: batches in hand.
-  KvEventPublisherStats stats;      // guarded by mutex.
+  // Recorded batches sent, emptied, for RecycledBatch; guarded by mutex.
+  std::vector<KvEventBatch> recycled;
+  bool stop = false;            // guarded by mutex.
+  bool sending = false;         // guarded by mutex: batches in hand.
+  KvEventPublisherStats stats;  // guarded by mutex.
 
   // The publisher thread's own.
   int64_t next_seq = 0;
@@ -223,16 +228,22 @@ void KvEventPublisher::State::Run() {
       stats.thread_cpu_ns = ThreadCpuNanos();
       if (batches.empty() && stop) return;
     }
-    for (const Batch& batch : batches) Send(batch);
-    const int64_t sent_events = [&] {
-      int64_t n = 0;
-      for (const Batch& batch : batches) n += batch.events.size();
-      return n;
-    }();
+    int64_t sent_events = 0;
+    for (Batch& batch : batches) {
+      batch.recorded.AppendTo(batch.events);
+      batch.recorded.Clear();
+      Send(batch);
+      sent_events += static_cast<int64_t>(batch.events.size());
+    }
     {
       std::lock_guard<std::mutex> lock(mutex);
       stats.batches_published += static_cast<int64_t>(batches.size());
       stats.events_published += sent_events;
+      for (Batch& batch : batches) {
+        if (recycled.size() < static_cast<size_t>(options.queue_capacity)) {
+          recycled.push_back(std::move(batch.recorded));
+        }
+      }
       sending = false;
       if (queue.empty()) drained.notify_all();
     }
@@ -349,18 +360,35 @@ KvEventPublisher::~KvEventPublisher() {
 
 bool KvEventPublisher::Publish(std::vector<KvCacheEvent> events) {
   if (events.empty()) return true;
-  const double ts = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
-  {
-    std::lock_guard<std::mutex> lock(state_->mutex);
-    if (state_->queue.size() >=
-        static_cast<size_t>(state_->options.queue_capacity)) {
-      ++state_->stats.batches_dropped;
-      state_->stats.events_dropped += static_cast<int64_t>(events.size());
-      return false;
-    }
-    state_->queue.push_back({ts, std::move(events)});
+  State::Batch batch;
+  batch.events = std::move(events);
+  return state_->Queue(std::move(batch));
+}
+
+bool KvEventPublisher::Publish(KvEventBatch batch) {
+  if (batch.empty()) return true;
+  State::Batch queued;
+  queued.recorded = std::move(batch);
+  return state_->Queue(std::move(queued));
+}
+
+bool KvEventPublisher::State::Queue(Batch batch) {
+  batch.ts = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  std::lock_guard<std::mutex> lock(mutex);
+  if (queue.size() >= static_cast<size_t>(options.queue_capacity)) {
+    ++stats.batches_dropped;
+    return false;
   }
+  queue.push_back(std::move(batch));
   return true;
+}
+
+KvEventBatch KvEventPublisher::RecycledBatch() {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (state_->recycled.empty()) return KvEventBatch();
+  KvEventBatch batch = std::move(state_->recycled.back());
+  state_->recycled.pop_back();
+  return batch;
 }
 
 const std::string& KvEventPublisher::endpoint() const {

@@ -240,10 +240,11 @@ TEST_CASE("a subscriber rebuilds the cache; a late one replays it") {
       REQUIRE_OK((*manager)->Free(live.front()));
       live.erase(live.begin());
     }
-    std::vector<KvCacheEvent> events;
-    REQUIRE_OK((*manager)->TakeKvEvents(events));
-    if (!events.empty()) {
-      REQUIRE((*publisher)->Publish(std::move(events)));
+    // As a scheduler does: the recorded batch goes, a sent one comes back.
+    KvEventBatch recorded = (*publisher)->RecycledBatch();
+    REQUIRE_OK((*manager)->TakeKvEvents(recorded));
+    if (!recorded.empty()) {
+      REQUIRE((*publisher)->Publish(std::move(recorded)));
       ++batches;
     }
   }
@@ -319,7 +320,6 @@ TEST_CASE("a full queue drops batches and counts them, never waiting") {
   REQUIRE(stats.batches_published == accepted);
   REQUIRE(stats.batches_published + stats.batches_dropped == kBatches);
   REQUIRE(stats.batches_dropped > 0);
-  REQUIRE(stats.events_dropped == 3 * stats.batches_dropped);
 }
 
 TEST_CASE("a malformed replay request gets no reply, and no crash") {

@@ -384,6 +384,10 @@ class BlockManager {
   // (BlockManagerOptions::enable_kv_events) or inside a step (its events
   // come when it commits; a rolled-back one has none).
   absl::Status TakeKvEvents(std::vector<KvCacheEvent>& out);
+  // The same into `batch` (its events replaced), without building them: the
+  // manager keeps the batch's emptied buffers, so that passing batches back
+  // and forth allocates nothing (see KvEventPublisher::RecycledBatch).
+  absl::Status TakeKvEvents(KvEventBatch& batch);
 
   // Step transactions (used by BatchCommit). BeginStep starts journaling;
   // CommitStep forgets the journal; RollbackStep undoes every change since

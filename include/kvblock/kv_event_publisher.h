@@ -64,7 +64,6 @@ struct KvEventPublisherStats {
   int64_t batches_published = 0;
   int64_t events_published = 0;
   int64_t batches_dropped = 0;  // the queue was full.
-  int64_t events_dropped = 0;
   int64_t replay_requests = 0;
   int64_t malformed_requests = 0;  // given no reply.
   // CPU time of the publisher thread (encoding, sending, replays), off the
@@ -95,6 +94,13 @@ class KvEventPublisher {
   // the queue is full: the batch is dropped and counted. An empty batch is
   // not sent.
   bool Publish(std::vector<KvCacheEvent> events);
+  // The same for a batch the manager recorded (BlockManager::TakeKvEvents):
+  // its events are built on the publisher thread, and its buffers come
+  // back through RecycledBatch.
+  bool Publish(KvEventBatch batch);
+  // An empty batch for the next TakeKvEvents: one the thread has sent, with
+  // its buffers, or a new one.
+  KvEventBatch RecycledBatch();
 
   // The endpoints as bound (with the port a "*" picked).
   const std::string& endpoint() const;

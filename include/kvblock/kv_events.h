@@ -13,6 +13,7 @@
 #define KVBLOCK_KV_EVENTS_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,6 +22,10 @@
 #include "kvblock/types.h"
 
 namespace kvblock {
+
+namespace internal {
+class CacheEventLog;
+}  // namespace internal
 
 struct KvCacheEvent {
   enum class Kind : uint8_t { kBlockStored, kBlockRemoved, kAllBlocksCleared };
@@ -37,6 +42,31 @@ struct KvCacheEvent {
   int64_t adapter_id = 0;
 
   friend bool operator==(const KvCacheEvent&, const KvCacheEvent&) = default;
+};
+
+// A step's events as the manager recorded them (BlockManager::TakeKvEvents):
+// handed over by swapping buffers, so that taking them allocates nothing
+// once the buffers have grown, and built into KvCacheEvents where they are
+// consumed (KvEventPublisher's thread). Move-only.
+class KvEventBatch {
+ public:
+  KvEventBatch();
+  KvEventBatch(KvEventBatch&&) noexcept;
+  KvEventBatch& operator=(KvEventBatch&&) noexcept;
+  ~KvEventBatch();
+
+  bool empty() const;
+  // The cache's changes it records: pages stored, pages removed, resets.
+  int64_t num_changes() const;
+  // Appends its events to `out` (building them allocates).
+  void AppendTo(std::vector<KvCacheEvent>& out) const;
+  // Forgets its events, keeping the buffers.
+  void Clear();
+
+ private:
+  friend class BlockManager;
+  std::unique_ptr<internal::CacheEventLog> log_;
+  int32_t page_size_ = 0;
 };
 
 }  // namespace kvblock

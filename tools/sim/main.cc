@@ -315,12 +315,12 @@ int Main() {
   if (absl::GetFlag(FLAGS_kv_events) == "discard") {
     // What recording and taking the events cost the scheduler's thread,
     // without a publisher's threads beside it.
-    config->kv_event_sink = [](std::vector<KvCacheEvent>) {};
+    config->kv_event_sink = [](KvEventBatch&) {};
   } else if (*publisher != nullptr) {
-    config->kv_event_sink =
-        [p = publisher->get()](std::vector<KvCacheEvent> events) {
-          p->Publish(std::move(events));  // a full queue drops: counted.
-        };
+    config->kv_event_sink = [p = publisher->get()](KvEventBatch& batch) {
+      p->Publish(std::move(batch));  // a full queue drops: counted.
+      batch = p->RecycledBatch();
+    };
   }
   absl::StatusOr<std::unique_ptr<Scheduler>> scheduler =
       Scheduler::Create(*config, **device);
@@ -350,7 +350,6 @@ int Main() {
     result->kv_events.batches_published = stats.batches_published;
     result->kv_events.events_published = stats.events_published;
     result->kv_events.batches_dropped = stats.batches_dropped;
-    result->kv_events.events_dropped = stats.events_dropped;
     result->kv_events.publisher_thread_ns = stats.thread_cpu_ns;
   }
 

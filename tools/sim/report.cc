@@ -164,10 +164,10 @@ void PrintReport(const SimResult& result, const RunSetup& setup,
       result.peak_draft_pages, result.draft_copies);
   if (const SimResult::KvEvents& kv = result.kv_events; kv.on) {
     out << absl::StrFormat(
-        "kv events         %d batches (%d events) from the steps; %d batches "
-        "(%d events) published, %d (%d) dropped; publisher thread %s\n",
-        kv.batches, kv.events, kv.batches_published, kv.events_published,
-        kv.batches_dropped, kv.events_dropped,
+        "kv events         %d batches (%d cache changes) from the steps; %d "
+        "batches (%d events) published, %d dropped; publisher thread %s\n",
+        kv.batches, kv.changes, kv.batches_published, kv.events_published,
+        kv.batches_dropped,
         FormatNanos(static_cast<double>(kv.publisher_thread_ns)));
   }
   out << absl::StrFormat("steps             %d\n", result.steps);
@@ -292,11 +292,10 @@ void WriteJsonReport(const SimResult& result, const RunSetup& setup,
   const SimResult::KvEvents& kv = result.kv_events;
   report["kv_events"] = {{"on", kv.on},
                          {"batches", kv.batches},
-                         {"events", kv.events},
+                         {"changes", kv.changes},
                          {"batches_published", kv.batches_published},
                          {"events_published", kv.events_published},
                          {"batches_dropped", kv.batches_dropped},
-                         {"events_dropped", kv.events_dropped},
                          {"publisher_thread_ns", kv.publisher_thread_ns}};
   report["steps"] = result.steps;
   report["preemptions"] = result.preemptions;

@@ -197,6 +197,8 @@ class Runner {
   // BatchCommit times).
   HostPhases phases_;
   int64_t commit_ns_ = 0;
+  // The step's KV cache events, for the sink.
+  KvEventBatch kv_events_;
   SimResult result_;
 
   // The step being planned. Victims of this step (preempted or rejected
@@ -700,12 +702,11 @@ absl::Status Runner::HandOffKvEvents() {
   const auto& sink = state_.config.kv_event_sink;
   if (!sink) return absl::OkStatus();
   return Timed(phases_.kv_events_ns, [&]() -> absl::Status {
-    std::vector<KvCacheEvent> events;
-    KVBLOCK_RETURN_IF_ERROR(manager_.TakeKvEvents(events));
-    if (events.empty()) return absl::OkStatus();
+    KVBLOCK_RETURN_IF_ERROR(manager_.TakeKvEvents(kv_events_));
+    if (kv_events_.empty()) return absl::OkStatus();
     ++result_.kv_events.batches;
-    result_.kv_events.events += static_cast<int64_t>(events.size());
-    sink(std::move(events));
+    result_.kv_events.changes += kv_events_.num_changes();
+    sink(kv_events_);
     return absl::OkStatus();
   });
 }

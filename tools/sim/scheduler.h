@@ -119,9 +119,10 @@ struct SchedulerConfig {
   double spec_acceptance = 0.7;
   uint64_t spec_seed = 1;
   // KV cache events (--kv_events): with a sink, the manager records them
-  // and every committed step hands its events to it, once, in order. The
-  // sink must not block (KvEventPublisher::Publish).
-  std::function<void(std::vector<KvCacheEvent>)> kv_event_sink;
+  // and every committed step with events hands them to it, once, in order,
+  // as a recorded batch the sink may keep (swapping in an empty one, as
+  // KvEventPublisher::Publish and RecycledBatch do). It must not block.
+  std::function<void(KvEventBatch&)> kv_event_sink;
 };
 
 // The most draft slots SchedulerConfig::spec_tokens may ask for.
@@ -268,17 +269,17 @@ struct SimResult {
   int64_t drafts_accepted = 0;
   int32_t peak_draft_pages = 0;
   int64_t draft_copies = 0;
-  // KV cache events (with a sink): batches (steps with events) and events
-  // handed to it; the publisher's counts and its thread's CPU time, filled
-  // in by kvblock-sim's main after the run.
+  // KV cache events (with a sink): batches (steps with events) and the
+  // cache changes they record (pages stored and removed, resets) handed to
+  // it; the publisher's counts and its thread's CPU time, filled in by
+  // kvblock-sim's main after the run.
   struct KvEvents {
     bool on = false;
     int64_t batches = 0;
-    int64_t events = 0;
+    int64_t changes = 0;
     int64_t batches_published = 0;
     int64_t events_published = 0;
     int64_t batches_dropped = 0;
-    int64_t events_dropped = 0;
     int64_t publisher_thread_ns = 0;
     friend bool operator==(const KvEvents&, const KvEvents&) = default;
   };
