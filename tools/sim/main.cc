@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -76,6 +77,10 @@ ABSL_FLAG(std::string, kv_events, "",
           "record and take them, publish nothing)");
 ABSL_FLAG(std::string, kv_events_replay, "",
           "with --kv_events, a ROUTER replay socket bound here (empty: none)");
+ABSL_FLAG(int32_t, kv_events_wait_ms, 0,
+          "with --kv_events, milliseconds to wait after binding, before the "
+          "run, so that subscribers connect in time (PUB drops what it sends "
+          "before they do)");
 ABSL_FLAG(std::string, kv_events_encoding, "map",
           "KV event encoding: map (vLLM since mid-2026) or array (tagged "
           "arrays, before)");
@@ -311,6 +316,16 @@ int Main() {
                     ? kExitBadInput
                     : kExitFailure,
                 publisher.status());
+  }
+  if (*publisher != nullptr) {
+    const int32_t wait_ms = absl::GetFlag(FLAGS_kv_events_wait_ms);
+    if (wait_ms < 0 || wait_ms > 60000) {
+      return Fail(
+          kExitBadInput,
+          absl::InvalidArgumentError(absl::StrCat(
+              "--kv_events_wait_ms must be in [0, 60000], got ", wait_ms)));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
   }
   if (absl::GetFlag(FLAGS_kv_events) == "discard") {
     // What recording and taking the events cost the scheduler's thread,

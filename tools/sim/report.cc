@@ -296,7 +296,9 @@ void WriteJsonReport(const SimResult& result, const RunSetup& setup,
                          {"batches_published", kv.batches_published},
                          {"events_published", kv.events_published},
                          {"batches_dropped", kv.batches_dropped},
-                         {"publisher_thread_ns", kv.publisher_thread_ns}};
+                         {"publisher_thread_ns", kv.publisher_thread_ns},
+                         {"cached_pages", kv.cached_pages},
+                         {"cached_hash_xor", kv.cached_hash_xor}};
   report["steps"] = result.steps;
   report["preemptions"] = result.preemptions;
   report["cow_copies"] = result.cow_copies;

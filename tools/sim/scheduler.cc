@@ -850,6 +850,16 @@ absl::StatusOr<SimResult> Runner::Run() {
   result_.prompt_chunks = stats.prompt_chunks;
   result_.host_ns_by_phase = phases_;
   result_.kv_events.on = static_cast<bool>(state_.config.kv_event_sink);
+  if (result_.kv_events.on) {
+    for (const auto& [page, hash] : manager_.pool().Snapshot().cached) {
+      uint64_t low = 0;
+      for (size_t i = hash.bytes.size() - 8; i < hash.bytes.size(); ++i) {
+        low = low << 8 | hash.bytes[i];
+      }
+      result_.kv_events.cached_hash_xor ^= low;
+      ++result_.kv_events.cached_pages;
+    }
+  }
   result_.host_ns_total = phases_.total_ns();
   const KVPageTableUploadStats& uploads = state_.table->upload_stats();
   const KVPageTableUploadStats& setup = state_.setup_uploads;

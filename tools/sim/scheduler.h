@@ -281,6 +281,11 @@ struct SimResult {
     int64_t events_published = 0;
     int64_t batches_dropped = 0;
     int64_t publisher_thread_ns = 0;
+    // The prefix cache at the end: its pages, and the XOR of their hashes'
+    // 64-bit forms (the low 64 bits, big-endian), for a subscriber that
+    // rebuilt it from the events to compare with.
+    int64_t cached_pages = 0;
+    uint64_t cached_hash_xor = 0;
     friend bool operator==(const KvEvents&, const KvEvents&) = default;
   };
   KvEvents kv_events;

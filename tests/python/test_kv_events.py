@@ -1,0 +1,95 @@
+# Copyright 2026 The kvblock Authors.
+"""A Python subscriber of kvblock-sim's KV events (pyzmq and msgpack, as a
+router would read vLLM's): every batch of a run, in order, decoded in both
+encodings; the prefix cache rebuilt from the events alone equals the pool's
+at the end, as the simulator's JSON report gives it."""
+import json
+import os
+import socket
+import subprocess
+
+import pytest
+
+zmq = pytest.importorskip("zmq")
+msgpack = pytest.importorskip("msgpack")
+
+SIM = os.environ.get("KVBLOCK_SIM")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fields(event, encoding):
+    """An event as (type, fields by name) in either encoding."""
+    if encoding == "map":
+        return event["type"], event
+    names = {"BlockStored": ["block_hashes", "parent_block_hash", "token_ids",
+                             "block_size", "lora_id", "medium", "lora_name",
+                             "extra_keys", "group_idx", "kv_cache_spec_kind",
+                             "kv_cache_spec_sliding_window"],
+             "BlockRemoved": ["block_hashes", "medium", "group_idx"],
+             "AllBlocksCleared": []}[event[0]]
+    assert len(event) == len(names) + 1
+    return event[0], dict(zip(names, event[1:]))
+
+
+@pytest.mark.skipif(SIM is None, reason="KVBLOCK_SIM (kvblock-sim) not set")
+@pytest.mark.parametrize("encoding", ["map", "array"])
+def test_a_subscriber_rebuilds_the_cache_of_a_sim_run(tmp_path, encoding):
+    port = free_port()
+    report = tmp_path / "report.json"
+    context = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(f"tcp://127.0.0.1:{port}")
+    sim = subprocess.Popen(
+        [SIM, f"--kv_events=tcp://127.0.0.1:{port}", "--kv_events_wait_ms=1500",
+         f"--kv_events_encoding={encoding}", f"--json={report}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    cached = set()
+    expected_seq = 0
+    stored = removed = 0
+    poller = zmq.Poller()
+    poller.register(sub, zmq.POLLIN)
+    while True:
+        # Until the simulator has exited and nothing more comes.
+        if not poller.poll(2000 if sim.poll() is None else 500):
+            if sim.poll() is not None:
+                break
+            continue
+        topic, seq, payload = sub.recv_multipart()
+        assert topic == b""
+        assert int.from_bytes(seq, "big") == expected_seq  # none missed.
+        expected_seq += 1
+        ts, events, rank = msgpack.unpackb(payload, raw=False)
+        assert ts > 0 and rank is None
+        for event in events:
+            kind, f = fields(event, encoding)
+            if kind == "AllBlocksCleared":
+                cached.clear()
+            elif kind == "BlockRemoved":
+                for block in f["block_hashes"]:
+                    cached.remove(block)
+                    removed += 1
+            else:
+                assert kind == "BlockStored"
+                assert len(f["token_ids"]) == f["block_size"] * len(
+                    f["block_hashes"])
+                assert f["medium"] == "GPU"
+                for block in f["block_hashes"]:
+                    assert block not in cached
+                    cached.add(block)
+                    stored += 1
+    assert sim.wait(timeout=60) == 0, sim.stderr.read().decode()
+    kv = json.loads(report.read_text())["kv_events"]
+    assert kv["on"] and kv["batches_published"] == expected_seq > 0
+    assert kv["batches_dropped"] == 0
+    assert stored > 0 and removed > 0
+    assert len(cached) == kv["cached_pages"]
+    xor = 0
+    for block in cached:
+        xor ^= block
+    assert xor == kv["cached_hash_xor"]
