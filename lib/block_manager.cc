@@ -472,14 +472,7 @@ absl::Status BlockManager::ResetPrefixCache() {
   return pool_->ResetPrefixCache();
 }
 
-absl::Status BlockManager::TakeKvEvents(std::vector<KvCacheEvent>& out) {
-  KvEventBatch batch;
-  KVBLOCK_RETURN_IF_ERROR(TakeKvEvents(batch));
-  batch.AppendTo(out);
-  return absl::OkStatus();
-}
-
-absl::Status BlockManager::TakeKvEvents(KvEventBatch& batch) {
+absl::Status BlockManager::CheckKvEventsTakeable() const {
   if (events_ == nullptr) {
     return absl::FailedPreconditionError(
         "block manager: KV cache events are off "
@@ -490,6 +483,19 @@ absl::Status BlockManager::TakeKvEvents(KvEventBatch& batch) {
         "block manager: KV cache events are taken between steps, and a step "
         "is open");
   }
+  return absl::OkStatus();
+}
+
+absl::Status BlockManager::TakeKvEvents(std::vector<KvCacheEvent>& out) {
+  KVBLOCK_RETURN_IF_ERROR(CheckKvEventsTakeable());
+  // Built here; the log keeps its buffers.
+  events_->AppendEventsTo(config_.page_size, out);
+  events_->Clear();
+  return absl::OkStatus();
+}
+
+absl::Status BlockManager::TakeKvEvents(KvEventBatch& batch) {
+  KVBLOCK_RETURN_IF_ERROR(CheckKvEventsTakeable());
   if (batch.log_ == nullptr) {
     batch.log_ = std::make_unique<internal::CacheEventLog>();
   }

@@ -8,13 +8,14 @@
 
 namespace kvblock {
 
-KvEventBatch::KvEventBatch()
-    : log_(std::make_unique<internal::CacheEventLog>()) {}
+// Its log comes with the first TakeKvEvents: a batch that only passes
+// through (a publisher's queue entry) allocates nothing.
+KvEventBatch::KvEventBatch() = default;
 KvEventBatch::KvEventBatch(KvEventBatch&&) noexcept = default;
 KvEventBatch& KvEventBatch::operator=(KvEventBatch&&) noexcept = default;
 KvEventBatch::~KvEventBatch() = default;
 
-// A moved-from batch has no log: it is empty.
+// Without a log (new or moved from) a batch is empty.
 bool KvEventBatch::empty() const { return log_ == nullptr || log_->empty(); }
 
 int64_t KvEventBatch::num_changes() const {

@@ -118,11 +118,16 @@ TEST_CASE("a rolled-back step leaves no event, a committed one its own") {
   REQUIRE_OK(manager->Admit(1, TokenRange(100, 8)));
   std::vector<KvCacheEvent> early;
   REQUIRE_STATUS_IS(manager->TakeKvEvents(early), kFailedPrecondition);
+  REQUIRE(early.empty());
   REQUIRE_OK(manager->RollbackStep());
   REQUIRE(Take(*manager).empty());
 
+  // Refused inside a step, the step's events stay for after its commit.
   REQUIRE_OK(manager->BeginStep());
   REQUIRE_OK(manager->Admit(1, TokenRange(100, 8)));
+  KvEventBatch batch;
+  REQUIRE_STATUS_IS(manager->TakeKvEvents(batch), kFailedPrecondition);
+  REQUIRE(batch.empty());
   REQUIRE_OK(manager->CommitStep());
   REQUIRE(Take(*manager).size() == 1);
 
@@ -140,8 +145,12 @@ TEST_CASE("a reset clears all, and events can be off") {
   REQUIRE(events[1].kind == Kind::kAllBlocksCleared);
 
   auto off = MakeManager(16, /*events=*/false);
+  REQUIRE_OK(off->Admit(1, TokenRange(100, 8)));
+  const BlockManagerSnapshot before = off->Snapshot();
   std::vector<KvCacheEvent> none;
   auto status = off->TakeKvEvents(none);
+  REQUIRE(none.empty());
+  REQUIRE(off->Snapshot() == before);
   REQUIRE(status.code() == absl::StatusCode::kFailedPrecondition);
   REQUIRE(std::string(status.message()).find("enable_kv_events") !=
           std::string::npos);

@@ -75,6 +75,17 @@ with tempfile.TemporaryDirectory() as tmp:
          "--nochunked_prefill"], 0, "over_token_budget")
     run(["--spec_tokens=4", "--spec_acceptance=0.7"], 0, "accepted")
     run(["--device=tpu"], 2, "--device must be auto, host or cuda")
+    run(["--kv_events_replay=tcp://127.0.0.1:*"], 2,
+        "--kv_events_replay needs a --kv_events endpoint")
+    run(["--kv_events=bogus://x"], 2, "--kv_events: kv event publisher: "
+        "cannot bind bogus://x")
+    run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_encoding=json"], 2,
+        "--kv_events_encoding must be map or array, got 'json'")
+    run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_hashes=hex"], 2,
+        "--kv_events_hashes must be int64 or bytes, got 'hex'")
+    run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_wait_ms=-1"], 2,
+        "--kv_events_wait_ms must be in [0, 60000], got -1")
+    run(["--kv_events=discard"], 0, "kv events")
     run(["--trace=" + os.path.join(tmp, "missing.jsonl")], 2,
         "cannot open trace file")
     # Output paths are checked before the run, naming the OS's reason.

@@ -468,6 +468,8 @@ class BlockManager {
   // hash_scratch_.
   absl::Span<const BlockHash> HashPages(BlockHash parent,
                                         absl::Span<const TokenId> tokens);
+  // FailedPrecondition when events are off or a step is open.
+  absl::Status CheckKvEventsTakeable() const;
   // Registers the sequence's pages [first, first + hashes.size()), which
   // hold `tokens` and follow `parent` in its chain, under `hashes` (the
   // chain is the caller's to advance).

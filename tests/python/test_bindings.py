@@ -160,6 +160,30 @@ def test_phase_times_count_only_while_on():
     assert commit.phase_times.total_ns == times.total_ns
 
 
+def test_kv_events_are_taken_once_and_refused_when_off():
+    options = kvblock.BlockManagerOptions()
+    options.enable_kv_events = True
+    config = kvblock.PagedKvConfig()
+    config.num_pages, config.max_batch, config.max_pages_per_seq = 16, 4, 8
+    config.page_size = 4
+    prompt = np.arange(10, dtype=np.int32)
+    manager = kvblock.BlockManager(config, options)
+    manager.admit(1, prompt)
+    (stored,) = manager.take_kv_events()
+    assert stored.kind == "BlockStored" and stored.parent_block_hash is None
+    assert list(stored.token_ids) == list(range(8))
+    assert [bytes(h) for h in manager.hash_prompt(prompt)] == \
+        stored.block_hashes
+    assert manager.take_kv_events() == []
+    off = kvblock.BlockManager(config)
+    off.admit(1, prompt)
+    before = (off.num_free, off.num_cached, off.stats)
+    with pytest.raises(kvblock.FailedPreconditionError,
+                       match="enable_kv_events"):
+        off.take_kv_events()
+    assert (off.num_free, off.num_cached, off.stats) == before
+
+
 def test_a_failed_step_rolls_back():
     manager, table, commit = make_stack(num_pages=4)
     commit.commit(joins=[kvblock.Join(1, np.arange(8, dtype=np.int32))])

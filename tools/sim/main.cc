@@ -225,7 +225,8 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> PublisherFromFlags(
   options.block_size = page_size;
   if (options.endpoint.empty() || options.endpoint == "discard") {
     if (!options.replay_endpoint.empty()) {
-      return absl::InvalidArgumentError("--kv_events_replay needs --kv_events");
+      return absl::InvalidArgumentError(
+          "--kv_events_replay needs a --kv_events endpoint");
     }
     return nullptr;
   }
