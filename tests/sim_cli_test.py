@@ -25,9 +25,9 @@ def check_documented(what, names):
             print(f"FAIL {what} {name!r} is not documented in the README")
 
 
-def run(args, want_code, want_text=""):
+def run(args, want_code, want_text="", stdin=None):
     proc = subprocess.run([SIM] + args, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, input=stdin)
     text = proc.stdout + proc.stderr
     ok = proc.returncode == want_code and want_text in text
     print(f"{'ok  ' if ok else 'FAIL'} exit {proc.returncode} (want "
@@ -86,6 +86,16 @@ with tempfile.TemporaryDirectory() as tmp:
     run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_wait_ms=-1"], 2,
         "--kv_events_wait_ms must be in [0, 60000], got -1")
     run(["--kv_events=discard"], 0, "kv events")
+    # --serve: a router's feed on stdin, the run's state on stdout.
+    run(["--serve", "--workload=beam"], 2,
+        "--serve excludes --trace, --workload and --write_trace")
+    served = json.dumps({"id": "a", "arrival": 1, "prompt": [1, 2, 3],
+                         "max_tokens": 2})
+    run(["--serve"], 0, '{"clock":2,"kv_event_batches":0,"running":1,',
+        stdin=served + '\n{"run_until": 2}\n')
+    run(["--serve"], 2, "serve input: line 2: run_until: 1 is not after the "
+        "arrival of 'a' (step 1)", stdin=served + '\n{"run_until": 1}\n')
+    run(["--serve"], 2, "serve input: line 1: bad JSON", stdin="{\n")
     run(["--trace=" + os.path.join(tmp, "missing.jsonl")], 2,
         "cannot open trace file")
     # Output paths are checked before the run, naming the OS's reason.

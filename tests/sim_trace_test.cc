@@ -1,6 +1,7 @@
 // Copyright 2026 The kvblock Authors.
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -257,6 +258,31 @@ TEST_CASE("trace files: a missing one is NotFound, errors name the path") {
   REQUIRE(bad.status().message() ==
           "sim_trace_test.jsonl: line 2: n: 0 is less than 1");
   std::remove(path.c_str());
+}
+
+TEST_CASE("ParseTraceLine: blank, a request, or run_until where allowed") {
+  const auto blank = ParseTraceLine(" \t", kLimits, true);
+  REQUIRE_OK(blank);
+  REQUIRE(!blank->request.has_value());
+  REQUIRE(!blank->run_until.has_value());
+  const auto request = ParseTraceLine(
+      R"({"id": "a", "prompt": [1], "max_tokens": 2})", kLimits, true);
+  REQUIRE_OK(request);
+  REQUIRE(request->request->id == "a");
+  REQUIRE(!request->run_until.has_value());
+  const auto control = ParseTraceLine(R"({"run_until": 9})", kLimits, true);
+  REQUIRE_OK(control);
+  REQUIRE(control->run_until == std::optional<int64_t>(9));
+  REQUIRE(!control->request.has_value());
+  // In a trace, a control line is a request without its fields.
+  const auto in_trace = ParseTraceLine(R"({"run_until": 9})", kLimits, false);
+  REQUIRE_STATUS_IS(in_trace, kInvalidArgument);
+  REQUIRE(in_trace.status().message() == "id: missing");
+  const auto too_long = ParseTraceLine(
+      R"({"id": "a", "prompt": [1], "max_tokens": 64})", kLimits, true);
+  REQUIRE_STATUS_IS(too_long, kInvalidArgument);
+  REQUIRE_THAT(std::string(too_long.status().message()),
+               Catch::Matchers::Contains("max_tokens: 64 after a prompt"));
 }
 
 }  // namespace

@@ -33,6 +33,7 @@
 #include "sim/progress.h"
 #include "sim/report.h"
 #include "sim/scheduler.h"
+#include "sim/serve.h"
 #include "sim/timeline.h"
 #include "sim/trace.h"
 #include "sim/workloads.h"
@@ -44,6 +45,10 @@ ABSL_FLAG(std::string, workload, "",
           "built-in workload: sysprompt, multiturn, parallel, beam, unique, "
           "serving or "
           "mixed (the default when no --trace is given)");
+ABSL_FLAG(bool, serve, false,
+          "serve requests a router feeds on stdin, in lockstep, writing the "
+          "run's state on stdout before each horizon (tools/sim/serve.h, "
+          "tools/router); excludes --trace, --workload and --write_trace");
 ABSL_FLAG(uint64_t, seed, 1,
           "seed of the built-in workload and of the drafts' acceptance");
 ABSL_FLAG(int32_t, pages, 384, "KV pages in the pool");
@@ -270,9 +275,17 @@ absl::StatusOr<std::unique_ptr<Device>> DeviceFromFlags() {
 int Main() {
   absl::StatusOr<SchedulerConfig> config = ConfigFromFlags();
   if (!config.ok()) return Fail(kExitBadInput, config.status());
-  std::string source;
+  const bool serve = absl::GetFlag(FLAGS_serve);
+  if (serve && (!absl::GetFlag(FLAGS_trace).empty() ||
+                !absl::GetFlag(FLAGS_workload).empty() ||
+                !absl::GetFlag(FLAGS_write_trace).empty())) {
+    return Fail(kExitBadInput,
+                absl::InvalidArgumentError(
+                    "--serve excludes --trace, --workload and --write_trace"));
+  }
+  std::string source = "requests served on stdin";
   absl::StatusOr<std::vector<Request>> requests =
-      RequestsFromFlags(*config, source);
+      serve ? std::vector<Request>() : RequestsFromFlags(*config, source);
   if (!requests.ok()) {
     const absl::StatusCode code = requests.status().code();
     return Fail(code == absl::StatusCode::kInvalidArgument ||
@@ -353,12 +366,19 @@ int Main() {
 
   ProgressLine progress(std::cerr, isatty(STDERR_FILENO) != 0,
                         std::chrono::milliseconds(250));
-  absl::StatusOr<SimResult> result =
-      (*scheduler)->Run(*requests, [&](const Progress& p) {
-        progress.Update(p);
-      });
+  const auto update = [&](const Progress& p) { progress.Update(p); };
+  LineFeed feed(std::cin, std::cout, TraceLimitsFor(*config));
+  absl::StatusOr<SimResult> result = serve
+                                         ? (*scheduler)->Serve(feed, update)
+                                         : (*scheduler)->Run(*requests, update);
   progress.Finish();
-  if (!result.ok()) return Fail(kExitFailure, result.status());
+  if (!result.ok()) {
+    // A bad line of the router's input is bad input.
+    return Fail(result.status().code() == absl::StatusCode::kInvalidArgument
+                    ? kExitBadInput
+                    : kExitFailure,
+                result.status());
+  }
   if (*publisher != nullptr) {
     // What the thread has left to send, then its counts.
     (*publisher)->Flush(absl::Seconds(10));

@@ -125,7 +125,9 @@ int32_t AcceptedDrafts(uint64_t id_hash, uint64_t seed, int64_t position,
 // One Run: the queue, the running requests and the step being planned.
 class Runner {
  public:
+  // Over `requests`, then those `feed` (when not null) hands over.
   Runner(SchedulerState& state, absl::Span<const Request> requests,
+         RequestFeed* feed,
          const std::function<void(const Progress&)>& progress);
 
   absl::StatusOr<SimResult> Run();
@@ -163,6 +165,8 @@ class Runner {
     return commit_.batch() -
            static_cast<int64_t>(finished_.size() + preempted_.size());
   }
+  // Reports to the feed and takes its next arrivals and horizon.
+  absl::Status ReadFeed();
   // Queues an arriving request, hashing its prompt's pages once.
   absl::Status Arrive(RequestState& request);
   // Plans admissions from the queue head; rejects requests that never fit.
@@ -186,8 +190,13 @@ class Runner {
   const PagedKvConfig& kv_;
   const std::function<void(const Progress&)>& progress_;
 
-  std::vector<RequestState> requests_;  // by arrival, ties in trace order.
+  // By arrival, ties in trace order; a deque, so that the feed's arrivals
+  // leave the queue's and the batch's pointers valid.
+  std::deque<RequestState> requests_;
   size_t next_arrival_ = 0;
+  RequestFeed* feed_ = nullptr;  // null once it has ended.
+  std::deque<Request> fed_;      // the feed's requests.
+  int64_t horizon_ = 0;          // the feed's: steps before it may run.
   std::deque<RequestState*> waiting_;
   std::vector<RequestState*> running_;        // in admission order.
   std::vector<RequestState*> still_running_;  // ApplyStep's scratch.
@@ -237,18 +246,19 @@ class Runner {
 };
 
 Runner::Runner(SchedulerState& state, absl::Span<const Request> requests,
+               RequestFeed* feed,
                const std::function<void(const Progress&)>& progress)
     : state_(state),
       manager_(*state.manager),
       commit_(*state.commit),
       kv_(state.config.kv),
-      progress_(progress) {
+      progress_(progress),
+      feed_(feed) {
   std::vector<size_t> order(requests.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return requests[a].arrival < requests[b].arrival;
   });
-  requests_.reserve(requests.size());
   for (const size_t i : order) {
     requests_.push_back(
         {.request = &requests[i], .id_hash = HashId(requests[i].id)});
@@ -746,14 +756,60 @@ absl::StatusOr<std::optional<StepResult>> Runner::CommitStep() {
   }
 }
 
+absl::Status Runner::ReadFeed() {
+  const FeedReport report{
+      .clock = clock_,
+      .kv_event_batches = result_.kv_events.batches,
+      .running = static_cast<int64_t>(running_.size()),
+      .waiting = static_cast<int64_t>(waiting_.size()),
+      .completed = result_.completed,
+      .rejected = static_cast<int64_t>(result_.rejected.size())};
+  const size_t known = fed_.size();
+  KVBLOCK_ASSIGN_OR_RETURN(const std::optional<int64_t> horizon,
+                           feed_->Next(report, fed_));
+  if (horizon.has_value() && *horizon <= clock_) {
+    return absl::InternalError(absl::StrFormat(
+        "feed: horizon %d does not pass step %d", *horizon, clock_));
+  }
+  int64_t earliest = clock_;
+  for (size_t i = known; i < fed_.size(); ++i) {
+    const Request& request = fed_[i];
+    if (request.arrival < earliest ||
+        (horizon.has_value() && request.arrival >= *horizon)) {
+      return absl::InternalError(absl::StrFormat(
+          "feed: request '%s' arrives at step %d, outside [%d, %s)", request.id,
+          request.arrival, earliest,
+          horizon.has_value() ? absl::StrCat(*horizon) : "end"));
+    }
+    earliest = request.arrival;
+    requests_.push_back({.request = &request, .id_hash = HashId(request.id)});
+  }
+  result_.requests = static_cast<int64_t>(requests_.size());
+  if (horizon.has_value()) {
+    horizon_ = *horizon;
+  } else {
+    feed_ = nullptr;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<SimResult> Runner::Run() {
   const auto wall_start = std::chrono::steady_clock::now();
-  const int64_t total = static_cast<int64_t>(requests_.size());
   double pages_sum = 0;
-  while (next_arrival_ < requests_.size() || !waiting_.empty() ||
-         !running_.empty()) {
+  while (true) {
+    if (feed_ != nullptr && clock_ >= horizon_) {
+      KVBLOCK_RETURN_IF_ERROR(ReadFeed());
+    }
     if (waiting_.empty() && running_.empty()) {
-      clock_ = std::max(clock_, requests_[next_arrival_].request->arrival);
+      // Idle: skip to the next arrival, or to the feed's horizon.
+      if (next_arrival_ < requests_.size()) {
+        clock_ = std::max(clock_, requests_[next_arrival_].request->arrival);
+      } else if (feed_ != nullptr) {
+        clock_ = horizon_;
+        continue;
+      } else {
+        break;
+      }
     }
     while (next_arrival_ < requests_.size() &&
            requests_[next_arrival_].request->arrival <= clock_) {
@@ -819,7 +875,7 @@ absl::StatusOr<SimResult> Runner::Run() {
                  .waiting = static_cast<int64_t>(waiting_.size()),
                  .finished = result_.completed +
                              static_cast<int64_t>(result_.rejected.size()),
-                 .total = total});
+                 .total = static_cast<int64_t>(requests_.size())});
     }
   }
   KVBLOCK_RETURN_IF_ERROR(Timed(phases_.copy_on_write_ns, [&] {
@@ -996,7 +1052,16 @@ absl::StatusOr<SimResult> Scheduler::Run(
   KVBLOCK_RETURN_IF_ERROR(
       ValidateRequests(requests, TraceLimitsFor(state_->config)));
   state_->ran = true;
-  return Runner(*state_, requests, progress).Run();
+  return Runner(*state_, requests, /*feed=*/nullptr, progress).Run();
+}
+
+absl::StatusOr<SimResult> Scheduler::Serve(
+    RequestFeed& feed, const std::function<void(const Progress&)>& progress) {
+  if (state_->ran) {
+    return absl::FailedPreconditionError("scheduler: Run was already called");
+  }
+  state_->ran = true;
+  return Runner(*state_, {}, &feed, progress).Run();
 }
 
 const BlockManager& Scheduler::manager() const { return *state_->manager; }

@@ -77,8 +77,10 @@
 #define KVBLOCK_TOOLS_SIM_SCHEDULER_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -306,6 +308,35 @@ struct Progress {
   int64_t total = 0;
 };
 
+// Where a served run stands (Scheduler::Serve), for the feed's router.
+struct FeedReport {
+  int64_t clock = 0;  // the steps before it are done.
+  // Batches handed to the KV event sink so far (steps with events).
+  int64_t kv_event_batches = 0;
+  int64_t running = 0;  // requests.
+  int64_t waiting = 0;
+  int64_t completed = 0;
+  int64_t rejected = 0;
+};
+
+// Requests that reach a run while it goes on (Scheduler::Serve), from a
+// router that decides where each runs from what the replicas report
+// (kvblock-sim --serve, tools/router). The run and the feed move in
+// lockstep: the run steps up to the feed's horizon, reports, and the feed
+// hands over the requests that arrive before its next horizon.
+class RequestFeed {
+ public:
+  virtual ~RequestFeed() = default;
+  // Given where the run stands (first at clock 0, before any step), appends
+  // to `arrivals` the requests arriving in [report.clock, horizon), in
+  // arrival order, each validated for the run's TraceLimits with an id new
+  // to the run, and returns the horizon (> report.clock); nullopt when the
+  // feed has ended: the run finishes what it holds. An error ends the run
+  // with that error.
+  virtual absl::StatusOr<std::optional<int64_t>> Next(
+      const FeedReport& report, std::deque<Request>& arrivals) = 0;
+};
+
 // The library objects a Scheduler owns (defined in scheduler.cc).
 struct SchedulerState;
 
@@ -335,6 +366,14 @@ class Scheduler {
   // after the run.
   absl::StatusOr<SimResult> Run(
       absl::Span<const Request> requests,
+      const std::function<void(const Progress&)>& progress = {});
+
+  // Run over requests `feed` hands over as the run goes on, until the feed
+  // ends and every request has completed or been rejected. Internal when the
+  // feed breaks its contract (an arrival outside its window, a horizon that
+  // does not advance); otherwise as Run.
+  absl::StatusOr<SimResult> Serve(
+      RequestFeed& feed,
       const std::function<void(const Progress&)>& progress = {});
 
   const BlockManager& manager() const;

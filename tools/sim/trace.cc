@@ -254,34 +254,62 @@ absl::Status ValidateRequests(absl::Span<const Request> requests,
   return absl::OkStatus();
 }
 
+absl::StatusOr<TraceLine> ParseTraceLine(absl::string_view line,
+                                         const TraceLimits& limits,
+                                         bool allow_run_until) {
+  TraceLine parsed;
+  if (line.find_first_not_of(" \t\r") == absl::string_view::npos) {
+    return parsed;
+  }
+  const json object = json::parse(line.begin(), line.end(), /*cb=*/nullptr,
+                                  /*allow_exceptions=*/false);
+  if (object.is_discarded()) return absl::InvalidArgumentError("bad JSON");
+  if (!object.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected a JSON object, got ", Quote(object)));
+  }
+  if (const json* run_until = Optional(object, "run_until");
+      run_until != nullptr && allow_run_until) {
+    if (object.size() != 1) {
+      return absl::InvalidArgumentError(
+          "run_until: a control line holds run_until alone");
+    }
+    KVBLOCK_ASSIGN_OR_RETURN(const int64_t step,
+                             ReadInteger(*run_until, "run_until"));
+    if (step < 0 || step > kMaxArrival) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "run_until: %d is outside [0, %d]", step, kMaxArrival));
+    }
+    parsed.run_until = step;
+    return parsed;
+  }
+  KVBLOCK_ASSIGN_OR_RETURN(Request request, ReadRequest(object));
+  KVBLOCK_RETURN_IF_ERROR(ValidateRequest(request, limits));
+  parsed.request = std::move(request);
+  return parsed;
+}
+
 absl::StatusOr<std::vector<Request>> ParseTrace(std::istream& in,
                                                 const TraceLimits& limits) {
   std::vector<Request> requests;
   absl::flat_hash_map<std::string, int64_t> line_of_id;
   std::string line;
   for (int64_t line_number = 1; std::getline(in, line); ++line_number) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const auto error = [line_number](absl::string_view message) {
       return absl::InvalidArgumentError(
           absl::StrFormat("line %d: %s", line_number, message));
     };
-    const json object = json::parse(line, /*cb=*/nullptr,
-                                    /*allow_exceptions=*/false);
-    if (object.is_discarded()) return error("bad JSON");
-    if (!object.is_object()) {
-      return error(absl::StrCat("expected a JSON object, got ", Quote(object)));
-    }
-    absl::StatusOr<Request> request = ReadRequest(object);
-    if (!request.ok()) return error(request.status().message());
-    if (absl::Status status = ValidateRequest(*request, limits); !status.ok()) {
-      return error(status.message());
-    }
-    const auto [it, inserted] = line_of_id.emplace(request->id, line_number);
+    absl::StatusOr<TraceLine> parsed =
+        ParseTraceLine(line, limits, /*allow_run_until=*/false);
+    if (!parsed.ok()) return error(parsed.status().message());
+    if (!parsed->request.has_value()) continue;
+    Request& request = *parsed->request;
+    const auto [it, inserted] = line_of_id.emplace(request.id, line_number);
     if (!inserted) {
-      return error(absl::StrFormat("id: \"%s\" duplicates line %d", request->id,
+      return error(absl::StrFormat("id: \"%s\" duplicates line %d", request.id,
                                    it->second));
     }
-    requests.push_back(*std::move(request));
+    requests.push_back(std::move(request));
   }
   if (in.bad()) return absl::InternalError("trace: read failed");
   return requests;

@@ -33,6 +33,7 @@
 
 #include <cstdint>
 #include <istream>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -84,6 +85,21 @@ absl::Status ValidateRequest(const Request& request, const TraceLimits& limits);
 // request by id and index.
 absl::Status ValidateRequests(absl::Span<const Request> requests,
                               const TraceLimits& limits);
+
+// One line of JSON Lines requests, parsed: nothing for a blank line, else a
+// request (ValidateRequest'ed against `limits`) or, when `allow_run_until`
+// (kvblock-sim --serve's input, tools/sim/serve.h), the control object
+// {"run_until": T} with T in [0, kMaxArrival].
+struct TraceLine {
+  std::optional<Request> request;
+  std::optional<int64_t> run_until;
+};
+
+// InvalidArgument "FIELD: ..." (the caller names the line) for bad JSON, a
+// value that is not an object, or a bad request or control object.
+absl::StatusOr<TraceLine> ParseTraceLine(absl::string_view line,
+                                         const TraceLimits& limits,
+                                         bool allow_run_until);
 
 // Reads a JSON Lines trace. InvalidArgument "line N: FIELD: ..." for the
 // first bad line (bad JSON, not an object, a missing or mistyped field, a

@@ -1,0 +1,233 @@
+// Copyright 2026 The kvblock Authors.
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kvblock/device.h"
+#include "nlohmann/json.hpp"
+#include "sim/scheduler.h"
+#include "sim/serve.h"
+#include "sim/trace.h"
+#include "sim/workloads.h"
+#include "test_util.h"
+
+namespace kvblock::sim {
+namespace {
+
+constexpr TraceLimits kLimits{.max_tokens_per_seq = 64, .max_samples = 8};
+
+constexpr char kRequest[] =
+    R"({"id": "a", "arrival": 2, "prompt": [1, 2, 3], "max_tokens": 4})";
+
+FeedReport ReportAt(int64_t clock) {
+  return {.clock = clock,
+          .kv_event_batches = 3,
+          .running = 2,
+          .waiting = 1,
+          .completed = 5,
+          .rejected = 0};
+}
+
+TEST_CASE("a window of requests is handed over at its run_until") {
+  std::istringstream in(std::string(kRequest) + "\n\n" +
+                        R"({"id": "b", "arrival": 7, "prompt": [4], )"
+                        R"("max_tokens": 1})"
+                        "\n{\"run_until\": 8}\n");
+  std::ostringstream out;
+  LineFeed feed(in, out, kLimits);
+  std::deque<Request> arrivals;
+  const auto horizon = feed.Next(ReportAt(0), arrivals);
+  REQUIRE_OK(horizon);
+  REQUIRE(*horizon == std::optional<int64_t>(8));
+  REQUIRE(arrivals.size() == 2);
+  REQUIRE(arrivals[0].id == "a");
+  REQUIRE(arrivals[1].arrival == 7);
+  // The state goes out before the input is read, one JSON line.
+  const nlohmann::json state = nlohmann::json::parse(out.str());
+  REQUIRE(state["clock"] == 0);
+  REQUIRE(state["kv_event_batches"] == 3);
+  REQUIRE(state["running"] == 2);
+  REQUIRE(state["waiting"] == 1);
+  REQUIRE(state["completed"] == 5);
+  REQUIRE(state["rejected"] == 0);
+  REQUIRE(out.str().back() == '\n');
+  // End of input ends the feed; what came before it is handed over.
+  out.str("");
+  std::istringstream tail(
+      R"({"id": "c", "arrival": 9, "prompt": [4], "max_tokens": 1})");
+  LineFeed last(tail, out, kLimits);
+  arrivals.clear();
+  const auto ended = last.Next(ReportAt(0), arrivals);
+  REQUIRE_OK(ended);
+  REQUIRE(!ended->has_value());
+  REQUIRE(arrivals.size() == 1);
+}
+
+TEST_CASE("bad serve input is refused naming the line; nothing is handed") {
+  struct Case {
+    std::string input;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"{\"run_until\": 0}\n", "line 1: run_until: 0 does not pass step 0"},
+      {std::string(kRequest) + "\n{\"run_until\": 2}\n",
+       "line 2: run_until: 2 is not after the arrival of 'a' (step 2)"},
+      {"{\"run_until\": -1}\n", "line 1: run_until: -1 is outside"},
+      {"{\"run_until\": 5, \"id\": \"x\"}\n",
+       "line 1: run_until: a control line holds run_until alone"},
+      {"{\"run_until\": \"5\"}\n", "line 1: run_until: expected an integer"},
+      {std::string(kRequest) + "\n" + kRequest + "\n",
+       "line 2: id: \"a\" was already served"},
+      {R"({"id": "b", "arrival": 3, "prompt": [1], "max_tokens": 1})"
+       "\n" +
+           std::string(kRequest) + "\n",
+       "line 2: arrival: 2 is before step 3"},
+      {"not json\n", "line 1: bad JSON"},
+      {"[1]\n", "line 1: expected a JSON object"},
+      {R"({"id": "b", "prompt": [1], "max_tokens": 0})", "line 1: max_tokens"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.input);
+    std::istringstream in(c.input);
+    std::ostringstream out;
+    LineFeed feed(in, out, kLimits);
+    std::deque<Request> arrivals;
+    const auto horizon = feed.Next(ReportAt(0), arrivals);
+    REQUIRE_STATUS_IS(horizon, kInvalidArgument);
+    REQUIRE_THAT(std::string(horizon.status().message()),
+                 Catch::Matchers::Contains("serve input: " + c.message));
+    REQUIRE(arrivals.empty());
+  }
+  // In a later window: a request before the last horizon, a horizon that
+  // does not pass it.
+  for (const Case& c :
+       std::vector<Case>{{kRequest, "line 2: arrival: 2 is before step 5"},
+                         {"{\"run_until\": 5}",
+                          "line 2: run_until: 5 does not pass step 5"}}) {
+    INFO(c.input);
+    std::istringstream in("{\"run_until\": 5}\n" + c.input + "\n");
+    std::ostringstream out;
+    LineFeed feed(in, out, kLimits);
+    std::deque<Request> arrivals;
+    REQUIRE_OK(feed.Next(ReportAt(0), arrivals));
+    const auto late = feed.Next(ReportAt(5), arrivals);
+    REQUIRE_STATUS_IS(late, kInvalidArgument);
+    REQUIRE_THAT(std::string(late.status().message()),
+                 Catch::Matchers::Contains("serve input: " + c.message));
+    REQUIRE(arrivals.empty());
+  }
+}
+
+SchedulerConfig ServeConfig() {
+  SchedulerConfig config;
+  config.kv.num_pages = 256;
+  config.kv.page_size = 16;
+  config.kv.max_batch = 32;
+  config.kv.max_pages_per_seq = 64;
+  config.kv.num_kv_heads = 1;
+  config.kv.head_dim = 8;
+  return config;
+}
+
+// The requests as a router would feed them: each distinct arrival step's
+// requests, then a run_until of the next arrival step.
+std::string FeedOf(const std::vector<Request>& requests) {
+  std::vector<Request> sorted = requests;
+  std::stable_sort(
+      sorted.begin(), sorted.end(),
+      [](const Request& a, const Request& b) { return a.arrival < b.arrival; });
+  std::ostringstream out;
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    WriteTrace(absl::MakeConstSpan(&sorted[i], 1), out);
+    if (i + 1 < sorted.size() && sorted[i + 1].arrival > sorted[i].arrival) {
+      out << "{\"run_until\": " << sorted[i + 1].arrival << "}\n";
+    }
+  }
+  return out.str();
+}
+
+TEST_CASE("a served run equals the run of the same trace") {
+  const auto requests = MakeWorkload("mixed", 2);
+  REQUIRE_OK(requests);
+  std::unique_ptr<Device> device = Device::Host();
+  auto whole = Scheduler::Create(ServeConfig(), *device);
+  REQUIRE_OK(whole);
+  const auto run = (*whole)->Run(*requests);
+  REQUIRE_OK(run);
+
+  auto served = Scheduler::Create(ServeConfig(), *device);
+  REQUIRE_OK(served);
+  std::istringstream in(FeedOf(*requests));
+  std::ostringstream out;
+  LineFeed feed(in, out, TraceLimitsFor(ServeConfig()));
+  const auto result = (*served)->Serve(feed);
+  REQUIRE_OK(result);
+  REQUIRE(result->requests == run->requests);
+  REQUIRE(result->completed == run->completed);
+  REQUIRE(result->timeline == run->timeline);
+  REQUIRE(result->prefix_hit_tokens == run->prefix_hit_tokens);
+  REQUIRE(result->generated_tokens == run->generated_tokens);
+  REQUIRE(result->queue_steps == run->queue_steps);
+  REQUIRE_OK((*served)->manager().CheckInvariants());
+  REQUIRE((*served)->manager().pool().NumUsed() == 0);
+  // One state line before each window: at 0, then at each horizon, each
+  // saying the steps before it are done.
+  std::istringstream states(out.str());
+  std::string line;
+  int64_t last_clock = -1;
+  int64_t lines = 0;
+  while (std::getline(states, line)) {
+    const nlohmann::json state = nlohmann::json::parse(line);
+    REQUIRE(state["clock"].get<int64_t>() > last_clock);
+    last_clock = state["clock"].get<int64_t>();
+    ++lines;
+  }
+  REQUIRE(lines > 1);
+  REQUIRE_STATUS_IS((*served)->Serve(feed), kFailedPrecondition);
+}
+
+// A feed that breaks its contract.
+class BadFeed final : public RequestFeed {
+ public:
+  explicit BadFeed(int64_t arrival, int64_t horizon)
+      : arrival_(arrival), horizon_(horizon) {}
+  absl::StatusOr<std::optional<int64_t>> Next(
+      const FeedReport& report, std::deque<Request>& arrivals) override {
+    if (report.clock > 0) return std::nullopt;
+    arrivals.push_back(
+        {.id = "x", .arrival = arrival_, .prompt = {1}, .max_tokens = 1});
+    return horizon_;
+  }
+
+ private:
+  int64_t arrival_;
+  int64_t horizon_;
+};
+
+TEST_CASE("a feed that breaks its contract ends the run as Internal") {
+  std::unique_ptr<Device> device = Device::Host();
+  struct Case {
+    int64_t arrival;
+    int64_t horizon;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {5, 3, "feed: request 'x' arrives at step 5, outside [0, 3)"},
+           {0, 0, "feed: horizon 0 does not pass step 0"}}) {
+    auto scheduler = Scheduler::Create(ServeConfig(), *device);
+    REQUIRE_OK(scheduler);
+    BadFeed feed(c.arrival, c.horizon);
+    const auto result = (*scheduler)->Serve(feed);
+    REQUIRE_STATUS_IS(result, kInternal);
+    REQUIRE_THAT(std::string(result.status().message()),
+                 Catch::Matchers::Contains(c.message));
+  }
+}
+
+}  // namespace
+}  // namespace kvblock::sim
