@@ -499,7 +499,8 @@ absl::Status BlockManager::TakeKvEvents(KvEventBatch& batch) {
   if (batch.log_ == nullptr) {
     batch.log_ = std::make_unique<internal::CacheEventLog>();
   }
-  // The batch's buffers, emptied, become the manager's log.
+  // Swapped with the batch's emptied buffers: a caller that keeps taking
+  // into one batch passes the same grown buffers back and forth.
   batch.log_->Clear();
   batch.log_->Swap(*events_);
   batch.page_size_ = config_.page_size;

@@ -53,6 +53,30 @@ void CacheEventLog::Clear() {
   open_run_ = -1;
 }
 
+void CacheEventLog::AppendTo(CacheEventLog& out) const {
+  const int32_t run_base = static_cast<int32_t>(out.runs_.size());
+  const size_t records_base = out.records_.size();
+  out.records_.insert(out.records_.end(), records_.begin(), records_.end());
+  const size_t runs_base = out.runs_.size();
+  out.runs_.insert(out.runs_.end(), runs_.begin(), runs_.end());
+  // Rebased onto `out`'s arrays, unless they were empty.
+  if (run_base > 0) {
+    for (size_t i = records_base; i < out.records_.size(); ++i) {
+      if (out.records_[i].run >= 0) out.records_[i].run += run_base;
+    }
+  }
+  if (!out.hashes_.empty() || !out.tokens_.empty() || !out.salts_.empty()) {
+    for (size_t i = runs_base; i < out.runs_.size(); ++i) {
+      out.runs_[i].hashes_offset += out.hashes_.size();
+      out.runs_[i].tokens_offset += out.tokens_.size();
+      out.runs_[i].salt_offset += out.salts_.size();
+    }
+  }
+  out.hashes_.insert(out.hashes_.end(), hashes_.begin(), hashes_.end());
+  out.tokens_.insert(out.tokens_.end(), tokens_.begin(), tokens_.end());
+  out.salts_.append(salts_);
+}
+
 void CacheEventLog::Swap(CacheEventLog& other) {
   records_.swap(other.records_);
   runs_.swap(other.runs_);
@@ -63,11 +87,12 @@ void CacheEventLog::Swap(CacheEventLog& other) {
   std::swap(run_cursor_, other.run_cursor_);
 }
 
-void CacheEventLog::AppendEventsTo(int32_t page_size,
+void CacheEventLog::AppendEventsTo(int32_t page_size, size_t begin, size_t end,
                                    std::vector<KvCacheEvent>& out) const {
   const size_t page = static_cast<size_t>(page_size);
   const Record* previous = nullptr;
-  for (const Record& record : records_) {
+  for (size_t i = begin; i < end; ++i) {
+    const Record& record = records_[i];
     switch (record.kind) {
       case Kind::kCleared:
         out.emplace_back().kind = KvCacheEvent::Kind::kAllBlocksCleared;

@@ -56,12 +56,19 @@ class CacheEventLog {
   bool empty() const { return records_.empty(); }
   // Pages stored and removed, and resets.
   int64_t num_records() const { return static_cast<int64_t>(records_.size()); }
-  // Appends the records as events to `out` (consecutive pages of a chain
-  // in one BlockStored, consecutive removals in one BlockRemoved).
+  // Appends records [begin, end) as events to `out` (consecutive pages of a
+  // chain in one BlockStored, consecutive removals in one BlockRemoved).
   // `page_size`: tokens a page.
-  void AppendEventsTo(int32_t page_size, std::vector<KvCacheEvent>& out) const;
+  void AppendEventsTo(int32_t page_size, size_t begin, size_t end,
+                      std::vector<KvCacheEvent>& out) const;
+  void AppendEventsTo(int32_t page_size, std::vector<KvCacheEvent>& out) const {
+    AppendEventsTo(page_size, 0, records_.size(), out);
+  }
   // Forgets every record, keeping the buffers.
   void Clear();
+  // Appends a copy of the records to `out`'s (no run open in either), in
+  // its buffers: they allocate only while smaller than the records.
+  void AppendTo(CacheEventLog& out) const;
   // Exchanges the records with `other`'s (no run open in either).
   void Swap(CacheEventLog& other);
 

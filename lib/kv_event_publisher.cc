@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "cache_event_log.h"
 #include "kvblock/status_macros.h"
 
 // Debian's msgpack-cxx 4 uses Boost unless told not to; nothing here needs
@@ -170,11 +170,18 @@ std::string EncodeKvEventBatch(double ts, absl::Span<const KvCacheEvent> events,
   return std::string(buffer.data(), buffer.size());
 }
 
+// Apart, the bytes two threads write do not share a cache line.
+constexpr size_t kCacheLine = 64;
+
 struct KvEventPublisher::State {
-  struct Batch {
+  // A queued batch: events built by the caller, or the records
+  // [records_begin, records_end) of the queue's log.
+  struct Queued {
     double ts = 0;
     std::vector<KvCacheEvent> events;
-    KvEventBatch recorded;  // built into `events` on the thread.
+    size_t records_begin = 0;
+    size_t records_end = 0;
+    int32_t page_size = 0;
   };
 
   explicit State(KvEventPublisherOptions o)
@@ -183,9 +190,11 @@ struct KvEventPublisher::State {
   // The publisher thread: sends what is queued, answers replay requests,
   // until stopped with the queue empty.
   void Run();
-  void Send(const Batch& batch);
-  // Queues `batch` stamped now; false (counted) when the queue is full.
-  bool Queue(Batch batch);
+  void Send(double ts, absl::Span<const KvCacheEvent> events);
+  // Queues a batch stamped now, `fill` filling it under the lock; false
+  // (counted) when the queue is full.
+  template <typename Fill>
+  bool Queue(Fill&& fill);
   void ServeReplay();
 
   const KvEventPublisherOptions options;
@@ -195,24 +204,32 @@ struct KvEventPublisher::State {
   std::string endpoint;
   std::string replay_endpoint;
 
-  mutable std::mutex mutex;
+  // The scheduler's side and the thread's each on cache lines of their
+  // own: Publish writes the queue's ends every step while the thread works
+  // through what it took, and sharing a line would bounce it between cores.
+  alignas(kCacheLine) mutable std::mutex mutex;
   std::condition_variable wake;     // stop.
   std::condition_variable drained;  // the queue emptied and was sent.
-  std::deque<Batch> queue;          // guarded by mutex.
-  // Recorded batches sent, emptied, for RecycledBatch; guarded by mutex.
-  std::vector<KvEventBatch> recycled;
-  bool stop = false;            // guarded by mutex.
-  bool sending = false;         // guarded by mutex: batches in hand.
-  KvEventPublisherStats stats;  // guarded by mutex.
+  // Guarded by mutex: the queue, its batches' records, and whether the
+  // thread holds batches taken from it. The thread takes the queue by
+  // swapping it with its own emptied `taken` and `taken_log`, so that both
+  // keep their grown buffers and neither side allocates in steady state.
+  std::vector<Queued> queue;
+  internal::CacheEventLog queue_log;
+  bool stop = false;
+  bool sending = false;
+  KvEventPublisherStats stats;
 
   // The publisher thread's own.
+  alignas(kCacheLine) std::vector<Queued> taken;
+  internal::CacheEventLog taken_log;
+  std::vector<KvCacheEvent> built;  // a batch's events, built from its log.
   int64_t next_seq = 0;
   std::deque<std::pair<int64_t, std::string>> kept;  // for replay.
   std::thread thread;
 };
 
 void KvEventPublisher::State::Run() {
-  std::vector<Batch> batches;
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mutex);
@@ -220,41 +237,45 @@ void KvEventPublisher::State::Run() {
       // the scheduler's thread, every step): it looks every millisecond,
       // which bounds the events' delay, and serves replay requests then.
       wake.wait_for(lock, std::chrono::milliseconds(1), [&] { return stop; });
-      while (!queue.empty()) {
-        batches.push_back(std::move(queue.front()));
-        queue.pop_front();
-      }
-      sending = !batches.empty();
-      stats.thread_cpu_ns = ThreadCpuNanos();
-      if (batches.empty() && stop) return;
+      std::swap(queue, taken);
+      std::swap(queue_log, taken_log);
+      sending = !taken.empty();
+      if (taken.empty() && stop) return;
     }
     int64_t sent_events = 0;
-    for (Batch& batch : batches) {
-      batch.recorded.AppendTo(batch.events);
-      batch.recorded.Clear();
-      Send(batch);
-      sent_events += static_cast<int64_t>(batch.events.size());
+    for (const Queued& batch : taken) {
+      if (batch.events.empty()) {
+        built.clear();
+        taken_log.AppendEventsTo(batch.page_size, batch.records_begin,
+                                 batch.records_end, built);
+        Send(batch.ts, built);
+        sent_events += static_cast<int64_t>(built.size());
+      } else {
+        Send(batch.ts, batch.events);
+        sent_events += static_cast<int64_t>(batch.events.size());
+      }
     }
+    const int64_t batches_sent = static_cast<int64_t>(taken.size());
+    taken.clear();
+    taken_log.Clear();
+    // A system call: not under the lock Publish takes.
+    const int64_t cpu_ns = ThreadCpuNanos();
     {
       std::lock_guard<std::mutex> lock(mutex);
-      stats.batches_published += static_cast<int64_t>(batches.size());
+      stats.thread_cpu_ns = cpu_ns;
+      stats.batches_published += batches_sent;
       stats.events_published += sent_events;
-      for (Batch& batch : batches) {
-        if (recycled.size() < static_cast<size_t>(options.queue_capacity)) {
-          recycled.push_back(std::move(batch.recorded));
-        }
-      }
       sending = false;
       if (queue.empty()) drained.notify_all();
     }
-    batches.clear();
     if (router) ServeReplay();
   }
 }
 
-void KvEventPublisher::State::Send(const Batch& batch) {
+void KvEventPublisher::State::Send(double ts,
+                                   absl::Span<const KvCacheEvent> events) {
   const int64_t seq = next_seq++;
-  std::string payload = EncodeKvEventBatch(batch.ts, batch.events, options);
+  std::string payload = EncodeKvEventBatch(ts, events, options);
   const std::array<uint8_t, 8> seq_bytes = BigEndian(seq);
   // PUB never blocks: at the high-water mark ZeroMQ drops the message.
   pub.send(zmq::buffer(options.topic), zmq::send_flags::sndmore);
@@ -360,35 +381,35 @@ KvEventPublisher::~KvEventPublisher() {
 
 bool KvEventPublisher::Publish(std::vector<KvCacheEvent> events) {
   if (events.empty()) return true;
-  State::Batch batch;
-  batch.events = std::move(events);
-  return state_->Queue(std::move(batch));
+  return state_->Queue(
+      [&](State::Queued& batch) { batch.events = std::move(events); });
 }
 
-bool KvEventPublisher::Publish(KvEventBatch batch) {
+bool KvEventPublisher::Publish(const KvEventBatch& batch) {
   if (batch.empty()) return true;
-  State::Batch queued;
-  queued.recorded = std::move(batch);
-  return state_->Queue(std::move(queued));
+  return state_->Queue([&](State::Queued& queued) {
+    queued.records_begin = static_cast<size_t>(state_->queue_log.num_records());
+    batch.log_->AppendTo(state_->queue_log);
+    queued.records_end = static_cast<size_t>(state_->queue_log.num_records());
+    queued.page_size = batch.page_size_;
+  });
 }
 
-bool KvEventPublisher::State::Queue(Batch batch) {
-  batch.ts = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+template <typename Fill>
+bool KvEventPublisher::State::Queue(Fill&& fill) {
+  // The system clock's vDSO read, cheaper than absl::Now on this path.
+  const double ts = std::chrono::duration<double>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count();
   std::lock_guard<std::mutex> lock(mutex);
   if (queue.size() >= static_cast<size_t>(options.queue_capacity)) {
     ++stats.batches_dropped;
     return false;
   }
-  queue.push_back(std::move(batch));
+  Queued& batch = queue.emplace_back();
+  batch.ts = ts;
+  fill(batch);
   return true;
-}
-
-KvEventBatch KvEventPublisher::RecycledBatch() {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  if (state_->recycled.empty()) return KvEventBatch();
-  KvEventBatch batch = std::move(state_->recycled.back());
-  state_->recycled.pop_back();
-  return batch;
 }
 
 const std::string& KvEventPublisher::endpoint() const {

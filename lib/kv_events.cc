@@ -8,8 +8,8 @@
 
 namespace kvblock {
 
-// Its log comes with the first TakeKvEvents: a batch that only passes
-// through (a publisher's queue entry) allocates nothing.
+// Its log comes with the first TakeKvEvents: a batch never taken into
+// allocates nothing.
 KvEventBatch::KvEventBatch() = default;
 KvEventBatch::KvEventBatch(KvEventBatch&&) noexcept = default;
 KvEventBatch& KvEventBatch::operator=(KvEventBatch&&) noexcept = default;

@@ -384,9 +384,10 @@ class BlockManager {
   // (BlockManagerOptions::enable_kv_events) or inside a step (its events
   // come when it commits; a rolled-back one has none).
   absl::Status TakeKvEvents(std::vector<KvCacheEvent>& out);
-  // The same into `batch` (its events replaced), without building them: the
-  // manager keeps the batch's emptied buffers, so that passing batches back
-  // and forth allocates nothing (see KvEventPublisher::RecycledBatch).
+  // The same into `batch` (its events replaced), without building them: a
+  // flat copy into the batch's buffers, which allocate only while smaller
+  // than the step's records, so that a batch taken into every step
+  // allocates nothing once grown (see KvEventPublisher::Publish).
   absl::Status TakeKvEvents(KvEventBatch& batch);
 
   // Step transactions (used by BatchCommit). BeginStep starts journaling;

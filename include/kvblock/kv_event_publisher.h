@@ -94,13 +94,12 @@ class KvEventPublisher {
   // the queue is full: the batch is dropped and counted. An empty batch is
   // not sent.
   bool Publish(std::vector<KvCacheEvent> events);
-  // The same for a batch the manager recorded (BlockManager::TakeKvEvents):
-  // its events are built on the publisher thread, and its buffers come
-  // back through RecycledBatch.
-  bool Publish(KvEventBatch batch);
-  // An empty batch for the next TakeKvEvents: one the thread has sent, with
-  // its buffers, or a new one.
-  KvEventBatch RecycledBatch();
+  // The same for a batch the manager recorded (BlockManager::TakeKvEvents),
+  // which the caller keeps for the next step: its records are copied flat
+  // into the queue's log, whose buffers the thread hands back as it takes
+  // them, so that once they have grown to a millisecond of steps nothing
+  // is allocated; the events are built on the publisher thread.
+  bool Publish(const KvEventBatch& batch);
 
   // The endpoints as bound (with the port a "*" picked).
   const std::string& endpoint() const;

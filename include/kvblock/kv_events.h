@@ -45,9 +45,10 @@ struct KvCacheEvent {
 };
 
 // A step's events as the manager recorded them (BlockManager::TakeKvEvents):
-// handed over by swapping buffers, so that taking them allocates nothing
-// once the buffers have grown, and built into KvCacheEvents where they are
-// consumed (KvEventPublisher's thread). Move-only.
+// copied flat into the batch's own buffers, which it keeps from step to
+// step, so that taking them allocates nothing once they have grown, and
+// built into KvCacheEvents where they are consumed (KvEventPublisher's
+// thread, from its own copy). Move-only.
 class KvEventBatch {
  public:
   KvEventBatch();
@@ -65,6 +66,7 @@ class KvEventBatch {
 
  private:
   friend class BlockManager;
+  friend class KvEventPublisher;
   std::unique_ptr<internal::CacheEventLog> log_;
   int32_t page_size_ = 0;
 };

@@ -344,11 +344,10 @@ int Main() {
   if (absl::GetFlag(FLAGS_kv_events) == "discard") {
     // What recording and taking the events cost the scheduler's thread,
     // without a publisher's threads beside it.
-    config->kv_event_sink = [](KvEventBatch&) {};
+    config->kv_event_sink = [](const KvEventBatch&) {};
   } else if (*publisher != nullptr) {
-    config->kv_event_sink = [p = publisher->get()](KvEventBatch& batch) {
-      p->Publish(std::move(batch));  // a full queue drops: counted.
-      batch = p->RecycledBatch();
+    config->kv_event_sink = [p = publisher->get()](const KvEventBatch& batch) {
+      p->Publish(batch);  // a full queue drops: counted.
     };
   }
   absl::StatusOr<std::unique_ptr<Scheduler>> scheduler =

@@ -122,9 +122,10 @@ struct SchedulerConfig {
   uint64_t spec_seed = 1;
   // KV cache events (--kv_events): with a sink, the manager records them
   // and every committed step with events hands them to it, once, in order,
-  // as a recorded batch the sink may keep (swapping in an empty one, as
-  // KvEventPublisher::Publish and RecycledBatch do). It must not block.
-  std::function<void(KvEventBatch&)> kv_event_sink;
+  // as a recorded batch (the scheduler's, taken into again next step; a
+  // sink copies what it keeps, as KvEventPublisher::Publish does). It must
+  // not block.
+  std::function<void(const KvEventBatch&)> kv_event_sink;
 };
 
 // The most draft slots SchedulerConfig::spec_tokens may ask for.
