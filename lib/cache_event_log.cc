@@ -77,6 +77,14 @@ void CacheEventLog::AppendTo(CacheEventLog& out) const {
   out.salts_.append(salts_);
 }
 
+void CacheEventLog::Reserve(size_t changes, size_t page_size) {
+  records_.resize(changes);
+  runs_.resize(changes);
+  hashes_.resize(changes);
+  tokens_.resize(changes * page_size);
+  Clear();
+}
+
 void CacheEventLog::Swap(CacheEventLog& other) {
   records_.swap(other.records_);
   runs_.swap(other.runs_);

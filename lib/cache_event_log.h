@@ -69,6 +69,10 @@ class CacheEventLog {
   // Appends a copy of the records to `out`'s (no run open in either), in
   // its buffers: they allocate only while smaller than the records.
   void AppendTo(CacheEventLog& out) const;
+  // Sizes an empty log's buffers for `changes` pages of `page_size` tokens
+  // (each its own run at worst), writing them once so that their memory is
+  // mapped now rather than by the steps that first fill them.
+  void Reserve(size_t changes, size_t page_size);
   // Exchanges the records with `other`'s (no run open in either).
   void Swap(CacheEventLog& other);
 

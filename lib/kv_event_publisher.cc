@@ -339,7 +339,29 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
         " (at least 1), replay_buffer ", options.replay_buffer,
         " and send_hwm ", options.send_hwm, " (at least 0)"));
   }
+  constexpr int32_t kMaxReservedChanges = 1 << 22;
+  if (options.reserved_changes < 0 ||
+      options.reserved_changes > kMaxReservedChanges) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv event publisher: reserved_changes ", options.reserved_changes,
+        " is outside [0, ", kMaxReservedChanges, "]"));
+  }
+  if (options.block_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv event publisher: block_size ", options.block_size,
+                     " is less than 1"));
+  }
   auto state = std::make_unique<State>(std::move(options));
+  {
+    const auto changes = static_cast<size_t>(state->options.reserved_changes);
+    const auto page_size = static_cast<size_t>(state->options.block_size);
+    state->queue_log.Reserve(changes, page_size);
+    state->taken_log.Reserve(changes, page_size);
+    const size_t batches =
+        std::min(changes, static_cast<size_t>(state->options.queue_capacity));
+    state->queue.reserve(batches);
+    state->taken.reserve(batches);
+  }
   const auto bind = [](zmq::socket_t& socket, const std::string& endpoint,
                        std::string& bound) -> absl::Status {
     try {

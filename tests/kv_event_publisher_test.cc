@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kvblock/block_manager.h"
 #include "test_util.h"
 
@@ -359,6 +360,22 @@ TEST_CASE("Create names what it cannot use") {
   REQUIRE(std::string(bad.status().message()).find("queue_capacity 0") !=
           std::string::npos);
   options.queue_capacity = 4;
+  for (const int32_t changes : {-1, (1 << 22) + 1}) {
+    options.reserved_changes = changes;
+    bad = KvEventPublisher::Create(options);
+    REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE(std::string(bad.status().message())
+                .find(absl::StrCat("reserved_changes ", changes,
+                                   " is outside [0, 4194304]")) !=
+            std::string::npos);
+  }
+  options.reserved_changes = 64;
+  options.block_size = 0;
+  bad = KvEventPublisher::Create(options);
+  REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(std::string(bad.status().message()).find("block_size 0") !=
+          std::string::npos);
+  options.block_size = kPageSize;
   auto first = KvEventPublisher::Create(options);
   REQUIRE_OK(first);
   options.endpoint = (*first)->endpoint();  // taken.
