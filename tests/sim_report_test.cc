@@ -41,6 +41,7 @@ SimResult SampleResult() {
   result.host_ns_total = result.host_ns_by_phase.total_ns();
   result.sequence_steps = 100'000;
   result.wall_seconds = 0.5;
+  result.scheduler_thread_ns = 250'000'000;
   result.upload_copies = 600;
   result.upload_bytes = 123456;
   result.upload_entries = 5000;
@@ -105,7 +106,8 @@ TEST_CASE("the readable report states every number") {
            "3.0 rows, 600 copies in all (the whole table at start-up: 2.00 ms, "
            "not in host time)\n",
            "simulator speed   12000 tokens/s, 1000 steps/s of this process's "
-           "wall time (0.500 s; not a model's throughput)\n",
+           "wall time (0.500 s; not a model's throughput); the scheduler "
+           "thread's CPU 250.00 ms, 500.0 us per step\n",
            "rejected          3: 1 over_token_budget, 2 pool_too_small\n",
            "rejected          r7: its prompt needs 80 pages\n",
            "rejected          r8: its prompt has 3000 uncached tokens\n",
@@ -152,6 +154,7 @@ TEST_CASE("the JSON report has the design's fields") {
   REQUIRE(report["host_ns_total"] == 5'000'000);
   REQUIRE(report["host_ns_per_step"] == 10'000.0);
   REQUIRE(report["tokens_per_second"] == 12'000.0);
+  REQUIRE(report["scheduler_thread_ns"] == 250'000'000);
   REQUIRE(report["steps_per_second"] == 1'000.0);
   REQUIRE(report["upload_bytes"] == 123456);
   REQUIRE(report["upload_entries"] == 5000);

@@ -225,8 +225,12 @@ void PrintReport(const SimResult& result, const RunSetup& setup,
       FormatNanos(static_cast<double>(result.table_setup_ns)));
   out << absl::StrFormat(
       "simulator speed   %.0f tokens/s, %.0f steps/s of this process's wall "
-      "time (%.3f s; not a model's throughput)\n",
-      rates.tokens_per_second, rates.steps_per_second, result.wall_seconds);
+      "time (%.3f s; not a model's throughput); the scheduler thread's CPU "
+      "%s, %s per step\n",
+      rates.tokens_per_second, rates.steps_per_second, result.wall_seconds,
+      FormatNanos(static_cast<double>(result.scheduler_thread_ns)),
+      FormatNanos(Ratio(static_cast<double>(result.scheduler_thread_ns),
+                        static_cast<double>(result.steps))));
   if (!result.rejected.empty()) {
     std::map<std::string, int64_t> kinds;
     for (const RejectedRequest& request : result.rejected) {
@@ -316,6 +320,7 @@ void WriteJsonReport(const SimResult& result, const RunSetup& setup,
     phases[phase.key] = phase.ns;
   }
   report["wall_seconds"] = result.wall_seconds;
+  report["scheduler_thread_ns"] = result.scheduler_thread_ns;
   report["tokens_per_second"] = rates.tokens_per_second;
   report["steps_per_second"] = rates.steps_per_second;
   report["upload_copies"] = result.upload_copies;

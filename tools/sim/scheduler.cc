@@ -1,6 +1,8 @@
 // Copyright 2026 The kvblock Authors.
 #include "sim/scheduler.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -42,6 +44,13 @@ struct SchedulerState {
 };
 
 namespace {
+
+// The calling thread's CPU time.
+int64_t ThreadCpuNanos() {
+  timespec now;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec;
+}
 
 // One running sample or beam of a request.
 struct Sequence {
@@ -795,6 +804,7 @@ absl::Status Runner::ReadFeed() {
 
 absl::StatusOr<SimResult> Runner::Run() {
   const auto wall_start = std::chrono::steady_clock::now();
+  const int64_t cpu_start = ThreadCpuNanos();
   double pages_sum = 0;
   while (true) {
     if (feed_ != nullptr && clock_ >= horizon_) {
@@ -924,6 +934,7 @@ absl::StatusOr<SimResult> Runner::Run() {
   result_.upload_bytes = uploads.bytes - setup.bytes;
   result_.upload_entries = uploads.entries - setup.entries;
   result_.upload_ranges = uploads.ranges - setup.ranges;
+  result_.scheduler_thread_ns = ThreadCpuNanos() - cpu_start;
   result_.wall_seconds = std::chrono::duration<double>(
                              std::chrono::steady_clock::now() - wall_start)
                              .count();

@@ -242,6 +242,10 @@ struct SimResult {
   // sequence per step is host_ns_total / sequence_steps).
   int64_t sequence_steps = 0;
   double wall_seconds = 0;  // of the whole run.
+  // CPU time of the thread that ran it (the scheduler's own work and the
+  // library calls), without other threads' (a KV event publisher's) or
+  // the time it waited for a core.
+  int64_t scheduler_thread_ns = 0;
   // The steps' page-table patches: host-to-device copies, their bytes, the
   // K entries they set and the rows (ranges) they patched; and the time of
   // the whole-table upload at start-up, not in host_ns_total.
