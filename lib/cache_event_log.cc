@@ -95,37 +95,58 @@ void CacheEventLog::Swap(CacheEventLog& other) {
   std::swap(run_cursor_, other.run_cursor_);
 }
 
-void CacheEventLog::AppendEventsTo(int32_t page_size, size_t begin, size_t end,
-                                   std::vector<KvCacheEvent>& out) const {
+namespace {
+
+// The event of `out` at `used`, reset: a stale one (its buffers kept) or a
+// new one.
+KvCacheEvent& NextEvent(std::vector<KvCacheEvent>& out, size_t& used,
+                        KvCacheEvent::Kind kind) {
+  if (used == out.size()) out.emplace_back();
+  KvCacheEvent& event = out[used++];
+  event.kind = kind;
+  event.block_hashes.clear();
+  event.parent_block_hash.reset();
+  event.token_ids.clear();
+  event.cache_salt.clear();
+  event.adapter_id = 0;
+  return event;
+}
+
+}  // namespace
+
+size_t CacheEventLog::BuildEvents(int32_t page_size, size_t begin, size_t end,
+                                  std::vector<KvCacheEvent>& out,
+                                  size_t used) const {
   const size_t page = static_cast<size_t>(page_size);
   const Record* previous = nullptr;
   for (size_t i = begin; i < end; ++i) {
     const Record& record = records_[i];
     switch (record.kind) {
       case Kind::kCleared:
-        out.emplace_back().kind = KvCacheEvent::Kind::kAllBlocksCleared;
+        NextEvent(out, used, KvCacheEvent::Kind::kAllBlocksCleared);
         break;
       case Kind::kRemoved:
         if (previous == nullptr || previous->kind != Kind::kRemoved) {
-          out.emplace_back().kind = KvCacheEvent::Kind::kBlockRemoved;
+          NextEvent(out, used, KvCacheEvent::Kind::kBlockRemoved);
         }
-        out.back().block_hashes.push_back(record.hash);
+        out[used - 1].block_hashes.push_back(record.hash);
         break;
       case Kind::kStored:
-        AddStored(record, previous, page, out);
+        AddStored(record, previous, page, out, used);
         break;
     }
     previous = &record;
   }
+  return used;
 }
 
 void CacheEventLog::AddStored(const Record& record, const Record* previous,
-                              size_t page_size,
-                              std::vector<KvCacheEvent>& out) const {
+                              size_t page_size, std::vector<KvCacheEvent>& out,
+                              size_t& used) const {
   // A page the pool registered on its own has no chain, tokens or keys.
   if (record.run < 0) {
-    KvCacheEvent& event = out.emplace_back();
-    event.block_hashes.push_back(record.hash);
+    NextEvent(out, used, KvCacheEvent::Kind::kBlockStored)
+        .block_hashes.push_back(record.hash);
     return;
   }
   const Run& run = runs_[record.run];
@@ -141,17 +162,19 @@ void CacheEventLog::AddStored(const Record& record, const Record* previous,
       absl::string_view(salts_).substr(run.salt_offset, run.salt_size);
   // Pages that continue the last event's chain, under the same keys, join
   // it: consecutive pages of one registration make one event.
-  const bool extends =
-      previous != nullptr && previous->kind == Kind::kStored &&
-      previous->run >= 0 && parent.has_value() && *parent == previous->hash &&
-      out.back().cache_salt == salt && out.back().adapter_id == run.adapter_id;
+  const bool extends = previous != nullptr && previous->kind == Kind::kStored &&
+                       previous->run >= 0 && parent.has_value() &&
+                       *parent == previous->hash &&
+                       out[used - 1].cache_salt == salt &&
+                       out[used - 1].adapter_id == run.adapter_id;
   if (!extends) {
-    KvCacheEvent& event = out.emplace_back();
+    KvCacheEvent& event =
+        NextEvent(out, used, KvCacheEvent::Kind::kBlockStored);
     event.parent_block_hash = parent;
-    event.cache_salt = std::string(salt);
+    event.cache_salt.assign(salt.data(), salt.size());
     event.adapter_id = run.adapter_id;
   }
-  KvCacheEvent& event = out.back();
+  KvCacheEvent& event = out[used - 1];
   event.block_hashes.push_back(record.hash);
   const auto tokens =
       tokens_.begin() + static_cast<ptrdiff_t>(run.tokens_offset +

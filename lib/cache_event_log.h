@@ -56,13 +56,16 @@ class CacheEventLog {
   bool empty() const { return records_.empty(); }
   // Pages stored and removed, and resets.
   int64_t num_records() const { return static_cast<int64_t>(records_.size()); }
-  // Appends records [begin, end) as events to `out` (consecutive pages of a
-  // chain in one BlockStored, consecutive removals in one BlockRemoved).
-  // `page_size`: tokens a page.
-  void AppendEventsTo(int32_t page_size, size_t begin, size_t end,
-                      std::vector<KvCacheEvent>& out) const;
+  // Builds records [begin, end) as events (consecutive pages of a chain in
+  // one BlockStored, consecutive removals in one BlockRemoved) into `out`
+  // from index `used` on, reusing the buffers of the events already there;
+  // returns the index after the last (`out` may hold more, stale, after
+  // it). `page_size`: tokens a page.
+  size_t BuildEvents(int32_t page_size, size_t begin, size_t end,
+                     std::vector<KvCacheEvent>& out, size_t used) const;
+  // Appends every record as events to `out`.
   void AppendEventsTo(int32_t page_size, std::vector<KvCacheEvent>& out) const {
-    AppendEventsTo(page_size, 0, records_.size(), out);
+    BuildEvents(page_size, 0, records_.size(), out, out.size());
   }
   // Forgets every record, keeping the buffers.
   void Clear();
@@ -98,7 +101,7 @@ class CacheEventLog {
   // Appends a stored record's page to `out`, extending the last event when
   // it continues its chain.
   void AddStored(const Record& record, const Record* previous, size_t page_size,
-                 std::vector<KvCacheEvent>& out) const;
+                 std::vector<KvCacheEvent>& out, size_t& used) const;
   void Add(Kind kind, const BlockHash& hash, int32_t run = -1,
            int32_t page_in_run = 0) {
     Record& record = records_.emplace_back();

@@ -34,7 +34,18 @@ int64_t ThreadCpuNanos() {
   return int64_t{now.tv_sec} * 1000000000 + now.tv_nsec;
 }
 
-using Packer = msgpack::packer<msgpack::sbuffer>;
+// A payload being packed: msgpack-cxx writes through write(), and token ids,
+// most of a payload's bytes, are written straight in (PackTokens).
+class PayloadBuffer {
+ public:
+  void write(const char* data, size_t size) { bytes_.append(data, size); }
+  std::string& bytes() { return bytes_; }
+
+ private:
+  std::string bytes_;
+};
+
+using Packer = msgpack::packer<PayloadBuffer>;
 using Options = KvEventPublisherOptions;
 
 void PackHash(Packer& pk, const BlockHash& hash, const Options& options) {
@@ -56,6 +67,42 @@ void PackHashes(Packer& pk, absl::Span<const BlockHash> hashes,
                 const Options& options) {
   pk.pack_array(static_cast<uint32_t>(hashes.size()));
   for (const BlockHash& hash : hashes) PackHash(pk, hash, options);
+}
+
+// An array of token ids, as msgpack-cxx's pack_int32 would write each (the
+// shortest form), without a call a token.
+void PackTokens(Packer& pk, PayloadBuffer& buffer,
+                absl::Span<const TokenId> tokens) {
+  pk.pack_array(static_cast<uint32_t>(tokens.size()));
+  if (std::any_of(tokens.begin(), tokens.end(),
+                  [](TokenId token) { return token < 0; })) {
+    for (const TokenId token : tokens) pk.pack_int32(token);
+    return;
+  }
+  std::string& bytes = buffer.bytes();
+  const size_t start = bytes.size();
+  bytes.resize(start + 5 * tokens.size());  // the longest form: 5 bytes.
+  char* out = bytes.data() + start;
+  for (const TokenId token : tokens) {
+    const auto value = static_cast<uint32_t>(token);
+    if (value < 0x80) {  // positive fixint.
+      *out++ = static_cast<char>(value);
+    } else if (value < 0x100) {  // uint 8.
+      *out++ = static_cast<char>(0xcc);
+      *out++ = static_cast<char>(value);
+    } else if (value < 0x10000) {  // uint 16, big-endian.
+      *out++ = static_cast<char>(0xcd);
+      *out++ = static_cast<char>(value >> 8);
+      *out++ = static_cast<char>(value);
+    } else {  // uint 32, big-endian.
+      *out++ = static_cast<char>(0xce);
+      *out++ = static_cast<char>(value >> 24);
+      *out++ = static_cast<char>(value >> 16);
+      *out++ = static_cast<char>(value >> 8);
+      *out++ = static_cast<char>(value);
+    }
+  }
+  bytes.resize(static_cast<size_t>(out - bytes.data()));
 }
 
 void PackString(Packer& pk, std::string_view text) {
@@ -81,36 +128,98 @@ void BeginEvent(Packer& pk, const Options& options, std::string_view type,
   PackString(pk, type);
 }
 
+// The bytes of an event between its variable fields, which depend only on
+// the options: packed once (PackConstants) and copied whole, instead of a
+// dozen keys and constants packed an event.
+struct PackedConstants {
+  std::string stored_head;  // BlockStored's head and block_hashes' key.
+  std::string parent;       // parent_block_hash's key.
+  std::string tokens;       // token_ids' key.
+  std::string lora;         // block_size and its value, lora_id's key.
+  std::string extra;        // medium, lora_name (nil), extra_keys' key.
+  std::string stored_tail;  // group_idx and the kv_cache_spec fields.
+  std::string removed_head;
+  std::string removed_tail;  // medium, group_idx.
+  std::string cleared;
+};
+
 // vLLM's fields, in its order (the tagged arrays are positional).
-void PackEvent(Packer& pk, const KvCacheEvent& event, const Options& options) {
+PackedConstants PackConstants(const Options& options) {
+  PackedConstants packed;
+  const auto pack = [](std::string& out, const auto& fill) {
+    PayloadBuffer buffer;
+    Packer pk(buffer);
+    fill(pk);
+    out = std::move(buffer.bytes());
+  };
+  pack(packed.stored_head, [&](Packer& pk) {
+    BeginEvent(pk, options, "BlockStored", 11);
+    Key(pk, options, "block_hashes");
+  });
+  pack(packed.parent,
+       [&](Packer& pk) { Key(pk, options, "parent_block_hash"); });
+  pack(packed.tokens, [&](Packer& pk) { Key(pk, options, "token_ids"); });
+  pack(packed.lora, [&](Packer& pk) {
+    Key(pk, options, "block_size");
+    pk.pack_int32(options.block_size);
+    Key(pk, options, "lora_id");
+  });
+  pack(packed.extra, [&](Packer& pk) {
+    Key(pk, options, "medium");
+    PackString(pk, "GPU");
+    Key(pk, options, "lora_name");
+    pk.pack_nil();
+    Key(pk, options, "extra_keys");
+  });
+  pack(packed.stored_tail, [&](Packer& pk) {
+    Key(pk, options, "group_idx");
+    pk.pack_int32(0);
+    Key(pk, options, "kv_cache_spec_kind");
+    PackString(pk, "full_attention");
+    Key(pk, options, "kv_cache_spec_sliding_window");
+    pk.pack_nil();
+  });
+  pack(packed.removed_head, [&](Packer& pk) {
+    BeginEvent(pk, options, "BlockRemoved", 3);
+    Key(pk, options, "block_hashes");
+  });
+  pack(packed.removed_tail, [&](Packer& pk) {
+    Key(pk, options, "medium");
+    PackString(pk, "GPU");
+    Key(pk, options, "group_idx");
+    pk.pack_int32(0);
+  });
+  pack(packed.cleared,
+       [&](Packer& pk) { BeginEvent(pk, options, "AllBlocksCleared", 0); });
+  return packed;
+}
+
+void Append(PayloadBuffer& buffer, const std::string& bytes) {
+  buffer.write(bytes.data(), bytes.size());
+}
+
+void PackEvent(Packer& pk, PayloadBuffer& buffer, const KvCacheEvent& event,
+               const Options& options, const PackedConstants& packed) {
   switch (event.kind) {
-    case KvCacheEvent::Kind::kBlockStored: {
-      BeginEvent(pk, options, "BlockStored", 11);
-      Key(pk, options, "block_hashes");
+    case KvCacheEvent::Kind::kBlockStored:
+      Append(buffer, packed.stored_head);
       PackHashes(pk, event.block_hashes, options);
-      Key(pk, options, "parent_block_hash");
+      Append(buffer, packed.parent);
       if (event.parent_block_hash.has_value()) {
         PackHash(pk, *event.parent_block_hash, options);
       } else {
         pk.pack_nil();
       }
-      Key(pk, options, "token_ids");
-      pk.pack_array(static_cast<uint32_t>(event.token_ids.size()));
-      for (const TokenId token : event.token_ids) pk.pack_int32(token);
-      Key(pk, options, "block_size");
-      pk.pack_int32(options.block_size);
-      Key(pk, options, "lora_id");
+      Append(buffer, packed.tokens);
+      PackTokens(pk, buffer, event.token_ids);
+      Append(buffer, packed.lora);
       if (event.adapter_id != 0) {
         pk.pack_int64(event.adapter_id);
       } else {
         pk.pack_nil();
       }
-      Key(pk, options, "medium");
-      PackString(pk, "GPU");
-      Key(pk, options, "lora_name");
-      pk.pack_nil();
+      Append(buffer, packed.extra);
       // vLLM's extra keys: one tuple a block; the cache salt is kvblock's.
-      Key(pk, options, "extra_keys");
       if (event.cache_salt.empty()) {
         pk.pack_nil();
       } else {
@@ -120,25 +229,15 @@ void PackEvent(Packer& pk, const KvCacheEvent& event, const Options& options) {
           PackString(pk, event.cache_salt);
         }
       }
-      Key(pk, options, "group_idx");
-      pk.pack_int32(0);
-      Key(pk, options, "kv_cache_spec_kind");
-      PackString(pk, "full_attention");
-      Key(pk, options, "kv_cache_spec_sliding_window");
-      pk.pack_nil();
+      Append(buffer, packed.stored_tail);
       return;
-    }
     case KvCacheEvent::Kind::kBlockRemoved:
-      BeginEvent(pk, options, "BlockRemoved", 3);
-      Key(pk, options, "block_hashes");
+      Append(buffer, packed.removed_head);
       PackHashes(pk, event.block_hashes, options);
-      Key(pk, options, "medium");
-      PackString(pk, "GPU");
-      Key(pk, options, "group_idx");
-      pk.pack_int32(0);
+      Append(buffer, packed.removed_tail);
       return;
     case KvCacheEvent::Kind::kAllBlocksCleared:
-      BeginEvent(pk, options, "AllBlocksCleared", 0);
+      Append(buffer, packed.cleared);
       return;
   }
 }
@@ -152,22 +251,33 @@ std::array<uint8_t, 8> BigEndian(int64_t value) {
   return bytes;
 }
 
-}  // namespace
-
-std::string EncodeKvEventBatch(double ts, absl::Span<const KvCacheEvent> events,
-                               const KvEventPublisherOptions& options) {
-  msgpack::sbuffer buffer;
-  Packer pk(&buffer);
+// Packs the payload of a batch into `buffer` (emptied first).
+void EncodeInto(PayloadBuffer& buffer, double ts,
+                absl::Span<const KvCacheEvent> events,
+                const KvEventPublisherOptions& options,
+                const PackedConstants& packed) {
+  buffer.bytes().clear();
+  Packer pk(buffer);
   pk.pack_array(3);
   pk.pack_double(ts);
   pk.pack_array(static_cast<uint32_t>(events.size()));
-  for (const KvCacheEvent& event : events) PackEvent(pk, event, options);
+  for (const KvCacheEvent& event : events) {
+    PackEvent(pk, buffer, event, options, packed);
+  }
   if (options.data_parallel_rank.has_value()) {
     pk.pack_int64(*options.data_parallel_rank);
   } else {
     pk.pack_nil();
   }
-  return std::string(buffer.data(), buffer.size());
+}
+
+}  // namespace
+
+std::string EncodeKvEventBatch(double ts, absl::Span<const KvCacheEvent> events,
+                               const KvEventPublisherOptions& options) {
+  PayloadBuffer buffer;
+  EncodeInto(buffer, ts, events, options, PackConstants(options));
+  return std::move(buffer.bytes());
 }
 
 // Apart, the bytes two threads write do not share a cache line.
@@ -185,7 +295,9 @@ struct KvEventPublisher::State {
   };
 
   explicit State(KvEventPublisherOptions o)
-      : options(std::move(o)), pub(context, zmq::socket_type::pub) {}
+      : options(std::move(o)),
+        packed(PackConstants(options)),
+        pub(context, zmq::socket_type::pub) {}
 
   // The publisher thread: sends what is queued, answers replay requests,
   // until stopped with the queue empty.
@@ -198,6 +310,7 @@ struct KvEventPublisher::State {
   void ServeReplay();
 
   const KvEventPublisherOptions options;
+  const PackedConstants packed;
   zmq::context_t context;
   zmq::socket_t pub;
   std::optional<zmq::socket_t> router;
@@ -223,7 +336,10 @@ struct KvEventPublisher::State {
   // The publisher thread's own.
   alignas(kCacheLine) std::vector<Queued> taken;
   internal::CacheEventLog taken_log;
-  std::vector<KvCacheEvent> built;  // a batch's events, built from its log.
+  // A batch's events, built from its log (stale ones after them keep
+  // their buffers for the next), and its payload.
+  std::vector<KvCacheEvent> built;
+  PayloadBuffer payload;
   int64_t next_seq = 0;
   std::deque<std::pair<int64_t, std::string>> kept;  // for replay.
   std::thread thread;
@@ -245,11 +361,12 @@ void KvEventPublisher::State::Run() {
     int64_t sent_events = 0;
     for (const Queued& batch : taken) {
       if (batch.events.empty()) {
-        built.clear();
-        taken_log.AppendEventsTo(batch.page_size, batch.records_begin,
-                                 batch.records_end, built);
-        Send(batch.ts, built);
-        sent_events += static_cast<int64_t>(built.size());
+        // Into the events built before, keeping their buffers.
+        const size_t count =
+            taken_log.BuildEvents(batch.page_size, batch.records_begin,
+                                  batch.records_end, built, /*used=*/0);
+        Send(batch.ts, absl::MakeConstSpan(built.data(), count));
+        sent_events += static_cast<int64_t>(count);
       } else {
         Send(batch.ts, batch.events);
         sent_events += static_cast<int64_t>(batch.events.size());
@@ -275,14 +392,15 @@ void KvEventPublisher::State::Run() {
 void KvEventPublisher::State::Send(double ts,
                                    absl::Span<const KvCacheEvent> events) {
   const int64_t seq = next_seq++;
-  std::string payload = EncodeKvEventBatch(ts, events, options);
+  EncodeInto(payload, ts, events, options, packed);
   const std::array<uint8_t, 8> seq_bytes = BigEndian(seq);
   // PUB never blocks: at the high-water mark ZeroMQ drops the message.
   pub.send(zmq::buffer(options.topic), zmq::send_flags::sndmore);
   pub.send(zmq::buffer(seq_bytes), zmq::send_flags::sndmore);
-  pub.send(zmq::buffer(payload), zmq::send_flags::none);
+  pub.send(zmq::buffer(payload.bytes()), zmq::send_flags::none);
   if (options.replay_buffer > 0) {
-    kept.emplace_back(seq, std::move(payload));
+    // Kept as packed; the next payload starts a new string.
+    kept.emplace_back(seq, std::move(payload.bytes()));
     while (kept.size() > static_cast<size_t>(options.replay_buffer)) {
       kept.pop_front();
     }

@@ -67,6 +67,32 @@ const msgpack::object& Field(const msgpack::object& map, std::string key) {
   return map;
 }
 
+TEST_CASE("token ids are packed in msgpack's shortest forms, as msgpack-cxx") {
+  // Each form's edges, and a negative id (its own path).
+  for (const std::vector<TokenId>& tokens :
+       {std::vector<TokenId>{0, 127, 128, 255, 256, 65535, 65536, 2147483647},
+        std::vector<TokenId>{5, -1, -33, 300}}) {
+    KvCacheEvent stored;
+    stored.kind = KvCacheEvent::Kind::kBlockStored;
+    stored.block_hashes = {HashOfByte(1, 2)};
+    stored.token_ids = tokens;
+    Options options;
+    options.block_size = static_cast<int32_t>(tokens.size());
+    options.encoding = Options::Encoding::kTaggedArray;
+    const std::string payload = EncodeKvEventBatch(1.0, {stored}, options);
+    // msgpack-cxx's own packing of the same array, found in the payload.
+    msgpack::sbuffer expected;
+    msgpack::pack(expected, tokens);
+    REQUIRE(payload.find(std::string(expected.data(), expected.size())) !=
+            std::string::npos);
+    const msgpack::object_handle handle =
+        msgpack::unpack(payload.data(), payload.size());
+    const msgpack::object& event =
+        handle.get().via.array.ptr[1].via.array.ptr[0];
+    REQUIRE(event.via.array.ptr[3].as<std::vector<TokenId>>() == tokens);
+  }
+}
+
 TEST_CASE("a batch is encoded as vLLM's, maps or tagged arrays") {
   Options options;
   options.block_size = kPageSize;
