@@ -1,6 +1,9 @@
 # Copyright 2026 The kvblock Authors.
 """kvblock's Python bindings: round trips through the C++ library, errors as
 exceptions that change nothing, and the zero-copy views of a step."""
+import ctypes
+import ctypes.util
+
 import numpy as np
 import pytest
 
@@ -16,10 +19,10 @@ def make_config(num_pages=32, max_batch=8, max_pages_per_seq=8, page_size=4):
     return config
 
 
-def make_stack(**kwargs):
+def make_stack(device=None, **kwargs):
     config = make_config(**kwargs)
     manager = kvblock.BlockManager(config)
-    device = kvblock.Device.host()
+    device = device or kvblock.Device.host()
     table = kvblock.KVPageTable(config.max_batch, config.max_pages_per_seq,
                                 config.num_pages, device)
     commit = kvblock.BatchCommit(manager, table)
@@ -235,6 +238,76 @@ def test_device_table_through_dlpack_matches_the_host_rows():
     np.testing.assert_array_equal(device[0, 0, :2], manager.pages(2))
     del table, commit  # the exported array keeps the table alive.
     assert device.sum() != 0
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice),
+                ("ndim", ctypes.c_int32), ("dtype", DLDataType),
+                ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+def read_cuda_capsule(capsule):
+    """A CUDA DLPack capsule's tensor (without consuming the capsule) and
+    its int32 contents, copied to the host with the CUDA runtime: no torch
+    needed."""
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    tensor = DLTensor.from_address(get(capsule, b"dltensor"))
+    shape = tuple(tensor.shape[i] for i in range(tensor.ndim))
+    host = np.empty(shape, dtype=np.int32)
+    name = ctypes.util.find_library("cudart") or "libcudart.so"
+    cudart = ctypes.CDLL(name)
+    cuda_memcpy_device_to_host = 2
+    assert cudart.cudaMemcpy(
+        ctypes.c_void_p(host.ctypes.data),
+        ctypes.c_void_p(tensor.data + tensor.byte_offset),
+        ctypes.c_size_t(host.nbytes), cuda_memcpy_device_to_host) == 0
+    return tensor, host
+
+
+def test_device_table_on_a_gpu_is_a_cuda_dlpack_tensor():
+    try:
+        device = kvblock.Device.cuda(0)
+    except kvblock.Error as error:
+        pytest.skip(f"no CUDA device: {error}")
+    _, table, commit = make_stack(device)
+    assert table.__dlpack_device__() == (2, 0)  # kDLCUDA, GPU 0.
+    commit.commit(joins=[kvblock.Join(1, np.arange(9, dtype=np.int32))])
+    table.upload()
+    capsule = table.__dlpack__()
+    tensor, rows = read_cuda_capsule(capsule)
+    assert (tensor.device.device_type, tensor.device.device_id) == (2, 0)
+    assert (tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes) == \
+        (0, 32, 1)  # int32.
+    assert rows.shape == (table.max_batch, 2, table.max_pages_per_seq)
+
+    def check_against_host_rows(rows):
+        for slot in range(commit.batch):
+            row = table.host_row(slot)
+            live = row[row >= 0]
+            np.testing.assert_array_equal(rows[slot, 0, :len(live)], live)
+            np.testing.assert_array_equal(rows[slot, 1, :len(live)],
+                                          live + table.num_pages)
+
+    check_against_host_rows(rows)
+    # The same memory, no copy: the next upload shows through the capsule.
+    commit.commit(joins=[kvblock.Join(2, np.arange(40, 45, dtype=np.int32))])
+    table.upload()
+    _, rows = read_cuda_capsule(capsule)
+    assert commit.batch == 2
+    check_against_host_rows(rows)
 
 
 def test_block_pool_refcounts_copy_on_write_and_the_cache():
