@@ -217,6 +217,17 @@ def test_speculative_step_with_draft_counts():
     commit.check_invariants()
 
 
+def assert_rows_match_host(device_rows, table, commit):
+    """The device table's K and V ids of every running slot are its host
+    row's (V = K + num_pages)."""
+    for slot in range(commit.batch):
+        row = table.host_row(slot)
+        live = row[row >= 0]
+        np.testing.assert_array_equal(device_rows[slot, 0, :len(live)], live)
+        np.testing.assert_array_equal(device_rows[slot, 1, :len(live)],
+                                      live + table.num_pages)
+
+
 def test_device_table_through_dlpack_matches_the_host_rows():
     manager, table, commit = make_stack()
     assert table.__dlpack_device__() == (1, 0)  # kDLCPU: the host device.
@@ -226,12 +237,7 @@ def test_device_table_through_dlpack_matches_the_host_rows():
     device = np.from_dlpack(table)
     assert device.shape == (table.max_batch, 2, table.max_pages_per_seq)
     assert device.dtype == np.int32
-    for slot in range(commit.batch):
-        row = table.host_row(slot)
-        live = row[row >= 0]
-        np.testing.assert_array_equal(device[slot, 0, :len(live)], live)
-        np.testing.assert_array_equal(device[slot, 1, :len(live)],
-                                      live + table.num_pages)
+    assert_rows_match_host(device, table, commit)
     # The same memory, no copy: the next upload shows in the same array.
     commit.commit(finished=np.array([1]))
     table.upload()
@@ -292,22 +298,13 @@ def test_device_table_on_a_gpu_is_a_cuda_dlpack_tensor():
     assert (tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes) == \
         (0, 32, 1)  # int32.
     assert rows.shape == (table.max_batch, 2, table.max_pages_per_seq)
-
-    def check_against_host_rows(rows):
-        for slot in range(commit.batch):
-            row = table.host_row(slot)
-            live = row[row >= 0]
-            np.testing.assert_array_equal(rows[slot, 0, :len(live)], live)
-            np.testing.assert_array_equal(rows[slot, 1, :len(live)],
-                                          live + table.num_pages)
-
-    check_against_host_rows(rows)
+    assert_rows_match_host(rows, table, commit)
     # The same memory, no copy: the next upload shows through the capsule.
     commit.commit(joins=[kvblock.Join(2, np.arange(40, 45, dtype=np.int32))])
     table.upload()
     _, rows = read_cuda_capsule(capsule)
     assert commit.batch == 2
-    check_against_host_rows(rows)
+    assert_rows_match_host(rows, table, commit)
 
 
 def test_block_pool_refcounts_copy_on_write_and_the_cache():
