@@ -6,20 +6,18 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_format.h"
-#include "nlohmann/json.hpp"
 
 namespace kvblock::sim {
 
 absl::StatusOr<std::optional<int64_t>> LineFeed::Next(
     const FeedReport& report, std::deque<Request>& arrivals) {
-  nlohmann::ordered_json state;
-  state["clock"] = report.clock;
-  state["kv_event_batches"] = report.kv_event_batches;
-  state["running"] = report.running;
-  state["waiting"] = report.waiting;
-  state["completed"] = report.completed;
-  state["rejected"] = report.rejected;
-  out_ << state.dump() << std::endl;
+  // Integers only: formatted directly, without a JSON library here.
+  out_ << absl::StrFormat(
+              "{\"clock\":%d,\"kv_event_batches\":%d,\"running\":%d,"
+              "\"waiting\":%d,\"completed\":%d,\"rejected\":%d}",
+              report.clock, report.kv_event_batches, report.running,
+              report.waiting, report.completed, report.rejected)
+       << std::endl;
   if (!out_) return absl::InternalError("serve output: write failed");
 
   // The arrivals are validated whole before any is handed over: a bad line
