@@ -280,6 +280,9 @@ std::string EncodeKvEventBatch(double ts, absl::Span<const KvCacheEvent> events,
   return std::move(buffer.bytes());
 }
 
+// How long closing the PUB socket may wait for sent messages to leave.
+constexpr int kCloseLingerMs = 1000;
+
 // Apart, the bytes two threads write do not share a cache line.
 constexpr size_t kCacheLine = 64;
 
@@ -492,7 +495,10 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
     return absl::OkStatus();
   };
   state->pub.set(zmq::sockopt::sndhwm, state->options.send_hwm);
-  state->pub.set(zmq::sockopt::linger, 0);
+  // On close, what the thread sent still goes out to connected
+  // subscribers, for at most this long (0 would drop the last batches of a
+  // process that exits right after its final Flush).
+  state->pub.set(zmq::sockopt::linger, kCloseLingerMs);
   KVBLOCK_RETURN_IF_ERROR(
       bind(state->pub, state->options.endpoint, state->endpoint));
   if (!state->options.replay_endpoint.empty()) {

@@ -92,7 +92,9 @@ class KvEventPublisher {
 
   KvEventPublisher(const KvEventPublisher&) = delete;
   KvEventPublisher& operator=(const KvEventPublisher&) = delete;
-  // Sends what is queued, then stops the thread and closes the sockets.
+  // Sends what is queued, then stops the thread and closes the sockets,
+  // waiting up to a second for what was sent to reach connected
+  // subscribers.
   ~KvEventPublisher();
 
   // Queues one batch (stamped now) for the publisher thread, without
