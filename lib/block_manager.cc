@@ -40,6 +40,12 @@ absl::StatusOr<std::unique_ptr<BlockManager>> BlockManager::Create(
         absl::StrCat("block manager: max_sequences must not be negative, got ",
                      options.max_sequences));
   }
+  if (options.reserved_kv_changes < 0 ||
+      options.reserved_kv_changes > kMaxReservedKvChanges) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block manager: reserved_kv_changes must be in [0, ",
+        kMaxReservedKvChanges, "], got ", options.reserved_kv_changes));
+  }
   KVBLOCK_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool,
                            BlockPool::Create(config.num_pages));
   KVBLOCK_ASSIGN_OR_RETURN(
@@ -64,6 +70,10 @@ absl::StatusOr<std::unique_ptr<BlockManager>> BlockManager::Create(
                   2 * int64_t{sizeof(BlockHash)} + 2 * int64_t{sizeof(PageId)});
   reservation.Add(width, int64_t{config.max_batch} * int64_t{sizeof(PageId)});
   reservation.Add(page_size, sizeof(TokenId));
+  if (options.enable_kv_events) {  // the log, and a batch taken into.
+    reservation.Add(2 * int64_t{options.reserved_kv_changes},
+                    internal::CacheEventLog::ReservedBytesPerChange(page_size));
+  }
   KVBLOCK_RETURN_IF_ERROR(reservation.Check());
   std::unique_ptr<BlockManager> manager;
   KVBLOCK_RETURN_IF_ERROR(reservation.Run([&] {
@@ -100,7 +110,12 @@ BlockManager::BlockManager(const PagedKvConfig& config,
       hash_scratch_(config.max_pages_per_seq),
       step_(std::make_unique<Transaction>()) {
   if (options_.enable_kv_events) {
+    const auto changes = static_cast<size_t>(options_.reserved_kv_changes);
+    const auto page_size = static_cast<size_t>(config.page_size);
     events_ = std::make_unique<internal::CacheEventLog>();
+    events_->Reserve(changes, page_size);
+    spare_events_ = std::make_unique<internal::CacheEventLog>();
+    spare_events_->Reserve(changes, page_size);
     pool_->set_event_log(events_.get());
   }
 }
@@ -497,7 +512,9 @@ absl::Status BlockManager::TakeKvEvents(std::vector<KvCacheEvent>& out) {
 absl::Status BlockManager::TakeKvEvents(KvEventBatch& batch) {
   KVBLOCK_RETURN_IF_ERROR(CheckKvEventsTakeable());
   if (batch.log_ == nullptr) {
-    batch.log_ = std::make_unique<internal::CacheEventLog>();
+    batch.log_ = spare_events_ != nullptr
+                     ? std::move(spare_events_)
+                     : std::make_unique<internal::CacheEventLog>();
   }
   // Swapped with the batch's emptied buffers: a caller that keeps taking
   // into one batch passes the same grown buffers back and forth.
@@ -508,6 +525,10 @@ absl::Status BlockManager::TakeKvEvents(KvEventBatch& batch) {
 }
 
 // Observers -------------------------------------------------------------------
+
+int64_t BlockManager::pending_kv_changes() const {
+  return events_ == nullptr ? 0 : events_->num_records();
+}
 
 bool BlockManager::Contains(SequenceId id) const {
   return slab_->Find(id) >= 0;

@@ -76,6 +76,11 @@ class CacheEventLog {
   // (each its own run at worst), writing them once so that their memory is
   // mapped now rather than by the steps that first fill them.
   void Reserve(size_t changes, size_t page_size);
+  // What Reserve allocates a change.
+  static int64_t ReservedBytesPerChange(int64_t page_size) {
+    return int64_t{sizeof(Record) + sizeof(Run) + sizeof(BlockHash)} +
+           page_size * int64_t{sizeof(TokenId)};
+  }
   // Exchanges the records with `other`'s (no run open in either).
   void Swap(CacheEventLog& other);
 

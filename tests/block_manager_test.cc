@@ -4,8 +4,10 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "test_util.h"
 
 namespace kvblock {
@@ -675,6 +677,19 @@ TEST_CASE("create rejects bad configs and options") {
                     kInvalidArgument);
   REQUIRE_STATUS_IS(BlockManager::Create(Config(8), {.max_sequences = -1}),
                     kInvalidArgument);
+  for (const int32_t changes : {-1, kMaxReservedKvChanges + 1}) {
+    INFO("reserved_kv_changes " << changes);
+    const auto manager = BlockManager::Create(
+        Config(8), {.enable_kv_events = true, .reserved_kv_changes = changes});
+    REQUIRE(manager.status().code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE(std::string(manager.status().message())
+                .find(absl::StrCat("reserved_kv_changes must be in "
+                                   "[0, 4194304], got ",
+                                   changes)) != std::string::npos);
+  }
+  // 0: the buffers grow as the events come.
+  REQUIRE_OK(BlockManager::Create(
+      Config(8), {.enable_kv_events = true, .reserved_kv_changes = 0}));
 }
 
 TEST_CASE("sequences beyond the reserved slab still work") {

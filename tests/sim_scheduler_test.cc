@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kvblock/device.h"
+#include "kvblock/kv_events.h"
 #include "sim/random.h"
 #include "sim/scheduler.h"
 #include "sim/workloads.h"
@@ -574,6 +575,81 @@ TEST_CASE("runs are deterministic") {
   const SimResult b = RunChecked(config, *requests);
   REQUIRE(a.timeline == b.timeline);
   REQUIRE(a.prefix_hit_tokens == b.prefix_hit_tokens);
+}
+
+// A sink that records every page change it is handed, in order, as
+// (kind, hash), and how many batches.
+struct RecordingSink {
+  std::vector<std::pair<KvCacheEvent::Kind, BlockHash>> changes;
+  int64_t batches = 0;
+
+  void Take(KvEventBatch& batch) {
+    REQUIRE(!batch.empty());
+    std::vector<KvCacheEvent> events;
+    batch.AppendTo(events);
+    for (const KvCacheEvent& event : events) {
+      if (event.kind == KvCacheEvent::Kind::kAllBlocksCleared) {
+        changes.emplace_back(event.kind, BlockHash{});
+      }
+      for (const BlockHash& hash : event.block_hashes) {
+        changes.emplace_back(event.kind, hash);
+      }
+    }
+    REQUIRE(static_cast<int64_t>(changes.size()) - before_ ==
+            batch.num_changes());
+    before_ = static_cast<int64_t>(changes.size());
+    batch.Clear();
+    ++batches;
+  }
+
+ private:
+  int64_t before_ = 0;
+};
+
+TEST_CASE("KV events wait for a sink that is not ready, and all arrive") {
+  auto requests = MakeWorkload("mixed", 2);
+  REQUIRE_OK(requests);
+  SchedulerConfig config = SmallConfig(256);
+  config.kv.page_size = 16;
+  config.kv.max_pages_per_seq = 64;
+  // After every step with events (no `ready`).
+  RecordingSink every_step;
+  config.kv_event_sink = {
+      .publish = [&](KvEventBatch& batch) { every_step.Take(batch); },
+      .ready = nullptr};
+  const SimResult each = RunChecked(config, *requests);
+  REQUIRE(each.kv_events.batches == every_step.batches);
+  REQUIRE(each.kv_events.changes ==
+          static_cast<int64_t>(every_step.changes.size()));
+  REQUIRE(each.kv_events.changes < kMaxPendingKvChanges);
+  REQUIRE(every_step.batches > 10);
+  // Now and then: the same changes in fewer batches.
+  RecordingSink sometimes;
+  int64_t asked = 0;
+  config.kv_event_sink = {
+      .publish = [&](KvEventBatch& batch) { sometimes.Take(batch); },
+      .ready = [&] { return ++asked % 7 == 0; }};
+  const SimResult some = RunChecked(config, *requests);
+  REQUIRE(sometimes.changes == every_step.changes);
+  REQUIRE(some.kv_events.batches == sometimes.batches);
+  REQUIRE(sometimes.batches < every_step.batches);
+  REQUIRE(sometimes.batches > 1);
+  REQUIRE(asked >= some.steps - 1);
+  // Never ready: every change at the end of the run, in one batch.
+  RecordingSink never;
+  config.kv_event_sink = {
+      .publish = [&](KvEventBatch& batch) { never.Take(batch); },
+      .ready = [] { return false; }};
+  const SimResult none = RunChecked(config, *requests);
+  REQUIRE(never.changes == every_step.changes);
+  REQUIRE(never.batches == 1);
+  for (const SimResult* result : {&some, &none}) {
+    REQUIRE(result->kv_events.changes == each.kv_events.changes);
+    REQUIRE(result->kv_events.cached_pages == each.kv_events.cached_pages);
+    REQUIRE(result->kv_events.cached_hash_xor ==
+            each.kv_events.cached_hash_xor);
+  }
+  REQUIRE(none.timeline == each.timeline);
 }
 
 TEST_CASE("Run validates its requests and runs once") {

@@ -107,9 +107,18 @@ struct BlockManagerOptions {
   // false admits on the first chunk's pages alone.
   bool reserve_prompt_pages = true;
   // Record KV cache events (kvblock/kv_events.h) for TakeKvEvents. They
-  // accumulate until taken: take them every step or so.
+  // accumulate until taken: every step, or every millisecond or so.
   bool enable_kv_events = false;
+  // With events on, the cache changes (pages stored or removed) the log
+  // holds before its buffers grow, in [0, 2^22]: allocated and written at
+  // Create (about 250 bytes a change), and as much for the batch that
+  // TakeKvEvents first fills, so that recording a millisecond of steps
+  // between takes neither allocates nor faults pages in.
+  int32_t reserved_kv_changes = 4096;
 };
+
+// The most BlockManagerOptions::reserved_kv_changes may ask for.
+inline constexpr int32_t kMaxReservedKvChanges = 1 << 22;
 
 // How a prompt is admitted (PlanAdmission, CanAdmit, Admit).
 struct AdmitOptions {
@@ -384,11 +393,14 @@ class BlockManager {
   // (BlockManagerOptions::enable_kv_events) or inside a step (its events
   // come when it commits; a rolled-back one has none).
   absl::Status TakeKvEvents(std::vector<KvCacheEvent>& out);
-  // The same into `batch` (its events replaced), without building them: a
-  // flat copy into the batch's buffers, which allocate only while smaller
-  // than the step's records, so that a batch taken into every step
-  // allocates nothing once grown (see KvEventPublisher::Publish).
+  // The same into `batch` (its events replaced), without building them:
+  // the log's buffers and the batch's (emptied) are exchanged, so that
+  // taking copies and allocates nothing (see KvEventPublisher::Publish).
   absl::Status TakeKvEvents(KvEventBatch& batch);
+  // The cache changes (pages stored and removed, resets) recorded since the
+  // last TakeKvEvents; 0 with events off. A caller that takes them less
+  // often than every step bounds them with this.
+  int64_t pending_kv_changes() const;
 
   // Step transactions (used by BatchCommit). BeginStep starts journaling;
   // CommitStep forgets the journal; RollbackStep undoes every change since
@@ -511,6 +523,9 @@ class BlockManager {
   bool in_step_ = false;
   // With enable_kv_events: the pool's and the registrations' record.
   std::unique_ptr<internal::CacheEventLog> events_;
+  // Reserved with it, for the first batch TakeKvEvents fills: its pages are
+  // faulted in at Create, not in a step.
+  std::unique_ptr<internal::CacheEventLog> spare_events_;
   // Manager-owned counters (pool-derived ones are filled in by stats()).
   BlockManagerStats stats_;
   // Pages reserved for the rest of chunked prompts, the sum of

@@ -3,18 +3,19 @@
 // KvEventPublisher: KV cache events (kvblock/kv_events.h) over ZeroMQ in
 // vLLM's wire format (vllm/distributed/kv_events.py), so that a fleet
 // router (NVIDIA Dynamo's KV router, llm-d's KV-cache indexer) learns what a
-// replica caches. The scheduler thread hands each step's events to
-// Publish, which never blocks: it queues the batch, or drops and counts it
-// when the queue is full. A publisher thread encodes each batch (msgpack)
-// and sends it on a PUB socket as three frames: the topic, an 8-byte
-// big-endian sequence number (from 0, one a batch sent) and the payload
+// replica caches. The scheduler thread hands its events (a step's, or a
+// millisecond of steps': see idle()) to Publish, which never blocks: it
+// queues the batch, or drops and counts it when the queue is full. A publisher
+// thread encodes each batch (msgpack) and sends it on a PUB socket as three
+// frames: the topic, an 8-byte big-endian sequence number (from 0, one a batch
+// sent) and the payload
 // `[ts, [events...], data_parallel_rank]`. It keeps the last batches for
 // an optional ROUTER replay socket: a request `[identity, "", start_seq]`
 // (8 bytes, big-endian) is answered with `[identity, "", seq, payload]` for
 // every kept batch from start_seq on, then `[identity, "", -1, ""]`; a
 // malformed request gets no reply.
 //
-// Thread safety: Publish and stats may be called from any thread; the
+// Thread safety: Publish, idle and stats may be called from any thread; the
 // sockets belong to the publisher thread.
 #ifndef KVBLOCK_KV_EVENT_PUBLISHER_H_
 #define KVBLOCK_KV_EVENT_PUBLISHER_H_
@@ -50,7 +51,7 @@ struct KvEventPublisherOptions {
   // that the first steps do not pay for growing and mapping them; a busy
   // replica changes a few thousand pages a millisecond, the thread's look.
   int32_t reserved_changes = 4096;
-  // Batches kept for replay (0: none).
+  // Batches kept for replay (0: none); kept only with a replay_endpoint.
   int32_t replay_buffer = 10000;
   // The batch's third element; none: nil.
   std::optional<int64_t> data_parallel_rank;
@@ -103,11 +104,20 @@ class KvEventPublisher {
   // not sent.
   bool Publish(std::vector<KvCacheEvent> events);
   // The same for a batch the manager recorded (BlockManager::TakeKvEvents),
-  // which the caller keeps for the next step: its records are copied flat
-  // into the queue's log, whose buffers the thread hands back as it takes
-  // them, so that once they have grown to a millisecond of steps nothing
-  // is allocated; the events are built on the publisher thread.
-  bool Publish(const KvEventBatch& batch);
+  // leaving it empty with buffers to take into again: when every batch
+  // handed over before has been taken (idle()), its buffers are exchanged
+  // with the queue's emptied ones, copying nothing; otherwise its records
+  // are copied behind the queued batches. The events are built on the
+  // publisher thread.
+  bool Publish(KvEventBatch& batch);
+  // Whether the thread has taken every batch handed over, which it does
+  // once a millisecond: one atomic load. A scheduler whose steps take
+  // microseconds hands its events over only then, leaving them in the
+  // manager's log meanwhile (a step that rolls back still truncates them
+  // there), so that one batch a millisecond is sent, each taken without a
+  // copy; it should still hand over when many changes are pending (the
+  // thread may fall behind) and before it reports to a router.
+  bool idle() const;
 
   // The endpoints as bound (with the port a "*" picked).
   const std::string& endpoint() const;

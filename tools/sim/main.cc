@@ -342,13 +342,16 @@ int Main() {
     std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
   }
   if (absl::GetFlag(FLAGS_kv_events) == "discard") {
-    // What recording and taking the events cost the scheduler's thread,
-    // without a publisher's threads beside it.
-    config->kv_event_sink = [](const KvEventBatch&) {};
+    // What recording and taking the events after every step cost the
+    // scheduler's thread, without a publisher's threads beside it.
+    config->kv_event_sink.publish = [](KvEventBatch& batch) { batch.Clear(); };
   } else if (*publisher != nullptr) {
-    config->kv_event_sink = [p = publisher->get()](const KvEventBatch& batch) {
-      p->Publish(batch);  // a full queue drops: counted.
+    KvEventPublisher* const p = publisher->get();
+    // A full queue drops: counted.
+    config->kv_event_sink.publish = [p](KvEventBatch& batch) {
+      p->Publish(batch);
     };
+    config->kv_event_sink.ready = [p] { return p->idle(); };
   }
   absl::StatusOr<std::unique_ptr<Scheduler>> scheduler =
       Scheduler::Create(*config, **device);

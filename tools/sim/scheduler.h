@@ -97,6 +97,23 @@
 
 namespace kvblock::sim {
 
+// Where the scheduler hands the KV cache events its steps record.
+struct KvEventSink {
+  // Takes a recorded batch (the scheduler's, taken into again), leaving it
+  // empty; must not block. Null: events off.
+  std::function<void(KvEventBatch&)> publish;
+  // Whether to hand over now (KvEventPublisher::idle); until then the
+  // events wait in the manager. Null: after every step with events. Ready
+  // or not, the scheduler hands over when kMaxPendingKvChanges are
+  // pending, before each report to a RequestFeed, and at the end of a run.
+  std::function<bool()> ready;
+
+  bool on() const { return publish != nullptr; }
+};
+
+// The cache changes a KvEventSink that is not ready may leave pending.
+inline constexpr int64_t kMaxPendingKvChanges = 16384;
+
 struct SchedulerConfig {
   // Pool and table geometry (num_pages, page_size, max_batch,
   // max_pages_per_seq) and the KV geometry of the device pool the copy
@@ -121,11 +138,8 @@ struct SchedulerConfig {
   double spec_acceptance = 0.7;
   uint64_t spec_seed = 1;
   // KV cache events (--kv_events): with a sink, the manager records them
-  // and every committed step with events hands them to it, once, in order,
-  // as a recorded batch (the scheduler's, taken into again next step; a
-  // sink copies what it keeps, as KvEventPublisher::Publish does). It must
-  // not block.
-  std::function<void(const KvEventBatch&)> kv_event_sink;
+  // and the scheduler hands them over, once, in order.
+  KvEventSink kv_event_sink;
 };
 
 // The most draft slots SchedulerConfig::spec_tokens may ask for.

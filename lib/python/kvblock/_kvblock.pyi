@@ -71,6 +71,7 @@ class BlockManagerOptions:
     max_sequences: int
     reserve_prompt_pages: bool
     enable_kv_events: bool
+    reserved_kv_changes: int
     def __init__(self) -> None: ...
 
 class AdmissionPlan:

@@ -182,8 +182,9 @@ void BindConfig(py::module_& m) {
       .def_readwrite("max_sequences", &BlockManagerOptions::max_sequences)
       .def_readwrite("reserve_prompt_pages",
                      &BlockManagerOptions::reserve_prompt_pages)
-      .def_readwrite("enable_kv_events",
-                     &BlockManagerOptions::enable_kv_events);
+      .def_readwrite("enable_kv_events", &BlockManagerOptions::enable_kv_events)
+      .def_readwrite("reserved_kv_changes",
+                     &BlockManagerOptions::reserved_kv_changes);
   py::class_<AdmissionPlan>(m, "AdmissionPlan")
       .def_readonly("hit_pages", &AdmissionPlan::hit_pages)
       .def_readonly("hit_tokens", &AdmissionPlan::hit_tokens)
