@@ -73,7 +73,7 @@ std::vector<Phase> PhasesOf(const HostPhases& p) {
       {"upload", "upload", "the page-table patch to the device", p.upload_ns},
       {"copy_on_write", "copy-on-write", "copy list, copy kernel, waits",
        p.copy_on_write_ns},
-      {"kv_events", "kv events", "taking the step's events, queueing them",
+      {"kv_events", "kv events", "taking the events, handing them over",
        p.kv_events_ns},
   };
 }
@@ -164,7 +164,7 @@ void PrintReport(const SimResult& result, const RunSetup& setup,
       result.peak_draft_pages, result.draft_copies);
   if (const SimResult::KvEvents& kv = result.kv_events; kv.on) {
     out << absl::StrFormat(
-        "kv events         %d batches (%d cache changes) from the steps; %d "
+        "kv events         %d batches (%d cache changes) handed over; %d "
         "batches (%d events) published, %d dropped; publisher thread %s\n",
         kv.batches, kv.changes, kv.batches_published, kv.events_published,
         kv.batches_dropped,
