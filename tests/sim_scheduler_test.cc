@@ -565,12 +565,18 @@ TEST_CASE("the serving workload runs at its geometry; time adds up by phase") {
           result.upload_ranges * (16 + 4 * int64_t{144}) / 4);
 }
 
-TEST_CASE("runs are deterministic") {
-  auto requests = MakeWorkload("mixed", 3);
-  REQUIRE_OK(requests);
+// The geometry the mixed workload needs, in few pages.
+SchedulerConfig MixedConfig() {
   SchedulerConfig config = SmallConfig(256);
   config.kv.page_size = 16;
   config.kv.max_pages_per_seq = 64;
+  return config;
+}
+
+TEST_CASE("runs are deterministic") {
+  auto requests = MakeWorkload("mixed", 3);
+  REQUIRE_OK(requests);
+  const SchedulerConfig config = MixedConfig();
   const SimResult a = RunChecked(config, *requests);
   const SimResult b = RunChecked(config, *requests);
   REQUIRE(a.timeline == b.timeline);
@@ -609,9 +615,7 @@ struct RecordingSink {
 TEST_CASE("KV events wait for a sink that is not ready, and all arrive") {
   auto requests = MakeWorkload("mixed", 2);
   REQUIRE_OK(requests);
-  SchedulerConfig config = SmallConfig(256);
-  config.kv.page_size = 16;
-  config.kv.max_pages_per_seq = 64;
+  SchedulerConfig config = MixedConfig();
   // After every step with events (no `ready`).
   RecordingSink every_step;
   config.kv_event_sink = {
