@@ -114,73 +114,99 @@ KvCacheEvent& NextEvent(std::vector<KvCacheEvent>& out, size_t& used,
 
 }  // namespace
 
+size_t CacheEventLog::EventEnd(size_t begin, size_t end) const {
+  const Record& first = records_[begin];
+  size_t next = begin + 1;
+  switch (first.kind) {
+    case Kind::kCleared:
+      return next;
+    case Kind::kRemoved:
+      while (next < end && records_[next].kind == Kind::kRemoved) ++next;
+      return next;
+    case Kind::kStored:
+      // A page the pool registered on its own has no chain to continue.
+      if (first.run < 0) return next;
+      // Pages that continue the chain under the same keys join the event.
+      while (next < end && records_[next].kind == Kind::kStored &&
+             records_[next].run >= 0 && parent(next) != nullptr &&
+             *parent(next) == records_[next - 1].hash &&
+             cache_salt(next) == cache_salt(begin) &&
+             adapter_id(next) == adapter_id(begin)) {
+        ++next;
+      }
+      return next;
+  }
+  return next;
+}
+
+KvCacheEvent::Kind CacheEventLog::kind(size_t i) const {
+  switch (records_[i].kind) {
+    case Kind::kStored:
+      return KvCacheEvent::Kind::kBlockStored;
+    case Kind::kRemoved:
+      return KvCacheEvent::Kind::kBlockRemoved;
+    case Kind::kCleared:
+      break;
+  }
+  return KvCacheEvent::Kind::kAllBlocksCleared;
+}
+
+const BlockHash* CacheEventLog::parent(size_t i) const {
+  const Record& record = records_[i];
+  if (record.kind != Kind::kStored || record.run < 0) return nullptr;
+  const Run& run = runs_[record.run];
+  // The run's page before this one (cached already or not, it is the
+  // chain), or the run's parent; none at a sequence's page 0.
+  if (record.page_in_run > 0) {
+    return &hashes_[run.hashes_offset + record.page_in_run - 1];
+  }
+  return run.first_page > 0 ? &run.parent : nullptr;
+}
+
+absl::Span<const TokenId> CacheEventLog::tokens(size_t i,
+                                                size_t page_size) const {
+  const Record& record = records_[i];
+  if (record.kind != Kind::kStored || record.run < 0) return {};
+  const Run& run = runs_[record.run];
+  return absl::MakeConstSpan(tokens_).subspan(
+      run.tokens_offset + record.page_in_run * page_size, page_size);
+}
+
+absl::string_view CacheEventLog::cache_salt(size_t i) const {
+  const Record& record = records_[i];
+  if (record.kind != Kind::kStored || record.run < 0) return {};
+  const Run& run = runs_[record.run];
+  return absl::string_view(salts_).substr(run.salt_offset, run.salt_size);
+}
+
+int64_t CacheEventLog::adapter_id(size_t i) const {
+  const Record& record = records_[i];
+  if (record.kind != Kind::kStored || record.run < 0) return 0;
+  return runs_[record.run].adapter_id;
+}
+
 size_t CacheEventLog::BuildEvents(int32_t page_size, size_t begin, size_t end,
                                   std::vector<KvCacheEvent>& out,
                                   size_t used) const {
-  const size_t page = static_cast<size_t>(page_size);
-  const Record* previous = nullptr;
-  for (size_t i = begin; i < end; ++i) {
-    const Record& record = records_[i];
-    switch (record.kind) {
-      case Kind::kCleared:
-        NextEvent(out, used, KvCacheEvent::Kind::kAllBlocksCleared);
-        break;
-      case Kind::kRemoved:
-        if (previous == nullptr || previous->kind != Kind::kRemoved) {
-          NextEvent(out, used, KvCacheEvent::Kind::kBlockRemoved);
-        }
-        out[used - 1].block_hashes.push_back(record.hash);
-        break;
-      case Kind::kStored:
-        AddStored(record, previous, page, out, used);
-        break;
+  const auto page = static_cast<size_t>(page_size);
+  for (size_t i = begin; i < end;) {
+    const size_t last = EventEnd(i, end);
+    KvCacheEvent& event = NextEvent(out, used, kind(i));
+    if (event.kind == KvCacheEvent::Kind::kBlockStored) {
+      if (const BlockHash* chain = parent(i)) event.parent_block_hash = *chain;
+      const absl::string_view salt = cache_salt(i);
+      event.cache_salt.assign(salt.data(), salt.size());
+      event.adapter_id = adapter_id(i);
     }
-    previous = &record;
+    for (; i < last; ++i) {
+      if (event.kind == KvCacheEvent::Kind::kAllBlocksCleared) continue;
+      event.block_hashes.push_back(records_[i].hash);
+      const absl::Span<const TokenId> page_tokens = tokens(i, page);
+      event.token_ids.insert(event.token_ids.end(), page_tokens.begin(),
+                             page_tokens.end());
+    }
   }
   return used;
-}
-
-void CacheEventLog::AddStored(const Record& record, const Record* previous,
-                              size_t page_size, std::vector<KvCacheEvent>& out,
-                              size_t& used) const {
-  // A page the pool registered on its own has no chain, tokens or keys.
-  if (record.run < 0) {
-    NextEvent(out, used, KvCacheEvent::Kind::kBlockStored)
-        .block_hashes.push_back(record.hash);
-    return;
-  }
-  const Run& run = runs_[record.run];
-  // The chain before this page: the run's page before it (cached already or
-  // not, it is the chain), or the run's parent; none at page 0.
-  std::optional<BlockHash> parent;
-  if (record.page_in_run > 0) {
-    parent = hashes_[run.hashes_offset + record.page_in_run - 1];
-  } else if (run.first_page > 0) {
-    parent = run.parent;
-  }
-  const absl::string_view salt =
-      absl::string_view(salts_).substr(run.salt_offset, run.salt_size);
-  // Pages that continue the last event's chain, under the same keys, join
-  // it: consecutive pages of one registration make one event.
-  const bool extends = previous != nullptr && previous->kind == Kind::kStored &&
-                       previous->run >= 0 && parent.has_value() &&
-                       *parent == previous->hash &&
-                       out[used - 1].cache_salt == salt &&
-                       out[used - 1].adapter_id == run.adapter_id;
-  if (!extends) {
-    KvCacheEvent& event =
-        NextEvent(out, used, KvCacheEvent::Kind::kBlockStored);
-    event.parent_block_hash = parent;
-    event.cache_salt.assign(salt.data(), salt.size());
-    event.adapter_id = run.adapter_id;
-  }
-  KvCacheEvent& event = out[used - 1];
-  event.block_hashes.push_back(record.hash);
-  const auto tokens =
-      tokens_.begin() + static_cast<ptrdiff_t>(run.tokens_offset +
-                                               record.page_in_run * page_size);
-  event.token_ids.insert(event.token_ids.end(), tokens,
-                         tokens + static_cast<ptrdiff_t>(page_size));
 }
 
 }  // namespace kvblock::internal

@@ -56,8 +56,21 @@ class CacheEventLog {
   bool empty() const { return records_.empty(); }
   // Pages stored and removed, and resets.
   int64_t num_records() const { return static_cast<int64_t>(records_.size()); }
-  // Builds records [begin, end) as events (consecutive pages of a chain in
-  // one BlockStored, consecutive removals in one BlockRemoved) into `out`
+  // Records [begin, end) group into events (consecutive pages of a chain in
+  // one BlockStored, consecutive removals in one BlockRemoved): the record
+  // after the last of the event that starts at `begin`.
+  size_t EventEnd(size_t begin, size_t end) const;
+  // Record i, as its event reads it: the kind, the page's hash and, for a
+  // page of a registration run (else none, empty and 0), the chain before
+  // it (null at a prompt's first page), its tokens and its extra keys.
+  KvCacheEvent::Kind kind(size_t i) const;
+  const BlockHash& hash(size_t i) const { return records_[i].hash; }
+  const BlockHash* parent(size_t i) const;
+  absl::Span<const TokenId> tokens(size_t i, size_t page_size) const;
+  absl::string_view cache_salt(size_t i) const;
+  int64_t adapter_id(size_t i) const;
+
+  // Builds records [begin, end) as events (EventEnd's) into `out`
   // from index `used` on, reusing the buffers of the events already there;
   // returns the index after the last (`out` may hold more, stale, after
   // it). `page_size`: tokens a page.
@@ -103,10 +116,6 @@ class CacheEventLog {
     int64_t adapter_id = 0;
   };
 
-  // Appends a stored record's page to `out`, extending the last event when
-  // it continues its chain.
-  void AddStored(const Record& record, const Record* previous, size_t page_size,
-                 std::vector<KvCacheEvent>& out, size_t& used) const;
   void Add(Kind kind, const BlockHash& hash, int32_t run = -1,
            int32_t page_in_run = 0) {
     Record& record = records_.emplace_back();

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "cache_event_log.h"
 #include "kvblock/status_macros.h"
 
@@ -72,15 +73,12 @@ class PayloadPool {
         return payload;
       }
     }
-    auto payload = std::make_unique<Payload>();
-    payload->pool = this;
-    return payload;
+    return New();
   }
   // Adds a spare payload of `bytes`, written once so that its memory is
   // mapped now rather than by the first payload that fills it.
   void Reserve(size_t bytes) {
-    auto payload = std::make_unique<Payload>();
-    payload->pool = this;
+    std::unique_ptr<Payload> payload = New();
     payload->bytes.resize(bytes);
     std::lock_guard<std::mutex> lock(mutex_);
     spare_.push_back(std::move(payload));
@@ -92,6 +90,11 @@ class PayloadPool {
   }
 
  private:
+  std::unique_ptr<Payload> New() {
+    auto payload = std::make_unique<Payload>();
+    payload->pool = this;
+    return payload;
+  }
   static void Release(void* /*data*/, void* hint) {
     std::unique_ptr<Payload> payload(static_cast<Payload*>(hint));
     PayloadPool* const pool = payload->pool;
@@ -121,17 +124,10 @@ void PackHash(Packer& pk, const BlockHash& hash, const Options& options) {
   pk.pack_uint64(value);
 }
 
-void PackHashes(Packer& pk, absl::Span<const BlockHash> hashes,
-                const Options& options) {
-  pk.pack_array(static_cast<uint32_t>(hashes.size()));
-  for (const BlockHash& hash : hashes) PackHash(pk, hash, options);
-}
-
-// An array of token ids, as msgpack-cxx's pack_int32 would write each (the
+// Token ids of an array, as msgpack-cxx's pack_int32 would write each (the
 // shortest form), without a call a token.
-void PackTokens(Packer& pk, PayloadBuffer& buffer,
-                absl::Span<const TokenId> tokens) {
-  pk.pack_array(static_cast<uint32_t>(tokens.size()));
+void PackTokenValues(Packer& pk, PayloadBuffer& buffer,
+                     absl::Span<const TokenId> tokens) {
   if (std::any_of(tokens.begin(), tokens.end(),
                   [](TokenId token) { return token < 0; })) {
     for (const TokenId token : tokens) pk.pack_int32(token);
@@ -255,42 +251,114 @@ void Append(PayloadBuffer& buffer, const std::string& bytes) {
   buffer.write(bytes.data(), bytes.size());
 }
 
-void PackEvent(Packer& pk, PayloadBuffer& buffer, const KvCacheEvent& event,
+// An event's fields as PackEvent reads them, from a KvCacheEvent.
+class BuiltEvent {
+ public:
+  explicit BuiltEvent(const KvCacheEvent& event) : event_(event) {}
+  KvCacheEvent::Kind kind() const { return event_.kind; }
+  size_t num_pages() const { return event_.block_hashes.size(); }
+  template <typename Visit>
+  void ForEachHash(Visit&& visit) const {
+    for (const BlockHash& hash : event_.block_hashes) visit(hash);
+  }
+  const BlockHash* parent() const {
+    return event_.parent_block_hash.has_value() ? &*event_.parent_block_hash
+                                                : nullptr;
+  }
+  size_t num_tokens() const { return event_.token_ids.size(); }
+  template <typename Visit>
+  void ForEachTokens(Visit&& visit) const {
+    visit(absl::MakeConstSpan(event_.token_ids));
+  }
+  int64_t adapter_id() const { return event_.adapter_id; }
+  absl::string_view cache_salt() const { return event_.cache_salt; }
+
+ private:
+  const KvCacheEvent& event_;
+};
+
+// The same straight from records [begin, end) of a log, one event of its
+// grouping (CacheEventLog::EventEnd): nothing is built or allocated.
+class LoggedEvent {
+ public:
+  LoggedEvent(const internal::CacheEventLog& log, size_t begin, size_t end,
+              size_t page_size)
+      : log_(log), begin_(begin), end_(end), page_size_(page_size) {}
+  KvCacheEvent::Kind kind() const { return log_.kind(begin_); }
+  size_t num_pages() const { return end_ - begin_; }
+  template <typename Visit>
+  void ForEachHash(Visit&& visit) const {
+    for (size_t i = begin_; i < end_; ++i) visit(log_.hash(i));
+  }
+  const BlockHash* parent() const { return log_.parent(begin_); }
+  // Every page of an event has tokens, or it is one page without.
+  size_t num_tokens() const {
+    return log_.tokens(begin_, page_size_).size() * num_pages();
+  }
+  template <typename Visit>
+  void ForEachTokens(Visit&& visit) const {
+    for (size_t i = begin_; i < end_; ++i) visit(log_.tokens(i, page_size_));
+  }
+  int64_t adapter_id() const { return log_.adapter_id(begin_); }
+  absl::string_view cache_salt() const { return log_.cache_salt(begin_); }
+
+ private:
+  const internal::CacheEventLog& log_;
+  size_t begin_;
+  size_t end_;
+  size_t page_size_;
+};
+
+template <typename Event>
+void PackHashes(Packer& pk, const Event& event, const Options& options) {
+  pk.pack_array(static_cast<uint32_t>(event.num_pages()));
+  event.ForEachHash(
+      [&](const BlockHash& hash) { PackHash(pk, hash, options); });
+}
+
+// Event: BuiltEvent or LoggedEvent.
+template <typename Event>
+void PackEvent(Packer& pk, PayloadBuffer& buffer, const Event& event,
                const Options& options, const PackedConstants& packed) {
-  switch (event.kind) {
-    case KvCacheEvent::Kind::kBlockStored:
+  switch (event.kind()) {
+    case KvCacheEvent::Kind::kBlockStored: {
       Append(buffer, packed.stored_head);
-      PackHashes(pk, event.block_hashes, options);
+      PackHashes(pk, event, options);
       Append(buffer, packed.parent);
-      if (event.parent_block_hash.has_value()) {
-        PackHash(pk, *event.parent_block_hash, options);
+      if (const BlockHash* parent = event.parent()) {
+        PackHash(pk, *parent, options);
       } else {
         pk.pack_nil();
       }
       Append(buffer, packed.tokens);
-      PackTokens(pk, buffer, event.token_ids);
+      pk.pack_array(static_cast<uint32_t>(event.num_tokens()));
+      event.ForEachTokens([&](absl::Span<const TokenId> tokens) {
+        PackTokenValues(pk, buffer, tokens);
+      });
       Append(buffer, packed.lora);
-      if (event.adapter_id != 0) {
-        pk.pack_int64(event.adapter_id);
+      if (event.adapter_id() != 0) {
+        pk.pack_int64(event.adapter_id());
       } else {
         pk.pack_nil();
       }
       Append(buffer, packed.extra);
       // vLLM's extra keys: one tuple a block; the cache salt is kvblock's.
-      if (event.cache_salt.empty()) {
+      const absl::string_view salt = event.cache_salt();
+      if (salt.empty()) {
         pk.pack_nil();
       } else {
-        pk.pack_array(static_cast<uint32_t>(event.block_hashes.size()));
-        for (size_t i = 0; i < event.block_hashes.size(); ++i) {
+        pk.pack_array(static_cast<uint32_t>(event.num_pages()));
+        for (size_t i = 0; i < event.num_pages(); ++i) {
           pk.pack_array(1);
-          PackString(pk, event.cache_salt);
+          PackString(pk, std::string_view(salt.data(), salt.size()));
         }
       }
       Append(buffer, packed.stored_tail);
       return;
+    }
     case KvCacheEvent::Kind::kBlockRemoved:
       Append(buffer, packed.removed_head);
-      PackHashes(pk, event.block_hashes, options);
+      PackHashes(pk, event, options);
       Append(buffer, packed.removed_tail);
       return;
     case KvCacheEvent::Kind::kAllBlocksCleared:
@@ -308,24 +376,56 @@ std::array<uint8_t, 8> BigEndian(int64_t value) {
   return bytes;
 }
 
-// Packs the payload of a batch into `buffer` (emptied first).
-void EncodeInto(PayloadBuffer& buffer, double ts,
-                absl::Span<const KvCacheEvent> events,
-                const KvEventPublisherOptions& options,
-                const PackedConstants& packed) {
+// Packs the payload of a batch of `count` events into `buffer` (emptied
+// first), `pack_events` packing the events.
+template <typename PackEvents>
+void EncodeBatch(PayloadBuffer& buffer, double ts, size_t count,
+                 const KvEventPublisherOptions& options,
+                 PackEvents&& pack_events) {
   buffer.bytes().clear();
   Packer pk(buffer);
   pk.pack_array(3);
   pk.pack_double(ts);
-  pk.pack_array(static_cast<uint32_t>(events.size()));
-  for (const KvCacheEvent& event : events) {
-    PackEvent(pk, buffer, event, options, packed);
-  }
+  pk.pack_array(static_cast<uint32_t>(count));
+  pack_events(pk);
   if (options.data_parallel_rank.has_value()) {
     pk.pack_int64(*options.data_parallel_rank);
   } else {
     pk.pack_nil();
   }
+}
+
+// A batch of built events; returns how many.
+size_t EncodeEvents(PayloadBuffer& buffer, double ts,
+                    absl::Span<const KvCacheEvent> events,
+                    const KvEventPublisherOptions& options,
+                    const PackedConstants& packed) {
+  EncodeBatch(buffer, ts, events.size(), options, [&](Packer& pk) {
+    for (const KvCacheEvent& event : events) {
+      PackEvent(pk, buffer, BuiltEvent(event), options, packed);
+    }
+  });
+  return events.size();
+}
+
+// A batch of records [begin, end) of `log`, packed from them; returns how
+// many events they make.
+size_t EncodeLogged(PayloadBuffer& buffer, double ts,
+                    const internal::CacheEventLog& log, size_t begin,
+                    size_t end, size_t page_size,
+                    const KvEventPublisherOptions& options,
+                    const PackedConstants& packed) {
+  size_t count = 0;
+  for (size_t i = begin; i < end; i = log.EventEnd(i, end)) ++count;
+  EncodeBatch(buffer, ts, count, options, [&](Packer& pk) {
+    for (size_t i = begin; i < end;) {
+      const size_t last = log.EventEnd(i, end);
+      PackEvent(pk, buffer, LoggedEvent(log, i, last, page_size), options,
+                packed);
+      i = last;
+    }
+  });
+  return count;
 }
 
 }  // namespace
@@ -334,7 +434,21 @@ std::string EncodeKvEventBatch(double ts, absl::Span<const KvCacheEvent> events,
                                const KvEventPublisherOptions& options) {
   std::string bytes;
   PayloadBuffer buffer(bytes);
-  EncodeInto(buffer, ts, events, options, PackConstants(options));
+  EncodeEvents(buffer, ts, events, options, PackConstants(options));
+  return bytes;
+}
+
+std::string EncodeKvEventBatch(double ts, const KvEventBatch& batch,
+                               const KvEventPublisherOptions& options) {
+  if (batch.log_ == nullptr) {
+    return EncodeKvEventBatch(ts, absl::Span<const KvCacheEvent>(), options);
+  }
+  std::string bytes;
+  PayloadBuffer buffer(bytes);
+  EncodeLogged(buffer, ts, *batch.log_, 0,
+               static_cast<size_t>(batch.log_->num_records()),
+               static_cast<size_t>(batch.page_size_), options,
+               PackConstants(options));
   return bytes;
 }
 
@@ -363,7 +477,8 @@ struct KvEventPublisher::State {
   // The publisher thread: sends what is queued, answers replay requests,
   // until stopped with the queue empty.
   void Run();
-  void Send(double ts, absl::Span<const KvCacheEvent> events);
+  // Sends a packed payload as the next batch, keeping a copy for replay.
+  void Send(std::unique_ptr<PayloadPool::Payload> payload);
   // Queues a batch stamped now, `fill` filling it under the lock; false
   // (counted) when the queue is full.
   template <typename Fill>
@@ -402,9 +517,6 @@ struct KvEventPublisher::State {
   // The publisher thread's own.
   alignas(kCacheLine) std::vector<Queued> taken;
   internal::CacheEventLog taken_log;
-  // A batch's events, built from its log (stale ones after them keep
-  // their buffers for the next).
-  std::vector<KvCacheEvent> built;
   int64_t next_seq = 0;
   std::deque<std::pair<int64_t, std::string>> kept;  // for replay.
   std::thread thread;
@@ -426,17 +538,17 @@ void KvEventPublisher::State::Run() {
     }
     int64_t sent_events = 0;
     for (const Queued& batch : taken) {
-      if (batch.events.empty()) {
-        // Into the events built before, keeping their buffers.
-        const size_t count =
-            taken_log.BuildEvents(batch.page_size, batch.records_begin,
-                                  batch.records_end, built, /*used=*/0);
-        Send(batch.ts, absl::MakeConstSpan(built.data(), count));
-        sent_events += static_cast<int64_t>(count);
-      } else {
-        Send(batch.ts, batch.events);
-        sent_events += static_cast<int64_t>(batch.events.size());
-      }
+      std::unique_ptr<PayloadPool::Payload> payload = payloads.Take();
+      PayloadBuffer buffer(payload->bytes);
+      const size_t count =
+          batch.events.empty()
+              ? EncodeLogged(buffer, batch.ts, taken_log, batch.records_begin,
+                             batch.records_end,
+                             static_cast<size_t>(batch.page_size), options,
+                             packed)
+              : EncodeEvents(buffer, batch.ts, batch.events, options, packed);
+      sent_events += static_cast<int64_t>(count);
+      Send(std::move(payload));
     }
     const int64_t batches_sent = static_cast<int64_t>(taken.size());
     taken.clear();
@@ -455,12 +567,9 @@ void KvEventPublisher::State::Run() {
   }
 }
 
-void KvEventPublisher::State::Send(double ts,
-                                   absl::Span<const KvCacheEvent> events) {
+void KvEventPublisher::State::Send(
+    std::unique_ptr<PayloadPool::Payload> payload) {
   const int64_t seq = next_seq++;
-  std::unique_ptr<PayloadPool::Payload> payload = payloads.Take();
-  PayloadBuffer buffer(payload->bytes);
-  EncodeInto(buffer, ts, events, options, packed);
   if (router && options.replay_buffer > 0) {
     // A copy, into the oldest kept one's buffer once the buffer is full.
     std::string copy;

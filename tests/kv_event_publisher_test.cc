@@ -157,6 +157,80 @@ TEST_CASE("a batch is encoded as vLLM's, maps or tagged arrays") {
   }
 }
 
+using testing::TokenRange;
+
+// The publisher packs a recorded batch straight from its records: the same
+// bytes as its built events, in every encoding, over random admissions (two
+// salts, two adapters), appends, frees, evictions and resets.
+TEST_CASE("a recorded batch packs as its built events do") {
+  PagedKvConfig config;
+  config.num_pages = 12;
+  config.page_size = kPageSize;
+  config.max_pages_per_seq = 8;
+  config.max_batch = 8;
+  auto manager = BlockManager::Create(config, {.enable_kv_events = true});
+  REQUIRE_OK(manager);
+  std::mt19937 rng(11);
+  std::vector<SequenceId> live;
+  KvEventBatch recorded;
+  int64_t batches = 0;
+  std::array<int64_t, 3> kinds{};
+  int64_t salted = 0;
+  int64_t adapted = 0;
+  int64_t chained = 0;
+  for (SequenceId id = 0; id < testing::RandomRunLength(600); ++id) {
+    INFO("op " << id);
+    const std::string salt = rng() % 2 == 0 ? "" : "tenant";
+    const HashExtraKeys extra{.cache_salt = salt,
+                              .adapter_id = static_cast<int64_t>(rng() % 2)};
+    if (live.size() < 3 &&
+        (*manager)
+            ->Admit(id, TokenRange(300 * (rng() % 3), 1 + rng() % 14), extra)
+            .ok()) {
+      live.push_back(id);
+    }
+    if (!live.empty()) {
+      (void)(*manager)->Append(live[rng() % live.size()],
+                               TokenRange(200 + rng() % 90, 1 + rng() % 6));
+    }
+    if (!live.empty() && (live.size() >= 3 || rng() % 3 == 0)) {
+      REQUIRE_OK((*manager)->Free(live.front()));
+      live.erase(live.begin());
+    }
+    if (rng() % 50 == 0) REQUIRE_OK((*manager)->ResetPrefixCache());
+    if (rng() % 3 != 0) continue;  // some batches span several ops.
+    REQUIRE_OK((*manager)->TakeKvEvents(recorded));
+    std::vector<KvCacheEvent> events;
+    recorded.AppendTo(events);
+    for (const auto encoding :
+         {Options::Encoding::kMap, Options::Encoding::kTaggedArray}) {
+      for (const auto hashes :
+           {Options::HashForm::kInt64, Options::HashForm::kBytes}) {
+        Options options;
+        options.block_size = kPageSize;
+        options.encoding = encoding;
+        options.hash_form = hashes;
+        options.data_parallel_rank = 3;
+        REQUIRE(EncodeKvEventBatch(2.5, recorded, options) ==
+                EncodeKvEventBatch(2.5, events, options));
+      }
+    }
+    batches += recorded.empty() ? 0 : 1;
+    for (const KvCacheEvent& event : events) {
+      ++kinds[static_cast<int>(event.kind)];
+      salted += !event.cache_salt.empty();
+      adapted += event.adapter_id != 0;
+      chained += event.parent_block_hash.has_value();
+    }
+  }
+  REQUIRE(batches >= testing::RandomRunLength(100));
+  // Every kind and field was packed.
+  for (const int64_t count : kinds) REQUIRE(count > 0);
+  REQUIRE((salted > 0 && adapted > 0 && chained > 0));
+  REQUIRE(EncodeKvEventBatch(1.0, KvEventBatch(), Options()) ==
+          EncodeKvEventBatch(1.0, std::vector<KvCacheEvent>(), Options()));
+}
+
 // One message from `socket`, waiting at most kTimeoutMs; empty on timeout.
 std::vector<zmq::message_t> Receive(zmq::socket_t& socket,
                                     int timeout_ms = kTimeoutMs) {
@@ -211,8 +285,6 @@ void Apply(const zmq::message_t& payload, std::set<std::string>& cached) {
     }
   }
 }
-
-using testing::TokenRange;
 
 TEST_CASE("a subscriber rebuilds the cache; a late one replays it") {
   Options options;

@@ -82,6 +82,10 @@ struct KvEventPublisherStats {
 // [ts, [events...], data_parallel_rank].
 std::string EncodeKvEventBatch(double ts, absl::Span<const KvCacheEvent> events,
                                const KvEventPublisherOptions& options);
+// The same for a batch the manager recorded, packed straight from its
+// records (as the publisher thread does) without building its events.
+std::string EncodeKvEventBatch(double ts, const KvEventBatch& batch,
+                               const KvEventPublisherOptions& options);
 
 class KvEventPublisher {
  public:

@@ -26,6 +26,10 @@ namespace kvblock {
 namespace internal {
 class CacheEventLog;
 }  // namespace internal
+struct KvEventPublisherOptions;
+class KvEventBatch;
+std::string EncodeKvEventBatch(double ts, const KvEventBatch& batch,
+                               const KvEventPublisherOptions& options);
 
 struct KvCacheEvent {
   enum class Kind : uint8_t { kBlockStored, kBlockRemoved, kAllBlocksCleared };
@@ -67,6 +71,8 @@ class KvEventBatch {
  private:
   friend class BlockManager;
   friend class KvEventPublisher;
+  friend std::string EncodeKvEventBatch(double ts, const KvEventBatch& batch,
+                                        const KvEventPublisherOptions& options);
   std::unique_ptr<internal::CacheEventLog> log_;
   int32_t page_size_ = 0;
 };
