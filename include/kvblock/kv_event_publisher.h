@@ -111,8 +111,8 @@ class KvEventPublisher {
   // leaving it empty with buffers to take into again: when every batch
   // handed over before has been taken (idle()), its buffers are exchanged
   // with the queue's emptied ones, copying nothing; otherwise its records
-  // are copied behind the queued batches. The events are built on the
-  // publisher thread.
+  // are copied behind the queued batches. The publisher thread packs them
+  // from the records.
   bool Publish(KvEventBatch& batch);
   // Whether the thread has taken every batch handed over, which it does
   // once a millisecond: one atomic load. A scheduler whose steps take

@@ -48,11 +48,12 @@ struct KvCacheEvent {
   friend bool operator==(const KvCacheEvent&, const KvCacheEvent&) = default;
 };
 
-// A step's events as the manager recorded them (BlockManager::TakeKvEvents):
-// copied flat into the batch's own buffers, which it keeps from step to
-// step, so that taking them allocates nothing once they have grown, and
-// built into KvCacheEvents where they are consumed (KvEventPublisher's
-// thread, from its own copy). Move-only.
+// The events of one or more steps as the manager recorded them
+// (BlockManager::TakeKvEvents): flat records in buffers that the batch, the
+// manager and the publisher exchange rather than copy, so that taking and
+// handing them over allocates nothing; built into KvCacheEvents only where
+// asked (AppendTo), the publisher packing them straight from the records.
+// Move-only.
 class KvEventBatch {
  public:
   KvEventBatch();
