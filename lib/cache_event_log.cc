@@ -126,63 +126,25 @@ size_t CacheEventLog::EventEnd(size_t begin, size_t end) const {
     case Kind::kStored:
       // A page the pool registered on its own has no chain to continue.
       if (first.run < 0) return next;
-      // Pages that continue the chain under the same keys join the event.
-      while (next < end && records_[next].kind == Kind::kStored &&
-             records_[next].run >= 0 && parent(next) != nullptr &&
-             *parent(next) == records_[next - 1].hash &&
-             cache_salt(next) == cache_salt(begin) &&
-             adapter_id(next) == adapter_id(begin)) {
-        ++next;
+      // Pages that continue the chain under the same keys join the event:
+      // the run's next page, or a run that goes on from the page before.
+      for (; next < end && records_[next].kind == Kind::kStored; ++next) {
+        const Record& record = records_[next];
+        const Record& before = records_[next - 1];
+        if (record.run == before.run &&
+            record.page_in_run == before.page_in_run + 1) {
+          continue;
+        }
+        const BlockHash* chain = parent(next);
+        if (chain == nullptr || *chain != before.hash ||
+            cache_salt(next) != cache_salt(begin) ||
+            adapter_id(next) != adapter_id(begin)) {
+          break;
+        }
       }
       return next;
   }
   return next;
-}
-
-KvCacheEvent::Kind CacheEventLog::kind(size_t i) const {
-  switch (records_[i].kind) {
-    case Kind::kStored:
-      return KvCacheEvent::Kind::kBlockStored;
-    case Kind::kRemoved:
-      return KvCacheEvent::Kind::kBlockRemoved;
-    case Kind::kCleared:
-      break;
-  }
-  return KvCacheEvent::Kind::kAllBlocksCleared;
-}
-
-const BlockHash* CacheEventLog::parent(size_t i) const {
-  const Record& record = records_[i];
-  if (record.kind != Kind::kStored || record.run < 0) return nullptr;
-  const Run& run = runs_[record.run];
-  // The run's page before this one (cached already or not, it is the
-  // chain), or the run's parent; none at a sequence's page 0.
-  if (record.page_in_run > 0) {
-    return &hashes_[run.hashes_offset + record.page_in_run - 1];
-  }
-  return run.first_page > 0 ? &run.parent : nullptr;
-}
-
-absl::Span<const TokenId> CacheEventLog::tokens(size_t i,
-                                                size_t page_size) const {
-  const Record& record = records_[i];
-  if (record.kind != Kind::kStored || record.run < 0) return {};
-  const Run& run = runs_[record.run];
-  return absl::MakeConstSpan(tokens_).subspan(
-      run.tokens_offset + record.page_in_run * page_size, page_size);
-}
-
-absl::string_view CacheEventLog::cache_salt(size_t i) const {
-  const Record& record = records_[i];
-  if (record.kind != Kind::kStored || record.run < 0) return {};
-  const Run& run = runs_[record.run];
-  return absl::string_view(salts_).substr(run.salt_offset, run.salt_size);
-}
-
-int64_t CacheEventLog::adapter_id(size_t i) const {
-  const Record& record = records_[i];
-  if (record.kind != Kind::kStored || record.run < 0) return 0;
-  return runs_[record.run].adapter_id;
 }
 
 size_t CacheEventLog::BuildEvents(int32_t page_size, size_t begin, size_t end,

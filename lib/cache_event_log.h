@@ -63,12 +63,43 @@ class CacheEventLog {
   // Record i, as its event reads it: the kind, the page's hash and, for a
   // page of a registration run (else none, empty and 0), the chain before
   // it (null at a prompt's first page), its tokens and its extra keys.
-  KvCacheEvent::Kind kind(size_t i) const;
+  // Inline: the publisher thread reads every record through them.
+  KvCacheEvent::Kind kind(size_t i) const {
+    switch (records_[i].kind) {
+      case Kind::kStored:
+        return KvCacheEvent::Kind::kBlockStored;
+      case Kind::kRemoved:
+        return KvCacheEvent::Kind::kBlockRemoved;
+      case Kind::kCleared:
+        break;
+    }
+    return KvCacheEvent::Kind::kAllBlocksCleared;
+  }
   const BlockHash& hash(size_t i) const { return records_[i].hash; }
-  const BlockHash* parent(size_t i) const;
-  absl::Span<const TokenId> tokens(size_t i, size_t page_size) const;
-  absl::string_view cache_salt(size_t i) const;
-  int64_t adapter_id(size_t i) const;
+  const BlockHash* parent(size_t i) const {
+    const Run* run = RunOf(i);
+    if (run == nullptr) return nullptr;
+    // The run's page before this one (cached already or not, it is the
+    // chain), or the run's parent; none at a sequence's page 0.
+    const int32_t page_in_run = records_[i].page_in_run;
+    if (page_in_run > 0) return &hashes_[run->hashes_offset + page_in_run - 1];
+    return run->first_page > 0 ? &run->parent : nullptr;
+  }
+  absl::Span<const TokenId> tokens(size_t i, size_t page_size) const {
+    const Run* run = RunOf(i);
+    if (run == nullptr) return {};
+    return absl::MakeConstSpan(tokens_).subspan(
+        run->tokens_offset + records_[i].page_in_run * page_size, page_size);
+  }
+  absl::string_view cache_salt(size_t i) const {
+    const Run* run = RunOf(i);
+    if (run == nullptr) return {};
+    return absl::string_view(salts_).substr(run->salt_offset, run->salt_size);
+  }
+  int64_t adapter_id(size_t i) const {
+    const Run* run = RunOf(i);
+    return run == nullptr ? 0 : run->adapter_id;
+  }
 
   // Builds records [begin, end) as events (EventEnd's) into `out`
   // from index `used` on, reusing the buffers of the events already there;
@@ -123,6 +154,13 @@ class CacheEventLog {
     record.run = run;
     record.page_in_run = page_in_run;
     record.hash = hash;
+  }
+
+  // The registration run of record i, a stored page; null for any other.
+  const Run* RunOf(size_t i) const {
+    const Record& record = records_[i];
+    if (record.kind != Kind::kStored || record.run < 0) return nullptr;
+    return &runs_[record.run];
   }
 
   std::vector<Record> records_;

@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -38,17 +40,48 @@ int64_t ThreadCpuNanos() {
   return int64_t{now.tv_sec} * 1000000000 + now.tv_nsec;
 }
 
-// A payload being packed into `bytes`: msgpack-cxx writes through write(),
-// and token ids, most of a payload's bytes, are written straight in
-// (PackTokens).
+// A payload being packed. msgpack-cxx writes through write(), a few bytes
+// at a time, and token ids, most of a payload's bytes, are written straight
+// in (PackTokenValues): both into memory grown ahead (Room), without a call
+// a write. Its own bytes rather than a std::string's, which zero-fills what
+// it grows into.
 class PayloadBuffer {
  public:
-  explicit PayloadBuffer(std::string& bytes) : bytes_(bytes) {}
-  void write(const char* data, size_t size) { bytes_.append(data, size); }
-  std::string& bytes() { return bytes_; }
+  void write(const char* data, size_t size) {
+    std::memcpy(Room(size), data, size);
+    size_ += size;
+  }
+  // At least `size` writable bytes after the end, which Commit then ends.
+  char* Room(size_t size) {
+    if (capacity_ - size_ < size) Grow(size);
+    return data_.get() + size_;
+  }
+  void Commit(const char* end) {
+    size_ = static_cast<size_t>(end - data_.get());
+  }
+  // Room for `size` bytes in all, written once so that its memory is mapped
+  // now rather than by the first payload that fills it.
+  void Reserve(size_t size) {
+    if (size > capacity_) Grow(size - size_);
+    std::memset(data_.get(), 0, capacity_);
+  }
+  void clear() { size_ = 0; }
+  char* data() { return data_.get(); }
+  const char* data() const { return data_.get(); }
+  size_t size() const { return size_; }
 
  private:
-  std::string& bytes_;
+  void Grow(size_t more) {
+    const size_t capacity = std::max(2 * capacity_, size_ + more);
+    auto data = std::make_unique_for_overwrite<char[]>(capacity);
+    if (size_ > 0) std::memcpy(data.get(), data_.get(), size_);
+    data_ = std::move(data);
+    capacity_ = capacity;
+  }
+
+  std::unique_ptr<char[]> data_;
+  size_t size_ = 0;
+  size_t capacity_ = 0;
 };
 
 // Payload buffers that ZeroMQ sends without copying them: a copy of a
@@ -59,7 +92,7 @@ class PayloadPool {
  public:
   struct Payload {
     PayloadPool* pool = nullptr;
-    std::string bytes;
+    PayloadBuffer bytes;
   };
 
   // A spare payload, emptied, or a new one.
@@ -79,7 +112,7 @@ class PayloadPool {
   // mapped now rather than by the first payload that fills it.
   void Reserve(size_t bytes) {
     std::unique_ptr<Payload> payload = New();
-    payload->bytes.resize(bytes);
+    payload->bytes.Reserve(bytes);
     std::lock_guard<std::mutex> lock(mutex_);
     spare_.push_back(std::move(payload));
   }
@@ -117,46 +150,45 @@ void PackHash(Packer& pk, const BlockHash& hash, const Options& options) {
     return;
   }
   // vLLM's integer form: the digest's last 8 bytes, big-endian.
-  uint64_t value = 0;
-  for (size_t i = hash.bytes.size() - 8; i < hash.bytes.size(); ++i) {
-    value = value << 8 | hash.bytes[i];
-  }
-  pk.pack_uint64(value);
+  static_assert(std::endian::native == std::endian::little);
+  uint64_t value;
+  std::memcpy(&value, hash.bytes.data() + hash.bytes.size() - 8, 8);
+  pk.pack_uint64(__builtin_bswap64(value));
 }
 
-// Token ids of an array, as msgpack-cxx's pack_int32 would write each (the
-// shortest form), without a call a token.
-void PackTokenValues(Packer& pk, PayloadBuffer& buffer,
-                     absl::Span<const TokenId> tokens) {
-  if (std::any_of(tokens.begin(), tokens.end(),
-                  [](TokenId token) { return token < 0; })) {
-    for (const TokenId token : tokens) pk.pack_int32(token);
-    return;
-  }
-  std::string& bytes = buffer.bytes();
-  const size_t start = bytes.size();
-  bytes.resize(start + 5 * tokens.size());  // the longest form: 5 bytes.
-  char* out = bytes.data() + start;
+// Token ids of an array, each in the shortest form (as msgpack-cxx's
+// pack_int32 writes it), without a call a token.
+void PackTokenValues(PayloadBuffer& buffer, absl::Span<const TokenId> tokens) {
+  char* out = buffer.Room(5 * tokens.size());  // the longest form: 5 bytes.
+  const auto put = [&out](uint8_t tag, uint32_t value, int bytes) {
+    *out++ = static_cast<char>(tag);
+    for (int shift = 8 * (bytes - 1); shift >= 0; shift -= 8) {
+      *out++ = static_cast<char>(value >> shift);
+    }
+  };
   for (const TokenId token : tokens) {
     const auto value = static_cast<uint32_t>(token);
-    if (value < 0x80) {  // positive fixint.
-      *out++ = static_cast<char>(value);
-    } else if (value < 0x100) {  // uint 8.
-      *out++ = static_cast<char>(0xcc);
-      *out++ = static_cast<char>(value);
-    } else if (value < 0x10000) {  // uint 16, big-endian.
-      *out++ = static_cast<char>(0xcd);
-      *out++ = static_cast<char>(value >> 8);
-      *out++ = static_cast<char>(value);
-    } else {  // uint 32, big-endian.
-      *out++ = static_cast<char>(0xce);
-      *out++ = static_cast<char>(value >> 24);
-      *out++ = static_cast<char>(value >> 16);
-      *out++ = static_cast<char>(value >> 8);
-      *out++ = static_cast<char>(value);
+    if (token >= 0) {
+      if (value < 0x80) {
+        *out++ = static_cast<char>(value);  // positive fixint.
+      } else if (value < 0x100) {
+        put(0xcc, value, 1);  // uint 8.
+      } else if (value < 0x10000) {
+        put(0xcd, value, 2);  // uint 16, big-endian.
+      } else {
+        put(0xce, value, 4);  // uint 32.
+      }
+    } else if (token >= -32) {
+      *out++ = static_cast<char>(value);  // negative fixint.
+    } else if (token >= -128) {
+      put(0xd0, value, 1);  // int 8, two's complement.
+    } else if (token >= -32768) {
+      put(0xd1, value, 2);  // int 16.
+    } else {
+      put(0xd2, value, 4);  // int 32.
     }
   }
-  bytes.resize(static_cast<size_t>(out - bytes.data()));
+  buffer.Commit(out);
 }
 
 void PackString(Packer& pk, std::string_view text) {
@@ -201,9 +233,10 @@ struct PackedConstants {
 PackedConstants PackConstants(const Options& options) {
   PackedConstants packed;
   const auto pack = [](std::string& out, const auto& fill) {
-    PayloadBuffer buffer(out);
+    PayloadBuffer buffer;
     Packer pk(buffer);
     fill(pk);
+    out.assign(buffer.data(), buffer.size());
   };
   pack(packed.stored_head, [&](Packer& pk) {
     BeginEvent(pk, options, "BlockStored", 11);
@@ -333,7 +366,7 @@ void PackEvent(Packer& pk, PayloadBuffer& buffer, const Event& event,
       Append(buffer, packed.tokens);
       pk.pack_array(static_cast<uint32_t>(event.num_tokens()));
       event.ForEachTokens([&](absl::Span<const TokenId> tokens) {
-        PackTokenValues(pk, buffer, tokens);
+        PackTokenValues(buffer, tokens);
       });
       Append(buffer, packed.lora);
       if (event.adapter_id() != 0) {
@@ -382,7 +415,7 @@ template <typename PackEvents>
 void EncodeBatch(PayloadBuffer& buffer, double ts, size_t count,
                  const KvEventPublisherOptions& options,
                  PackEvents&& pack_events) {
-  buffer.bytes().clear();
+  buffer.clear();
   Packer pk(buffer);
   pk.pack_array(3);
   pk.pack_double(ts);
@@ -409,33 +442,36 @@ size_t EncodeEvents(PayloadBuffer& buffer, double ts,
 }
 
 // A batch of records [begin, end) of `log`, packed from them; returns how
-// many events they make.
+// many events they make. `event_ends`: scratch, where each event's end is
+// found once (the batch's head counts them).
 size_t EncodeLogged(PayloadBuffer& buffer, double ts,
                     const internal::CacheEventLog& log, size_t begin,
                     size_t end, size_t page_size,
                     const KvEventPublisherOptions& options,
-                    const PackedConstants& packed) {
-  size_t count = 0;
-  for (size_t i = begin; i < end; i = log.EventEnd(i, end)) ++count;
-  EncodeBatch(buffer, ts, count, options, [&](Packer& pk) {
-    for (size_t i = begin; i < end;) {
-      const size_t last = log.EventEnd(i, end);
-      PackEvent(pk, buffer, LoggedEvent(log, i, last, page_size), options,
+                    const PackedConstants& packed,
+                    std::vector<size_t>& event_ends) {
+  event_ends.clear();
+  for (size_t i = begin; i < end; i = event_ends.back()) {
+    event_ends.push_back(log.EventEnd(i, end));
+  }
+  EncodeBatch(buffer, ts, event_ends.size(), options, [&](Packer& pk) {
+    size_t first = begin;
+    for (const size_t last : event_ends) {
+      PackEvent(pk, buffer, LoggedEvent(log, first, last, page_size), options,
                 packed);
-      i = last;
+      first = last;
     }
   });
-  return count;
+  return event_ends.size();
 }
 
 }  // namespace
 
 std::string EncodeKvEventBatch(double ts, absl::Span<const KvCacheEvent> events,
                                const KvEventPublisherOptions& options) {
-  std::string bytes;
-  PayloadBuffer buffer(bytes);
+  PayloadBuffer buffer;
   EncodeEvents(buffer, ts, events, options, PackConstants(options));
-  return bytes;
+  return std::string(buffer.data(), buffer.size());
 }
 
 std::string EncodeKvEventBatch(double ts, const KvEventBatch& batch,
@@ -443,13 +479,13 @@ std::string EncodeKvEventBatch(double ts, const KvEventBatch& batch,
   if (batch.log_ == nullptr) {
     return EncodeKvEventBatch(ts, absl::Span<const KvCacheEvent>(), options);
   }
-  std::string bytes;
-  PayloadBuffer buffer(bytes);
+  PayloadBuffer buffer;
+  std::vector<size_t> event_ends;
   EncodeLogged(buffer, ts, *batch.log_, 0,
                static_cast<size_t>(batch.log_->num_records()),
                static_cast<size_t>(batch.page_size_), options,
-               PackConstants(options));
-  return bytes;
+               PackConstants(options), event_ends);
+  return std::string(buffer.data(), buffer.size());
 }
 
 // How long closing the PUB socket may wait for sent messages to leave.
@@ -517,6 +553,7 @@ struct KvEventPublisher::State {
   // The publisher thread's own.
   alignas(kCacheLine) std::vector<Queued> taken;
   internal::CacheEventLog taken_log;
+  std::vector<size_t> event_ends;  // EncodeLogged's scratch.
   int64_t next_seq = 0;
   std::deque<std::pair<int64_t, std::string>> kept;  // for replay.
   std::thread thread;
@@ -539,13 +576,13 @@ void KvEventPublisher::State::Run() {
     int64_t sent_events = 0;
     for (const Queued& batch : taken) {
       std::unique_ptr<PayloadPool::Payload> payload = payloads.Take();
-      PayloadBuffer buffer(payload->bytes);
+      PayloadBuffer& buffer = payload->bytes;
       const size_t count =
           batch.events.empty()
               ? EncodeLogged(buffer, batch.ts, taken_log, batch.records_begin,
                              batch.records_end,
                              static_cast<size_t>(batch.page_size), options,
-                             packed)
+                             packed, event_ends)
               : EncodeEvents(buffer, batch.ts, batch.events, options, packed);
       sent_events += static_cast<int64_t>(count);
       Send(std::move(payload));
@@ -577,7 +614,7 @@ void KvEventPublisher::State::Send(
       copy = std::move(kept.front().second);
       kept.pop_front();
     }
-    copy.assign(payload->bytes);
+    copy.assign(payload->bytes.data(), payload->bytes.size());
     kept.emplace_back(seq, std::move(copy));
   }
   const std::array<uint8_t, 8> seq_bytes = BigEndian(seq);
@@ -660,6 +697,7 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
     state->payloads.Reserve(changes * (5 * page_size + 64));
     const size_t batches =
         std::min(changes, static_cast<size_t>(state->options.queue_capacity));
+    state->event_ends.reserve(changes);
     state->queue.reserve(batches);
     state->taken.reserve(batches);
   }
