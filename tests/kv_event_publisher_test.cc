@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <random>
 #include <set>
@@ -68,10 +69,11 @@ const msgpack::object& Field(const msgpack::object& map, std::string key) {
 }
 
 TEST_CASE("token ids are packed in msgpack's shortest forms, as msgpack-cxx") {
-  // Each form's edges, and a negative id (its own path).
+  // Each form's edges, non-negative and negative.
   for (const std::vector<TokenId>& tokens :
        {std::vector<TokenId>{0, 127, 128, 255, 256, 65535, 65536, 2147483647},
-        std::vector<TokenId>{5, -1, -33, 300}}) {
+        std::vector<TokenId>{5, -1, -32, -33, -128, -129, -32768, -32769,
+                             std::numeric_limits<TokenId>::min(), 300}}) {
     KvCacheEvent stored;
     stored.kind = KvCacheEvent::Kind::kBlockStored;
     stored.block_hashes = {HashOfByte(1, 2)};
