@@ -377,6 +377,7 @@ BlockPool::Savepoint BlockPool::BeginTransaction() {
     const internal::CacheEventLog::Mark mark = events_->mark();
     savepoint.event_records = mark.records;
     savepoint.event_runs = mark.runs;
+    savepoint.event_hashes = mark.hashes;
   }
   return savepoint;
 }
@@ -403,7 +404,8 @@ absl::Status BlockPool::RollbackTransaction(const Savepoint& savepoint) {
   }
   stats_ = savepoint.stats;
   if (events_ != nullptr) {
-    events_->Truncate({savepoint.event_records, savepoint.event_runs});
+    events_->Truncate({savepoint.event_records, savepoint.event_runs,
+                       savepoint.event_hashes});
   }
   --depth_;
   return absl::OkStatus();

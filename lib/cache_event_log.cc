@@ -11,19 +11,23 @@ namespace kvblock::internal {
 void CacheEventLog::Truncate(const Mark& mark) {
   if (mark.runs < runs_.size()) {
     const Run& first_dropped = runs_[mark.runs];
-    hashes_.resize(first_dropped.hashes_offset);
     tokens_.resize(first_dropped.tokens_offset);
     salts_.resize(first_dropped.salt_offset);
     runs_.resize(mark.runs);
   }
+  hashes_.resize(mark.hashes);
   records_.resize(mark.records);
   open_run_ = -1;
 }
 
 void CacheEventLog::Registered(const BlockHash& hash, bool stored) {
-  const int32_t page_in_run = open_run_ >= 0 ? run_cursor_++ : 0;
-  if (!stored) return;
-  Add(Kind::kStored, hash, open_run_, page_in_run);
+  if (open_run_ < 0) {
+    if (stored) AddHashed(Kind::kStored, hash);
+    return;
+  }
+  // The run holds `hash` already (BeginRun).
+  const int32_t page_in_run = run_cursor_++;
+  if (stored) Add(Kind::kStored, open_run_, static_cast<size_t>(page_in_run));
 }
 
 void CacheEventLog::BeginRun(int64_t first_page, const BlockHash& parent,
@@ -32,13 +36,13 @@ void CacheEventLog::BeginRun(int64_t first_page, const BlockHash& parent,
                              absl::string_view cache_salt, int64_t adapter_id) {
   open_run_ = static_cast<int32_t>(runs_.size());
   run_cursor_ = 0;
-  runs_.push_back({.first_page = first_page,
-                   .parent = parent,
-                   .hashes_offset = hashes_.size(),
+  runs_.push_back({.hashes_offset = hashes_.size(),
                    .tokens_offset = tokens_.size(),
                    .salt_offset = salts_.size(),
                    .salt_size = cache_salt.size(),
-                   .adapter_id = adapter_id});
+                   .adapter_id = adapter_id,
+                   .has_parent = first_page > 0});
+  hashes_.push_back(parent);
   hashes_.insert(hashes_.end(), hashes.begin(), hashes.end());
   tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
   salts_.append(cache_salt.data(), cache_salt.size());
@@ -60,9 +64,15 @@ void CacheEventLog::AppendTo(CacheEventLog& out) const {
   const size_t runs_base = out.runs_.size();
   out.runs_.insert(out.runs_.end(), runs_.begin(), runs_.end());
   // Rebased onto `out`'s arrays, unless they were empty.
-  if (run_base > 0) {
+  const size_t hashes_base = out.hashes_.size();
+  if (run_base > 0 || hashes_base > 0) {
     for (size_t i = records_base; i < out.records_.size(); ++i) {
-      if (out.records_[i].run >= 0) out.records_[i].run += run_base;
+      Record& record = out.records_[i];
+      if (record.run >= 0) {
+        record.run += run_base;
+      } else {
+        record.index += hashes_base;
+      }
     }
   }
   if (!out.hashes_.empty() || !out.tokens_.empty() || !out.salts_.empty()) {
@@ -80,7 +90,7 @@ void CacheEventLog::AppendTo(CacheEventLog& out) const {
 void CacheEventLog::Reserve(size_t changes, size_t page_size) {
   records_.resize(changes);
   runs_.resize(changes);
-  hashes_.resize(changes);
+  hashes_.resize(2 * changes);
   tokens_.resize(changes * page_size);
   Clear();
 }
@@ -131,12 +141,12 @@ size_t CacheEventLog::EventEnd(size_t begin, size_t end) const {
       for (; next < end && records_[next].kind == Kind::kStored; ++next) {
         const Record& record = records_[next];
         const Record& before = records_[next - 1];
-        if (record.run == before.run &&
-            record.page_in_run == before.page_in_run + 1) {
+        if (record.run >= 0 && record.run == before.run &&
+            record.index == before.index + 1) {
           continue;
         }
         const BlockHash* chain = parent(next);
-        if (chain == nullptr || *chain != before.hash ||
+        if (chain == nullptr || *chain != hash(next - 1) ||
             cache_salt(next) != cache_salt(begin) ||
             adapter_id(next) != adapter_id(begin)) {
           break;
@@ -162,7 +172,7 @@ size_t CacheEventLog::BuildEvents(int32_t page_size, size_t begin, size_t end,
     }
     for (; i < last; ++i) {
       if (event.kind == KvCacheEvent::Kind::kAllBlocksCleared) continue;
-      event.block_hashes.push_back(records_[i].hash);
+      event.block_hashes.push_back(hash(i));
       const absl::Span<const TokenId> page_tokens = tokens(i, page);
       event.token_ids.insert(event.token_ids.end(), page_tokens.begin(),
                              page_tokens.end());

@@ -32,17 +32,18 @@ class CacheEventLog {
   struct Mark {
     size_t records = 0;
     size_t runs = 0;
+    size_t hashes = 0;
   };
 
-  Mark mark() const { return {records_.size(), runs_.size()}; }
+  Mark mark() const { return {records_.size(), runs_.size(), hashes_.size()}; }
   // Drops what came after `mark`, and closes an open run.
   void Truncate(const Mark& mark);
 
   // From BlockPool: RegisterCached on `hash` (`stored`: the page is newly
   // cached), an eviction or uncaching of a page cached as `hash`, a reset.
   void Registered(const BlockHash& hash, bool stored);
-  void Removed(const BlockHash& hash) { Add(Kind::kRemoved, hash); }
-  void Cleared() { Add(Kind::kCleared, BlockHash{}); }
+  void Removed(const BlockHash& hash) { AddHashed(Kind::kRemoved, hash); }
+  void Cleared() { Add(Kind::kCleared, -1, 0); }
 
   // From BlockManager: the next hashes.size() registrations are pages
   // [first_page, ...) of a sequence after `parent` (its chain before them),
@@ -75,21 +76,27 @@ class CacheEventLog {
     }
     return KvCacheEvent::Kind::kAllBlocksCleared;
   }
-  const BlockHash& hash(size_t i) const { return records_[i].hash; }
+  const BlockHash& hash(size_t i) const {
+    const Record& record = records_[i];
+    if (const Run* run = RunOf(i)) {
+      return hashes_[run->hashes_offset + 1 + record.index];
+    }
+    return hashes_[record.index];
+  }
   const BlockHash* parent(size_t i) const {
     const Run* run = RunOf(i);
     if (run == nullptr) return nullptr;
     // The run's page before this one (cached already or not, it is the
     // chain), or the run's parent; none at a sequence's page 0.
-    const int32_t page_in_run = records_[i].page_in_run;
-    if (page_in_run > 0) return &hashes_[run->hashes_offset + page_in_run - 1];
-    return run->first_page > 0 ? &run->parent : nullptr;
+    const size_t page_in_run = records_[i].index;
+    if (page_in_run == 0 && !run->has_parent) return nullptr;
+    return &hashes_[run->hashes_offset + page_in_run];
   }
   absl::Span<const TokenId> tokens(size_t i, size_t page_size) const {
     const Run* run = RunOf(i);
     if (run == nullptr) return {};
     return absl::MakeConstSpan(tokens_).subspan(
-        run->tokens_offset + records_[i].page_in_run * page_size, page_size);
+        run->tokens_offset + records_[i].index * page_size, page_size);
   }
   absl::string_view cache_salt(size_t i) const {
     const Run* run = RunOf(i);
@@ -122,7 +129,7 @@ class CacheEventLog {
   void Reserve(size_t changes, size_t page_size);
   // What Reserve allocates a change.
   static int64_t ReservedBytesPerChange(int64_t page_size) {
-    return int64_t{sizeof(Record) + sizeof(Run) + sizeof(BlockHash)} +
+    return int64_t{sizeof(Record) + sizeof(Run) + 2 * sizeof(BlockHash)} +
            page_size * int64_t{sizeof(TokenId)};
   }
   // Exchanges the records with `other`'s (no run open in either).
@@ -130,30 +137,36 @@ class CacheEventLog {
 
  private:
   enum class Kind : uint8_t { kStored, kRemoved, kCleared };
+  // Small, as every byte of them crosses to the publisher thread's core:
+  // each hash is kept once, in hashes_.
   struct Record {
     Kind kind = Kind::kRemoved;
-    // kStored: the run (runs_[run], -1: none) and the page's index in it.
+    // kStored in a run: the run (runs_[run]) and the page's index in it.
+    // Otherwise -1 and the page's hash in hashes_ (none for kCleared).
     int32_t run = -1;
-    int32_t page_in_run = 0;
-    BlockHash hash;
+    size_t index = 0;
   };
   struct Run {
-    int64_t first_page = 0;
-    BlockHash parent;
-    size_t hashes_offset = 0;  // in hashes_, one a page.
+    // In hashes_: the chain before the run's first page (a placeholder
+    // without `has_parent`, at a sequence's page 0), then a hash a page.
+    size_t hashes_offset = 0;
     size_t tokens_offset = 0;  // in tokens_, page_size a page.
     size_t salt_offset = 0;    // in salts_.
     size_t salt_size = 0;
     int64_t adapter_id = 0;
+    bool has_parent = false;
   };
 
-  void Add(Kind kind, const BlockHash& hash, int32_t run = -1,
-           int32_t page_in_run = 0) {
+  void Add(Kind kind, int32_t run, size_t index) {
     Record& record = records_.emplace_back();
     record.kind = kind;
     record.run = run;
-    record.page_in_run = page_in_run;
-    record.hash = hash;
+    record.index = index;
+  }
+  // A record of a page outside any run, its hash appended.
+  void AddHashed(Kind kind, const BlockHash& hash) {
+    hashes_.push_back(hash);
+    Add(kind, -1, hashes_.size() - 1);
   }
 
   // The registration run of record i, a stored page; null for any other.

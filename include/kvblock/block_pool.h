@@ -138,6 +138,7 @@ class BlockPool {
     // The event log's size (see set_event_log).
     size_t event_records = 0;
     size_t event_runs = 0;
+    size_t event_hashes = 0;
   };
 
   // A pool of `num_pages` free pages. InvalidArgument when `num_pages` is not
