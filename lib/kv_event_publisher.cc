@@ -142,7 +142,8 @@ class PayloadPool {
 using Packer = msgpack::packer<PayloadBuffer>;
 using Options = KvEventPublisherOptions;
 
-void PackHash(Packer& pk, const BlockHash& hash, const Options& options) {
+void PackHash(Packer& pk, PayloadBuffer& buffer, const BlockHash& hash,
+              const Options& options) {
   if (options.hash_form == Options::HashForm::kBytes) {
     pk.pack_bin(static_cast<uint32_t>(hash.bytes.size()));
     pk.pack_bin_body(reinterpret_cast<const char*>(hash.bytes.data()),
@@ -153,13 +154,40 @@ void PackHash(Packer& pk, const BlockHash& hash, const Options& options) {
   static_assert(std::endian::native == std::endian::little);
   uint64_t value;
   std::memcpy(&value, hash.bytes.data() + hash.bytes.size() - 8, 8);
-  pk.pack_uint64(__builtin_bswap64(value));
+  value = __builtin_bswap64(value);
+  if (value >> 56 == 0) {
+    pk.pack_uint64(value);  // a shorter form.
+    return;
+  }
+  // All but 1 in 256 hashes: uint 64, the value's bytes as the digest's.
+  char* out = buffer.Room(9);
+  out[0] = static_cast<char>(0xcf);
+  std::memcpy(out + 1, hash.bytes.data() + hash.bytes.size() - 8, 8);
+  buffer.Commit(out + 9);
 }
 
 // Token ids of an array, each in the shortest form (as msgpack-cxx's
 // pack_int32 writes it), without a call a token.
 void PackTokenValues(PayloadBuffer& buffer, absl::Span<const TokenId> tokens) {
   char* out = buffer.Room(5 * tokens.size());  // the longest form: 5 bytes.
+  // Most of a vocabulary's ids take the uint 16 form: a page of them is
+  // checked at once (a vector loop) and written without a branch a token.
+  uint32_t outside = 0;
+  for (const TokenId token : tokens) {
+    outside |= static_cast<uint32_t>(token) - 0x100 >= 0x10000 - 0x100;
+  }
+  if (outside == 0) {
+    for (const TokenId token : tokens) {
+      // 0xcd, then the id big-endian, in one store (the 4th byte is
+      // overwritten by the next token's, or left past the end).
+      const uint32_t bytes =
+          0xcd | uint32_t{__builtin_bswap16(static_cast<uint16_t>(token))} << 8;
+      std::memcpy(out, &bytes, 4);
+      out += 3;
+    }
+    buffer.Commit(out);
+    return;
+  }
   const auto put = [&out](uint8_t tag, uint32_t value, int bytes) {
     *out++ = static_cast<char>(tag);
     for (int shift = 8 * (bytes - 1); shift >= 0; shift -= 8) {
@@ -217,26 +245,36 @@ void BeginEvent(Packer& pk, const Options& options, std::string_view type,
 // The bytes of an event between its variable fields, which depend only on
 // the options: packed once (PackConstants) and copied whole, instead of a
 // dozen keys and constants packed an event.
+// Each in a fixed-size array, which Append copies whole (a few vector
+// moves, where a copy of its own size is a call).
+struct PackedConstant {
+  static constexpr size_t kCapacity = 64;  // the longest is 45 bytes.
+  std::array<char, kCapacity> bytes{};
+  size_t size = 0;
+};
 struct PackedConstants {
-  std::string stored_head;  // BlockStored's head and block_hashes' key.
-  std::string parent;       // parent_block_hash's key.
-  std::string tokens;       // token_ids' key.
-  std::string lora;         // block_size and its value, lora_id's key.
-  std::string extra;        // medium, lora_name (nil), extra_keys' key.
-  std::string stored_tail;  // group_idx and the kv_cache_spec fields.
-  std::string removed_head;
-  std::string removed_tail;  // medium, group_idx.
-  std::string cleared;
+  PackedConstant stored_head;  // BlockStored's head and block_hashes' key.
+  PackedConstant parent;       // parent_block_hash's key.
+  PackedConstant tokens;       // token_ids' key.
+  PackedConstant lora;         // block_size and its value, lora_id's key.
+  PackedConstant extra;        // medium, lora_name (nil), extra_keys' key.
+  PackedConstant group;        // group_idx and kv_cache_spec_kind.
+  PackedConstant stored_tail;  // kv_cache_spec_sliding_window.
+  PackedConstant removed_head;
+  PackedConstant removed_tail;  // medium, group_idx.
+  PackedConstant cleared;
 };
 
 // vLLM's fields, in its order (the tagged arrays are positional).
 PackedConstants PackConstants(const Options& options) {
   PackedConstants packed;
-  const auto pack = [](std::string& out, const auto& fill) {
+  const auto pack = [](PackedConstant& out, const auto& fill) {
     PayloadBuffer buffer;
     Packer pk(buffer);
     fill(pk);
-    out.assign(buffer.data(), buffer.size());
+    // Field names and constants only: never near the capacity.
+    out.size = std::min(buffer.size(), PackedConstant::kCapacity);
+    std::memcpy(out.bytes.data(), buffer.data(), out.size);
   };
   pack(packed.stored_head, [&](Packer& pk) {
     BeginEvent(pk, options, "BlockStored", 11);
@@ -257,11 +295,13 @@ PackedConstants PackConstants(const Options& options) {
     pk.pack_nil();
     Key(pk, options, "extra_keys");
   });
-  pack(packed.stored_tail, [&](Packer& pk) {
+  pack(packed.group, [&](Packer& pk) {
     Key(pk, options, "group_idx");
     pk.pack_int32(0);
     Key(pk, options, "kv_cache_spec_kind");
     PackString(pk, "full_attention");
+  });
+  pack(packed.stored_tail, [&](Packer& pk) {
     Key(pk, options, "kv_cache_spec_sliding_window");
     pk.pack_nil();
   });
@@ -280,8 +320,10 @@ PackedConstants PackConstants(const Options& options) {
   return packed;
 }
 
-void Append(PayloadBuffer& buffer, const std::string& bytes) {
-  buffer.write(bytes.data(), bytes.size());
+void Append(PayloadBuffer& buffer, const PackedConstant& constant) {
+  char* out = buffer.Room(PackedConstant::kCapacity);
+  std::memcpy(out, constant.bytes.data(), PackedConstant::kCapacity);
+  buffer.Commit(out + constant.size);
 }
 
 // An event's fields as PackEvent reads them, from a KvCacheEvent.
@@ -343,10 +385,11 @@ class LoggedEvent {
 };
 
 template <typename Event>
-void PackHashes(Packer& pk, const Event& event, const Options& options) {
+void PackHashes(Packer& pk, PayloadBuffer& buffer, const Event& event,
+                const Options& options) {
   pk.pack_array(static_cast<uint32_t>(event.num_pages()));
   event.ForEachHash(
-      [&](const BlockHash& hash) { PackHash(pk, hash, options); });
+      [&](const BlockHash& hash) { PackHash(pk, buffer, hash, options); });
 }
 
 // Event: BuiltEvent or LoggedEvent.
@@ -356,10 +399,10 @@ void PackEvent(Packer& pk, PayloadBuffer& buffer, const Event& event,
   switch (event.kind()) {
     case KvCacheEvent::Kind::kBlockStored: {
       Append(buffer, packed.stored_head);
-      PackHashes(pk, event, options);
+      PackHashes(pk, buffer, event, options);
       Append(buffer, packed.parent);
       if (const BlockHash* parent = event.parent()) {
-        PackHash(pk, *parent, options);
+        PackHash(pk, buffer, *parent, options);
       } else {
         pk.pack_nil();
       }
@@ -386,12 +429,13 @@ void PackEvent(Packer& pk, PayloadBuffer& buffer, const Event& event,
           PackString(pk, std::string_view(salt.data(), salt.size()));
         }
       }
+      Append(buffer, packed.group);
       Append(buffer, packed.stored_tail);
       return;
     }
     case KvCacheEvent::Kind::kBlockRemoved:
       Append(buffer, packed.removed_head);
-      PackHashes(pk, event, options);
+      PackHashes(pk, buffer, event, options);
       Append(buffer, packed.removed_tail);
       return;
     case KvCacheEvent::Kind::kAllBlocksCleared:

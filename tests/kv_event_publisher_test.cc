@@ -69,9 +69,11 @@ const msgpack::object& Field(const msgpack::object& map, std::string key) {
 }
 
 TEST_CASE("token ids are packed in msgpack's shortest forms, as msgpack-cxx") {
-  // Each form's edges, non-negative and negative.
+  // Each form's edges, non-negative and negative, and a page of uint 16s
+  // only (packed on a path of its own).
   for (const std::vector<TokenId>& tokens :
        {std::vector<TokenId>{0, 127, 128, 255, 256, 65535, 65536, 2147483647},
+        std::vector<TokenId>{256, 4660, 31999, 65535},
         std::vector<TokenId>{5, -1, -32, -33, -128, -129, -32768, -32769,
                              std::numeric_limits<TokenId>::min(), 300}}) {
     KvCacheEvent stored;
