@@ -111,7 +111,7 @@ struct BlockManagerOptions {
   bool enable_kv_events = false;
   // With events on, the cache changes (pages stored or removed) the log
   // holds before its buffers grow, in [0, 2^22]: allocated and written at
-  // Create (about 250 bytes a change), and as much for the batch that
+  // Create (about 200 bytes a change), and as much for the batch that
   // TakeKvEvents first fills, so that recording a millisecond of steps
   // between takes neither allocates nor faults pages in.
   int32_t reserved_kv_changes = 4096;

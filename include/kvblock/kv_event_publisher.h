@@ -47,9 +47,10 @@ struct KvEventPublisherOptions {
   int32_t queue_capacity = 1024;
   // Cache changes (pages stored or removed) the queue holds before its
   // buffers grow, in [0, 2^22]: allocated and written once at Create (about
-  // 250 bytes a change, twice: the queue's buffers and the thread's), so
-  // that the first steps do not pay for growing and mapping them; a busy
-  // replica changes a few thousand pages a millisecond, the thread's look.
+  // 200 bytes a change, twice: the queue's buffers and the thread's, and
+  // 150 for a payload), so that the first steps do not pay for growing and
+  // mapping them; a busy replica changes a few thousand pages a
+  // millisecond, the thread's look.
   int32_t reserved_changes = 4096;
   // Batches kept for replay (0: none); kept only with a replay_endpoint.
   int32_t replay_buffer = 10000;
