@@ -2,6 +2,7 @@
 #include "kvblock/kv_event_publisher.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <time.h>
 
 #include <algorithm>
@@ -532,6 +533,41 @@ std::string EncodeKvEventBatch(double ts, const KvEventBatch& batch,
   return std::string(buffer.data(), buffer.size());
 }
 
+namespace {
+
+// A cpu set of `cpu` alone.
+cpu_set_t CpuSet(int32_t cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  return set;
+}
+
+// Whether a thread may run on `cpu` (-1: no pinning), asked of a thread of
+// its own: ZeroMQ's I/O thread aborts when its affinity cannot be set.
+absl::Status CheckCpu(int32_t cpu) {
+  if (cpu == -1) return absl::OkStatus();
+  if (cpu < 0 || cpu >= CPU_SETSIZE) {
+    return absl::InvalidArgumentError(absl::StrCat("kv event publisher: cpu ",
+                                                   cpu, " is outside [-1, ",
+                                                   CPU_SETSIZE, ")"));
+  }
+  int error = 0;
+  std::thread probe([&] {
+    const cpu_set_t set = CpuSet(cpu);
+    error = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  });
+  probe.join();
+  if (error != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv event publisher: cannot run on cpu ", cpu, " (",
+                     std::strerror(error), ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 // How long closing the PUB socket may wait for sent messages to leave.
 constexpr int kCloseLingerMs = 1000;
 
@@ -552,7 +588,17 @@ struct KvEventPublisher::State {
   explicit State(KvEventPublisherOptions o)
       : options(std::move(o)),
         packed(PackConstants(options)),
+        context(NewContext(options)),
         pub(context, zmq::socket_type::pub) {}
+
+  // ZeroMQ's I/O thread starts with the first socket, on options.cpu.
+  static zmq::context_t NewContext(const KvEventPublisherOptions& options) {
+    zmq::context_t context;
+    if (options.cpu >= 0) {
+      context.set(zmq::ctxopt::thread_affinity_cpu_add, options.cpu);
+    }
+    return context;
+  }
 
   // The publisher thread: sends what is queued, answers replay requests,
   // until stopped with the queue empty.
@@ -730,6 +776,7 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
         absl::StrCat("kv event publisher: block_size ", options.block_size,
                      " is less than 1"));
   }
+  KVBLOCK_RETURN_IF_ERROR(CheckCpu(options.cpu));
   auto state = std::make_unique<State>(std::move(options));
   {
     const auto changes = static_cast<size_t>(state->options.reserved_changes);
@@ -773,6 +820,11 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
   raw->thread = std::thread([raw] { raw->Run(); });
   // Named, to tell it apart in top and perf (at most 15 characters).
   pthread_setname_np(raw->thread.native_handle(), "kvblock-events");
+  if (raw->options.cpu >= 0) {
+    // Allowed: CheckCpu asked.
+    const cpu_set_t set = CpuSet(raw->options.cpu);
+    pthread_setaffinity_np(raw->thread.native_handle(), sizeof(set), &set);
+  }
   return std::unique_ptr<KvEventPublisher>(
       new KvEventPublisher(std::move(state)));
 }

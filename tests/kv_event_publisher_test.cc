@@ -5,18 +5,27 @@
 // router would; a subscriber that rebuilds the cached set of a random
 // manager run from the events alone; replay from 0 and from the middle for
 // a late subscriber; a full queue that drops and counts; a malformed
-// replay request that gets no reply; and the errors of Create.
+// replay request that gets no reply; threads pinned to a cpu; and the
+// errors of Create.
 #include "kvblock/kv_event_publisher.h"
 
+#include <sched.h>
+
 #include <array>
+#include <chrono>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <random>
 #include <set>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "kvblock/block_manager.h"
 #include "test_util.h"
@@ -486,6 +495,21 @@ TEST_CASE("Create names what it cannot use") {
   REQUIRE(std::string(bad.status().message()).find("block_size 0") !=
           std::string::npos);
   options.block_size = kPageSize;
+  for (const int32_t cpu : {-2, CPU_SETSIZE}) {
+    options.cpu = cpu;
+    bad = KvEventPublisher::Create(options);
+    REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE(std::string(bad.status().message())
+                .find(absl::StrCat("cpu ", cpu, " is outside [-1, ")) !=
+            std::string::npos);
+  }
+  options.cpu = CPU_SETSIZE - 1;  // no machine here has it.
+  bad = KvEventPublisher::Create(options);
+  REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(std::string(bad.status().message())
+              .find(absl::StrCat("cannot run on cpu ", CPU_SETSIZE - 1)) !=
+          std::string::npos);
+  options.cpu = -1;
   auto first = KvEventPublisher::Create(options);
   REQUIRE_OK(first);
   options.endpoint = (*first)->endpoint();  // taken.
@@ -495,6 +519,57 @@ TEST_CASE("Create names what it cannot use") {
           std::string::npos);
   options.endpoint = "nonsense://here";
   REQUIRE_STATUS_IS(KvEventPublisher::Create(options), kUnavailable);
+}
+
+// The threads of this process named `name`, by the CPUs they may run on
+// (their status's Cpus_allowed_list).
+std::vector<std::string> AllowedCpusOfThreads(const std::string& name) {
+  std::vector<std::string> allowed;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string thread_name;
+    std::getline(comm, thread_name);
+    if (thread_name != name) continue;
+    std::ifstream status(task.path() / "status");
+    for (std::string line; std::getline(status, line);) {
+      constexpr std::string_view kKey = "Cpus_allowed_list:";
+      if (line.starts_with(kKey)) {
+        allowed.push_back(std::string(absl::StripAsciiWhitespace(
+            absl::string_view(line).substr(kKey.size()))));
+      }
+    }
+  }
+  return allowed;
+}
+
+TEST_CASE("the publisher's threads run on the cpu asked for") {
+  cpu_set_t own;
+  REQUIRE(sched_getaffinity(0, sizeof(own), &own) == 0);
+  int32_t cpu = 0;
+  while (!CPU_ISSET(cpu, &own)) ++cpu;
+  Options options;
+  options.endpoint = "tcp://127.0.0.1:*";
+  options.block_size = kPageSize;
+  options.cpu = cpu;
+  auto publisher = KvEventPublisher::Create(options);
+  REQUIRE_OK(publisher);
+  const std::string expected = absl::StrCat(cpu);
+  REQUIRE(AllowedCpusOfThreads("kvblock-events") ==
+          std::vector<std::string>{expected});
+  // ZeroMQ's I/O thread sets its own as it starts.
+  std::vector<std::string> io;
+  for (int tries = 0; tries < 1000 && io != std::vector{expected}; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    io = AllowedCpusOfThreads("ZMQbg/IO/0");
+  }
+  REQUIRE(io == std::vector<std::string>{expected});
+  KvCacheEvent removed;
+  removed.kind = KvCacheEvent::Kind::kBlockRemoved;
+  removed.block_hashes = {HashOfByte(1, 2)};
+  REQUIRE((*publisher)->Publish(std::vector<KvCacheEvent>{removed}));
+  REQUIRE((*publisher)->Flush(absl::Seconds(10)));
+  REQUIRE((*publisher)->stats().batches_published == 1);
 }
 
 }  // namespace

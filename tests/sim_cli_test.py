@@ -83,6 +83,10 @@ with tempfile.TemporaryDirectory() as tmp:
         "--kv_events_encoding must be map or array, got 'json'")
     run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_hashes=hex"], 2,
         "--kv_events_hashes must be int64 or bytes, got 'hex'")
+    run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_cpu=-2"], 2,
+        "--kv_events: kv event publisher: cpu -2 is outside [-1, ")
+    run(["--kv_events=tcp://127.0.0.1:*",
+         f"--kv_events_cpu={min(os.sched_getaffinity(0))}"], 0, "kv events")
     run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_wait_ms=-1"], 2,
         "--kv_events_wait_ms must be in [0, 60000], got -1")
     run(["--kv_events=discard"], 0, "kv events")

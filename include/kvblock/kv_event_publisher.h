@@ -56,6 +56,10 @@ struct KvEventPublisherOptions {
   int32_t replay_buffer = 10000;
   // The batch's third element; none: nil.
   std::optional<int64_t> data_parallel_rank;
+  // The CPU the publisher thread and ZeroMQ's I/O thread run on, -1: any.
+  // A scheduler thread kept off it (pinned elsewhere) no longer shares its
+  // core with them when the kernel places them beside it.
+  int32_t cpu = -1;
   // Tokens a page: BlockStored's block_size.
   int32_t block_size = 16;
   // vLLM's encodings: maps with a "type" key (the default, vLLM since
@@ -91,8 +95,9 @@ std::string EncodeKvEventBatch(double ts, const KvEventBatch& batch,
 class KvEventPublisher {
  public:
   // Binds the sockets and starts the publisher thread. InvalidArgument for
-  // an empty endpoint or queue_capacity < 1; Unavailable when a socket
-  // cannot bind (the message names the endpoint and ZeroMQ's reason).
+  // an empty endpoint, queue_capacity < 1, another option out of range or a
+  // cpu the threads may not run on; Unavailable when a socket cannot bind
+  // (the message names the endpoint and ZeroMQ's reason).
   static absl::StatusOr<std::unique_ptr<KvEventPublisher>> Create(
       KvEventPublisherOptions options);
 

@@ -86,6 +86,10 @@ ABSL_FLAG(int32_t, kv_events_wait_ms, 0,
           "with --kv_events, milliseconds to wait after binding, before the "
           "run, so that subscribers connect in time (PUB drops what it sends "
           "before they do)");
+ABSL_FLAG(int32_t, kv_events_cpu, -1,
+          "with --kv_events, the CPU the publisher thread and ZeroMQ's I/O "
+          "thread run on (-1: any); keep the simulator's own thread off it, "
+          "e.g. taskset -c 0 kvblock-sim --kv_events_cpu=1");
 ABSL_FLAG(std::string, kv_events_encoding, "map",
           "KV event encoding: map (vLLM since mid-2026) or array (tagged "
           "arrays, before)");
@@ -228,6 +232,7 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> PublisherFromFlags(
   options.endpoint = absl::GetFlag(FLAGS_kv_events);
   options.replay_endpoint = absl::GetFlag(FLAGS_kv_events_replay);
   options.block_size = page_size;
+  options.cpu = absl::GetFlag(FLAGS_kv_events_cpu);
   if (options.endpoint.empty() || options.endpoint == "discard") {
     if (!options.replay_endpoint.empty()) {
       return absl::InvalidArgumentError(
