@@ -61,9 +61,10 @@ class CacheEventLog {
   // one BlockStored, consecutive removals in one BlockRemoved): the record
   // after the last of the event that starts at `begin`.
   size_t EventEnd(size_t begin, size_t end) const;
-  // Record i, as its event reads it: the kind, the page's hash and, for a
-  // page of a registration run (else none, empty and 0), the chain before
-  // it (null at a prompt's first page), its tokens and its extra keys.
+  // Record i, as its event reads it: the kind, the page's hash (not for a
+  // reset) and, for a page of a registration run (else none, empty and 0),
+  // the chain before it (null at a prompt's first page), its tokens and its
+  // extra keys.
   // Inline: the publisher thread reads every record through them.
   KvCacheEvent::Kind kind(size_t i) const {
     switch (records_[i].kind) {
