@@ -273,9 +273,10 @@ PackedConstants PackConstants(const Options& options) {
     PayloadBuffer buffer;
     Packer pk(buffer);
     fill(pk);
-    // Field names and constants only: never near the capacity.
+    // Field names and constants only: never near the capacity. (A key of
+    // the tagged arrays is none: no buffer, nothing to copy.)
     out.size = std::min(buffer.size(), PackedConstant::kCapacity);
-    std::memcpy(out.bytes.data(), buffer.data(), out.size);
+    std::copy_n(buffer.data(), out.size, out.bytes.data());
   };
   pack(packed.stored_head, [&](Packer& pk) {
     BeginEvent(pk, options, "BlockStored", 11);
