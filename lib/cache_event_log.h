@@ -148,8 +148,9 @@ class CacheEventLog {
     size_t index = 0;
   };
   struct Run {
-    // In hashes_: the chain before the run's first page (a placeholder
-    // without `has_parent`, at a sequence's page 0), then a hash a page.
+    // In hashes_: the chain before the run's first page (at a sequence's
+    // page 0 there is none: the slot is unread, `has_parent` false), then a
+    // hash a page.
     size_t hashes_offset = 0;
     size_t tokens_offset = 0;  // in tokens_, page_size a page.
     size_t salt_offset = 0;    // in salts_.

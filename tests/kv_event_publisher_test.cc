@@ -469,6 +469,28 @@ TEST_CASE("a malformed replay request gets no reply, and no crash") {
   REQUIRE(SeqOf(frames[1]) == -1);
 }
 
+// The threads of this process named `name`, by the CPUs they may run on
+// (their status's Cpus_allowed_list).
+std::vector<std::string> AllowedCpusOfThreads(const std::string& name) {
+  std::vector<std::string> allowed;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string thread_name;
+    std::getline(comm, thread_name);
+    if (thread_name != name) continue;
+    std::ifstream status(task.path() / "status");
+    for (std::string line; std::getline(status, line);) {
+      constexpr std::string_view kKey = "Cpus_allowed_list:";
+      if (line.starts_with(kKey)) {
+        allowed.push_back(std::string(absl::StripAsciiWhitespace(
+            absl::string_view(line).substr(kKey.size()))));
+      }
+    }
+  }
+  return allowed;
+}
+
 TEST_CASE("Create names what it cannot use") {
   Options options;
   REQUIRE_STATUS_IS(KvEventPublisher::Create(options), kInvalidArgument);
@@ -509,6 +531,8 @@ TEST_CASE("Create names what it cannot use") {
   REQUIRE(std::string(bad.status().message())
               .find(absl::StrCat("cannot run on cpu ", CPU_SETSIZE - 1)) !=
           std::string::npos);
+  // Refused before anything started: no publisher thread is left behind.
+  REQUIRE(AllowedCpusOfThreads("kvblock-events").empty());
   options.cpu = -1;
   auto first = KvEventPublisher::Create(options);
   REQUIRE_OK(first);
@@ -519,28 +543,6 @@ TEST_CASE("Create names what it cannot use") {
           std::string::npos);
   options.endpoint = "nonsense://here";
   REQUIRE_STATUS_IS(KvEventPublisher::Create(options), kUnavailable);
-}
-
-// The threads of this process named `name`, by the CPUs they may run on
-// (their status's Cpus_allowed_list).
-std::vector<std::string> AllowedCpusOfThreads(const std::string& name) {
-  std::vector<std::string> allowed;
-  for (const auto& task :
-       std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream comm(task.path() / "comm");
-    std::string thread_name;
-    std::getline(comm, thread_name);
-    if (thread_name != name) continue;
-    std::ifstream status(task.path() / "status");
-    for (std::string line; std::getline(status, line);) {
-      constexpr std::string_view kKey = "Cpus_allowed_list:";
-      if (line.starts_with(kKey)) {
-        allowed.push_back(std::string(absl::StripAsciiWhitespace(
-            absl::string_view(line).substr(kKey.size()))));
-      }
-    }
-  }
-  return allowed;
 }
 
 TEST_CASE("the publisher's threads run on the cpu asked for") {
