@@ -697,6 +697,15 @@ TEST_CASE("bad scheduler configs are rejected") {
   REQUIRE_STATUS_IS(created, kInvalidArgument);
   REQUIRE(created.status().message().find("spec_acceptance") !=
           absl::string_view::npos);
+  // A host KV pool of 2^48 bytes, valid as a geometry, fits no machine.
+  config = SmallConfig(16);
+  config.kv.num_kv_heads = 1 << 20;
+  config.kv.head_dim = 1 << 20;
+  created = Scheduler::Create(config, *device);
+  REQUIRE_STATUS_IS(created, kResourceExhausted);
+  REQUIRE(
+      created.status().message().find("the KV pool's 281474976710656 bytes") !=
+      absl::string_view::npos);
 }
 
 }  // namespace

@@ -2,10 +2,12 @@
 #include "sim/scheduler.h"
 
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <numeric>
@@ -44,6 +46,21 @@ struct SchedulerState {
 };
 
 namespace {
+
+// The host device's KV pool is written at start-up (Scheduler::Create): one
+// larger than the machine's memory is refused, not paged out or killed.
+absl::Status CheckFitsHostMemory(size_t pool_bytes) {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_bytes = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_bytes <= 0) return absl::OkStatus();  // unknown.
+  const auto memory =
+      static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_bytes);
+  if (pool_bytes <= memory) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "host device: the KV pool's %d bytes (num_layers x 2 x num_pages x "
+      "page bytes) exceed this machine's %d bytes of memory",
+      pool_bytes, memory));
+}
 
 // The calling thread's CPU time.
 int64_t ThreadCpuNanos() {
@@ -1036,9 +1053,20 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
   KVBLOCK_ASSIGN_OR_RETURN(state->commit,
                            BatchCommit::Create(*state->manager, *state->table));
   state->commit->set_time_phases(true);
-  KVBLOCK_ASSIGN_OR_RETURN(
-      state->kv_pool, device.Allocate(static_cast<size_t>(
-                          config.kv.num_layers * config.kv.LayerPoolBytes())));
+  const auto pool_bytes =
+      static_cast<size_t>(config.kv.num_layers * config.kv.LayerPoolBytes());
+  const bool host = device.kind() == Device::Kind::kHost;
+  if (host) KVBLOCK_RETURN_IF_ERROR(CheckFitsHostMemory(pool_bytes));
+  KVBLOCK_ASSIGN_OR_RETURN(state->kv_pool, device.Allocate(pool_bytes));
+  if (host) {
+    // A GPU's memory is resident once allocated; calloc's is mapped by the
+    // steps that first copy into it, and a page read before it is written
+    // (a copy's source, later a destination) is mapped twice, the second
+    // time with a TLB shootdown: an interrupt, waited for, to every other
+    // CPU running one of the process's threads (a KV event publisher's).
+    // Written once here, so that no step pays for either.
+    std::memset(state->kv_pool.data(), 0, pool_bytes);
+  }
   const size_t list_bytes =
       static_cast<size_t>(config.kv.max_batch) * 2 * sizeof(PageId);
   KVBLOCK_ASSIGN_OR_RETURN(state->copy_staging,
