@@ -569,6 +569,10 @@ absl::Status CheckCpu(int32_t cpu) {
 
 }  // namespace
 
+// KvEventPublisherOptions::poll_interval's range.
+constexpr absl::Duration kMinPollInterval = absl::Microseconds(10);
+constexpr absl::Duration kMaxPollInterval = absl::Seconds(1);
+
 // How long closing the PUB socket may wait for sent messages to leave.
 constexpr int kCloseLingerMs = 1000;
 
@@ -626,7 +630,7 @@ struct KvEventPublisher::State {
   // own: Publish writes the queue's ends every step while the thread works
   // through what it took, and sharing a line would bounce it between cores.
   alignas(kCacheLine) mutable std::mutex mutex;
-  std::condition_variable wake;     // stop.
+  std::condition_variable wake;     // stop, or flush.
   std::condition_variable drained;  // the queue emptied and was sent.
   // Guarded by mutex: the queue, its batches' records, and whether the
   // thread holds batches taken from it. The thread takes the queue by
@@ -635,6 +639,7 @@ struct KvEventPublisher::State {
   std::vector<Queued> queue;
   internal::CacheEventLog queue_log;
   bool stop = false;
+  bool flush = false;  // Flush waits: look now.
   bool sending = false;
   KvEventPublisherStats stats;
   // Whether the queue is empty, written under mutex and read without it
@@ -651,18 +656,24 @@ struct KvEventPublisher::State {
 };
 
 void KvEventPublisher::State::Run() {
+  const absl::Duration busy = options.poll_interval;
+  const absl::Duration idle_at_most = std::max(busy, absl::Milliseconds(1));
+  absl::Duration interval = busy;
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mutex);
       // Publish does not wake the thread (a wake-up is a system call on
-      // the scheduler's thread, every step): it looks every millisecond,
-      // which bounds the events' delay, and serves replay requests then.
-      wake.wait_for(lock, std::chrono::milliseconds(1), [&] { return stop; });
+      // the scheduler's thread, every step): it looks every interval, which
+      // bounds the events' delay, and serves replay requests then.
+      wake.wait_for(lock, absl::ToChronoNanoseconds(interval),
+                    [&] { return stop || flush; });
+      flush = false;
       std::swap(queue, taken);
       std::swap(queue_log, taken_log);
       queue_empty.store(true, std::memory_order_relaxed);
       sending = !taken.empty();
       if (taken.empty() && stop) return;
+      interval = taken.empty() ? std::min(2 * interval, idle_at_most) : busy;
     }
     int64_t sent_events = 0;
     for (const Queued& batch : taken) {
@@ -771,6 +782,14 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "kv event publisher: reserved_changes ", options.reserved_changes,
         " is outside [0, ", kMaxReservedChanges, "]"));
+  }
+  if (options.poll_interval < kMinPollInterval ||
+      options.poll_interval > kMaxPollInterval) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv event publisher: poll_interval ",
+                     absl::FormatDuration(options.poll_interval),
+                     " is outside [", absl::FormatDuration(kMinPollInterval),
+                     ", ", absl::FormatDuration(kMaxPollInterval), "]"));
   }
   if (options.block_size < 1) {
     return absl::InvalidArgumentError(
@@ -904,6 +923,8 @@ KvEventPublisherStats KvEventPublisher::stats() const {
 
 bool KvEventPublisher::Flush(absl::Duration timeout) {
   std::unique_lock<std::mutex> lock(state_->mutex);
+  state_->flush = true;
+  state_->wake.notify_one();
   return state_->drained.wait_for(
       lock, absl::ToChronoNanoseconds(timeout),
       [&] { return state_->queue.empty() && !state_->sending; });

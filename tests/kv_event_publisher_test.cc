@@ -442,6 +442,27 @@ TEST_CASE("a full queue drops batches and counts them, never waiting") {
   REQUIRE(stats.batches_dropped > 0);
 }
 
+TEST_CASE("Flush wakes the thread; its looks at any interval send all") {
+  for (const absl::Duration interval :
+       {absl::Microseconds(10), absl::Seconds(1)}) {
+    Options options;
+    options.endpoint = "tcp://127.0.0.1:*";
+    options.poll_interval = interval;
+    auto publisher = KvEventPublisher::Create(options);
+    REQUIRE_OK(publisher);
+    const std::vector<KvCacheEvent> events = SampleEvents();
+    REQUIRE((*publisher)->Publish(events));
+    REQUIRE((*publisher)->Flush(absl::Seconds(5)));
+    // The thread sent a batch, so it waits a whole interval now: done
+    // within half of a one-second one, Flush woke it.
+    for (int i = 0; i < 3; ++i) REQUIRE((*publisher)->Publish(events));
+    REQUIRE((*publisher)->Flush(absl::Milliseconds(500)));
+    const KvEventPublisherStats stats = (*publisher)->stats();
+    REQUIRE(stats.batches_published == 4);
+    REQUIRE(stats.events_published == 4 * static_cast<int64_t>(events.size()));
+  }
+}
+
 TEST_CASE("a malformed replay request gets no reply, and no crash") {
   Options options;
   options.endpoint = "tcp://127.0.0.1:*";
@@ -511,6 +532,17 @@ TEST_CASE("Create names what it cannot use") {
             std::string::npos);
   }
   options.reserved_changes = 64;
+  for (const absl::Duration interval :
+       {absl::Microseconds(9), absl::Seconds(1) + absl::Nanoseconds(1)}) {
+    options.poll_interval = interval;
+    bad = KvEventPublisher::Create(options);
+    REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE(
+        std::string(bad.status().message())
+            .find(absl::StrCat("poll_interval ", absl::FormatDuration(interval),
+                               " is outside [10us, 1s]")) != std::string::npos);
+  }
+  options.poll_interval = absl::Microseconds(250);
   options.block_size = 0;
   bad = KvEventPublisher::Create(options);
   REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);

@@ -87,6 +87,11 @@ with tempfile.TemporaryDirectory() as tmp:
         "--kv_events: kv event publisher: cpu -2 is outside [-1, ")
     run(["--kv_events=tcp://127.0.0.1:*",
          f"--kv_events_cpu={min(os.sched_getaffinity(0))}"], 0, "kv events")
+    run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_poll_us=5"], 2,
+        "--kv_events: kv event publisher: poll_interval 5us is outside "
+        "[10us, 1s]")
+    run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_poll_us=1000"], 0,
+        "kv events")
     run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_wait_ms=-1"], 2,
         "--kv_events_wait_ms must be in [0, 60000], got -1")
     run(["--kv_events=discard"], 0, "kv events")

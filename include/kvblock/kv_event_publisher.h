@@ -3,8 +3,9 @@
 // KvEventPublisher: KV cache events (kvblock/kv_events.h) over ZeroMQ in
 // vLLM's wire format (vllm/distributed/kv_events.py), so that a fleet
 // router (NVIDIA Dynamo's KV router, llm-d's KV-cache indexer) learns what a
-// replica caches. The scheduler thread hands its events (a step's, or a
-// millisecond of steps': see idle()) to Publish, which never blocks: it
+// replica caches. The scheduler thread hands its events (a step's, or
+// those of the steps between two of the thread's looks: see idle()) to
+// Publish, which never blocks: it
 // queues the batch, or drops and counts it when the queue is full. A publisher
 // thread encodes each batch (msgpack) and sends it on a PUB socket as three
 // frames: the topic, an 8-byte big-endian sequence number (from 0, one a batch
@@ -50,12 +51,20 @@ struct KvEventPublisherOptions {
   // 200 bytes a change, twice: the queue's buffers and the thread's, and
   // 150 for a payload), so that the first steps do not pay for growing and
   // mapping them; a busy replica changes a few thousand pages a
-  // millisecond, the thread's look.
+  // millisecond.
   int32_t reserved_changes = 4096;
   // Batches kept for replay (0: none); kept only with a replay_endpoint.
   int32_t replay_buffer = 10000;
   // The batch's third element; none: nil.
   std::optional<int64_t> data_parallel_rank;
+  // How often the publisher thread looks for queued batches, in [10 us,
+  // 1 s]: every poll_interval while it finds some; after a look that finds
+  // none, twice as long as the one before, up to max(poll_interval, 1 ms),
+  // so that an idle replica wakes it a thousand times a second at most. The
+  // interval bounds the events' delay, and a short one keeps what the
+  // scheduler writes between two looks (its records, ~200 bytes a change)
+  // small enough to stay in its core's cache.
+  absl::Duration poll_interval = absl::Microseconds(250);
   // The CPU the publisher thread and ZeroMQ's I/O thread run on, -1: any.
   // A scheduler thread kept off it (pinned elsewhere) no longer shares its
   // core with them when the kernel places them beside it.
@@ -109,7 +118,7 @@ class KvEventPublisher {
   ~KvEventPublisher();
 
   // Queues one batch (stamped now) for the publisher thread, without
-  // waiting and without waking it (it looks every millisecond); false when
+  // waiting and without waking it (it looks every poll_interval); false when
   // the queue is full: the batch is dropped and counted. An empty batch is
   // not sent.
   bool Publish(std::vector<KvCacheEvent> events);
@@ -121,20 +130,20 @@ class KvEventPublisher {
   // from the records.
   bool Publish(KvEventBatch& batch);
   // Whether the thread has taken every batch handed over, which it does
-  // once a millisecond: one atomic load. A scheduler whose steps take
-  // microseconds hands its events over only then, leaving them in the
+  // at each look (poll_interval): one atomic load. A scheduler whose steps
+  // take microseconds hands its events over only then, leaving them in the
   // manager's log meanwhile (a step that rolls back still truncates them
-  // there), so that one batch a millisecond is sent, each taken without a
-  // copy; it should still hand over when many changes are pending (the
-  // thread may fall behind) and before it reports to a router.
+  // there), so that one batch a look is sent, each taken without a copy; it
+  // should still hand over when many changes are pending (the thread may
+  // fall behind) and before it reports to a router.
   bool idle() const;
 
   // The endpoints as bound (with the port a "*" picked).
   const std::string& endpoint() const;
   const std::string& replay_endpoint() const;
   KvEventPublisherStats stats() const;
-  // Waits until every queued batch is sent, at most `timeout`; false on
-  // timeout.
+  // Wakes the thread and waits until every queued batch is sent, at most
+  // `timeout`; false on timeout.
   bool Flush(absl::Duration timeout);
 
  private:

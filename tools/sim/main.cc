@@ -90,6 +90,10 @@ ABSL_FLAG(int32_t, kv_events_cpu, -1,
           "with --kv_events, the CPU the publisher thread and ZeroMQ's I/O "
           "thread run on (-1: any); keep the simulator's own thread off it, "
           "e.g. taskset -c 0 kvblock-sim --kv_events_cpu=1");
+ABSL_FLAG(int32_t, kv_events_poll_us, 250,
+          "with --kv_events, how often the publisher thread looks for "
+          "batches, in microseconds (less often while it finds none, up to "
+          "a millisecond)");
 ABSL_FLAG(std::string, kv_events_encoding, "map",
           "KV event encoding: map (vLLM since mid-2026) or array (tagged "
           "arrays, before)");
@@ -233,6 +237,8 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> PublisherFromFlags(
   options.replay_endpoint = absl::GetFlag(FLAGS_kv_events_replay);
   options.block_size = page_size;
   options.cpu = absl::GetFlag(FLAGS_kv_events_cpu);
+  options.poll_interval =
+      absl::Microseconds(absl::GetFlag(FLAGS_kv_events_poll_us));
   if (options.endpoint.empty() || options.endpoint == "discard") {
     if (!options.replay_endpoint.empty()) {
       return absl::InvalidArgumentError(
