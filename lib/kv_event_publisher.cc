@@ -86,7 +86,7 @@ class PayloadBuffer {
 };
 
 // Payload buffers that ZeroMQ sends without copying them: a copy of a
-// millisecond's batch into fresh memory costs as much as encoding it. ZeroMQ
+// look's batch into fresh memory costs as much as encoding it. ZeroMQ
 // hands each back through Release once sent (on its I/O thread, or at once
 // when nobody subscribes), and the next payload reuses it, grown already.
 class PayloadPool {

@@ -216,7 +216,7 @@ TEST_CASE("the cached set rebuilt from the events is the pool's") {
         REQUIRE_OK(manager->CommitStep());
       }
       // Taken after most ops, or left pending over several, as a
-      // scheduler that hands them over once a millisecond does.
+      // scheduler that hands them over at a publisher's looks does.
       REQUIRE_OK(manager->CheckInvariants());
       const bool last = op + 1 == testing::RandomRunLength(3000);
       if (!last && uniform(0, 2) == 0) continue;

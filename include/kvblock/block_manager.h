@@ -107,13 +107,14 @@ struct BlockManagerOptions {
   // false admits on the first chunk's pages alone.
   bool reserve_prompt_pages = true;
   // Record KV cache events (kvblock/kv_events.h) for TakeKvEvents. They
-  // accumulate until taken: every step, or every millisecond or so.
+  // accumulate until taken: every step, or at each look of a publisher's
+  // thread (KvEventPublisher::idle()).
   bool enable_kv_events = false;
   // With events on, the cache changes (pages stored or removed) the log
   // holds before its buffers grow, in [0, 2^22]: allocated and written at
   // Create (about 200 bytes a change), and as much for the batch that
-  // TakeKvEvents first fills, so that recording a millisecond of steps
-  // between takes neither allocates nor faults pages in.
+  // TakeKvEvents first fills, so that recording the steps between takes
+  // neither allocates nor faults pages in.
   int32_t reserved_kv_changes = 4096;
 };
 
