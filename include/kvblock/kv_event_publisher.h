@@ -5,11 +5,10 @@
 // router (NVIDIA Dynamo's KV router, llm-d's KV-cache indexer) learns what a
 // replica caches. The scheduler thread hands its events (a step's, or
 // those of the steps between two of the thread's looks: see idle()) to
-// Publish, which never blocks: it
-// queues the batch, or drops and counts it when the queue is full. A publisher
-// thread encodes each batch (msgpack) and sends it on a PUB socket as three
-// frames: the topic, an 8-byte big-endian sequence number (from 0, one a batch
-// sent) and the payload
+// Publish, which never blocks: it queues the batch, or drops and counts it
+// when the queue is full. A publisher thread encodes each batch (msgpack)
+// and sends it on a PUB socket as three frames: the topic, an 8-byte
+// big-endian sequence number (from 0, one a batch sent) and the payload
 // `[ts, [events...], data_parallel_rank]`. It keeps the last batches for
 // an optional ROUTER replay socket: a request `[identity, "", start_seq]`
 // (8 bytes, big-endian) is answered with `[identity, "", seq, payload]` for
