@@ -1,7 +1,9 @@
 // Copyright 2026 The kvblock Authors.
 //
-// Prefill benchmark: the host cost of getting one long prompt into the cache
-// through BatchCommit, whole or in chunks (chunked prefill). A prompt of
+// Prefill benchmarks: the host cost of getting one long prompt into the cache
+// through BatchCommit, whole or in chunks (chunked prefill), in steps of its
+// own (BM_PrefillPrompt) or beside a decode batch (BM_PrefillBesideDecode,
+// below). A prompt of
 // `tokens` tokens (32,000: 2,000 pages of 16) is admitted whole in one step,
 // or admitted with its first `chunk` tokens and given the rest as one
 // PromptChunk a step. Every step uploads its page-table patch, as a
@@ -126,6 +128,161 @@ BENCHMARK(BM_PrefillPrompt)
     ->ArgNames({"tokens", "chunk", "arrival"})
     ->ArgsProduct({{32000}, {0, 2048, 512}, {1, 0}})
     ->ArgsProduct({{4000}, {0, 512}, {1, 0}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// The same prompt beside a running decode batch, as chunked prefill runs in
+// a serving loop: every step appends a token to each of kDecoders sequences
+// and carries the prompt's join or its next chunk. Args: prompt tokens (0:
+// decode steps alone, the baseline), chunk tokens (0: the whole prompt in
+// the first step). Every variant times the same kPromptSteps steps and one
+// more that finishes the prompt (commit and upload each), so the prompt's
+// cost is a variant's time less the baseline's: what admitting it adds to
+// the steps that run anyway. The decoders start afresh, outside the time,
+// before their rows fill.
+constexpr int32_t kDecoders = 64;
+constexpr int32_t kDecoderPromptTokens = 64;
+constexpr int64_t kPromptSteps = 16;  // 32,000 tokens in 2,048-token chunks.
+
+void BM_PrefillBesideDecode(benchmark::State& state) {
+  const int64_t tokens = state.range(0);
+  const int64_t chunk = state.range(1) == 0 ? tokens : state.range(1);
+  // A decoder's row, in pages, before it starts afresh.
+  constexpr int32_t kDecoderPages = 64;
+  PagedKvConfig config;
+  config.page_size = kPageSize;
+  config.max_pages_per_seq = kWidth;
+  config.max_batch = 2 * kDecoders;
+  // The prompt, a cached one, and the decoders at their longest.
+  config.num_pages = 2 * kWidth + kDecoders * (kDecoderPages + 1);
+  auto manager = BlockManager::Create(config, {});
+  auto table = KVPageTable::Create(config.max_batch, kWidth, config.num_pages,
+                                   BenchDevice());
+  if (!manager.ok() || !table.ok()) {
+    state.SkipWithError("cannot create the manager or the table");
+    return;
+  }
+  auto commit = BatchCommit::Create(**manager, **table);
+  if (!commit.ok()) {
+    state.SkipWithError(commit.status().ToString().c_str());
+    return;
+  }
+  if (absl::Status s = (*table)->Upload(nullptr).status(); !s.ok()) {
+    state.SkipWithError(s.ToString().c_str());
+    return;
+  }
+  std::vector<TokenId> prompt(static_cast<size_t>(tokens));
+  std::vector<BlockHash> hashes(static_cast<size_t>(tokens / kPageSize));
+  std::vector<std::vector<TokenId>> decoder_prompts(kDecoders);
+  std::vector<SequenceId> decoders;
+  std::vector<JoinRequest> joins;
+  std::vector<int32_t> counts;
+  std::vector<TokenId> appended(kDecoders, 7);
+  SequenceId next_id = 0;
+  int64_t decoded = 0;  // steps since the decoders started.
+  const auto step = [&](const StepPlan& plan) {
+    absl::StatusOr<StepResult> result = (*commit)->Commit(plan);
+    absl::Status status = result.status();
+    if (status.ok()) status = (*table)->Upload(nullptr).status();
+    if (!status.ok()) state.SkipWithError(status.ToString().c_str());
+    return status.ok();
+  };
+  // One token for every decoder, none for the prompt (which, with a chunk,
+  // may not append in the same step).
+  const auto decode_counts = [&](SequenceId prompt_id) {
+    const absl::Span<const SequenceId> slots = (*commit)->slots();
+    counts.assign(slots.size(), 1);
+    for (size_t slot = 0; slot < slots.size(); ++slot) {
+      if (slots[slot] == prompt_id) counts[slot] = 0;
+    }
+    return absl::MakeConstSpan(counts);
+  };
+  const auto tokens_for = [&](absl::Span<const int32_t> of) {
+    return absl::MakeConstSpan(appended).first(
+        static_cast<size_t>(std::count(of.begin(), of.end(), 1)));
+  };
+  double seconds = 0;
+  for (auto _ : state) {
+    if (decoders.empty() ||
+        decoded + kPromptSteps + 1 >
+            int64_t{kDecoderPages - kDecoderPromptTokens / kPageSize - 1} *
+                kPageSize) {
+      // Outside the time: the decoders leave and new ones join.
+      if (!decoders.empty() && !step({.finished = decoders})) return;
+      decoders.clear();
+      joins.clear();
+      for (int32_t i = 0; i < kDecoders; ++i) {
+        std::vector<TokenId>& p = decoder_prompts[i];
+        p.resize(kDecoderPromptTokens);
+        for (int32_t t = 0; t < kDecoderPromptTokens; ++t) {
+          // Apart from the prompts' ids (below 32,000): no prefix hits
+          // between them.
+          p[t] = static_cast<TokenId>(32000 + (next_id * 131 + t) % 1000);
+        }
+        decoders.push_back(next_id);
+        joins.push_back({.id = next_id++, .tokens = p});
+      }
+      if (!step({.joins = joins})) return;
+      decoded = 0;
+    }
+    const SequenceId id = next_id++;
+    if (tokens > 0) {
+      // A unique prompt (no prefix hits), hashed on arrival.
+      for (int64_t i = 0; i < tokens; ++i) {
+        prompt[i] = static_cast<TokenId>((id * 7919 + i) % 32000);
+      }
+      const absl::Status hashed =
+          (*manager)->HashPrompt(prompt, {}, absl::MakeSpan(hashes)).status();
+      if (!hashed.ok()) {
+        state.SkipWithError(hashed.ToString().c_str());
+        return;
+      }
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t s = 0; s < kPromptSteps; ++s) {
+      const absl::Span<const int32_t> step_counts = decode_counts(id);
+      StepPlan plan{.append_counts = step_counts,
+                    .append_tokens = tokens_for(step_counts)};
+      const JoinRequest join{.id = id,
+                             .tokens = prompt,
+                             .prompt_hashes = hashes,
+                             .admit = {.prefill_tokens = chunk}};
+      const int64_t done = s * chunk;
+      const PromptChunk next{.id = id,
+                             .tokens = absl::MakeConstSpan(prompt).subspan(
+                                 static_cast<size_t>(std::min(done, tokens)),
+                                 static_cast<size_t>(std::clamp<int64_t>(
+                                     tokens - done, 0, chunk))),
+                             .prompt_hashes = hashes};
+      if (tokens > 0 && s == 0) plan.joins = absl::MakeConstSpan(&join, 1);
+      if (tokens > 0 && s > 0 && done < tokens) {
+        plan.prompt_chunks = absl::MakeConstSpan(&next, 1);
+      }
+      if (!step(plan)) return;
+    }
+    // The step that finishes the prompt (a plain decode step without one).
+    const absl::Span<const int32_t> last_counts = decode_counts(id);
+    StepPlan last{.append_counts = last_counts,
+                  .append_tokens = tokens_for(last_counts)};
+    if (tokens > 0) last.finished = absl::MakeConstSpan(&id, 1);
+    if (!step(last)) return;
+    decoded += kPromptSteps + 1;
+    const double iteration_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    seconds += iteration_seconds;
+    state.SetIterationTime(iteration_seconds);
+  }
+  state.counters["us_per_step"] =
+      1e6 * seconds /
+      (static_cast<double>(state.iterations()) * (kPromptSteps + 1));
+  state.SetLabel(std::string(BenchDevice().name()));
+}
+BENCHMARK(BM_PrefillBesideDecode)
+    ->ArgNames({"tokens", "chunk"})
+    ->Args({0, 0})
+    ->Args({32000, 0})
+    ->Args({32000, 2048})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
