@@ -41,6 +41,60 @@ namespace {
 constexpr int32_t kPageSize = 16;
 constexpr int32_t kWidth = 2048;  // pages of a row: 32k tokens.
 
+// A manager, its device table (uploaded whole once, as at a server's
+// start) and the commit layer over them.
+class PrefillRig {
+ public:
+  // False, reported to `state`, when a part cannot be made.
+  bool Init(const PagedKvConfig& config, benchmark::State& state) {
+    auto manager = BlockManager::Create(config, {});
+    auto table = KVPageTable::Create(config.max_batch, config.max_pages_per_seq,
+                                     config.num_pages, BenchDevice());
+    if (!manager.ok() || !table.ok()) {
+      state.SkipWithError("cannot create the manager or the table");
+      return false;
+    }
+    manager_ = *std::move(manager);
+    table_ = *std::move(table);
+    auto commit = BatchCommit::Create(*manager_, *table_);
+    if (!commit.ok()) {
+      state.SkipWithError(commit.status().ToString().c_str());
+      return false;
+    }
+    commit_ = *std::move(commit);
+    return Report(table_->Upload(nullptr).status(), state);
+  }
+  // Commits one step and uploads its patch; false (reported) on failure.
+  bool Step(const StepPlan& plan, benchmark::State& state) {
+    absl::Status status = commit_->Commit(plan).status();
+    if (status.ok()) status = table_->Upload(nullptr).status();
+    return Report(status, state);
+  }
+  // Fills `prompt` with sequence `id`'s tokens, unique (no prefix hits;
+  // token ids below 32,000), and hashes it into `hashes` unless that is empty
+  // (on arrival, outside the time); false (reported) on failure.
+  bool NewPrompt(SequenceId id, absl::Span<TokenId> prompt,
+                 absl::Span<BlockHash> hashes, benchmark::State& state) {
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      prompt[i] =
+          static_cast<TokenId>((id * 7919 + static_cast<int64_t>(i)) % 32000);
+    }
+    if (hashes.empty()) return true;
+    return Report(manager_->HashPrompt(prompt, {}, hashes).status(), state);
+  }
+  BatchCommit& commit() { return *commit_; }
+
+ private:
+  static bool Report(const absl::Status& status, benchmark::State& state) {
+    if (!status.ok()) state.SkipWithError(status.ToString().c_str());
+    return status.ok();
+  }
+
+  std::unique_ptr<BlockManager> manager_;
+  std::unique_ptr<KVPageTable> table_;
+  std::unique_ptr<BatchCommit> commit_;  // over the two above.
+};
+
 // Args: prompt tokens, chunk tokens (0: the whole prompt in one step),
 // prompt hashed on arrival (1) or in the steps (0).
 void BM_PrefillPrompt(benchmark::State& state) {
@@ -52,48 +106,21 @@ void BM_PrefillPrompt(benchmark::State& state) {
   config.max_pages_per_seq = kWidth;
   config.max_batch = 8;
   config.num_pages = 2 * kWidth;  // room for one prompt and a cached one.
-  auto manager = BlockManager::Create(config, {});
-  auto table = KVPageTable::Create(config.max_batch, kWidth, config.num_pages,
-                                   BenchDevice());
-  if (!manager.ok() || !table.ok()) {
-    state.SkipWithError("cannot create the manager or the table");
-    return;
-  }
-  auto commit = BatchCommit::Create(**manager, **table);
-  if (!commit.ok()) {
-    state.SkipWithError(commit.status().ToString().c_str());
-    return;
-  }
-  if (absl::Status s = (*table)->Upload(nullptr).status(); !s.ok()) {
-    state.SkipWithError(s.ToString().c_str());
-    return;
-  }
+  PrefillRig rig;
+  if (!rig.Init(config, state)) return;
   std::vector<TokenId> prompt(static_cast<size_t>(tokens));
   std::vector<BlockHash> hashes(hash_on_arrival ? tokens / kPageSize : 0);
   SequenceId id = 0;
   double seconds = 0;
   int64_t steps = 0;
-  // Runs one step and uploads its patch; false (reported) on failure.
   const auto step = [&](const StepPlan& plan) {
-    absl::StatusOr<StepResult> result = (*commit)->Commit(plan);
-    absl::Status status = result.status();
-    if (status.ok()) status = (*table)->Upload(nullptr).status();
-    if (!status.ok()) state.SkipWithError(status.ToString().c_str());
     ++steps;
-    return status.ok();
+    return rig.Step(plan, state);
   };
   for (auto _ : state) {
-    // A unique prompt: no prefix hits.
-    for (int64_t i = 0; i < tokens; ++i) {
-      prompt[i] = static_cast<TokenId>((id * 7919 + i) % 32000);
-    }
-    if (hash_on_arrival) {
-      const absl::Status hashed =
-          (*manager)->HashPrompt(prompt, {}, absl::MakeSpan(hashes)).status();
-      if (!hashed.ok()) {
-        state.SkipWithError(hashed.ToString().c_str());
-        return;
-      }
+    if (!rig.NewPrompt(id, absl::MakeSpan(prompt), absl::MakeSpan(hashes),
+                       state)) {
+      return;
     }
     const auto start = std::chrono::steady_clock::now();
     const JoinRequest join{.id = id,
@@ -155,22 +182,8 @@ void BM_PrefillBesideDecode(benchmark::State& state) {
   config.max_batch = 2 * kDecoders;
   // The prompt, a cached one, and the decoders at their longest.
   config.num_pages = 2 * kWidth + kDecoders * (kDecoderPages + 1);
-  auto manager = BlockManager::Create(config, {});
-  auto table = KVPageTable::Create(config.max_batch, kWidth, config.num_pages,
-                                   BenchDevice());
-  if (!manager.ok() || !table.ok()) {
-    state.SkipWithError("cannot create the manager or the table");
-    return;
-  }
-  auto commit = BatchCommit::Create(**manager, **table);
-  if (!commit.ok()) {
-    state.SkipWithError(commit.status().ToString().c_str());
-    return;
-  }
-  if (absl::Status s = (*table)->Upload(nullptr).status(); !s.ok()) {
-    state.SkipWithError(s.ToString().c_str());
-    return;
-  }
+  PrefillRig rig;
+  if (!rig.Init(config, state)) return;
   std::vector<TokenId> prompt(static_cast<size_t>(tokens));
   std::vector<BlockHash> hashes(static_cast<size_t>(tokens / kPageSize));
   std::vector<std::vector<TokenId>> decoder_prompts(kDecoders);
@@ -180,17 +193,11 @@ void BM_PrefillBesideDecode(benchmark::State& state) {
   std::vector<TokenId> appended(kDecoders, 7);
   SequenceId next_id = 0;
   int64_t decoded = 0;  // steps since the decoders started.
-  const auto step = [&](const StepPlan& plan) {
-    absl::StatusOr<StepResult> result = (*commit)->Commit(plan);
-    absl::Status status = result.status();
-    if (status.ok()) status = (*table)->Upload(nullptr).status();
-    if (!status.ok()) state.SkipWithError(status.ToString().c_str());
-    return status.ok();
-  };
+  const auto step = [&](const StepPlan& plan) { return rig.Step(plan, state); };
   // One token for every decoder, none for the prompt (which, with a chunk,
   // may not append in the same step).
   const auto decode_counts = [&](SequenceId prompt_id) {
-    const absl::Span<const SequenceId> slots = (*commit)->slots();
+    const absl::Span<const SequenceId> slots = rig.commit().slots();
     counts.assign(slots.size(), 1);
     for (size_t slot = 0; slot < slots.size(); ++slot) {
       if (slots[slot] == prompt_id) counts[slot] = 0;
@@ -226,17 +233,9 @@ void BM_PrefillBesideDecode(benchmark::State& state) {
       decoded = 0;
     }
     const SequenceId id = next_id++;
-    if (tokens > 0) {
-      // A unique prompt (no prefix hits), hashed on arrival.
-      for (int64_t i = 0; i < tokens; ++i) {
-        prompt[i] = static_cast<TokenId>((id * 7919 + i) % 32000);
-      }
-      const absl::Status hashed =
-          (*manager)->HashPrompt(prompt, {}, absl::MakeSpan(hashes)).status();
-      if (!hashed.ok()) {
-        state.SkipWithError(hashed.ToString().c_str());
-        return;
-      }
+    if (tokens > 0 && !rig.NewPrompt(id, absl::MakeSpan(prompt),
+                                     absl::MakeSpan(hashes), state)) {
+      return;
     }
     const auto start = std::chrono::steady_clock::now();
     for (int64_t s = 0; s < kPromptSteps; ++s) {
