@@ -41,7 +41,9 @@
 // then the cost of one sequence's step, which advances it 2.77 tokens, to
 // set against the `drafts:0` row's one token. The pool is three times as
 // large (sequences run longer before they finish), and a sequence that
-// nears its row's width finishes.
+// nears its row's width finishes. With `held:0` the sequences append the
+// same verified tokens (the same draws) but hold no drafts (draft counts of
+// 0): what the tokens cost without the draft slots.
 //
 // Cold caches (`cold:1`): in serving, the scheduler's own work and the
 // model's launch run between two steps, and the step finds the CPU's
@@ -139,10 +141,11 @@ class DecodeWorkload {
   // `state`) on failure.
   bool Init(benchmark::State& state, int32_t batch, int32_t width,
             HashAlgorithm hash, bool prefix_caching, bool hash_on_arrival,
-            int32_t drafts) {
+            int32_t drafts, bool hold_drafts) {
     batch_ = batch;
     hash_on_arrival_ = hash_on_arrival;
     drafts_ = drafts;
+    hold_drafts_ = hold_drafts;
     max_tokens_ = int64_t{width - 1} * kPageSize - (drafts + 1);
     PagedKvConfig config;
     config.page_size = kPageSize;
@@ -215,7 +218,7 @@ class DecodeWorkload {
         const int32_t held = slot < drafting ? drafts_ : 0;
         while (accepted < held && accept_(rng_)) ++accepted;
         counts_[slot] = 1 + accepted;
-        draft_counts_[slot] = drafts_;
+        draft_counts_[slot] = hold_drafts_ ? drafts_ : 0;
         tokens += counts_[slot];
         // A sequence that nears its row's width finishes.
         if (leaving_slots_.size() < static_cast<size_t>(batch_ / 2) &&
@@ -306,8 +309,9 @@ class DecodeWorkload {
   int32_t batch_ = 0;
   bool hash_on_arrival_ = false;
   int32_t drafts_ = 0;
-  int64_t max_tokens_ = 0;  // a drafting sequence past this finishes.
-  int32_t last_joins_ = 0;  // joins of the last step: its last slots.
+  bool hold_drafts_ = true;  // else the verified tokens alone.
+  int64_t max_tokens_ = 0;   // a drafting sequence past this finishes.
+  int32_t last_joins_ = 0;   // joins of the last step: its last slots.
   std::bernoulli_distribution accept_{kDraftAcceptance};
   double arrival_seconds_ = 0;
   std::unique_ptr<BlockManager> manager_;
@@ -335,7 +339,8 @@ class DecodeWorkload {
 // Args: batch, width (max_pages_per_seq), upload (0/1), hash (0: SHA-256,
 // the default; 1: XXH3), prefix caching (1, the default; 0: off, so no page
 // is hashed), prompts hashed on arrival (1) or in the step (0), drafts per
-// sequence, caches evicted between steps (1) or not (0).
+// sequence, caches evicted between steps (1) or not (0), drafts held after
+// the step (1) or the verified tokens alone (0).
 void BM_CommitDecodeStep(benchmark::State& state) {
   if (!crypto_allocations_counted) {
     state.SkipWithError("OpenSSL allocated before its allocator was replaced");
@@ -348,8 +353,8 @@ void BM_CommitDecodeStep(benchmark::State& state) {
       state.range(3) == 0 ? HashAlgorithm::kSha256 : HashAlgorithm::kXxh3_128;
   DecodeWorkload workload;
   if (!workload.Init(state, batch, width, hash, state.range(4) != 0,
-                     state.range(5) != 0,
-                     static_cast<int32_t>(state.range(6)))) {
+                     state.range(5) != 0, static_cast<int32_t>(state.range(6)),
+                     state.range(8) != 0)) {
     return;
   }
   const bool cold = state.range(7) != 0;
@@ -401,21 +406,24 @@ void BM_CommitDecodeStep(benchmark::State& state) {
 }
 BENCHMARK(BM_CommitDecodeStep)
     ->ArgNames({"batch", "width", "upload", "xxh3", "cache", "arrival",
-                "drafts", "cold"})
+                "drafts", "cold", "held"})
     // The whole step, upload included, at three row widths.
     ->ArgsProduct(
-        {{64, 256, 1024}, {128, 256, 2048}, {1}, {0}, {1}, {1}, {0}, {0}})
+        {{64, 256, 1024}, {128, 256, 2048}, {1}, {0}, {1}, {1}, {0}, {0}, {1}})
     // The same step from cold caches (to set against python_bench.py's).
-    ->ArgsProduct({{64, 256, 1024}, {128}, {1}, {0}, {1}, {1}, {0}, {1}})
+    ->ArgsProduct({{64, 256, 1024}, {128}, {1}, {0}, {1}, {1}, {0}, {1}, {1}})
     // Speculative decoding: 4 drafts a sequence, 70% accepted each; at batch
     // 256 also against plain decode with XXH3 page hashes and without
     // prefix caching (what hashing the 2.77x more pages that fill costs).
-    ->ArgsProduct({{64, 256, 1024}, {256}, {1}, {0}, {1}, {1}, {4}, {0}})
-    ->ArgsProduct({{256}, {256}, {1}, {1}, {1}, {1}, {0, 4}, {0}})
-    ->ArgsProduct({{256}, {256}, {1}, {0}, {0}, {1}, {0, 4}, {0}})
+    ->ArgsProduct({{64, 256, 1024}, {256}, {1}, {0}, {1}, {1}, {4}, {0}, {1}})
+    ->ArgsProduct({{256}, {256}, {1}, {1}, {1}, {1}, {0, 4}, {0}, {1}})
+    ->ArgsProduct({{256}, {256}, {1}, {0}, {0}, {1}, {0, 4}, {0}, {1}})
+    // The drafted step's verified tokens without the drafts.
+    ->ArgsProduct({{256}, {256}, {1}, {0}, {1, 0}, {1}, {4}, {0}, {0}})
     // Commit alone: the hash algorithms, hashing in the step, no caching.
-    ->ArgsProduct({{64, 256, 1024}, {128}, {0}, {0, 1}, {1}, {1, 0}, {0}, {0}})
-    ->ArgsProduct({{64, 256, 1024}, {128}, {0}, {0}, {0}, {0}, {0}, {0}})
+    ->ArgsProduct(
+        {{64, 256, 1024}, {128}, {0}, {0, 1}, {1}, {1, 0}, {0}, {0}, {1}})
+    ->ArgsProduct({{64, 256, 1024}, {128}, {0}, {0}, {0}, {0}, {0}, {0}, {1}})
     ->UseManualTime();
 
 }  // namespace
