@@ -160,8 +160,9 @@ BENCHMARK(BM_PrefillPrompt)
 
 // The same prompt beside a running decode batch, as chunked prefill runs in
 // a serving loop: every step appends a token to each of kDecoders sequences
-// and carries the prompt's join or its next chunk. Args: prompt tokens (0:
-// decode steps alone, the baseline), chunk tokens (0: the whole prompt in
+// (their prompts of 64 to 79 tokens, so that every step some of them start a
+// page) and carries the prompt's join or its next chunk. Args: prompt tokens
+// (0: decode steps alone, the baseline), chunk tokens (0: the whole prompt in
 // the first step). Every variant times the same kPromptSteps steps and one
 // more that finishes the prompt (commit and upload each), so the prompt's
 // cost is a variant's time less the baseline's: what admitting it adds to
@@ -212,7 +213,7 @@ void BM_PrefillBesideDecode(benchmark::State& state) {
   for (auto _ : state) {
     if (decoders.empty() ||
         decoded + kPromptSteps + 1 >
-            int64_t{kDecoderPages - kDecoderPromptTokens / kPageSize - 1} *
+            int64_t{kDecoderPages - kDecoderPromptTokens / kPageSize - 2} *
                 kPageSize) {
       // Outside the time: the decoders leave and new ones join.
       if (!decoders.empty() && !step({.finished = decoders})) return;
@@ -220,11 +221,15 @@ void BM_PrefillBesideDecode(benchmark::State& state) {
       joins.clear();
       for (int32_t i = 0; i < kDecoders; ++i) {
         std::vector<TokenId>& p = decoder_prompts[i];
-        p.resize(kDecoderPromptTokens);
-        for (int32_t t = 0; t < kDecoderPromptTokens; ++t) {
+        // Staggered lengths: every step some decoders start a page, as in
+        // serving (in lockstep, 15 of 16 steps would change no row and
+        // upload nothing, and the chunks would pay for the uploads alone).
+        p.resize(kDecoderPromptTokens + i % kPageSize);
+        for (size_t t = 0; t < p.size(); ++t) {
           // Apart from the prompts' ids (below 32,000): no prefix hits
           // between them.
-          p[t] = static_cast<TokenId>(32000 + (next_id * 131 + t) % 1000);
+          p[t] = static_cast<TokenId>(
+              32000 + (next_id * 131 + static_cast<int64_t>(t)) % 1000);
         }
         decoders.push_back(next_id);
         joins.push_back({.id = next_id++, .tokens = p});
