@@ -74,6 +74,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "bench_device.h"
+#include "evict_caches.h"
 #include "kvblock/batch_commit.h"
 #include "kvblock/block_manager.h"
 #include "kvblock/device.h"
@@ -123,16 +124,6 @@ constexpr int32_t kPrefixTokens = 4 * kPageSize;
 constexpr int32_t kMaxSuffixTokens = 2 * kPageSize;
 constexpr int32_t kWarmupSteps = 1000;
 constexpr double kDraftAcceptance = 0.7;
-constexpr size_t kColdBytes = size_t{4} << 20;
-
-// Writes a byte in every cache line of a kColdBytes buffer, evicting the
-// step's data from the core's caches.
-void EvictCaches() {
-  static std::vector<char> lines(kColdBytes);
-  for (size_t i = 0; i < lines.size(); i += 64) ++lines[i];
-  benchmark::DoNotOptimize(lines.data());
-}
-
 // A decode workload at one batch size: the stack, and the scratch the
 // scheduler fills each step (reused, so steps allocate nothing here).
 class DecodeWorkload {

@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "bench_device.h"
+#include "evict_caches.h"
 #include "kvblock/batch_commit.h"
 #include "kvblock/block_manager.h"
 #include "kvblock/device.h"
@@ -163,11 +164,13 @@ BENCHMARK(BM_PrefillPrompt)
 // (their prompts of 64 to 79 tokens, so that every step some of them start a
 // page) and carries the prompt's join or its next chunk. Args: prompt tokens
 // (0: decode steps alone, the baseline), chunk tokens (0: the whole prompt in
-// the first step). Every variant times the same kPromptSteps steps and one
-// more that finishes the prompt (commit and upload each), so the prompt's
-// cost is a variant's time less the baseline's: what admitting it adds to
-// the steps that run anyway. The decoders start afresh, outside the time,
-// before their rows fill.
+// the first step), caches evicted before every step (1, outside the time,
+// as a serving loop's own work between steps would; evict_caches.h) or not
+// (0). Every variant times the same kPromptSteps steps and one more that
+// finishes the prompt (commit and upload each), so the prompt's cost is a
+// variant's time less the baseline's: what admitting it adds to the steps
+// that run anyway. The decoders start afresh, outside the time, before their
+// rows fill.
 constexpr int32_t kDecoders = 64;
 constexpr int32_t kDecoderPromptTokens = 64;
 constexpr int64_t kPromptSteps = 16;  // 32,000 tokens in 2,048-token chunks.
@@ -175,6 +178,7 @@ constexpr int64_t kPromptSteps = 16;  // 32,000 tokens in 2,048-token chunks.
 void BM_PrefillBesideDecode(benchmark::State& state) {
   const int64_t tokens = state.range(0);
   const int64_t chunk = state.range(1) == 0 ? tokens : state.range(1);
+  const bool cold = state.range(2) != 0;
   // A decoder's row, in pages, before it starts afresh.
   constexpr int32_t kDecoderPages = 64;
   PagedKvConfig config;
@@ -195,6 +199,17 @@ void BM_PrefillBesideDecode(benchmark::State& state) {
   SequenceId next_id = 0;
   int64_t decoded = 0;  // steps since the decoders started.
   const auto step = [&](const StepPlan& plan) { return rig.Step(plan, state); };
+  // A step inside the time; with `cold`, after the caches are evicted.
+  double iteration_seconds = 0;
+  const auto timed_step = [&](const StepPlan& plan) {
+    if (cold) EvictCaches();
+    const auto start = std::chrono::steady_clock::now();
+    const bool ok = step(plan);
+    iteration_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    return ok;
+  };
   // One token for every decoder, none for the prompt (which, with a chunk,
   // may not append in the same step).
   const auto decode_counts = [&](SequenceId prompt_id) {
@@ -242,7 +257,7 @@ void BM_PrefillBesideDecode(benchmark::State& state) {
                                      absl::MakeSpan(hashes), state)) {
       return;
     }
-    const auto start = std::chrono::steady_clock::now();
+    iteration_seconds = 0;
     for (int64_t s = 0; s < kPromptSteps; ++s) {
       const absl::Span<const int32_t> step_counts = decode_counts(id);
       StepPlan plan{.append_counts = step_counts,
@@ -262,18 +277,15 @@ void BM_PrefillBesideDecode(benchmark::State& state) {
       if (tokens > 0 && s > 0 && done < tokens) {
         plan.prompt_chunks = absl::MakeConstSpan(&next, 1);
       }
-      if (!step(plan)) return;
+      if (!timed_step(plan)) return;
     }
     // The step that finishes the prompt (a plain decode step without one).
     const absl::Span<const int32_t> last_counts = decode_counts(id);
     StepPlan last{.append_counts = last_counts,
                   .append_tokens = tokens_for(last_counts)};
     if (tokens > 0) last.finished = absl::MakeConstSpan(&id, 1);
-    if (!step(last)) return;
+    if (!timed_step(last)) return;
     decoded += kPromptSteps + 1;
-    const double iteration_seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count();
     seconds += iteration_seconds;
     state.SetIterationTime(iteration_seconds);
   }
@@ -283,10 +295,9 @@ void BM_PrefillBesideDecode(benchmark::State& state) {
   state.SetLabel(std::string(BenchDevice().name()));
 }
 BENCHMARK(BM_PrefillBesideDecode)
-    ->ArgNames({"tokens", "chunk"})
-    ->Args({0, 0})
-    ->Args({32000, 0})
-    ->Args({32000, 2048})
+    ->ArgNames({"tokens", "chunk", "cold"})
+    ->ArgsProduct({{0}, {0}, {0, 1}})
+    ->ArgsProduct({{32000}, {0, 2048}, {0, 1}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
