@@ -124,6 +124,7 @@ constexpr int32_t kPrefixTokens = 4 * kPageSize;
 constexpr int32_t kMaxSuffixTokens = 2 * kPageSize;
 constexpr int32_t kWarmupSteps = 1000;
 constexpr double kDraftAcceptance = 0.7;
+
 // A decode workload at one batch size: the stack, and the scratch the
 // scheduler fills each step (reused, so steps allocate nothing here).
 class DecodeWorkload {
