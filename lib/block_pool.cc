@@ -42,7 +42,12 @@ std::string BlockPoolSnapshot::DebugString() const {
       " cache_hits=", stats.cache_hits,
       " cache_revivals=", stats.cache_revivals,
       " cache_registrations=", stats.cache_registrations,
-      " peak_used=", stats.peak_used, "\n");
+      " peak_used=", stats.peak_used, "\nduplicates: [",
+      absl::StrJoin(duplicates, " ",
+                    [](std::string* out, const std::vector<PageId>& ring) {
+                      absl::StrAppend(out, "(", absl::StrJoin(ring, " "), ")");
+                    }),
+      "]\n");
 }
 
 absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(
@@ -77,20 +82,26 @@ absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(
 BlockPool::BlockPool(int32_t num_pages, const BlockPoolOptions& options)
     : num_pages_(num_pages),
       max_refcount_(options.max_refcount),
+      eviction_order_(options.eviction_order),
+      index_duplicates_(options.index_duplicates),
       pages_(num_pages + 1),
       index_(std::make_unique<PrefixIndex>(num_pages)) {
   pages_[num_pages_].lru_prev = num_pages_;
   pages_[num_pages_].lru_next = num_pages_;
   free_stack_.reserve(num_pages_);
-  for (PageId page = num_pages_ - 1; page >= 0; --page) {
-    free_stack_.push_back(page);
+  if (lru_holds_free()) {
+    for (PageId page = 0; page < num_pages_; ++page) {
+      LinkAfter(pages_[num_pages_].lru_prev, page);
+    }
+  } else {
+    for (PageId page = num_pages_ - 1; page >= 0; --page) {
+      free_stack_.push_back(page);
+    }
   }
   journal_.reserve(options.journal_reserve);
 }
 
 BlockPool::~BlockPool() = default;
-
-int32_t BlockPool::NumCached() const { return index_->size(); }
 
 absl::Status BlockPool::InjectedAllocationFault() const {
   return absl::ResourceExhaustedError(absl::StrCat(
@@ -118,7 +129,48 @@ inline void BlockPool::Journal(UndoRecord::Op op, PageId page, PageId prev,
   record.op = op;
   record.page = page;
   record.prev = prev;
+  record.lru_prev = kNoPage;
   record.hash = hash;
+}
+
+void BlockPool::LinkDuplicate(PageId head, PageId page) {
+  PageState& first = pages_[head];
+  if (first.dup_next == kNoPage) first.dup_next = first.dup_prev = head;
+  const PageId last = first.dup_prev;
+  pages_[page].dup_prev = last;
+  pages_[page].dup_next = head;
+  pages_[last].dup_next = page;
+  first.dup_prev = page;
+}
+
+PageId BlockPool::Unindex(PageId page) {
+  PageState& state = pages_[page];
+  PageId prev = kNoPage;
+  if (state.dup_next == kNoPage) {
+    // Holds by construction: every kIndexed page is indexed
+    // (CheckInvariants).
+    [[maybe_unused]] const bool erased = index_->Erase(state.tag, page);
+    assert(erased);
+  } else {
+    const PageId next = state.dup_next;
+    const PageId before = state.dup_prev;
+    if (state.cached == kIndexed) {
+      // The page cached longest after it answers lookups now.
+      [[maybe_unused]] const bool replaced =
+          index_->Replace(state.tag, page, next);
+      assert(replaced);
+      pages_[next].cached = kIndexed;
+    } else {
+      prev = before;
+    }
+    pages_[before].dup_next = next;
+    pages_[next].dup_prev = before;
+    if (next == before) pages_[next].dup_next = pages_[next].dup_prev = kNoPage;
+    state.dup_next = state.dup_prev = kNoPage;
+  }
+  state.cached = 0;
+  --num_cached_;
+  return prev;
 }
 
 inline void BlockPool::LinkAfter(PageId prev, PageId page) {
@@ -160,13 +212,14 @@ PageId BlockPool::AllocateUnchecked() {
     page = pages_[num_pages_].lru_next;
     PrefetchNextEvictions(page);
     Unlink(page);
-    // Holds by construction: every cached page is indexed (CheckInvariants).
-    [[maybe_unused]] const bool erased = index_->Erase(pages_[page].tag, page);
-    assert(erased);
-    pages_[page].cached = 0;
-    ++stats_.evictions;
-    Journal(UndoRecord::Op::kEvict, page, kNoPage, pages_[page].hash);
-    if (events_ != nullptr) events_->Removed(pages_[page].hash);
+    if (pages_[page].cached) {
+      const PageId prev = Unindex(page);
+      ++stats_.evictions;
+      Journal(UndoRecord::Op::kEvict, page, prev, pages_[page].hash);
+      if (events_ != nullptr) events_->Removed(pages_[page].hash);
+    } else {
+      Journal(UndoRecord::Op::kPopLru, page);
+    }
   }
   pages_[page].refcount = 1;
   ++stats_.allocations;
@@ -217,7 +270,7 @@ absl::Status BlockPool::Release(PageId page) {
   if (!IsUsed(page)) return UnusedError(page);
   if (--pages_[page].refcount > 0) {
     Journal(UndoRecord::Op::kDropRef, page);
-  } else if (pages_[page].cached) {
+  } else if (pages_[page].cached || lru_holds_free()) {
     LinkAfter(pages_[num_pages_].lru_prev, page);
     Journal(UndoRecord::Op::kAppendLru, page);
   } else {
@@ -232,11 +285,8 @@ absl::StatusOr<CopyOnWrite> BlockPool::Writable(PageId page) {
     if (!IsUsed(page)) return UnusedError(page);
     if (pages_[page].refcount == 1) {
       if (pages_[page].cached) {
-        [[maybe_unused]] const bool erased =
-            index_->Erase(pages_[page].tag, page);
-        assert(erased);
-        pages_[page].cached = 0;
-        Journal(UndoRecord::Op::kUncache, page, kNoPage, pages_[page].hash);
+        const PageId prev = Unindex(page);
+        Journal(UndoRecord::Op::kUncache, page, prev, pages_[page].hash);
         if (events_ != nullptr) events_->Removed(pages_[page].hash);
       }
       return CopyOnWrite{CopyOnWrite::Kind::kExisting, page, kNoPage};
@@ -279,14 +329,40 @@ absl::StatusOr<PageId> BlockPool::RegisterCached(PageId page,
         absl::StrCat("block pool: the prefix index is full with ",
                      index_->size(), " pages (a broken invariant)"));
   }
-  if (events_ != nullptr) events_->Registered(hash, indexed == page);
-  if (indexed != page) return indexed;
-  pages_[page].cached = 1;
-  pages_[page].hash = hash;
-  pages_[page].tag = tag;
+  const bool duplicate = indexed != page;
+  if (duplicate && !index_duplicates_) {
+    if (events_ != nullptr) events_->Registered(hash, /*stored=*/false);
+    return indexed;
+  }
+  if (events_ != nullptr) events_->Registered(hash, /*stored=*/true);
+  PageState& state = pages_[page];
+  state.cached = duplicate ? kDuplicate : kIndexed;
+  state.hash = hash;
+  state.tag = tag;
+  if (duplicate) LinkDuplicate(indexed, page);
+  ++num_cached_;
   ++stats_.cache_registrations;
   Journal(UndoRecord::Op::kRegister, page, kNoPage, hash);
-  return page;
+  return indexed;
+}
+
+absl::StatusOr<bool> BlockPool::Uncache(PageId page) {
+  if (!InRange(page)) return RangeError(page);
+  PageState& state = pages_[page];
+  if (!state.cached) return false;
+  if (events_ != nullptr) events_->Removed(state.hash);
+  if (state.refcount > 0 || lru_holds_free()) {
+    const PageId prev = Unindex(page);
+    Journal(UndoRecord::Op::kUncache, page, prev, state.hash);
+    return true;
+  }
+  const PageId lru_prev = state.lru_prev;
+  Unlink(page);
+  const PageId prev = Unindex(page);
+  free_stack_.push_back(page);
+  Journal(UndoRecord::Op::kUncacheFree, page, prev, state.hash);
+  if (depth_ > 0) journal_.back().lru_prev = lru_prev;
+  return true;
 }
 
 std::optional<PageId> BlockPool::Lookup(const BlockHash& hash) const {
@@ -359,13 +435,18 @@ absl::Status BlockPool::ResetPrefixCache() {
         "(depth ",
         depth_, ")"));
   }
-  while (num_evictable_ > 0) {
+  while (!lru_holds_free() && num_evictable_ > 0) {
     const PageId page = pages_[num_pages_].lru_next;
     Unlink(page);
     free_stack_.push_back(page);
   }
-  index_->ForEach([this](PageId page) { pages_[page].cached = 0; });
+  for (PageId page = 0; page < num_pages_; ++page) {
+    PageState& state = pages_[page];
+    state.cached = 0;
+    state.dup_prev = state.dup_next = kNoPage;
+  }
   index_->Clear();
+  num_cached_ = 0;
   if (events_ != nullptr) events_->Cleared();
   return absl::OkStatus();
 }
@@ -411,15 +492,35 @@ absl::Status BlockPool::RollbackTransaction(const Savepoint& savepoint) {
   return absl::OkStatus();
 }
 
-void BlockPool::Recache(PageId page, const BlockHash& hash) {
+void BlockPool::Recache(PageId page, const BlockHash& hash, PageId prev) {
   PageState& state = pages_[page];
-  state.cached = 1;
   state.hash = hash;
   state.tag = PrefixIndex::Tag(hash);
+  ++num_cached_;
+  if (prev != kNoPage) {
+    // Back behind `prev`: link it in as the last page after `prev`'s.
+    state.cached = kDuplicate;
+    PageState& before = pages_[prev];
+    if (before.dup_next == kNoPage) before.dup_next = before.dup_prev = prev;
+    const PageId next = before.dup_next;
+    state.dup_prev = prev;
+    state.dup_next = next;
+    before.dup_next = page;
+    pages_[next].dup_prev = page;
+    return;
+  }
+  state.cached = kIndexed;
   // Room by construction: the page was indexed before the change undone.
-  [[maybe_unused]] const PageId indexed =
-      index_->Insert(state.tag, hash, page, hash_of());
-  assert(indexed == page);
+  const PageId indexed = index_->Insert(state.tag, hash, page, hash_of());
+  assert(indexed != kNoPage);
+  if (indexed != page) {
+    // It answered lookups before the page now indexed: first again.
+    [[maybe_unused]] const bool replaced =
+        index_->Replace(state.tag, indexed, page);
+    assert(replaced);
+    pages_[indexed].cached = kDuplicate;
+    LinkDuplicate(indexed, page);
+  }
 }
 
 // Records are undone newest first, so the pool is exactly as it was right
@@ -434,7 +535,11 @@ void BlockPool::Undo(const UndoRecord& record) {
       break;
     case UndoRecord::Op::kEvict:
       pages_[page].refcount = 0;
-      Recache(page, record.hash);
+      Recache(page, record.hash, record.prev);
+      LinkAfter(num_pages_, page);
+      break;
+    case UndoRecord::Op::kPopLru:
+      pages_[page].refcount = 0;
       LinkAfter(num_pages_, page);
       break;
     case UndoRecord::Op::kAddRef:
@@ -455,15 +560,16 @@ void BlockPool::Undo(const UndoRecord& record) {
       pages_[page].refcount = 0;
       LinkAfter(record.prev, page);
       break;
-    case UndoRecord::Op::kRegister: {
-      [[maybe_unused]] const bool erased =
-          index_->Erase(pages_[page].tag, page);
-      assert(erased);
-      pages_[page].cached = 0;
+    case UndoRecord::Op::kRegister:
+      Unindex(page);
       break;
-    }
     case UndoRecord::Op::kUncache:
-      Recache(page, record.hash);
+      Recache(page, record.hash, record.prev);
+      break;
+    case UndoRecord::Op::kUncacheFree:
+      free_stack_.pop_back();
+      Recache(page, record.hash, record.prev);
+      LinkAfter(record.lru_prev, page);
       break;
   }
 }
@@ -502,13 +608,16 @@ absl::Status BlockPool::CheckInvariants() const {
                   num_evictable_);
   }
   int32_t num_cached = 0;
+  int32_t num_indexed = 0;
   int32_t num_used = 0;
   for (PageId page = 0; page < num_pages_; ++page) {
     const int32_t refcount = pages_[page].refcount;
     if (refcount < 0 || refcount > max_refcount_) {
       return broken("page ", page, " has refcount ", refcount);
     }
-    const uint8_t expected = refcount > 0 ? 0 : pages_[page].cached ? 2 : 1;
+    const uint8_t expected = refcount > 0                                ? 0
+                             : (pages_[page].cached || lru_holds_free()) ? 2
+                                                                         : 1;
     if (listed[page] != expected) {
       return broken("page ", page, " (refcount ", refcount, ", cached ",
                     static_cast<int>(pages_[page].cached), ") is listed as ",
@@ -520,20 +629,15 @@ absl::Status BlockPool::CheckInvariants() const {
       return broken("page ", page, " is off the lru list but linked");
     }
     num_used += refcount > 0 ? 1 : 0;
-    if (pages_[page].cached) {
-      ++num_cached;
-      if (index_->Find(pages_[page].hash, hash_of()) != page) {
-        return broken("cached page ", page, " is not indexed under its hash");
-      }
-      if (pages_[page].tag != PrefixIndex::Tag(pages_[page].hash)) {
-        return broken("cached page ", page, " keeps a tag not of its hash");
-      }
-    }
+    KVBLOCK_RETURN_IF_ERROR(CheckCachedPage(page));
+    if (pages_[page].cached == kIndexed) ++num_indexed;
+    if (pages_[page].cached) ++num_cached;
   }
   KVBLOCK_RETURN_IF_ERROR(index_->CheckInvariants(hash_of()));
-  if (num_cached != NumCached()) {
-    return broken("index holds ", NumCached(), " hashes for ", num_cached,
-                  " cached pages");
+  if (num_indexed != index_->size() || num_cached != NumCached()) {
+    return broken("index holds ", index_->size(), " hashes for ", num_indexed,
+                  " indexed pages; ", num_cached, " cached pages, counted ",
+                  NumCached());
   }
   if (num_used != NumUsed() || stats_.peak_used < num_used) {
     return broken(num_used, " pages used, counted ", NumUsed(), ", peak ",
@@ -542,6 +646,46 @@ absl::Status BlockPool::CheckInvariants() const {
   if (depth_ < 0 || (depth_ == 0 && !journal_.empty())) {
     return broken("journal holds ", journal_.size(), " records at depth ",
                   depth_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BlockPool::CheckCachedPage(PageId page) const {
+  auto broken = [page](auto&&... parts) {
+    return absl::InternalError(
+        absl::StrCat("block pool: cached page ", page, parts...));
+  };
+  const PageState& state = pages_[page];
+  if (!state.cached) {
+    if (state.dup_next != kNoPage || state.dup_prev != kNoPage) {
+      return absl::InternalError(absl::StrCat(
+          "block pool: page ", page, " is not cached but has duplicates"));
+    }
+    return absl::OkStatus();
+  }
+  if (state.tag != PrefixIndex::Tag(state.hash)) {
+    return broken(" keeps a tag not of its hash");
+  }
+  const PageId indexed = index_->Find(state.hash, hash_of());
+  if (state.cached == kIndexed ? indexed != page
+                               : indexed == kNoPage || indexed == page ||
+                                     pages_[indexed].cached != kIndexed) {
+    return broken(" (state ", static_cast<int>(state.cached),
+                  ") is not indexed under its hash as its state says (the "
+                  "index finds ",
+                  indexed, ")");
+  }
+  if ((state.dup_next == kNoPage) != (state.dup_prev == kNoPage) ||
+      (state.dup_next == kNoPage && state.cached != kIndexed)) {
+    return broken(" is half linked among its duplicates");
+  }
+  if (state.dup_next == kNoPage) return absl::OkStatus();
+  if (!index_duplicates_) return broken(" has duplicates without the option");
+  const PageState& next = pages_[state.dup_next];
+  if (next.dup_prev != page || !next.cached || !(next.hash == state.hash) ||
+      state.dup_next == page) {
+    return broken(" links to duplicate ", state.dup_next,
+                  ", which does not link back or is cached otherwise");
   }
   return absl::OkStatus();
 }
@@ -562,6 +706,23 @@ BlockPoolSnapshot BlockPool::Snapshot() const {
     if (pages_[page].cached)
       snapshot.cached.emplace_back(page, pages_[page].hash);
   }
+  // Each ring from its indexed page, the rings by their smallest page id.
+  for (PageId page = 0; page < num_pages_; ++page) {
+    if (pages_[page].cached != kIndexed || pages_[page].dup_next == kNoPage) {
+      continue;
+    }
+    std::vector<PageId>& ring = snapshot.duplicates.emplace_back();
+    PageId member = page;
+    do {
+      ring.push_back(member);
+      member = pages_[member].dup_next;
+    } while (member != page && ring.size() <= static_cast<size_t>(num_pages_));
+  }
+  std::sort(snapshot.duplicates.begin(), snapshot.duplicates.end(),
+            [](const std::vector<PageId>& a, const std::vector<PageId>& b) {
+              return *std::min_element(a.begin(), a.end()) <
+                     *std::min_element(b.begin(), b.end());
+            });
   snapshot.stats = stats_;
   return snapshot;
 }

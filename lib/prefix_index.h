@@ -164,6 +164,20 @@ class PrefixIndex {
     return true;
   }
 
+  // Puts `replacement` in the entry of `page` (indexed under a hash whose Tag
+  // is `tag`, which the replacement's hash shares) and returns true; false,
+  // changing nothing, when no bucket holds `page`. O(1) expected.
+  bool Replace(uint32_t tag, PageId page, PageId replacement) {
+    size_t b = Home(tag);
+    uint32_t m;
+    for (size_t n = 0; (m = buckets_[b].Holds(page)) == 0; ++n) {
+      if (n + 1 == buckets_.size()) return false;
+      b = Next(b);
+    }
+    buckets_[b].pages[std::countr_zero(m)] = replacement;
+    return true;
+  }
+
   // Starts loading the home bucket of keys whose Tag is `tag`.
   void Prefetch(uint32_t tag) const {
     __builtin_prefetch(&buckets_[Home(tag)]);

@@ -283,6 +283,125 @@ TEST_CASE("register cached keeps the first page of a hash") {
   REQUIRE_OK(pool->CheckInvariants());
 }
 
+// vLLM's BlockPool: one free queue and every full block cached.
+constexpr BlockPoolOptions kVllmOptions = {
+    .eviction_order = EvictionOrder::kLeastRecentlyFreed,
+    .index_duplicates = true};
+
+TEST_CASE("vllm's order takes the least recently freed page, cached or not") {
+  auto pool = NewPool(4, kVllmOptions);
+  REQUIRE(pool->Snapshot().lru == std::vector<PageId>{0, 1, 2, 3});
+  REQUIRE(pool->Snapshot().free_stack.empty());
+  std::vector<PageId> pages(4);
+  REQUIRE_OK(pool->AllocateN(absl::MakeSpan(pages)));
+  REQUIRE(pages == std::vector<PageId>{0, 1, 2, 3});
+  REQUIRE_OK(pool->RegisterCached(1, TestHash(1)));
+  for (PageId page : {3, 1, 2}) REQUIRE_OK(pool->Release(page));
+  REQUIRE(pool->NumFree() == 3);
+  REQUIRE(pool->NumEvictable() == 3);  // The whole queue.
+  REQUIRE(MustAllocate(*pool) == 3);   // Never cached, but freed first.
+  REQUIRE(pool->Lookup(TestHash(1)) == 1);
+  REQUIRE(MustAllocate(*pool) == 1);  // Evicted.
+  REQUIRE(pool->stats().evictions == 1);
+  REQUIRE_FALSE(pool->Lookup(TestHash(1)).has_value());
+  REQUIRE(MustAllocate(*pool) == 2);
+  REQUIRE_STATUS_IS(pool->Allocate(), kResourceExhausted);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("vllm's reset forgets the hashes and keeps the queue's order") {
+  auto pool = NewPool(4, kVllmOptions);
+  const std::vector<PageId> pages = CachedPages(*pool, 4, 1);
+  for (PageId page : {2, 0, 3, 1}) REQUIRE_OK(pool->Release(page));
+  REQUIRE_OK(pool->ResetPrefixCache());
+  REQUIRE(pool->NumCached() == 0);
+  REQUIRE(pool->Snapshot().lru == std::vector<PageId>{2, 0, 3, 1});
+  REQUIRE(MustAllocate(*pool) == 2);
+  REQUIRE(pool->stats().evictions == 0);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("duplicates are cached behind the first page of their hash") {
+  auto pool = NewPool(6, kVllmOptions);
+  std::vector<PageId> pages(3);
+  REQUIRE_OK(pool->AllocateN(absl::MakeSpan(pages)));
+  for (PageId page : pages) {
+    auto first = pool->RegisterCached(page, TestHash(7));
+    REQUIRE_OK(first);
+    REQUIRE(*first == pages[0]);
+  }
+  REQUIRE(pool->NumCached() == 3);
+  REQUIRE(pool->stats().cache_registrations == 3);
+  REQUIRE(pool->Snapshot().duplicates ==
+          std::vector<std::vector<PageId>>{{0, 1, 2}});
+  REQUIRE(pool->Lookup(TestHash(7)) == 0);
+
+  SECTION("the next one answers when the first leaves") {
+    REQUIRE_OK(pool->Writable(0));  // Sole holder: uncached in place.
+    REQUIRE(pool->Lookup(TestHash(7)) == 1);
+    auto dropped = pool->Uncache(1);
+    REQUIRE_OK(dropped);
+    REQUIRE(*dropped);
+    REQUIRE(pool->Lookup(TestHash(7)) == 2);
+    REQUIRE(pool->Snapshot().duplicates.empty());
+    REQUIRE(pool->NumCached() == 1);
+  }
+  SECTION("a rollback puts each page back in its place") {
+    const BlockPoolSnapshot before = pool->Snapshot();
+    const BlockPool::Savepoint savepoint = pool->BeginTransaction();
+    REQUIRE_OK(pool->Uncache(1));
+    REQUIRE_OK(pool->Uncache(0));
+    for (PageId page : pages) REQUIRE_OK(pool->Release(page));
+    REQUIRE(MustAllocate(*pool) == 3);
+    REQUIRE_OK(pool->RegisterCached(3, TestHash(7)));
+    REQUIRE(pool->Lookup(TestHash(7)) == 2);
+    REQUIRE_OK(pool->CheckInvariants());
+    REQUIRE_OK(pool->RollbackTransaction(savepoint));
+    REQUIRE(pool->Snapshot() == before);
+  }
+  SECTION("eviction drops one page of the hash at a time") {
+    for (PageId page : {1, 0, 2}) REQUIRE_OK(pool->Release(page));
+    std::vector<PageId> more(3);
+    REQUIRE_OK(pool->AllocateN(absl::MakeSpan(more)));  // 3, 4, 5: uncached.
+    REQUIRE(pool->Lookup(TestHash(7)) == 0);
+    REQUIRE(MustAllocate(*pool) == 1);
+    REQUIRE(pool->Lookup(TestHash(7)) == 0);
+    REQUIRE(MustAllocate(*pool) == 0);
+    REQUIRE(pool->Lookup(TestHash(7)) == 2);
+    REQUIRE(pool->stats().evictions == 2);
+  }
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("uncache drops a hash, used or evictable, and refuses bad pages") {
+  const bool one_queue = GENERATE(false, true);
+  auto pool = NewPool(
+      4, {.eviction_order = one_queue ? EvictionOrder::kLeastRecentlyFreed
+                                      : EvictionOrder::kNeverCachedFirst});
+  const std::vector<PageId> pages = CachedPages(*pool, 2, 1);
+  REQUIRE_OK(pool->Release(pages[1]));
+  const BlockPoolSnapshot before = pool->Snapshot();
+  REQUIRE_STATUS_IS(pool->Uncache(kNoPage), kInvalidArgument);
+  REQUIRE_STATUS_IS(pool->Uncache(4), kInvalidArgument);
+  REQUIRE(pool->Snapshot() == before);
+  auto not_cached = pool->Uncache(2);
+  REQUIRE_OK(not_cached);
+  REQUIRE_FALSE(*not_cached);
+  REQUIRE(pool->Snapshot() == before);
+
+  const BlockPool::Savepoint savepoint = pool->BeginTransaction();
+  REQUIRE_OK(pool->Uncache(pages[0]));  // Used: stays used.
+  REQUIRE(pool->RefCount(pages[0]) == 1);
+  REQUIRE_OK(pool->Uncache(pages[1]));  // Evictable: free now.
+  REQUIRE(pool->NumCached() == 0);
+  REQUIRE(pool->NumFree() == 3);
+  REQUIRE(pool->Snapshot().lru.size() == (one_queue ? 3u : 0u));
+  REQUIRE_OK(pool->CheckInvariants());
+  REQUIRE_OK(pool->RollbackTransaction(savepoint));
+  REQUIRE(pool->Snapshot() == before);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
 TEST_CASE("acquire cached prefix stops at the first miss") {
   auto pool = NewPool(8);
   const std::vector<PageId> pages = CachedPages(*pool, 3, 10);

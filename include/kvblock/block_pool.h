@@ -10,10 +10,24 @@
 //   - evictable: refcount 0, cached, on the LRU list (head = least recently
 //                released, evicted first; tail = most recently released).
 // The prefix index (lib/prefix_index.h: buckets of one cache line, the keys
-// stay with the pages) maps a BlockHash to exactly the cached pages, one hash
-// per page and one page per hash. `Allocate` pops the free stack first and
-// evicts the LRU head (dropping its hash) only when the stack is empty.
-// Initially the stack hands out pages 0, 1, 2, ... in that order.
+// stay with the pages) maps a BlockHash to the cached pages, one hash per
+// page. `Allocate` pops the free stack first and evicts the LRU head
+// (dropping its hash) only when the stack is empty. Initially the stack hands
+// out pages 0, 1, 2, ... in that order.
+//
+// Two options give vLLM v1's BlockPool behaviour instead
+// (`vllm/v1/core/block_pool.py`):
+//   - EvictionOrder::kLeastRecentlyFreed: one queue. Every page with
+//     refcount 0, cached or not, is on the LRU list (the free stack stays
+//     empty), initially pages 0, 1, 2, ... in order; a release appends at the
+//     tail and `Allocate` takes the head, evicting it if it is cached.
+//     kvblock's default (never-cached pages first) keeps more hits under
+//     pressure.
+//   - `index_duplicates`: a page whose hash is cached on another page is
+//     cached too, behind it (vLLM caches every full block). A lookup finds
+//     the page of the hash cached longest; when it leaves, the next one
+//     answers. Without it, one page per hash: RegisterCached leaves the
+//     second page uncached.
 //
 // Releasing a sequence's pages last page first (SequenceBlockTable::ReleaseAll
 // does) puts its continuation nearer the LRU head than its prefix, so a shared
@@ -81,11 +95,23 @@ struct CopyOnWrite {
   friend bool operator==(const CopyOnWrite&, const CopyOnWrite&) = default;
 };
 
+// Which page with refcount 0 Allocate takes (see the BlockPool comment).
+enum class EvictionOrder : int32_t {
+  // The free stack's top, and the least recently released cached page only
+  // when no never-cached page is left.
+  kNeverCachedFirst = 0,
+  // The least recently released page, cached or not (vLLM's order).
+  kLeastRecentlyFreed = 1,
+};
+
 struct BlockPoolOptions {
   // Highest refcount a page may reach; Retain beyond it is refused. Positive.
   int32_t max_refcount = std::numeric_limits<int32_t>::max();
   // Journal records reserved for transactions (each change is 1 record).
   int32_t journal_reserve = 4096;
+  EvictionOrder eviction_order = EvictionOrder::kNeverCachedFirst;
+  // Cache a page under a hash another page is cached under (behind it).
+  bool index_duplicates = false;
 };
 
 // Counters since creation. A rolled-back transaction restores them too.
@@ -120,6 +146,10 @@ struct BlockPoolSnapshot {
   std::vector<PageId> lru;
   // Every cached page with its hash, by page id.
   std::vector<std::pair<PageId, BlockHash>> cached;
+  // Pages cached under one hash, for each hash cached on more than one page:
+  // the page a lookup finds first, then the others in the order they answer
+  // next; by first page id. Empty without `index_duplicates`.
+  std::vector<std::vector<PageId>> duplicates;
   BlockPoolStats stats;
 
   friend bool operator==(const BlockPoolSnapshot&,
@@ -187,9 +217,10 @@ class BlockPool {
   // Prefix cache ------------------------------------------------------------
 
   // Caches the used, full page `page` under `hash` and returns `page`. If
-  // `hash` is already cached on another page, that page stays cached, nothing
-  // changes, and its id is returned (the caller may keep using `page`). If
-  // `page` is already cached under `hash`, nothing changes. InvalidArgument
+  // `hash` is already cached on another page, that page stays cached and its
+  // id is returned: `page` is cached behind it with `index_duplicates`, else
+  // nothing changes (the caller may keep using `page`). If `page` is already
+  // cached under `hash`, nothing changes. InvalidArgument
   // when `page` is not in [0, num_pages); FailedPrecondition when it is not
   // used or is cached under a different hash. On error, nothing changes.
   absl::StatusOr<PageId> RegisterCached(PageId page, const BlockHash& hash);
@@ -213,10 +244,18 @@ class BlockPool {
   // `max_refcount`. On error, nothing changes.
   absl::Status AcquireCached(absl::Span<const PageId> pages);
 
+  // Drops `page`'s hash, if it is cached (used or evictable), and returns
+  // whether it was; an evictable page becomes free (with kLeastRecentlyFreed
+  // it keeps its place in the queue). vLLM's `evict_blocks`.
+  // InvalidArgument when `page` is not in [0, num_pages). On error, nothing
+  // changes.
+  absl::StatusOr<bool> Uncache(PageId page);
+
   // Forgets every hash. Evictable pages become free, pushed in LRU order (so
-  // the most recently released is allocated first); cached used pages stay
-  // used but are no longer found. FailedPrecondition inside a transaction
-  // (the reset is not journaled). On error, nothing changes. O(num_pages).
+  // the most recently released is allocated first; with kLeastRecentlyFreed
+  // they keep their places in the queue); cached used pages stay used but are
+  // no longer found. FailedPrecondition inside a transaction (the reset is not
+  // journaled). On error, nothing changes. O(num_pages).
   absl::Status ResetPrefixCache();
 
   // Transactions ------------------------------------------------------------
@@ -254,14 +293,22 @@ class BlockPool {
   int32_t RefCount(PageId page) const {
     return InRange(page) ? pages_[page].refcount : 0;
   }
+  // The hash `page` is cached under; none when it is not cached or not in
+  // [0, num_pages).
+  std::optional<BlockHash> CachedHash(PageId page) const {
+    if (!InRange(page) || !pages_[page].cached) return std::nullopt;
+    return pages_[page].hash;
+  }
   // Pages Allocate can hand out now: free + evictable.
   int32_t NumFree() const {
     return static_cast<int32_t>(free_stack_.size()) + num_evictable_;
   }
-  // Cached pages with refcount 0 (on the LRU list).
+  // Pages on the LRU list: cached pages with refcount 0 (with
+  // kLeastRecentlyFreed, every page with refcount 0).
   int32_t NumEvictable() const { return num_evictable_; }
-  // Cached pages, used or evictable (entries of the prefix index).
-  int32_t NumCached() const;
+  // Cached pages, used or evictable.
+  int32_t NumCached() const { return num_cached_; }
+  EvictionOrder eviction_order() const { return eviction_order_; }
   // Pages with refcount > 0.
   int32_t NumUsed() const { return num_pages_ - NumFree(); }
   int32_t num_pages() const { return num_pages_; }
@@ -288,16 +335,27 @@ class BlockPool {
       kAppendLru,  // appended `page` at the LRU tail (refcount 1 -> 0).
       kRevive,     // unlinked evictable `page` after `prev` (refcount 0 -> 1).
       kRegister,   // cached `page` under `hash`.
-      kUncache,    // dropped `page`'s `hash` (Writable, refcount 1).
+      kUncache,    // dropped `page`'s `hash` (Writable, refcount 1; Uncache).
+      kPopLru,     // took uncached `page`, the LRU head (refcount 0 -> 1).
+      // Uncache of evictable `page`: off the LRU list after `lru_prev`, its
+      // `hash` dropped, pushed onto the free stack.
+      kUncacheFree,
     };
     Op op;
     PageId page;
+    // kRevive: the LRU neighbour before `page`. kEvict, kUncache and
+    // kUncacheFree: the page before `page` among the pages cached under
+    // `hash`, kNoPage when `page` was the one a lookup found.
     PageId prev;
+    PageId lru_prev;  // kUncacheFree only.
     BlockHash hash;
   };
 
   BlockPool(int32_t num_pages, const BlockPoolOptions& options);
 
+  // CheckInvariants for one page: its cached state agrees with the index and
+  // its duplicates' ring.
+  absl::Status CheckCachedPage(PageId page) const;
   // The ResourceExhausted a rollback test injects where a page would be
   // allocated (lib/fault_injection.h).
   absl::Status InjectedAllocationFault() const;
@@ -319,8 +377,15 @@ class BlockPool {
   void Journal(UndoRecord::Op op, PageId page, PageId prev = kNoPage,
                const BlockHash& hash = BlockHash{});
   void Undo(const UndoRecord& record);
-  // Indexes `page` under `hash` again (undoing an eviction or an uncache).
-  void Recache(PageId page, const BlockHash& hash);
+  // Drops cached `page` from the index, or from behind the page it
+  // duplicates, and returns the page before it among its hash's pages
+  // (kNoPage when a lookup found `page`).
+  PageId Unindex(PageId page);
+  // Indexes `page` under `hash` again where Unindex took it from, `prev` being
+  // what Unindex returned (undoing an eviction or an uncache).
+  void Recache(PageId page, const BlockHash& hash, PageId prev);
+  // Links cached `page` behind the last page cached under `head`'s hash.
+  void LinkDuplicate(PageId head, PageId page);
   void NoteUsed() { stats_.peak_used = std::max(stats_.peak_used, NumUsed()); }
   // Intrusive LRU list: the sentinel `num_pages_` links head and tail.
   void LinkAfter(PageId prev, PageId page);
@@ -328,6 +393,12 @@ class BlockPool {
 
   const int32_t num_pages_;
   const int32_t max_refcount_;
+  const EvictionOrder eviction_order_;
+  const bool index_duplicates_;
+  // Whether a page with refcount 0 that is not cached goes on the LRU list.
+  bool lru_holds_free() const {
+    return eviction_order_ == EvictionOrder::kLeastRecentlyFreed;
+  }
 
   // What the pool keeps of one page, in one cache line: a page operation
   // touches one line instead of one per field.
@@ -335,18 +406,29 @@ class BlockPool {
     BlockHash hash;        // the index key while `cached`.
     uint32_t tag = 0;      // PrefixIndex::Tag(hash) while `cached`.
     int32_t refcount = 0;  // in [0, max_refcount_].
-    // Evictable pages only (others hold kNoPage).
+    // Pages on the LRU list only (others hold kNoPage).
     PageId lru_prev = kNoPage;
     PageId lru_next = kNoPage;
-    uint8_t cached = 0;  // 1 when the page is in the index under `hash`.
+    // Pages cached under one hash form a ring in the order a lookup finds
+    // them, the indexed page first; a page cached alone holds kNoPage.
+    PageId dup_prev = kNoPage;
+    PageId dup_next = kNoPage;
+    // kIndexed when the index holds the page under `hash`; kDuplicate when
+    // it is cached behind the indexed page of `hash`.
+    uint8_t cached = 0;
   };
+  static constexpr uint8_t kIndexed = 1;
+  static constexpr uint8_t kDuplicate = 2;
   // By page id; entry num_pages_ is the LRU sentinel: its lru_next is the
   // head, its lru_prev the tail.
   std::vector<PageState> pages_;
   int32_t num_evictable_ = 0;
-  // Exactly the free pages, top = back(); capacity num_pages_.
+  int32_t num_cached_ = 0;
+  // Exactly the free pages not on the LRU list, top = back(); capacity
+  // num_pages_.
   std::vector<PageId> free_stack_;
-  // Exactly the cached pages, each under pages_[p].hash (which HashOf reads).
+  // Exactly the kIndexed pages, each under pages_[p].hash (which HashOf
+  // reads).
   std::unique_ptr<PrefixIndex> index_;
   struct HashOf {
     const std::vector<PageState>* pages;

@@ -1,0 +1,335 @@
+// Copyright 2026 The kvblock Authors.
+//
+// VllmKvCacheManager against vLLM v1's KVCacheManager contract (the cases of
+// vLLM's tests/v1/core/test_prefix_caching.py that the Python adapter's
+// conformance tests do not reach, and every error path). The block ids are
+// the ones vLLM's manager hands out for the same calls.
+#include "kvblock/vllm_kv_cache_manager.h"
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "pool_test_util.h"
+#include "test_util.h"
+
+namespace kvblock {
+namespace {
+
+using ::kvblock::testing::TestHash;
+using Ids = std::vector<PageId>;
+
+std::unique_ptr<VllmKvCacheManager> NewManager(
+    VllmKvCacheManagerOptions options) {
+  auto manager = VllmKvCacheManager::Create(options);
+  REQUIRE_OK(manager);
+  return std::move(manager).value();
+}
+
+// A request's block hashes: one chain per `seed`, `count` long.
+std::vector<BlockHash> Chain(uint32_t seed, int count) {
+  std::vector<BlockHash> hashes;
+  for (int i = 0; i < count; ++i) hashes.push_back(TestHash(seed * 1000 + i));
+  return hashes;
+}
+
+Ids Held(const VllmKvCacheManager& manager, absl::string_view id) {
+  const auto blocks = manager.Blocks(id);
+  return Ids(blocks.begin(), blocks.end());
+}
+
+// Everything a failed call must leave as it was.
+struct State {
+  BlockPoolSnapshot pool;
+  Ids blocks;
+  int32_t requests;
+  friend bool operator==(const State&, const State&) = default;
+};
+State StateOf(const VllmKvCacheManager& manager, absl::string_view id) {
+  return {manager.pool().Snapshot(), Held(manager, id), manager.num_requests()};
+}
+
+constexpr VllmKvCacheManagerOptions kOptions = {
+    .num_blocks = 11, .block_size = 16, .max_model_len = 8192};
+
+TEST_CASE("create refuses bad options") {
+  REQUIRE_STATUS_IS(
+      VllmKvCacheManager::Create(
+          {.num_blocks = 1, .block_size = 16, .max_model_len = 64}),
+      kInvalidArgument);
+  REQUIRE_STATUS_IS(
+      VllmKvCacheManager::Create(
+          {.num_blocks = 8, .block_size = 0, .max_model_len = 64}),
+      kInvalidArgument);
+  REQUIRE_STATUS_IS(VllmKvCacheManager::Create(
+                        {.num_blocks = 8, .block_size = 4, .max_model_len = 0}),
+                    kInvalidArgument);
+}
+
+TEST_CASE("block 0 is the null block, never handed out") {
+  auto manager = NewManager(kOptions);
+  REQUIRE(manager->NumFreeBlocks() == 10);
+  REQUIRE(manager->Usage() == 0.0);
+  REQUIRE(manager->RefCount(VllmKvCacheManager::kNullBlock) == 0);
+  const std::vector<BlockHash> hashes = Chain(1, 3);
+  // vLLM's test_prefill: 55 tokens, 3 full blocks and a partial one.
+  auto result = manager->AllocateSlots({.request_id = "0",
+                                        .block_hashes = hashes,
+                                        .num_tokens = 55,
+                                        .num_new_tokens = 55});
+  REQUIRE_OK(result);
+  REQUIRE(result->allocated);
+  REQUIRE(result->first_new_block == 0);
+  REQUIRE(Held(*manager, "0") == Ids{1, 2, 3, 4});
+  REQUIRE(result->cached_from == 0);
+  REQUIRE(result->cached_to == 3);
+  REQUIRE(manager->CachedHash(3) == hashes[2]);
+  REQUIRE_FALSE(manager->CachedHash(4).has_value());
+  REQUIRE(manager->Usage() == 0.4);
+  REQUIRE(manager->TakeNewBlockIds() == Ids{1, 2, 3, 4});
+  REQUIRE(manager->TakeNewBlockIds().empty());
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("a hit is found without a reference and taken at allocation") {
+  auto manager = NewManager(kOptions);
+  const std::vector<BlockHash> hashes = Chain(1, 3);
+  REQUIRE_OK(manager->AllocateSlots({.request_id = "0",
+                                     .block_hashes = hashes,
+                                     .num_tokens = 55,
+                                     .num_new_tokens = 55}));
+  // A second prompt shares the first three blocks and has 5 tokens more.
+  std::vector<BlockHash> second = hashes;
+  const auto hit = manager->FindLongestCacheHit(second, 52 - 1);
+  REQUIRE(Ids(hit.begin(), hit.end()) == Ids{1, 2, 3});
+  REQUIRE(manager->RefCount(1) == 1);
+  const Ids hit_ids(hit.begin(), hit.end());
+  auto result = manager->AllocateSlots({.request_id = "1",
+                                        .block_hashes = second,
+                                        .num_tokens = 52,
+                                        .num_new_tokens = 4,
+                                        .num_new_computed_tokens = 48,
+                                        .new_computed_blocks = hit_ids});
+  REQUIRE_OK(result);
+  REQUIRE(Held(*manager, "1") == Ids{1, 2, 3, 5});
+  REQUIRE(result->first_new_block == 3);
+  REQUIRE(manager->RefCount(1) == 2);
+  REQUIRE(manager->GetNumCommonPrefixBlocks("0") == 3);
+
+  // Freed last block first: the queue is 5 (r1's tail) ... then r0's.
+  manager->Free("0");
+  manager->Free("1");
+  REQUIRE(manager->num_requests() == 0);
+  REQUIRE(manager->pool().Snapshot().lru == Ids{6, 7, 8, 9, 10, 4, 5, 3, 2, 1});
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("a short pool allocates nothing and changes nothing") {
+  auto manager = NewManager(kOptions);
+  const std::vector<BlockHash> hashes = Chain(1, 10);
+  REQUIRE_OK(manager->AllocateSlots({.request_id = "a",
+                                     .block_hashes = hashes,
+                                     .num_tokens = 100,
+                                     .num_new_tokens = 100}));  // 7 blocks.
+  const State before = StateOf(*manager, "b");
+  auto result = manager->AllocateSlots({.request_id = "b",
+                                        .block_hashes = Chain(2, 4),
+                                        .num_tokens = 64,
+                                        .num_new_tokens = 64});
+  REQUIRE_OK(result);
+  REQUIRE_FALSE(result->allocated);
+  REQUIRE(StateOf(*manager, "b") == before);
+
+  SECTION("full_sequence_must_fit gates on the whole prompt") {
+    // 32 of 160 tokens scheduled: two blocks fit, the prompt's ten do not.
+    const std::vector<BlockHash> chain = Chain(3, 10);
+    auto gated = manager->AllocateSlots({.request_id = "c",
+                                         .block_hashes = chain,
+                                         .num_tokens = 160,
+                                         .num_new_tokens = 32,
+                                         .full_sequence_must_fit = true});
+    REQUIRE_OK(gated);
+    REQUIRE_FALSE(gated->allocated);
+    REQUIRE(StateOf(*manager, "c") == before);
+    auto chunk = manager->AllocateSlots({.request_id = "c",
+                                         .block_hashes = chain,
+                                         .num_tokens = 160,
+                                         .num_new_tokens = 32});
+    REQUIRE_OK(chunk);
+    REQUIRE(chunk->allocated);
+    REQUIRE(Held(*manager, "c") == Ids{8, 9});
+  }
+  SECTION("a lookahead slot that does not fit fails the call") {
+    auto result = manager->AllocateSlots({.request_id = "a",
+                                          .block_hashes = hashes,
+                                          .num_tokens = 100,
+                                          .num_computed_tokens = 100,
+                                          .num_new_tokens = 1,
+                                          .num_lookahead_tokens = 64});
+    REQUIRE_OK(result);
+    REQUIRE_FALSE(result->allocated);
+  }
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("bad arguments are refused, naming the value, with nothing changed") {
+  auto manager = NewManager(kOptions);
+  const std::vector<BlockHash> hashes = Chain(1, 3);
+  REQUIRE_OK(manager->AllocateSlots({.request_id = "a",
+                                     .block_hashes = hashes,
+                                     .num_tokens = 55,
+                                     .num_new_tokens = 55}));
+  const State before = StateOf(*manager, "a");
+  const Ids hit = {1, 2};
+  const Ids null_hit = {0};
+  const Ids uncached_hit = {4};
+  const std::vector<BlockHash> one = Chain(1, 1);
+  const struct {
+    VllmSlotRequest request;
+    const char* message;
+  } cases[] = {
+      {{.request_id = "b", .num_tokens = 8}, "num_new_tokens must be greater"},
+      {{.request_id = "b", .num_tokens = 8, .num_new_tokens = -1},
+       "num_new_tokens -1"},
+      {{.request_id = "a",
+        .num_tokens = 60,
+        .num_computed_tokens = 55,
+        .num_new_tokens = 5,
+        .new_computed_blocks = hit},
+       "holds 4 blocks"},
+      {{.request_id = "b",
+        .num_tokens = 40,
+        .num_new_tokens = 8,
+        .num_new_computed_tokens = 16,
+        .new_computed_blocks = null_hit},
+       "(id 0) is not cached"},
+      {{.request_id = "b",
+        .num_tokens = 40,
+        .num_new_tokens = 8,
+        .num_new_computed_tokens = 16,
+        .new_computed_blocks = uncached_hit},
+       "(id 4) is not cached"},
+      {{.request_id = "b",
+        .block_hashes = one,
+        .num_tokens = 40,
+        .num_new_tokens = 40},
+       "has 1 block hashes; caching its 40 computed tokens needs 2"},
+  };
+  for (const auto& c : cases) {
+    auto result = manager->AllocateSlots(c.request);
+    INFO(result.status());
+    REQUIRE(result.status().code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE(absl::StrContains(result.status().message(), c.message));
+    REQUIRE(StateOf(*manager, "a") == before);
+    REQUIRE(manager->Blocks("b").empty());
+  }
+  REQUIRE_STATUS_IS(manager->EvictBlocks(Ids{1, 11}), kInvalidArgument);
+  REQUIRE_STATUS_IS(manager->CacheBlocks("zz", hashes, 16), kNotFound);
+  REQUIRE_STATUS_IS(manager->CacheBlocks("a", one, 64), kInvalidArgument);
+  REQUIRE(StateOf(*manager, "a") == before);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("blocks are evicted least recently freed first, removals reported") {
+  VllmKvCacheManagerOptions options = kOptions;
+  options.num_blocks = 6;
+  options.enable_kv_cache_events = true;
+  auto manager = NewManager(options);
+  const std::vector<BlockHash> a = Chain(1, 2);
+  const std::vector<BlockHash> b = Chain(2, 2);
+  REQUIRE_OK(manager->AllocateSlots({.request_id = "a",
+                                     .block_hashes = a,
+                                     .num_tokens = 32,
+                                     .num_new_tokens = 32}));
+  REQUIRE_OK(manager->AllocateSlots({.request_id = "b",
+                                     .block_hashes = b,
+                                     .num_tokens = 32,
+                                     .num_new_tokens = 32}));
+  manager->Free("a");  // Queue: 5, 2, 1.
+  manager->Free("b");  // Queue: 5, 2, 1, 4, 3.
+  REQUIRE(manager->TakeRemovedHashes().empty());
+  auto result = manager->AllocateSlots({.request_id = "c",
+                                        .block_hashes = Chain(3, 2),
+                                        .num_tokens = 40,
+                                        .num_new_tokens = 40});
+  REQUIRE_OK(result);
+  REQUIRE(Held(*manager, "c") == Ids{5, 2, 1});
+  // a's chain was evicted tail first.
+  REQUIRE(manager->TakeRemovedHashes() == std::vector<BlockHash>{a[1], a[0]});
+  REQUIRE(manager->FindLongestCacheHit(a, 100).empty());
+  const auto hit = manager->FindLongestCacheHit(b, 100);
+  REQUIRE(Ids(hit.begin(), hit.end()) == Ids{3, 4});
+
+  SECTION("evict_blocks drops hashes of used and free blocks alike") {
+    // 4: b's, free; 1: c's third block, uncached; 2: c's second.
+    REQUIRE_OK(manager->EvictBlocks(Ids{4, 1, 2, 0}));
+    REQUIRE(manager->TakeRemovedHashes() ==
+            std::vector<BlockHash>{b[1], Chain(3, 2)[1]});
+    REQUIRE(manager->RefCount(2) == 1);
+    const auto after = manager->FindLongestCacheHit(b, 100);
+    REQUIRE(Ids(after.begin(), after.end()) == Ids{3});
+  }
+  SECTION("reset refuses while a request holds blocks") {
+    REQUIRE_FALSE(manager->ResetPrefixCache());
+    REQUIRE(manager->FindLongestCacheHit(b, 100).size() == 2);
+    manager->Free("c");
+    REQUIRE(manager->ResetPrefixCache());
+    REQUIRE(manager->FindLongestCacheHit(b, 100).empty());
+    REQUIRE(manager->pool().NumCached() == 0);
+  }
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("eagle leaves the last hit block to be computed again") {
+  VllmKvCacheManagerOptions options = kOptions;
+  options.use_eagle = true;
+  auto manager = NewManager(options);
+  const std::vector<BlockHash> hashes = Chain(1, 3);
+  REQUIRE_OK(manager->AllocateSlots({.request_id = "a",
+                                     .block_hashes = hashes,
+                                     .num_tokens = 48,
+                                     .num_new_tokens = 48}));
+  const auto hit = manager->FindLongestCacheHit(hashes, 100);
+  REQUIRE(Ids(hit.begin(), hit.end()) == Ids{1, 2});
+  // Within num_tokens - 1 = 47 tokens two blocks match; eagle keeps one.
+  REQUIRE(manager->FindLongestCacheHit(hashes, 47).size() == 1);
+}
+
+TEST_CASE("lookahead and draft slots get blocks that are never cached") {
+  auto manager = NewManager(kOptions);
+  const std::vector<BlockHash> hashes = Chain(1, 2);
+  // 20 prompt tokens, 3 draft tokens scheduled with them, 4 lookahead.
+  auto result = manager->AllocateSlots({.request_id = "a",
+                                        .block_hashes = hashes,
+                                        .num_tokens = 20,
+                                        .num_new_tokens = 23,
+                                        .num_lookahead_tokens = 4});
+  REQUIRE_OK(result);
+  REQUIRE(Held(*manager, "a") == Ids{1, 2});
+  REQUIRE(result->cached_to == 1);  // min(23, num_tokens 20) / 16.
+  REQUIRE_FALSE(manager->CachedHash(2).has_value());
+  // A later call that needs fewer slots (drafts rejected) keeps the blocks.
+  auto next = manager->AllocateSlots({.request_id = "a",
+                                      .block_hashes = hashes,
+                                      .num_tokens = 21,
+                                      .num_computed_tokens = 20,
+                                      .num_new_tokens = 1});
+  REQUIRE_OK(next);
+  REQUIRE(next->first_new_block == 2);
+  REQUIRE(Held(*manager, "a") == Ids{1, 2});
+}
+
+TEST_CASE("caching off: no hits, no hashes needed") {
+  VllmKvCacheManagerOptions options = kOptions;
+  options.enable_caching = false;
+  auto manager = NewManager(options);
+  REQUIRE_OK(manager->AllocateSlots(
+      {.request_id = "a", .num_tokens = 40, .num_new_tokens = 40}));
+  REQUIRE(manager->pool().NumCached() == 0);
+  REQUIRE(manager->FindLongestCacheHit(Chain(1, 2), 100).empty());
+  REQUIRE(Held(*manager, "a") == Ids{1, 2, 3});
+}
+
+}  // namespace
+}  // namespace kvblock
