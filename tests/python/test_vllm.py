@@ -1,92 +1,702 @@
 # Copyright 2026 The kvblock Authors.
-"""kvblock.vllm.KVCacheManager driven the way vLLM v1's scheduler drives its
-KV cache manager: an FCFS waiting queue, running requests scheduled first
-(decode, the rest of a chunked prompt, drafts), then admissions from the
-queue head under a token budget, recompute preemption of the latest running
-request when pages run out, parallel sampling as separate requests sharing
-the prompt. Invariants are checked every step; every page is back at the
-end."""
-import enum
-import random
-import zlib
+"""kvblock.vllm.KVCacheManager against vLLM's contract.
 
-import numpy as np
+The cases of vLLM's tests/v1/core/test_prefix_caching.py that a
+full-attention manager's public calls reach (vllm-project/vllm
+28be48fa944d8c58aeffd1ab1b56e27828c6b268), in our words, each asserting what
+vLLM's asserts with the vLLM-shaped stand-ins of vllm_standins.py; the
+hasher against cbor2 + hashlib, as vLLM's functions compute it; and a
+vLLM-style scheduler loop run against a reference model of vLLM's block
+pool (written here from vLLM's semantics), block ids compared call for
+call."""
+import collections
+import random
+
 import pytest
 
 import kvblock
 from kvblock.vllm import (AllBlocksCleared, BlockRemoved, BlockStored,
-                          KVCacheManager)
+                          KVCacheBlocks, KVCacheManager,
+                          get_request_block_hasher, none_hash)
+from vllm_standins import (KVCacheConfig, KVCacheGroupSpec, LoRARequest,
+                           MultiModalFeatureSpec, PlaceholderRange, Request,
+                           SlidingWindowSpec, make_kv_cache_config,
+                           reference_hash)
+
+HASH = "sha256_cbor"
 
 
-class Status(enum.Enum):
-    WAITING = 0
-    RUNNING = 1
-    PREEMPTED = 2
-    FINISHED = 3
+def make_manager(block_size=16, num_blocks=11, **kwargs):
+    return KVCacheManager(make_kv_cache_config(block_size, num_blocks),
+                          max_model_len=kwargs.pop("max_model_len", 8192),
+                          hash_block_size=block_size, **kwargs)
 
 
-class Request:
-    """The fields of vLLM's Request the adapter reads."""
-
-    def __init__(self, request_id, prompt, max_tokens, cache_salt=None):
-        self.request_id = request_id
-        self.all_token_ids = list(prompt)
-        self.num_prompt_tokens = len(prompt)
-        self.num_computed_tokens = 0
-        self.cache_salt = cache_salt
-        self.lora_request = None
-        self.status = Status.WAITING
-        self.num_preemptions = 0
-        self.max_tokens = max_tokens
-        self.spec_token_ids = []
-
-    @property
-    def num_tokens(self):
-        return len(self.all_token_ids)
-
-    @property
-    def num_output_tokens(self):
-        return self.num_tokens - self.num_prompt_tokens
+def make_request(request_id, tokens, block_size=16, hash_fn=HASH, **kwargs):
+    return Request(request_id, tokens,
+                   block_hasher=get_request_block_hasher(block_size, hash_fn),
+                   **kwargs)
 
 
-def generated_token(request, position):
-    key = f"{request.request_id}/{position}".encode()
-    return (zlib.crc32(key) & 0x7FFF) + 1
+def admit(manager, request, num_new_tokens=None):
+    """get_computed_blocks then allocate_slots, as vLLM's scheduler admits."""
+    blocks, hits = manager.get_computed_blocks(request)
+    if num_new_tokens is None:
+        num_new_tokens = request.num_tokens - hits
+    return blocks, hits, manager.allocate_slots(request, num_new_tokens, hits,
+                                                blocks)
 
 
-def make_trace(seed, count=60, page_size=4):
-    rng = random.Random(seed)
-    system = [rng.randrange(1, 5000) for _ in range(3 * page_size + 1)]
-    requests = []
-    for i in range(count):
-        prompt = (system if rng.random() < 0.5 else []) + [
-            rng.randrange(1, 5000) for _ in range(rng.randrange(1, 40))]
-        samples = 3 if rng.random() < 0.15 else 1  # parallel sampling.
-        for s in range(samples):
-            requests.append((i // 3, Request(f"r{i}-{s}", prompt,
-                                             rng.randrange(1, 20),
-                                             "tenant" if i % 4 == 0 else None)))
-    return requests
+def ids(blocks):
+    return blocks.get_block_ids()[0]
+
+
+COMMON = [i for i in range(3) for _ in range(16)]
+
+
+# vLLM's test_prefill.
+def test_prefill_hands_out_vllms_ids_and_shares_the_prefix():
+    manager = make_manager()
+    req0 = make_request("0", COMMON + [3] * 7)
+    blocks, hits, new = admit(manager, req0)
+    assert len(req0.block_hashes) == 3 and not blocks.blocks[0] and hits == 0
+    assert new.get_block_ids() == ([1, 2, 3, 4],)
+    parent = none_hash(HASH)
+    for block in new.blocks[0][:3]:
+        start = (block.block_id - 1) * 16
+        digest = reference_hash(HASH, parent, COMMON[start:start + 16], None)
+        assert block.block_hash == digest + b"\0\0\0\0"  # group 0.
+        assert block.ref_cnt == 1
+        parent = digest
+    assert new.blocks[0][3].block_hash is None
+
+    req1 = make_request("1", COMMON + [3] * 5)
+    blocks, hits, new = admit(manager, req1)
+    assert blocks.get_block_ids() == ([1, 2, 3],) and hits == 48
+    assert new.get_block_ids() == ([5],)
+    assert all(block.ref_cnt == 2 for block in blocks.blocks[0])
+    assert manager.num_free_blocks == 5
+    manager.free(req0)
+    manager.free(req1)
+    assert manager.num_free_blocks == 10
+    # vLLM's free queue is then [6, 7, 8, 9, 10, 4, 5, 3, 2, 1].
+    req2 = make_request("2", COMMON + [3] * 6)
+    blocks, hits, new = admit(manager, req2)
+    assert blocks.get_block_ids() == ([1, 2, 3],)
+    assert new.get_block_ids() == ([6],)
+    assert manager.num_free_blocks == 6
+    manager.free(req2)
+    req3 = make_request("3", [99] * 160)
+    blocks, hits, new = admit(manager, req3)
+    assert hits == 0
+    assert new.get_block_ids() == ([7, 8, 9, 10, 4, 5, 6, 3, 2, 1],)
+    assert manager.num_free_blocks == 0
+    manager.check_invariants()
+
+
+# vLLM's test_prefill_plp: a request that skips reading the cache still
+# caches its blocks, under the same hashes (duplicates).
+def test_a_request_skipping_the_cache_caches_duplicates():
+    manager = make_manager()
+    req0 = make_request("0", COMMON + [3] * 7, skip_reading_prefix_cache=True)
+    blocks, hits, new = admit(manager, req0)
+    assert hits == 0 and new.get_block_ids() == ([1, 2, 3, 4],)
+    hashes0 = [b.block_hash for b in new.blocks[0]]
+    req1 = make_request("1", COMMON + [3] * 5)
+    blocks, hits, new = admit(manager, req1)
+    assert blocks.get_block_ids() == ([1, 2, 3],)
+    assert new.get_block_ids() == ([5],)
+    manager.free(req0)
+    manager.free(req1)
+    req2 = make_request("2", COMMON + [3] * 6, skip_reading_prefix_cache=True)
+    blocks, hits, new = admit(manager, req2)
+    assert hits == 0 and not blocks.blocks[0]
+    assert [b.block_hash for b in new.blocks[0]] == hashes0
+    assert ids(new) != [1, 2, 3, 4]
+    assert all(b.ref_cnt == 1 for b in new.blocks[0])
+    manager.free(req2)
+    manager.check_invariants()
+
+
+# vLLM's test_decode.
+def test_decode_adds_a_block_only_when_one_fills():
+    manager = make_manager()
+    req0 = make_request("0", COMMON + [3] * 7)
+    blocks, _, new = admit(manager, req0)
+    assert ids(new) == [1, 2, 3, 4]
+    req0.num_computed_tokens = 55
+    for _ in range(4):
+        req0.append_output_token_ids(8)
+    new = manager.allocate_slots(req0, 4, 0, blocks)
+    assert new is not None and len(new.blocks[0]) == 0
+    assert manager.get_blocks("0").blocks[0][-1].block_hash is None
+    req0.num_computed_tokens = 59
+    for _ in range(19):
+        req0.append_output_token_ids(7)
+    new = manager.allocate_slots(req0, 19, 0, blocks)
+    assert new is not None and len(new.blocks[0]) == 1
+    held = manager.get_blocks("0").blocks[0]
+    assert held[-2].block_hash is not None and held[-1].block_hash is None
+
+
+# vLLM's test_evict.
+def test_eviction_follows_vllms_free_queue():
+    manager = make_manager()
+    last = 5 * 16 + 7
+    req0 = make_request("0", list(range(last)))
+    _, _, new = admit(manager, req0)
+    assert len(new.blocks[0]) == 6
+    req1 = make_request("1", list(range(last, last + 48)))
+    _, _, new = admit(manager, req1)
+    assert len(new.blocks[0]) == 3
+    assert manager.num_free_blocks == 1
+    manager.free(req0)
+    manager.free(req1)
+    assert manager.num_free_blocks == 10
+    # Free queue [10, 6, 5, 4, 3, 2, 1, 9, 8, 7]: a hit on 1, 2, then 10.
+    req2 = make_request("2", list(range(35)))
+    blocks, hits, new = admit(manager, req2)
+    assert blocks.get_block_ids() == ([1, 2],) and hits == 32
+    assert new.get_block_ids() == ([10],)
+    assert manager.num_free_blocks == 7
+
+
+# vLLM's test_hash_block_correct_reuse.
+def test_a_reused_block_loses_its_old_hash():
+    manager = make_manager(num_blocks=2)
+    req = make_request("0", list(range(16)))
+    _, _, new = admit(manager, req)
+    assert len(new.blocks[0]) == 1
+    manager.free(req)
+    req = make_request("1", list(range(15)))
+    _, _, new = admit(manager, req)
+    assert len(new.blocks[0]) == 1
+    assert new.blocks[0][0].block_hash is None
+
+
+# vLLM's test_computed_blocks_not_evicted.
+def test_hit_blocks_are_not_evicted_for_new_blocks():
+    manager = make_manager(num_blocks=3)
+    req0 = make_request("0", list(range(16)))
+    assert ids(admit(manager, req0)[2]) == [1]
+    req1 = make_request("1", list(range(16, 32)))
+    assert ids(admit(manager, req1)[2]) == [2]
+    manager.free(req0)
+    manager.free(req1)
+    req2 = make_request("2", list(range(32)))
+    blocks, hits, new = admit(manager, req2)
+    assert ids(blocks) == [1] and hits == 16
+    assert ids(new) == [2]
+
+
+# vLLM's test_basic_prefix_caching_disabled.
+def test_caching_off_shares_nothing():
+    manager = make_manager(block_size=4, num_blocks=5, enable_caching=False)
+    req1 = Request("1", list(range(10)))  # no hasher needed.
+    blocks, hits, new = admit(manager, req1)
+    assert hits == 0 and len(new.blocks[0]) == 3
+    manager.free(req1)
+    req2 = Request("2", list(range(16)))
+    blocks, hits, new = admit(manager, req2)
+    assert hits == 0 and len(new.blocks[0]) == 4
+    req3 = Request("3", list(range(4)))
+    blocks, hits, new = admit(manager, req3)
+    assert hits == 0 and not new
+
+
+# vLLM's test_mm_prefix_caching, and the isolation it exists for.
+def mm_request(request_id, tokens, hashes, positions, hash_fn=HASH):
+    features = [MultiModalFeatureSpec(PlaceholderRange(o, n), h)
+                for (o, n), h in zip(positions, hashes)]
+    return make_request(request_id, tokens, hash_fn=hash_fn,
+                        mm_features=features)
+
+
+MM_COMMON = (list(range(10)) + [-1] * 6 + [-1] * 4 + list(range(10, 20)) +
+             [-1] * 2 + [-1] * 16)
+MM_POSITIONS = [(11, 10), (30, 18), (48, 7)]
+
+
+@pytest.mark.parametrize("hash_fn", ["sha256_cbor", "xxhash_cbor"])
+def test_multimodal_features_are_hashed_as_vllm_hashes_them(hash_fn):
+    manager = make_manager()
+    tokens = MM_COMMON + [-1] * 7 + [100] * 4
+    req0 = mm_request("0", tokens, ["aaa", "bbb", "ccc"], MM_POSITIONS,
+                      hash_fn)
+    hashes = req0.block_hashes
+    assert len(hashes) == 3
+    assert hashes[0] == reference_hash(hash_fn, none_hash(hash_fn),
+                                       tokens[:16], (("aaa", 11),))
+    assert hashes[1] == reference_hash(hash_fn, hashes[0], tokens[16:32],
+                                       (("aaa", -5), ("bbb", 14)))
+    assert hashes[2] == reference_hash(hash_fn, hashes[1], tokens[32:48],
+                                       (("bbb", -2),))
+    blocks, hits, new = admit(manager, req0)
+    assert ids(new) == [1, 2, 3, 4]
+    req0.num_computed_tokens = 59
+    for _ in range(5):
+        req0.append_output_token_ids(8)
+    new = manager.allocate_slots(req0, 5)
+    assert new is not None and len(new.blocks[0]) == 0
+    assert len(hashes) == 4
+    assert hashes[3] == reference_hash(hash_fn, hashes[2],
+                                       tokens[48:] + [8] * 5, (("ccc", 0),))
+    req1 = mm_request("1", MM_COMMON + [-1] * 7 + [200] * 5,
+                      ["aaa", "bbb", "ccc"], MM_POSITIONS, hash_fn)
+    blocks, hits = manager.get_computed_blocks(req1)
+    assert len(blocks.blocks[0]) == 3 and hits == 48
+
+
+def test_equal_tokens_with_different_images_share_no_block():
+    manager = make_manager()
+    tokens = MM_COMMON + [-1] * 7 + [100] * 4
+    req0 = mm_request("0", tokens, ["cat", "dog", "owl"], MM_POSITIONS)
+    admit(manager, req0)
+    other = mm_request("1", tokens, ["cat", "dog", "emu"], MM_POSITIONS)
+    blocks, hits = manager.get_computed_blocks(other)
+    assert hits == 48  # the first three blocks hold the same images.
+    changed = mm_request("2", tokens, ["lion", "dog", "owl"], MM_POSITIONS)
+    blocks, hits = manager.get_computed_blocks(changed)
+    assert hits == 0 and not blocks.blocks[0]
+    _, _, new = admit(manager, changed)
+    assert not set(ids(new)) & set(manager.get_block_ids("0")[0])
+
+
+# vLLM's test_cache_key_salting.
+def test_the_cache_salt_separates_tenants():
+    manager = make_manager()
+    tokens = COMMON + [3] * 11
+    req0 = make_request("0", tokens, cache_salt="salt1")
+    hashes = req0.block_hashes
+    assert hashes[0] == reference_hash(HASH, none_hash(HASH), tokens[:16],
+                                       ("salt1",))
+    assert hashes[1] == reference_hash(HASH, hashes[0], tokens[16:32], None)
+    admit(manager, req0)
+    req0.num_computed_tokens = 59
+    for _ in range(5):
+        req0.append_output_token_ids(8)
+    assert manager.allocate_slots(req0, 5) is not None
+    assert hashes[3] == reference_hash(HASH, hashes[2], tokens[48:] + [8] * 5,
+                                       None)
+    req1 = make_request("1", COMMON + [4] * 11, cache_salt="salt1")
+    assert manager.get_computed_blocks(req1)[1] == 48
+    req2 = make_request("2", COMMON + [4] * 11, cache_salt="salt2")
+    blocks, hits = manager.get_computed_blocks(req2)
+    assert hits == 0 and not blocks.blocks[0]
+    assert req2.block_hashes[0] == reference_hash(
+        HASH, none_hash(HASH), COMMON[:16], ("salt2",))
+
+
+def test_a_lora_adapter_is_in_every_blocks_hash():
+    lora = LoRARequest("adapter", 42)
+    tokens = list(range(40))
+    request = make_request("0", tokens, lora_request=lora, cache_salt="s")
+    hashes = request.block_hashes
+    assert hashes[0] == reference_hash(HASH, none_hash(HASH), tokens[:16],
+                                       ("adapter", "s"))
+    assert hashes[1] == reference_hash(HASH, hashes[0], tokens[16:32],
+                                       ("adapter",))
+
+
+# vLLM's test_prefill_not_enough_free_blocks_with_computed_blocks.
+def test_a_refused_admission_leaves_its_hits_untouched():
+    manager = make_manager()
+    req0 = make_request("0", COMMON)
+    admit(manager, req0, 48)
+    part0 = manager.get_blocks("0").blocks[0]
+    req1 = make_request("1", COMMON * 2)
+    blocks, hits = manager.get_computed_blocks(req1)
+    assert blocks.blocks[0] == part0 and hits == 48
+    manager.allocate_slots(req1, 48, hits, blocks)
+    part1 = manager.get_blocks("1").blocks[0]
+    manager.free(req1)
+    assert {b.ref_cnt for b in part1[:3]} == {1}
+    assert {b.ref_cnt for b in part1[3:]} == {0}
+    req2 = make_request("2", [7] * 32)
+    admit(manager, req2)
+    assert manager.num_free_blocks == 5
+    req3 = make_request("3", COMMON * 3)
+    blocks, hits = manager.get_computed_blocks(req3)
+    assert blocks.blocks[0] == part1 and hits == 96
+    assert manager.allocate_slots(req3, 48, hits, blocks) is None
+    assert {b.ref_cnt for b in part1[:3]} == {1}
+    assert {b.ref_cnt for b in part1[3:]} == {0}
+    manager.check_invariants()
+
+
+# vLLM's test_reset_prefix_cache.
+def test_reset_waits_until_no_block_is_in_use():
+    manager = make_manager(log_stats=True)
+    req0 = make_request("0", COMMON + [3] * 7)
+    assert ids(manager.allocate_slots(req0, 55)) == [1, 2, 3, 4]
+    req1 = make_request("1", COMMON + [4] * 7)
+    blocks, hits, new = admit(manager, req1)
+    assert len(blocks.blocks[0]) == 3 and ids(new) == [5]
+    assert not manager.reset_prefix_cache()
+    assert manager.get_computed_blocks(req1)[1] == 48  # still cached.
+    manager.free(req0)
+    manager.free(req1)
+    assert manager.reset_prefix_cache()
+    assert all(b.block_hash is None for b in manager.blocks)
+    assert manager.get_computed_blocks(req1)[1] == 0
+    assert manager.make_prefix_cache_stats().reset
+
+
+# vLLM's test_prefix_cache_stats_disabled, and the stats it keeps.
+def test_prefix_cache_stats():
+    manager = make_manager()
+    assert manager.prefix_cache_stats is None
+    admit(manager, make_request("0", list(range(16))))
+    manager.reset_prefix_cache()
+    assert manager.prefix_cache_stats is None
+    assert manager.make_prefix_cache_stats() is None
+
+    manager = make_manager(log_stats=True)
+    admit(manager, make_request("0", list(range(40))))
+    again = make_request("1", list(range(40)))
+    again.num_preemptions = 1
+    manager.get_computed_blocks(again)
+    stats = manager.make_prefix_cache_stats()
+    assert (stats.requests, stats.queries, stats.hits) == (1, 40, 0)
+    assert (stats.preempted_requests, stats.preempted_queries,
+            stats.preempted_hits) == (1, 40, 32)
+    assert manager.make_prefix_cache_stats().requests == 0
+
+
+# vLLM's test_maybe_evict_cached_block, through evict_blocks.
+def test_evict_blocks_drops_hashes_one_block_at_a_time():
+    manager = make_manager(block_size=4, num_blocks=8,
+                           enable_kv_cache_events=True)
+    req0 = make_request("0", [1] * 8, block_size=4)
+    admit(manager, req0)
+    req1 = make_request("1", [1] * 8 + [5], block_size=4,
+                        skip_reading_prefix_cache=True)
+    admit(manager, req1)  # blocks 3, 4 duplicate 1, 2; block 5 partial.
+    manager.take_events()
+    hit = manager.get_computed_blocks(make_request("x", [1] * 9, 4))[0]
+    assert ids(hit) == [1, 2]
+    manager.evict_blocks({1})
+    hit = manager.get_computed_blocks(make_request("x", [1] * 9, 4))[0]
+    assert ids(hit) == [3, 2]  # the duplicate of block 1 answers now.
+    manager.evict_blocks([5, 3])  # 5 is not cached: nothing.
+    assert manager.get_computed_blocks(make_request("x", [1] * 9, 4))[1] == 0
+    events = manager.take_events()
+    assert [type(e) for e in events] == [BlockRemoved, BlockRemoved]
+    assert manager.blocks[1].ref_cnt == 1  # evicting does not free.
+    with pytest.raises(ValueError, match="block id 8"):
+        manager.evict_blocks([2, 8])
+    assert manager.blocks[2].block_hash is not None  # nothing changed.
+
+
+# vLLM's test_kv_cache_events.
+@pytest.mark.parametrize("blocks_to_cache", [2, 3, 10])
+def test_kv_cache_events(blocks_to_cache):
+    manager = make_manager(num_blocks=blocks_to_cache + 1,
+                           enable_kv_cache_events=True)
+    num_tokens = 16 * blocks_to_cache
+    req0 = make_request("0", list(range(num_tokens)))
+    manager.allocate_slots(req0, num_tokens)
+    events = manager.take_events()
+    stored = events[-1]
+    assert isinstance(stored, BlockStored)
+    assert len(stored.block_hashes) == blocks_to_cache
+    assert len(stored.token_ids) == stored.block_size * blocks_to_cache
+    assert stored.kv_cache_spec_kind == "full_attention"
+    assert stored.kv_cache_spec_sliding_window is None
+    assert stored.group_idx == 0 and stored.medium == "GPU"
+    assert stored.parent_block_hash is None
+    assert stored.extra_keys == [None] * blocks_to_cache
+    # vLLM's integer form: the digest's low 64 bits.
+    assert stored.block_hashes == [int.from_bytes(h[-8:], "big")
+                                   for h in req0.block_hashes]
+    assert manager.take_events() == []
+    manager.free(req0)
+    req1 = make_request("1", list(range(num_tokens)))
+    manager.allocate_slots(req1, num_tokens)
+    events = manager.take_events()
+    assert len(events) == blocks_to_cache + 1
+    for removed in events[:-1]:
+        assert isinstance(removed, BlockRemoved)
+        assert removed.block_hashes[0] in stored.block_hashes
+        assert removed.group_idx == 0
+    assert len(events[-1].block_hashes) == blocks_to_cache
+    manager.free(req1)
+    manager.reset_prefix_cache()
+    assert isinstance(manager.take_events()[-1], AllBlocksCleared)
+
+
+def test_kv_cache_events_name_the_parent_and_the_adapter():
+    manager = make_manager(enable_kv_cache_events=True)
+    lora = LoRARequest("test_lora", 42)
+    req = make_request("0", list(range(40)), lora_request=lora)
+    manager.allocate_slots(req, 20)  # one full block.
+    req.num_computed_tokens = 20
+    manager.allocate_slots(req, 20)  # the second.
+    first, second = manager.take_events()
+    assert first.parent_block_hash is None
+    assert second.parent_block_hash == first.block_hashes[0]
+    assert second.token_ids == list(range(16, 32))
+    assert (second.lora_id, second.lora_name) == (42, "test_lora")
+    assert second.extra_keys == [("test_lora",)]
+    manager.free(req)
+    plain = make_request("1", list(range(40)))
+    manager.allocate_slots(plain, 40)
+    stored = manager.take_events()[-1]
+    assert stored.lora_id is None and stored.lora_name is None
+
+
+def test_events_in_digest_form(monkeypatch):
+    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "0")
+    manager = make_manager(enable_kv_cache_events=True)
+    req = make_request("0", list(range(32)))
+    manager.allocate_slots(req, 32)
+    assert manager.take_events()[-1].block_hashes == req.block_hashes
+
+
+# vLLM's test_eagle_enabled_removes_last_block / _with_partial_blocks.
+@pytest.mark.parametrize("length", [48, 37])
+def test_eagle_recomputes_the_last_hit_block(length):
+    manager = make_manager(num_blocks=10, use_eagle=True)
+    tokens = [0] * length
+    admit(manager, make_request("a", tokens))
+    manager.free(make_request("a", tokens))
+    blocks, hits = manager.get_computed_blocks(make_request("b", tokens))
+    assert len(blocks.blocks[0]) == 1 and hits == 16
+
+
+# vLLM's test_can_fit_full_sequence_full_attention_still_gates_oversized
+# (its full-attention group).
+def test_full_sequence_must_fit_gates_on_the_whole_prompt():
+    manager = make_manager(num_blocks=5, max_model_len=64 * 16)
+    req = make_request("oversized", list(range(16 * 16)))
+    assert manager.allocate_slots(req, 16, full_sequence_must_fit=True) is None
+    assert manager.num_free_blocks == 4 and manager.get_block_ids("oversized") \
+        == ([],)
+    assert ids(manager.allocate_slots(req, 16)) == [1]
+
+
+def test_lookahead_slots_and_an_empty_prompt():
+    manager = make_manager()
+    req = make_request("0", list(range(20)))
+    new = manager.allocate_slots(req, 20, num_lookahead_tokens=13)
+    assert ids(new) == [1, 2, 3]  # 33 slots; only the verified 20 cached.
+    assert [b.block_hash is None for b in new.blocks[0]] == [False, True, True]
+    empty = make_request("1", [])
+    assert manager.get_computed_blocks(empty) == (
+        manager.empty_kv_cache_blocks, 0)
+    assert ids(manager.allocate_slots(empty, 1, num_lookahead_tokens=3)) == [4]
+    with pytest.raises(ValueError, match="num_new_tokens must be greater"):
+        manager.allocate_slots(make_request("2", [1]), 0)
+    manager.check_invariants()
+
+
+def test_take_new_block_ids_and_common_prefix():
+    manager = make_manager()
+    a = make_request("a", COMMON + [5])
+    admit(manager, a)
+    b = make_request("b", COMMON + [6])
+    admit(manager, b)
+    assert manager.take_new_block_ids() == [1, 2, 3, 4, 5]
+    assert manager.take_new_block_ids() == []
+    assert manager.get_num_common_prefix_blocks("a") == [3]
+    c = make_request("c", [9] * 20)
+    admit(manager, c)
+    assert manager.get_num_common_prefix_blocks("a") == [0]
+    assert manager.usage == pytest.approx(7 / 10)
+
+
+def test_kv_cache_blocks_behave_as_vllms():
+    manager = make_manager()
+    req = make_request("0", COMMON + [1])
+    new = manager.allocate_slots(req, 49)
+    assert new.get_unhashed_block_ids() == [4]
+    assert (new + new.new_empty()).get_block_ids() == ([1, 2, 3, 4],)
+    assert manager.empty_kv_cache_blocks.get_block_ids(allow_none=True) is None
+    assert manager.create_kv_cache_blocks(([],)) is \
+        manager.empty_kv_cache_blocks
+    assert manager.blocks[0].is_null and manager.blocks[0].ref_cnt == 0
+    manager.cache_blocks(req, 49)  # cached already: nothing.
+    manager.remove_skipped_blocks("0", 49)
+    manager.new_step_starts()
+    assert manager.get_blocks("unknown") is manager.empty_kv_cache_blocks
+
+
+def test_what_is_not_supported_is_refused_clearly():
+    config = make_kv_cache_config(16, 8)
+    with pytest.raises(ValueError, match="hash_block_size 8"):
+        KVCacheManager(config, 1024, hash_block_size=8)
+    hybrid = KVCacheConfig(8, [], config.kv_cache_groups + [
+        KVCacheGroupSpec(["swa"], SlidingWindowSpec(16, 128))])
+    with pytest.raises(NotImplementedError, match="one KV cache group"):
+        KVCacheManager(hybrid, 1024, 16)
+    window = KVCacheConfig(8, [], [KVCacheGroupSpec(
+        ["swa"], SlidingWindowSpec(16, 128))])
+    with pytest.raises(NotImplementedError, match="sliding_window=128"):
+        KVCacheManager(window, 1024, 16)
+    with pytest.raises(NotImplementedError, match="MetricsCollector"):
+        KVCacheManager(config, 1024, 16, metrics_collector=object())
+    manager = KVCacheManager(config, 1024, 16)
+    with pytest.raises(NotImplementedError, match="KV connectors"):
+        manager.block_pool
+    with pytest.raises(ValueError, match="no block_hashes"):
+        manager.get_computed_blocks(_NoHashes())
+    with pytest.raises(ValueError, match="not 'sha256'"):
+        get_request_block_hasher(16, "sha256")
+
+
+class _NoHashes:
+    request_id = "x"
+    num_tokens = 10
+    skip_reading_prefix_cache = False
+    num_preemptions = 0
+
+
+def test_block_hashes_of_the_wrong_shape_are_refused():
+    manager = make_manager()
+    req = Request("0", list(range(32)))
+    req.block_hashes = [b"\1" * 40]
+    with pytest.raises(ValueError, match=r"block_hashes\[0\] must be bytes"):
+        manager.get_computed_blocks(req)
+    req = Request("1", list(range(32)))
+    req.block_hashes = [b"\1" * 32]
+    with pytest.raises(ValueError, match="caching its 32 computed tokens "
+                                         "needs 2"):
+        manager.allocate_slots(req, 32)
+    assert manager.num_free_blocks == 10
+    manager.check_invariants()
+
+
+def test_the_hasher_matches_vllms_bytes_token_by_token():
+    rng = random.Random(7)
+    for hash_fn in ("sha256_cbor", "xxhash_cbor"):
+        for block_size in (1, 3, 16):
+            tokens = [rng.choice([0, 23, 24, 255, 256, 65535, 65536,
+                                  2**32 - 1, 2**32, 2**40, -1, -25, -300])
+                      for _ in range(3 * block_size + 2)]
+            req = make_request("r", tokens, block_size, hash_fn)
+            parent = none_hash(hash_fn)
+            for i, digest in enumerate(req.block_hashes):
+                parent = reference_hash(
+                    hash_fn, parent,
+                    tokens[i * block_size:(i + 1) * block_size], None)
+                assert digest == parent
+            assert len(req.block_hashes) == len(tokens) // block_size
+
+
+# The scheduler loop against a reference model -------------------------------
+
+class ReferencePool:
+    """vLLM's BlockPool and FullAttentionManager, written plainly from their
+    semantics: one free queue, a hash -> blocks map in insertion order, a
+    block list per request."""
+
+    def __init__(self, num_blocks, block_size, max_model_len):
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.ref = [0] * num_blocks
+        self.hash = [None] * num_blocks
+        self.queue = list(range(1, num_blocks))
+        self.cached = {}  # hash -> [blocks], first answers.
+        self.req_blocks = {}
+        self.num_cached = {}
+
+    def _uncache(self, block):
+        digest = self.hash[block]
+        if digest is None:
+            return
+        self.cached[digest].remove(block)
+        if not self.cached[digest]:
+            del self.cached[digest]
+        self.hash[block] = None
+
+    def hit(self, hashes, max_length):
+        found = []
+        for digest in hashes[:max_length // self.block_size]:
+            if digest not in self.cached:
+                break
+            found.append(self.cached[digest][0])
+        return found
+
+    def allocate(self, request, num_new, hits, must_fit=False):
+        rid = request.request_id
+        held = self.req_blocks.get(rid, [])
+        computed = request.num_computed_tokens + len(hits) * self.block_size
+        evictable = sum(1 for b in hits if self.ref[b] == 0)
+
+        def short(tokens):
+            required = -(-min(tokens, self.max_model_len) // self.block_size)
+            return max(required - len(held) - len(hits), 0) + evictable > \
+                len(self.queue)
+
+        if (must_fit and short(request.num_tokens)) or short(computed +
+                                                             num_new):
+            return None
+        need = min(computed + num_new, self.max_model_len)
+        required = -(-need // self.block_size)
+        held = self.req_blocks.setdefault(rid, [])
+        for b in hits:
+            if self.ref[b] == 0:
+                self.queue.remove(b)
+            self.ref[b] += 1
+        held.extend(hits)
+        if hits:
+            self.num_cached[rid] = len(held)
+        new = []
+        for _ in range(required - len(held)):
+            b = self.queue.pop(0)
+            self._uncache(b)
+            self.ref[b] = 1
+            new.append(b)
+        held.extend(new)
+        full = min(computed + num_new, request.num_tokens) // self.block_size
+        first = self.num_cached.get(rid, 0)
+        if full > first:
+            for i in range(first, full):
+                digest = request.block_hashes[i]
+                self.hash[held[i]] = digest
+                self.cached.setdefault(digest, []).append(held[i])
+            self.num_cached[rid] = full
+        return new
+
+    def free(self, rid):
+        blocks = self.req_blocks.pop(rid, [])
+        self.num_cached.pop(rid, None)
+        for b in reversed(blocks):
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                self.queue.append(b)
 
 
 class Scheduler:
-    """A small vLLM v1-style scheduler loop over the adapter."""
+    """vLLM v1's loop in small: running requests first (decode, the rest of a
+    chunked prompt, drafts), recompute preemption of the latest running
+    request when blocks run out, then FCFS admissions under a token
+    budget."""
 
-    def __init__(self, kv, token_budget, max_running, spec_tokens=0, seed=0):
-        self.kv = kv
-        self.token_budget = token_budget
+    def __init__(self, manager, model, budget, max_running, spec_tokens,
+                 seed):
+        self.kv = manager
+        self.model = model
+        self.budget = budget
         self.max_running = max_running
         self.spec_tokens = spec_tokens
         self.rng = random.Random(seed)
-        self.waiting = []
-        self.running = []
-        self.finished = 0
-        self.preemptions = 0
+        self.waiting, self.running = [], []
+        self.finished = self.preemptions = self.hits = 0
+
+    def allocate(self, request, num_new):
+        """A running request's allocate_slots, checked against the model."""
+        expected = self.model.allocate(request, num_new, [])
+        got = self.kv.allocate_slots(request, num_new)
+        assert (got is None) == (expected is None)
+        if got is not None:
+            assert ids(got) == expected
+        return got
 
     def preempt(self, request):
         self.running.remove(request)
         self.kv.free(request)
-        request.status = Status.PREEMPTED
+        self.model.free(request.request_id)
         request.num_computed_tokens = 0
         request.spec_token_ids = []
         request.num_preemptions += 1
@@ -94,61 +704,64 @@ class Scheduler:
         self.preemptions += 1
 
     def step(self):
-        budget = self.token_budget
-        scheduled = {}
-        # Running requests first, in order; the latest gives way when pages
-        # run out.
+        budget = self.budget
+        scheduled = []
         for request in list(self.running):
             if request not in self.running:
-                continue  # preempted below.
-            new = request.num_tokens - request.num_computed_tokens
-            new += len(request.spec_token_ids)
-            new = min(new, budget)
+                continue
+            new = min(request.num_tokens + len(request.spec_token_ids) -
+                      request.num_computed_tokens, budget)
             if new <= 0:
                 continue
             while True:
-                blocks = self.kv.allocate_slots(request, new)
-                if blocks is not None:
+                got = self.allocate(request, new)
+                if got is not None:
                     break
                 victim = self.running[-1]
                 self.preempt(victim)
-                scheduled.pop(victim.request_id, None)
+                scheduled = [s for s in scheduled if s[0] is not victim]
                 if victim is request:
                     break
-            if blocks is None:
+            if got is None:
                 continue
-            scheduled[request.request_id] = (request, new)
+            scheduled.append((request, new))
             budget -= new
-        # Admissions from the queue head.
-        while self.waiting and budget > 0 and len(
-                self.running) < self.max_running:
+        while self.waiting and budget > 0 and \
+                len(self.running) < self.max_running:
             request = self.waiting[0]
             blocks, hits = self.kv.get_computed_blocks(request)
+            model_hits = self.model.hit(request.block_hashes,
+                                        request.num_tokens - 1)
+            assert ids(blocks) == model_hits if blocks.blocks[0] else \
+                model_hits == []
             new = min(request.num_tokens - hits, budget)
-            got = self.kv.allocate_slots(request, new, hits, blocks)
+            got = self.kv.allocate_slots(request, new, hits, blocks,
+                                         full_sequence_must_fit=True)
+            expected = self.model.allocate(request, new, model_hits,
+                                           must_fit=True)
+            assert (got is None) == (expected is None)
             if got is None:
                 break
+            assert ids(got) == expected
+            self.hits += hits
             self.waiting.pop(0)
-            request.status = Status.RUNNING
             request.num_computed_tokens = hits
             self.running.append(request)
-            scheduled[request.request_id] = (request, new)
+            scheduled.append((request, new))
             budget -= new
-        # The model ran: update the requests as vLLM's update_from_output.
-        for request, new in scheduled.values():
+        for request, new in scheduled:
             drafts = len(request.spec_token_ids)
             request.num_computed_tokens += new
             if request.num_computed_tokens < request.num_tokens:
-                continue  # a prompt chunk, no token sampled.
+                continue
             accepted = 0
             while accepted < drafts and self.rng.random() < 0.7:
                 accepted += 1
-            # Rejected drafts are not computed after all.
             request.num_computed_tokens -= drafts - accepted
             for _ in range(accepted + 1):
                 if request.num_output_tokens < request.max_tokens:
-                    request.all_token_ids.append(
-                        generated_token(request, request.num_tokens))
+                    request.append_output_token_ids(
+                        self.rng.randrange(1, 50))
             request.num_computed_tokens = min(request.num_computed_tokens,
                                               request.num_tokens - 1)
             left = request.max_tokens - request.num_output_tokens
@@ -157,113 +770,63 @@ class Scheduler:
             if request.num_output_tokens >= request.max_tokens:
                 self.running.remove(request)
                 self.kv.free(request)
-                request.status = Status.FINISHED
+                self.model.free(request.request_id)
                 self.finished += 1
 
 
-def check_step(kv, scheduler):
-    kv.check_invariants()
-    assert len(kv) == len(scheduler.running)
-    for request in scheduler.running:
-        (ids,) = kv.get_block_ids(request.request_id)
-        needed = -(-request.num_computed_tokens // kv.block_size)
-        assert len(ids) >= needed
-        assert len(set(ids)) == len(ids)
-        assert all(0 <= b < kv.num_blocks for b in ids)
+def manager_ids(manager, request):
+    return manager.get_block_ids(request.request_id)[0]
 
 
-@pytest.mark.parametrize("seed,spec_tokens,reserve,preempts", [
-    (1, 0, True, True), (2, 0, False, True), (3, 3, True, False),
-    (4, 2, False, False)])
-def test_a_vllm_style_scheduler_runs_a_trace_to_the_end(seed, spec_tokens,
-                                                        reserve, preempts):
-    kv = KVCacheManager(num_blocks=96, block_size=4, max_model_len=128,
-                        max_num_seqs=16, log_stats=True,
-                        full_sequence_must_fit=reserve,
-                        enable_kv_cache_events=True)
-    scheduler = Scheduler(kv, token_budget=48, max_running=16,
+def make_trace(rng, count, block_size):
+    system = [rng.randrange(1, 50) for _ in range(3 * block_size + 1)]
+    trace = []
+    for i in range(count):
+        prompt = (system if rng.random() < 0.5 else []) + [
+            rng.randrange(1, 50) for _ in range(rng.randrange(1, 40))]
+        for s in range(3 if rng.random() < 0.15 else 1):
+            trace.append((i // 3, make_request(
+                f"r{i}-{s}", prompt, block_size,
+                cache_salt="tenant" if i % 4 == 0 else None,
+                max_tokens=rng.randrange(1, 20))))
+    return trace
+
+
+@pytest.mark.parametrize("seed,spec_tokens", [(1, 0), (2, 0), (3, 3), (4, 2)])
+def test_a_vllm_style_loop_gets_vllms_block_ids_call_for_call(seed,
+                                                             spec_tokens):
+    rng = random.Random(seed)
+    block_size = 4
+    manager = make_manager(block_size=block_size, num_blocks=64,
+                           max_model_len=128, enable_kv_cache_events=True)
+    model = ReferencePool(64, block_size, 128)
+    scheduler = Scheduler(manager, model, budget=48, max_running=16,
                           spec_tokens=spec_tokens, seed=seed)
-    arrivals = make_trace(seed)
-    total = len(arrivals)
+    trace = make_trace(rng, 60, block_size)
+    total = len(trace)
+    # The cache as a router rebuilds it from the events: blocks per hash (a
+    # hash is cached on several blocks when requests computed it apart).
+    cached = collections.Counter()
     step = 0
-    cached = set()  # the cache as the events tell it, as a router would.
     while scheduler.finished < total:
-        while arrivals and arrivals[0][0] <= step:
-            scheduler.waiting.append(arrivals.pop(0)[1])
+        while trace and trace[0][0] <= step:
+            scheduler.waiting.append(trace.pop(0)[1])
         scheduler.step()
-        check_step(kv, scheduler)
-        apply_events(kv, cached)
+        manager.check_invariants()
+        for request in scheduler.running:
+            assert manager_ids(manager, request) == \
+                model.req_blocks[request.request_id]
+        for event in manager.take_events():
+            if isinstance(event, BlockRemoved):
+                assert cached[event.block_hashes[0]] > 0
+                cached[event.block_hashes[0]] -= 1
+            elif isinstance(event, BlockStored):
+                cached.update(event.block_hashes)
         step += 1
         assert step < 5000, "the loop does not converge"
-    assert kv.usage == 0.0 and len(kv) == 0
-    kv.check_invariants()
-    # The paths the trace is built to take (fixed seeds).
-    manager_stats = kv.manager.stats
-    assert manager_stats["prompt_chunks"] > 0
-    assert manager_stats["evictions"] > 0
-    assert (manager_stats["draft_slots"] > 0) == (spec_tokens > 0)
-    assert (scheduler.preemptions > 0) == preempts
-    stats = kv.make_prefix_cache_stats()
-    assert stats.hits > 0  # shared system prompts and parallel samples.
-    assert kv.reset_prefix_cache()
-    apply_events(kv, cached)
-    assert not cached
-
-
-def apply_events(kv, cached):
-    """Applies the adapter's KV events to `cached` (vLLM's integer hashes)
-    and checks it against the manager's cache."""
-    for event in kv.take_events():
-        if isinstance(event, AllBlocksCleared):
-            cached.clear()
-        elif isinstance(event, BlockRemoved):
-            for block in event.block_hashes:
-                cached.remove(block)
-        else:
-            assert isinstance(event, BlockStored)
-            assert len(event.token_ids) == kv.block_size * len(
-                event.block_hashes)
-            assert event.block_size == kv.block_size
-            if event.parent_block_hash is None:
-                # A prompt's first pages: their hashes are the prompt's.
-                salt = event.extra_keys[0][0] if event.extra_keys else ""
-                digests = kv.manager.hash_prompt(
-                    np.array(event.token_ids, dtype=np.int32),
-                    cache_salt=salt)
-                assert [int.from_bytes(bytes(d[-8:]), "big")
-                        for d in digests] == event.block_hashes
-            for block in event.block_hashes:
-                assert block not in cached
-                cached.add(block)
-    assert len(cached) == kv.manager.num_cached
-
-
-def test_admission_hits_and_new_blocks():
-    kv = KVCacheManager(num_blocks=16, block_size=4, max_model_len=64)
-    first = Request("a", list(range(1, 11)), 4)
-    blocks, hits = kv.get_computed_blocks(first)
-    assert hits == 0
-    got = kv.allocate_slots(first, 10, hits, blocks)
-    assert len(got.get_block_ids()[0]) == 3
-    second = Request("b", list(range(1, 11)) + [77], 4)
-    blocks, hits = kv.get_computed_blocks(second)
-    assert hits == 8 and blocks.num_hit_blocks == 2
-    got = kv.allocate_slots(second, 3, hits, blocks)
-    ids_a = kv.get_block_ids("a")[0]
-    ids_b = kv.get_block_ids("b")[0]
-    assert ids_b[:2] == ids_a[:2]  # the shared prefix pages.
-    assert got.get_block_ids()[0] == ids_b  # the hits are new to b.
-    assert kv.get_num_common_prefix_blocks("a") == [2]
-    kv.free(first)
-    kv.free(second)
-    assert kv.usage == 0.0
-
-
-def test_refusals_change_nothing():
-    kv = KVCacheManager(num_blocks=4, block_size=4, max_model_len=64)
-    big = Request("big", list(range(1, 40)), 2)
-    assert kv.allocate_slots(big, 39) is None
-    assert len(kv) == 0 and kv.usage == 0.0
-    with pytest.raises(ValueError, match="num_new_tokens"):
-        kv.allocate_slots(big, 0)
-    assert kv.take_events() == []  # events off.
+    assert manager.usage == 0.0
+    assert +cached == collections.Counter({
+        int.from_bytes(d[-8:], "big"): len(blocks)
+        for d, blocks in model.cached.items()})
+    assert scheduler.preemptions > 0 and scheduler.hits > 0
+    assert manager.reset_prefix_cache()

@@ -28,6 +28,7 @@
 #include "kvblock/kv_events.h"
 #include "kvblock/page_table.h"
 #include "status_error.h"
+#include "vllm_bindings.h"
 
 namespace kvblock::python {
 namespace {
@@ -773,4 +774,5 @@ PYBIND11_MODULE(_kvblock, m) {
   kvblock::python::BindManager(m);
   kvblock::python::BindTable(m);
   kvblock::python::BindCommit(m);
+  kvblock::python::BindVllm(m);
 }

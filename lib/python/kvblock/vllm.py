@@ -1,284 +1,438 @@
 # Copyright 2026 The kvblock Authors.
-"""A vLLM v1-shaped KV cache manager on kvblock.
+"""vLLM v1's KVCacheManager on kvblock: a drop-in for a vLLM engine.
 
-`KVCacheManager` has the scheduler-facing methods of vLLM v1's
-`vllm/v1/core/kv_cache_manager.py` (followed at vllm-project/vllm commit
-003df2961dd8830c317a61f9745ccd557da9fa06): `get_computed_blocks`,
-`allocate_slots`, `free`, `get_blocks`, `get_block_ids`, `usage`,
-`make_prefix_cache_stats`, `reset_prefix_cache`, `take_events`,
-`get_num_common_prefix_blocks`, `remove_skipped_blocks`,
-`create_kv_cache_blocks` and `empty_kv_cache_blocks`. Requests are
-duck-typed with vLLM's `Request` field names: `request_id`,
-`all_token_ids`, `num_tokens`, `num_computed_tokens`, `cache_salt`,
-`lora_request` (its `lora_int_id`), `skip_reading_prefix_cache` and
-`status` (a name ending in WAITING or PREEMPTED gets the watermark).
+Swap it in where vLLM constructs its manager (`vllm/v1/core/sched/
+scheduler.py`)::
 
-Where vLLM's semantics and kvblock's differ:
+    from kvblock.vllm import KVCacheManager
 
-- Block ids are kvblock page ids, 0 to num_blocks - 1. There is no null
-  block (vLLM reserves block 0 as one): every id is a real page, and a
-  request's blocks never contain a placeholder (full attention only; a
-  sliding window is not supported, so `remove_skipped_blocks` frees
-  nothing).
-- `get_computed_blocks` counts the hit but takes no reference: kvblock
-  takes the hit pages atomically with the admission in `allocate_slots`,
-  so nothing is held between the two calls. Its `KVCacheBlocks` carries
-  the hit pages' count, not their ids; `allocate_slots` returns the ids of
-  all the request's new pages, the hits included, on admission.
-- Prefix hashes are kvblock's (SHA-256 chains with the cache salt and the
-  LoRA id, byte for byte as `include/kvblock/block_hash.h` specifies), not
-  vLLM's; a hit is a whole page, and a fully cached prompt recomputes its
-  last page, as in vLLM.
-- Free and evictable pages: a freed request's full pages stay cached and
-  are evicted least recently used first (vLLM frees a request's blocks in
-  reverse order so that tail blocks go first; kvblock evicts a chain's tail
-  before its head too). `usage` counts evictable pages as free, as vLLM's
-  `get_usage` does.
-- Draft (lookahead) slots are never cached. The pages holding them are
-  kept while the request runs (a request's block list only grows, as
-  vLLM's scheduler expects), so a step that rejects drafts keeps those
-  pages for the next drafts.
-- `full_sequence_must_fit` is the manager's `reserve_prompt_pages`: set at
-  construction (on by default) rather than per call; the pages of a
-  chunked prompt's rest are reserved at admission.
-- KV events (`enable_kv_cache_events`): `take_events` returns
-  `BlockStored`, `BlockRemoved` and `AllBlocksCleared` with vLLM's field
-  names; block hashes are kvblock's, in vLLM's integer form (the low 64
-  bits of the big-endian digest), the cache salt goes in `extra_keys` (one
-  `(salt,)` a block, None without one) and the LoRA adapter in `lora_id`
-  and `lora_name` (the name of the request that admitted it). `medium` is
-  "GPU"; `block_size` the page size.
-- `reset_prefix_cache` returns False while any page is in use, as vLLM's.
+and nothing else changes: `KVCacheManager(kv_cache_config, max_model_len,
+hash_block_size, ...)` takes vLLM's arguments and objects (duck-typed), and
+`get_computed_blocks`, `allocate_slots`, `free`, `get_blocks`,
+`get_block_ids`, `cache_blocks`, `remove_skipped_blocks`, `evict_blocks`,
+`take_new_block_ids`, `new_step_starts`, `usage`, `make_prefix_cache_stats`,
+`reset_prefix_cache`, `take_events`, `get_num_common_prefix_blocks`,
+`create_kv_cache_blocks` and `empty_kv_cache_blocks` behave as vLLM's
+(vllm-project/vllm commit 28be48fa944d8c58aeffd1ab1b56e27828c6b268, its
+`vllm/v1/core/kv_cache_manager.py`, `single_type_kv_cache_manager.py` and
+`block_pool.py`). Each call is one C++ call (kvblock's VllmKvCacheManager).
+
+What vLLM's scheduler and worker see is vLLM's:
+
+- `num_blocks` blocks; block 0 is the null block and is never handed out.
+  Blocks are `KVCacheBlock` objects with `block_id`, `ref_cnt`, `block_hash`
+  (digest + 4-byte group id) and `is_null`.
+- Prefix hits use the request's own `block_hashes`, which vLLM's `Request`
+  computes with its block hasher (multimodal features, LoRA, cache salt and
+  prompt embeddings folded in): hits and KV events equal vLLM's bit for bit,
+  and two prompts with equal tokens and different images share no block. A
+  request's hashes are converted once and kept on it (`_kvblock_chain`); a
+  request without `block_hashes` is refused while caching is on.
+  `get_request_block_hasher(block_size, "sha256_cbor" | "xxhash_cbor")` is a
+  C++ hasher computing the same bytes as vLLM's CBOR hashers.
+- Eviction is vLLM's order by default (one free queue, least recently freed
+  first, a freed request's tail first), so block ids equal vLLM's call for
+  call; `eviction_order="kvblock"` evicts never-cached blocks first (0.3 to
+  1.4% more hits under pressure; ids then differ from vLLM's).
+- `take_events` returns vLLM's own event classes when
+  `vllm.distributed.kv_events` imports, look-alikes with the same fields
+  otherwise; hashes as vLLM sends them (the low 64 bits as an int, or the
+  digest's bytes with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0).
+
+Not supported (each refused with a clear error at construction): more than
+one KV cache group (sliding-window and chunked-local groups are kvblock's
+next step), other attention kinds (Mamba, cross-attention, sink), and a
+metrics collector. `block_pool` (used only to bind a KV connector) raises.
+
+Thread safety: one scheduler thread owns a manager, as in vLLM.
 """
 
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
-import numpy as np
+from kvblock import _kvblock
 
-import kvblock
+# vLLM's event and stats classes where vLLM is installed, look-alikes with the
+# same fields otherwise.
+try:  # pragma: no cover - depends on the environment.
+    from vllm.distributed.kv_events import (AllBlocksCleared, BlockRemoved,
+                                            BlockStored)
+except ImportError:
+    @dataclass
+    class BlockStored:
+        block_hashes: list
+        parent_block_hash: object
+        token_ids: list
+        block_size: int
+        lora_id: Optional[int]
+        medium: Optional[str]
+        lora_name: Optional[str]
+        extra_keys: Optional[list] = None
+        group_idx: Optional[int] = None
+        kv_cache_spec_kind: Optional[str] = None
+        kv_cache_spec_sliding_window: Optional[int] = None
+
+    @dataclass
+    class BlockRemoved:
+        block_hashes: list
+        medium: Optional[str]
+        group_idx: Optional[int] = None
+
+    @dataclass
+    class AllBlocksCleared:
+        pass
+
+try:  # pragma: no cover - depends on the environment.
+    from vllm.v1.metrics.stats import PrefixCacheStats
+except ImportError:
+    @dataclass
+    class PrefixCacheStats:
+        reset: bool = False
+        requests: int = 0
+        queries: int = 0
+        hits: int = 0
+        preempted_requests: int = 0
+        preempted_queries: int = 0
+        preempted_hits: int = 0
+
+        def record(self, num_tokens: int, num_hits: int,
+                   preempted: bool) -> None:
+            if preempted:
+                self.preempted_requests += 1
+                self.preempted_queries += num_tokens
+                self.preempted_hits += num_hits
+            else:
+                self.requests += 1
+                self.queries += num_tokens
+                self.hits += num_hits
+
+MEDIUM_GPU = "GPU"
+# vLLM's scheduler zeroes new blocks of these spec types only.
+_ZEROED_SPECS = ("FullAttentionSpec", "TQFullAttentionSpec")
+_SPEC_KINDS = {
+    "FullAttentionSpec": "full_attention",
+    "TQFullAttentionSpec": "full_attention",
+    "MLAAttentionSpec": "mla_attention",
+}
+
+
+class KVCacheBlock:
+    """A block as vLLM's scheduler reads it; its state is the manager's."""
+
+    __slots__ = ("block_id", "is_null", "_manager")
+
+    def __init__(self, block_id: int, manager):
+        self.block_id = block_id
+        self.is_null = block_id == 0
+        self._manager = manager
+
+    @property
+    def ref_cnt(self) -> int:
+        return self._manager.ref_count(self.block_id)
+
+    @property
+    def block_hash(self) -> Optional[bytes]:
+        """vLLM's BlockHashWithGroupId: the digest and the group id (0)."""
+        digest = self._manager.cached_hash(self.block_id)
+        return None if digest is None else digest + b"\0\0\0\0"
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt})"
 
 
 @dataclass
 class KVCacheBlocks:
-    """Page ids by KV cache group (one group: full attention)."""
+    """vLLM's KVCacheBlocks: `blocks[g]` holds group g's blocks."""
 
-    blocks: tuple  # tuple[list[int], ...]
-    # get_computed_blocks: the hit pages, taken at admission.
-    num_hit_blocks: int = 0
+    blocks: tuple
 
     def __add__(self, other: "KVCacheBlocks") -> "KVCacheBlocks":
-        return KVCacheBlocks(
-            tuple(list(a) + list(b) for a, b in zip(self.blocks, other.blocks)),
-            self.num_hit_blocks + other.num_hit_blocks)
+        return KVCacheBlocks(tuple(list(a) + list(b)
+                                   for a, b in zip(self.blocks, other.blocks)))
 
     def get_block_ids(self, allow_none: bool = False):
         if allow_none and all(len(group) == 0 for group in self.blocks):
             return None
-        return tuple(list(group) for group in self.blocks)
+        return tuple([b.block_id for b in group] for group in self.blocks)
+
+    def get_unhashed_block_ids(self) -> list:
+        assert len(self.blocks) == 1, "Only one group is supported"
+        return [b.block_id for b in self.blocks[0] if b.block_hash is None]
+
+    def get_unhashed_block_ids_all_groups(self) -> list:
+        return [[b.block_id for b in group
+                 if b.block_hash is None and not b.is_null]
+                for group in self.blocks]
 
     def new_empty(self) -> "KVCacheBlocks":
         return KVCacheBlocks(tuple(() for _ in self.blocks))
 
 
-def _hash_int(digest: bytes) -> int:
-    """vLLM's integer form of a block hash: the digest's low 64 bits."""
-    return int.from_bytes(digest[-8:], "big")
+# Block hashing ---------------------------------------------------------------
+
+_HASH_FUNCTIONS = ("sha256_cbor", "xxhash_cbor")
+_none_hashes: dict = {}
 
 
-@dataclass
-class BlockStored:
-    block_hashes: list
-    parent_block_hash: Optional[int]
-    token_ids: list
-    block_size: int
-    lora_id: Optional[int]
-    medium: Optional[str] = "GPU"
-    lora_name: Optional[str] = None
-    extra_keys: Optional[list] = None
+def _hash_function_name(function) -> str:
+    name = function if isinstance(function, str) else getattr(
+        function, "__name__", repr(function))
+    if name not in _HASH_FUNCTIONS:
+        raise ValueError(
+            f"kvblock's block hasher computes {' and '.join(_HASH_FUNCTIONS)}, "
+            f"not {name!r} (vLLM's pickle-based sha256 and xxhash have no "
+            "stable bytes outside Python)")
+    return name
 
 
-@dataclass
-class BlockRemoved:
-    block_hashes: list
-    medium: Optional[str] = "GPU"
+def none_hash(function) -> bytes:
+    """The parent hash of a first block, as vLLM's `init_none_hash` makes it:
+    vLLM's own NONE_HASH when vLLM is loaded and has set it, else H(the
+    PYTHONHASHSEED string), else 32 random bytes (kept for the process)."""
+    name = _hash_function_name(function)
+    try:  # pragma: no cover - depends on the environment.
+        from vllm.v1.core import kv_cache_utils
+        return kv_cache_utils.NONE_HASH
+    except (ImportError, AttributeError):
+        pass
+    if name not in _none_hashes:
+        seed = os.getenv("PYTHONHASHSEED")
+        _none_hashes[name] = (os.urandom(32) if seed is None else
+                              _kvblock.vllm_digest(name, seed))
+    return _none_hashes[name]
 
 
-@dataclass
-class AllBlocksCleared:
-    pass
-
-
-@dataclass
-class PrefixCacheStats:
-    """What get_computed_blocks saw since the last make_prefix_cache_stats."""
-
-    reset: bool = False
-    requests: int = 0
-    queries: int = 0  # prompt tokens looked up.
-    hits: int = 0  # of those, served from the cache.
-    preempted_requests: int = 0
-    preempted_queries: int = 0
-    preempted_hits: int = 0
-
-
-def _is_waiting(request) -> bool:
-    status = getattr(request, "status", None)
-    name = getattr(status, "name", str(status))
-    return name.endswith("WAITING") or name.endswith("PREEMPTED")
-
-
-def _extra_keys(request):
-    salt = getattr(request, "cache_salt", None) or ""
+def _extra_keys(request, start: int, end: int, mm_index: int):
+    """vLLM's generate_block_hash_extra_keys for tokens [start, end): the LoRA
+    name, the multimodal (identifier, offset in block) pairs, the cache salt
+    (first block only) and prompt-embedding digests; (keys or None, the next
+    multimodal index)."""
+    keys = []
     lora = getattr(request, "lora_request", None)
-    adapter = getattr(lora, "lora_int_id", 0) if lora is not None else 0
-    return salt, adapter
+    if lora is not None:
+        keys.append(lora.lora_name)
+    features = getattr(request, "mm_features", None) or ()
+    if features:
+        last = features[-1].mm_position
+        if last.offset + last.length > start:
+            if mm_index < 0:
+                mm_index += len(features)
+            while mm_index < len(features):
+                feature = features[mm_index]
+                offset = feature.mm_position.offset
+                length = feature.mm_position.length
+                if end <= offset:
+                    break
+                if start >= offset + length:
+                    mm_index += 1
+                    continue
+                keys.append((feature.identifier, offset - start))
+                if end >= offset + length:
+                    mm_index += 1
+                else:
+                    break
+    salt = getattr(request, "cache_salt", None)
+    if start == 0 and salt:
+        keys.append(salt)
+    if getattr(request, "prompt_embeds", None) is not None:
+        raise NotImplementedError(
+            "kvblock's block hasher does not hash prompt embeddings; use "
+            "vLLM's block hasher for such requests")
+    return (tuple(keys) if keys else None), mm_index
 
 
-class _Tracked:
-    """A request's sequence, and its counts as the manager has them (kept
-    here so that a decode makes one call into the manager)."""
+def get_request_block_hasher(block_size: int, caching_hash_fn):
+    """vLLM's get_request_block_hasher in C++: a function of a request that
+    returns the hashes of its full blocks beyond `request.block_hashes`, the
+    bytes vLLM's hasher computes (canonical CBOR of (parent, tokens,
+    extra_keys), SHA-256 or XXH3-128)."""
+    name = _hash_function_name(caching_hash_fn)
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
 
-    __slots__ = ("seq", "tokens", "prompt_left", "drafts", "pages",
-                 "prompt_hashes")
+    def request_block_hasher(request) -> list:
+        hashes = request.block_hashes
+        start = len(hashes) * block_size
+        tokens = getattr(request, "_all_token_ids", None)
+        if not isinstance(tokens, list):
+            tokens = request.all_token_ids
+        num_tokens = request.num_tokens
+        if start + block_size > num_tokens:
+            return []
+        parent = hashes[-1] if hashes else none_hash(name)
+        plain = (getattr(request, "lora_request", None) is None
+                 and not getattr(request, "mm_features", None)
+                 and getattr(request, "prompt_embeds", None) is None
+                 and not (start == 0 and getattr(request, "cache_salt", None)))
+        if plain:
+            extra = None
+        else:
+            extra = []
+            mm_index = 0 if start == 0 else -1
+            for begin in range(start, num_tokens - block_size + 1,
+                               block_size):
+                keys, mm_index = _extra_keys(request, begin,
+                                             begin + block_size, mm_index)
+                extra.append(keys)
+        return _kvblock.vllm_hash_blocks(name, parent, tokens, start,
+                                         block_size, extra)
 
-    def __init__(self, seq, tokens, prompt_left):
-        self.seq = seq  # kvblock sequence id.
-        self.tokens = tokens  # tokens in the sequence.
-        self.prompt_left = prompt_left  # prompt tokens not yet in it.
-        self.drafts = 0  # draft slots it holds.
-        self.pages = 0  # pages the scheduler has been told about.
-        self.prompt_hashes = None  # the admission's, for its prompt chunks.
+    return request_block_hasher
+
+
+# The manager -----------------------------------------------------------------
+
+def _spec_kind(spec) -> str:
+    try:  # pragma: no cover - depends on the environment.
+        from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind
+        return get_kv_cache_spec_kind(spec).value
+    except ImportError:
+        return _SPEC_KINDS.get(type(spec).__name__, "unknown")
+
+
+def _check_spec(spec) -> None:
+    name = type(spec).__name__
+    window = getattr(spec, "sliding_window", None)
+    chunk = getattr(spec, "attention_chunk_size", None)
+    if window or chunk or any(kind in name for kind in
+                              ("Mamba", "Cross", "Sink", "EncoderOnly")):
+        raise NotImplementedError(
+            f"kvblock.vllm serves full-attention KV cache groups; {name} "
+            f"(sliding_window={window}, attention_chunk_size={chunk}) is not "
+            "supported yet")
 
 
 class KVCacheManager:
-    """vLLM v1's KVCacheManager interface over kvblock.BlockManager."""
+    """vLLM v1's KVCacheManager over kvblock (see the module's notes)."""
 
-    def __init__(self, num_blocks: int, block_size: int, max_model_len: int,
-                 max_num_seqs: int = 256, enable_caching: bool = True,
-                 log_stats: bool = False, enable_kv_cache_events: bool = False,
-                 watermark: float = 0.0, full_sequence_must_fit: bool = True,
-                 hash_algorithm=kvblock.HashAlgorithm.SHA256):
-        config = kvblock.PagedKvConfig()
-        config.num_pages = num_blocks
-        config.page_size = block_size
-        config.max_batch = max_num_seqs
-        config.max_pages_per_seq = -(-max_model_len // block_size)
-        options = kvblock.BlockManagerOptions()
-        options.enable_prefix_caching = enable_caching
-        options.hash_algorithm = hash_algorithm
-        options.reserve_prompt_pages = full_sequence_must_fit
-        options.enable_kv_events = enable_kv_cache_events
-        # Enough entries for every running request and the admissions of a
-        # step.
-        options.max_sequences = 4 * max_num_seqs
-        self.manager = kvblock.BlockManager(config, options)
-        self.block_size = block_size
+    def __init__(self, kv_cache_config, max_model_len: int,
+                 hash_block_size: int,
+                 max_num_batched_tokens: Optional[int] = None,
+                 enable_caching: bool = True, use_eagle: bool = False,
+                 log_stats: bool = False,
+                 enable_kv_cache_events: bool = False,
+                 dcp_world_size: int = 1, pcp_world_size: int = 1,
+                 metrics_collector=None, *, eviction_order: str = "vllm"):
+        groups = list(kv_cache_config.kv_cache_groups)
+        if len(groups) != 1:
+            raise NotImplementedError(
+                f"kvblock.vllm serves one KV cache group, got {len(groups)} "
+                "(hybrid models are not supported yet)")
+        spec = groups[0].kv_cache_spec
+        _check_spec(spec)
+        if metrics_collector is not None:
+            raise NotImplementedError(
+                "kvblock.vllm does not feed vLLM's KVCacheMetricsCollector")
+        if eviction_order not in ("vllm", "kvblock"):
+            raise ValueError(f"eviction_order must be 'vllm' or 'kvblock', "
+                             f"got {eviction_order!r}")
+        block_size = spec.block_size * dcp_world_size * pcp_world_size
+        if enable_caching and hash_block_size != block_size:
+            raise ValueError(
+                f"hash_block_size {hash_block_size} must equal the block size "
+                f"{block_size} of the one KV cache group")
+        self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
-        self.num_blocks = num_blocks
         self.enable_caching = enable_caching
+        self.use_eagle = use_eagle
         self.log_stats = log_stats
-        self.watermark_blocks = int(watermark * num_blocks)
+        self.metrics_collector = None
+        self.block_size = block_size
+        self.num_kv_cache_groups = 1
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.empty_kv_cache_blocks = KVCacheBlocks(((),))
-        self.enable_kv_cache_events = enable_kv_cache_events
-        self._lora_names: dict = {}  # lora_int_id -> lora_name, for events.
-        self._requests: dict = {}  # request_id -> _Tracked
-        self._next_seq = 0
-        # The last get_computed_blocks' request id, prompt array and hashes:
-        # allocate_slots of the same request reuses them.
-        self._looked_up = (None, None, None)
+        self._cpp = _kvblock.VllmKvCacheManager(
+            num_blocks=kv_cache_config.num_blocks, block_size=block_size,
+            max_model_len=max_model_len, enable_caching=enable_caching,
+            use_eagle=use_eagle, enable_kv_cache_events=enable_kv_cache_events,
+            vllm_eviction_order=eviction_order == "vllm")
+        # Kept on the C++ object (which hands them out), visible to Python's
+        # garbage collector through its __dict__.
+        self._cpp._blocks = [KVCacheBlock(i, self._cpp)
+                             for i in range(kv_cache_config.num_blocks)]
+        self._zero_new_blocks = type(spec).__name__ in _ZEROED_SPECS
+        self._events = [] if enable_kv_cache_events else None
+        self._event_metadata = (_spec_kind(spec),
+                                getattr(spec, "sliding_window", None))
+        self._int_hashes = os.getenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES",
+                                     "1") != "0"
+
+    @property
+    def block_pool(self):
+        raise NotImplementedError(
+            "kvblock.vllm has no vLLM BlockPool to bind: KV connectors are not "
+            "supported")
 
     # Queries -----------------------------------------------------------------
 
     @property
     def usage(self) -> float:
-        """Pages in use (referenced by a request), in [0, 1]."""
-        return 1.0 - self.manager.num_free / self.num_blocks
+        return self._cpp.usage
+
+    @property
+    def num_free_blocks(self) -> int:
+        """vLLM's block_pool.get_num_free_blocks(): allocatable blocks."""
+        return self._cpp.num_free_blocks
+
+    @property
+    def blocks(self) -> list:
+        """Every block by id (vLLM's block_pool.blocks), for reading."""
+        return self._cpp._blocks
 
     def make_prefix_cache_stats(self) -> Optional[PrefixCacheStats]:
         if not self.log_stats:
             return None
-        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        stats, self.prefix_cache_stats = (self.prefix_cache_stats,
+                                          PrefixCacheStats())
         return stats
 
     def get_computed_blocks(self, request):
-        """The prefix hit of a waiting request: (blocks, computed tokens).
-
-        Takes no reference (see the module's notes): the hit pages are taken
-        by allocate_slots, which admits the request."""
-        if not self.enable_caching or getattr(
-                request, "skip_reading_prefix_cache", False):
+        """The cached blocks of the request's longest cached prefix, within
+        num_tokens - 1 tokens, and their token count; takes no reference."""
+        if not self.enable_caching or request.skip_reading_prefix_cache:
             return self.empty_kv_cache_blocks, 0
-        prompt, hashes = self._prompt_of(request)
-        salt, adapter = _extra_keys(request)
-        plan = self.manager.plan_admission(prompt, cache_salt=salt,
-                                           adapter_id=adapter,
-                                           prompt_hashes=hashes)
+        num_tokens = request.num_tokens
+        hit = self._cpp.find_longest_cache_hit(request, num_tokens - 1)
+        num_hit_tokens = len(hit) * self.block_size
         if self.log_stats:
-            stats = self.prefix_cache_stats
-            stats.requests += 1
-            stats.queries += request.num_tokens
-            stats.hits += plan.hit_tokens
-            if getattr(request, "num_preemptions", 0) > 0:
-                stats.preempted_requests += 1
-                stats.preempted_queries += request.num_tokens
-                stats.preempted_hits += plan.hit_tokens
-        if plan.hit_pages == 0:
+            self.prefix_cache_stats.record(
+                num_tokens=num_tokens, num_hits=num_hit_tokens,
+                preempted=request.num_preemptions > 0)
+        if not hit:
             return self.empty_kv_cache_blocks, 0
-        return KVCacheBlocks(([],), plan.hit_pages), plan.hit_tokens
+        return KVCacheBlocks((hit,)), num_hit_tokens
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        tracked = self._requests.get(request_id)
-        if tracked is None:
-            return self.empty_kv_cache_blocks
-        return KVCacheBlocks((self.manager.pages(tracked.seq),))
+        return self.create_kv_cache_blocks((self._cpp.blocks(request_id),))
 
     def get_block_ids(self, request_id: str) -> tuple:
-        return self.get_blocks(request_id).get_block_ids()
+        return (self._cpp.block_ids(request_id),)
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list:
-        """Leading pages of the request that every request holding pages
-        shares."""
-        tracked = self._requests.get(running_request_id)
-        if tracked is None:
-            return [0]
-        holders = len(self.manager)
-        common = 0
-        for page in self.manager.pages(tracked.seq):
-            if self.manager.ref_count(page) != holders:
-                break
-            common += 1
-        return [common]
-
-    def take_events(self) -> list:
-        """The KV cache events since the last call (none unless
-        enable_kv_cache_events)."""
-        if not self.enable_kv_cache_events:
-            return []
-        events = []
-        for e in self.manager.take_kv_events():
-            if e.kind == "BlockStored":
-                adapter = e.adapter_id or None
-                events.append(BlockStored(
-                    block_hashes=[_hash_int(h) for h in e.block_hashes],
-                    parent_block_hash=(None if e.parent_block_hash is None
-                                       else _hash_int(e.parent_block_hash)),
-                    token_ids=list(e.token_ids),
-                    block_size=self.block_size,
-                    lora_id=adapter,
-                    lora_name=self._lora_names.get(adapter),
-                    extra_keys=([(e.cache_salt,)] * len(e.block_hashes)
-                                if e.cache_salt else None)))
-            elif e.kind == "BlockRemoved":
-                events.append(BlockRemoved(
-                    block_hashes=[_hash_int(h) for h in e.block_hashes]))
-            else:
-                events.append(AllBlocksCleared())
-        return events
+        return [self._cpp.get_num_common_prefix_blocks(running_request_id)]
 
     def create_kv_cache_blocks(self, blocks) -> KVCacheBlocks:
-        return KVCacheBlocks(tuple(blocks))
+        return KVCacheBlocks(blocks) if any(blocks) else \
+            self.empty_kv_cache_blocks
+
+    def take_events(self) -> list:
+        if self._events is None:
+            return []
+        events, self._events = self._events, []
+        kind, window = self._event_metadata
+        for event in events:
+            if isinstance(event, BlockStored):
+                event.kv_cache_spec_kind = kind
+                event.kv_cache_spec_sliding_window = window
+        return events
+
+    def take_new_block_ids(self) -> list:
+        ids = self._cpp.take_new_block_ids()
+        return ids if self._zero_new_blocks else []
+
+    def new_step_starts(self) -> None:
+        """vLLM's hook at each step's start; full attention does nothing."""
 
     # Changes -----------------------------------------------------------------
 
@@ -286,199 +440,100 @@ class KVCacheManager:
                        num_new_computed_tokens: int = 0,
                        new_computed_blocks: Optional[KVCacheBlocks] = None,
                        num_lookahead_tokens: int = 0,
+                       num_external_computed_tokens: int = 0,
                        delay_cache_blocks: bool = False,
-                       **unsupported) -> Optional[KVCacheBlocks]:
-        """Slots for `num_new_tokens` more tokens of `request` (drafts
-        included) and `num_lookahead_tokens` lookahead slots; the new pages,
-        or None when the pool cannot hold them (nothing changes then)."""
-        tracked = self._requests.get(request.request_id)
-        if (tracked is not None and num_new_tokens == 1 and
-                not num_lookahead_tokens and not tracked.drafts and
-                not tracked.prompt_left and not delay_cache_blocks and
-                not unsupported):
-            # Decode, the common call: the last sampled token goes in.
-            tokens = request.all_token_ids
-            if request.num_computed_tokens + 1 == len(tokens) == \
-                    tracked.tokens + 1:
-                try:
-                    self.manager.append_token(tracked.seq, tokens[-1])
-                except kvblock.ResourceExhaustedError:
-                    return None
-                tracked.tokens += 1
-                if tracked.tokens % self.block_size != 1 and \
-                        self.block_size != 1:
-                    return self.empty_kv_cache_blocks
-                return self._new_pages(tracked)
-        if num_new_tokens <= 0:
-            raise ValueError(
-                f"num_new_tokens must be positive, got {num_new_tokens}")
-        if delay_cache_blocks or any(unsupported.values()):
-            raise kvblock.UnimplementedError(
-                "kvblock.vllm: delayed caching and KV connectors are not "
-                f"supported (got delay_cache_blocks={delay_cache_blocks}, "
-                f"{ {k: v for k, v in unsupported.items() if v} })")
-        if tracked is None:
-            return self._admit(request, num_new_tokens, num_new_computed_tokens,
-                               num_lookahead_tokens)
-        return self._extend(request, tracked, num_new_tokens,
-                            num_lookahead_tokens)
+                       num_encoder_tokens: int = 0,
+                       full_sequence_must_fit: bool = False
+                       ) -> Optional[KVCacheBlocks]:
+        """Slots for num_new_tokens more tokens (drafts included) and
+        num_lookahead_tokens lookahead ones; the NEW blocks, or None when
+        the pool cannot hold them (nothing changed then). num_encoder_tokens
+        is for cross-attention groups, which this manager has none of."""
+        new = self._cpp.allocate_slots(
+            request, num_new_tokens, num_new_computed_tokens,
+            new_computed_blocks, num_lookahead_tokens,
+            num_external_computed_tokens, delay_cache_blocks,
+            full_sequence_must_fit)
+        if new is None:
+            return None
+        if self._events is not None:
+            self._record(request, *self._cpp.last_cached)
+        return KVCacheBlocks((new,)) if new else self.empty_kv_cache_blocks
+
+    def cache_blocks(self, request, num_computed_tokens: int) -> None:
+        if not self.enable_caching:
+            return
+        try:
+            cached = self._cpp.cache_blocks(request, num_computed_tokens)
+        except _kvblock.NotFoundError:
+            return  # vLLM caches nothing for a request without blocks.
+        if self._events is not None:
+            self._record(request, *cached)
 
     def free(self, request) -> None:
-        tracked = self._requests.pop(request.request_id, None)
-        if tracked is not None:
-            self.manager.free(tracked.seq)
+        """Frees the request's blocks, last first: its tail is evicted
+        first."""
+        self._cpp.free(request.request_id)
 
     def remove_skipped_blocks(self, request_id: str,
-                              num_computed_tokens: int, *args) -> None:
-        """Full attention skips no block: nothing to free."""
+                              total_computed_tokens: int) -> None:
+        """Full attention skips no block."""
+
+    def evict_blocks(self, block_ids) -> None:
+        self._cpp.evict_blocks(list(block_ids))
+        if self._events is not None:
+            self._record_removed()
 
     def reset_prefix_cache(self) -> bool:
-        try:
-            self.manager.reset_prefix_cache()
-        except kvblock.FailedPreconditionError:
+        if not self._cpp.reset_prefix_cache():
             return False
         if self.log_stats:
             self.prefix_cache_stats.reset = True
+        if self._events is not None:
+            self._events.append(AllBlocksCleared())
         return True
 
-    # Internals ---------------------------------------------------------------
-
-    def _prompt_of(self, request):
-        """The request's tokens as an array and their page hashes, made once
-        for get_computed_blocks and allocate_slots."""
-        looked_up_id, prompt, hashes = self._looked_up
-        if looked_up_id != request.request_id or len(prompt) != \
-                request.num_tokens:
-            prompt = np.array(request.all_token_ids[:request.num_tokens],
-                              dtype=np.int32)
-            hashes = None
-            if self.enable_caching:
-                salt, adapter = _extra_keys(request)
-                hashes = self.manager.hash_prompt(prompt, cache_salt=salt,
-                                                  adapter_id=adapter)
-            self._looked_up = (request.request_id, prompt, hashes)
-        return prompt, hashes
-
-    def _new_pages(self, tracked: _Tracked) -> KVCacheBlocks:
-        # The manager holds the pages of tokens + drafts (its invariant).
-        held = -(-(tracked.tokens + tracked.drafts) // self.block_size)
-        if held == tracked.pages:
-            return self.empty_kv_cache_blocks
-        new = self.manager.pages(tracked.seq, tracked.pages)
-        tracked.pages = held
-        return KVCacheBlocks((new,))
-
-    def _admit(self, request, num_new_tokens, num_new_computed_tokens,
-               num_lookahead_tokens):
-        salt, adapter = _extra_keys(request)
-        if adapter and self.enable_kv_cache_events:
-            self._lora_names[adapter] = getattr(request.lora_request,
-                                                "lora_name", None)
-        prompt, hashes = self._prompt_of(request)
-        self._looked_up = (None, None, None)
-        read_cache = self.enable_caching and not getattr(
-            request, "skip_reading_prefix_cache", False)
-        plan = self.manager.plan_admission(
-            prompt, cache_salt=salt, adapter_id=adapter, prompt_hashes=hashes,
-            prefill_tokens=num_new_tokens, read_prefix_cache=read_cache)
-        if plan.hit_tokens != num_new_computed_tokens:
-            raise kvblock.FailedPreconditionError(
-                f"kvblock.vllm: request {request.request_id} was given "
-                f"{num_new_computed_tokens} computed tokens, the cache now "
-                f"holds {plan.hit_tokens} (get_computed_blocks is stale)")
-        watermark = self.watermark_blocks if _is_waiting(request) else 0
-        if (plan.pages_consumed + plan.reserved_pages >
-                self.manager.num_allocatable - watermark):
-            return None
-        seq = self._next_seq
-        self._next_seq += 1
-        try:
-            self.manager.admit(seq, prompt, cache_salt=salt,
-                               adapter_id=adapter, prompt_hashes=hashes,
-                               prefill_tokens=num_new_tokens,
-                               read_prefix_cache=read_cache)
-        except kvblock.ResourceExhaustedError:
-            return None
-        tokens = plan.hit_tokens + plan.computed_tokens
-        tracked = _Tracked(seq, tokens, len(prompt) - tokens)
-        tracked.prompt_hashes = hashes
-        self._requests[request.request_id] = tracked
-        if num_lookahead_tokens > 0 and tracked.prompt_left == 0:
-            try:
-                self.manager.set_drafts(seq, num_lookahead_tokens)
-            except kvblock.ResourceExhaustedError:
-                self._requests.pop(request.request_id)
-                self.manager.free(seq)
-                return None
-            tracked.drafts = num_lookahead_tokens
-        return self._new_pages(tracked)
-
-    def _extend(self, request, tracked, num_new_tokens, num_lookahead_tokens):
-        manager = self.manager
-        seq = tracked.seq
-        have = tracked.tokens
-        tokens = request.all_token_ids
-        # Known tokens (prompt and sampled) go in; drafts get slots only.
-        end = request.num_computed_tokens + num_new_tokens
-        target = min(end, request.num_tokens)
-        left = tracked.prompt_left
-        prompt_part = min(left, max(0, target - have))
-        appended = max(0, target - have - prompt_part)
-        drafts_after_append = max(0, tracked.drafts - appended)
-        drafts = None  # unchanged
-        if left == prompt_part:  # the prompt is done after this call.
-            # The pages held stay (the block list only grows): the drafts'
-            # end reaches into the last page held.
-            slots = end + num_lookahead_tokens - target
-            held = -(-(have + tracked.drafts) // self.block_size)
-            slots = max(slots, (held - 1) * self.block_size + 1 - target)
-            if slots != drafts_after_append:
-                drafts = slots
-        calls = (prompt_part > 0) + (appended > 0) + (drafts is not None)
-        if calls > 1:
-            manager.begin_step()
-        try:
-            if prompt_part > 0:
-                manager.append_prompt(
-                    seq,
-                    np.array(tokens[have:have + prompt_part], dtype=np.int32),
-                    prompt_hashes=getattr(tracked, "prompt_hashes", None))
-            if appended == 1:
-                manager.append_token(seq, tokens[target - 1])
-            elif appended > 1:
-                manager.append(seq, np.array(tokens[target - appended:target],
-                                             dtype=np.int32))
-            if drafts is not None:
-                manager.set_drafts(seq, drafts)
-        except BaseException as error:
-            if calls > 1:
-                manager.rollback_step()
-            if isinstance(error, kvblock.ResourceExhaustedError):
-                return None
-            raise
-        if calls > 1:
-            manager.commit_step()
-        tracked.tokens = target
-        tracked.prompt_left = left - prompt_part
-        tracked.drafts = drafts_after_append if drafts is None else drafts
-        return self._new_pages(tracked)
-
     def check_invariants(self) -> None:
-        """The manager's invariants, and every tracked request is live."""
-        self.manager.check_invariants()
-        manager = self.manager
-        for request_id, tracked in self._requests.items():
-            counts = (manager.num_tokens(tracked.seq),
-                      manager.prompt_tokens_left(tracked.seq),
-                      manager.num_drafts(tracked.seq),
-                      len(manager.pages(tracked.seq)))
-            mine = (tracked.tokens, tracked.prompt_left, tracked.drafts,
-                    tracked.pages)
-            if counts != mine:
-                raise kvblock.InternalError(
-                    f"kvblock.vllm: request {request_id}: the manager has "
-                    f"(tokens, prompt left, drafts, pages) {counts}, the "
-                    f"adapter {mine}")
+        """kvblock's own check: the pool's invariants and every request's
+        blocks are in use (raises kvblock.InternalError otherwise)."""
+        self._cpp.check_invariants()
 
-    def __len__(self) -> int:
-        return len(self._requests)
+    # Events ------------------------------------------------------------------
+
+    def _external(self, digest: bytes):
+        return int.from_bytes(digest[-8:], "big") if self._int_hashes \
+            else digest
+
+    def _record_removed(self) -> None:
+        for digest in self._cpp.take_removed_hashes():
+            self._events.append(BlockRemoved(
+                block_hashes=[self._external(digest)], medium=MEDIUM_GPU,
+                group_idx=0))
+
+    def _record(self, request, cached_from: int, cached_to: int) -> None:
+        """The events of a call that evicted blocks and cached blocks
+        [cached_from, cached_to) of `request`, in vLLM's order."""
+        self._record_removed()
+        if cached_to <= cached_from:
+            return
+        hashes = request.block_hashes
+        size = self.block_size
+        extra, mm_index = [], 0
+        for block in range(cached_from, cached_to):
+            keys, mm_index = _extra_keys(request, block * size,
+                                         (block + 1) * size, mm_index)
+            extra.append(keys)
+        lora = getattr(request, "lora_request", None)
+        self._events.append(BlockStored(
+            block_hashes=[self._external(h)
+                          for h in hashes[cached_from:cached_to]],
+            parent_block_hash=(None if cached_from == 0 else
+                               self._external(hashes[cached_from - 1])),
+            token_ids=list(request.all_token_ids[cached_from * size:
+                                                 cached_to * size]),
+            block_size=size,
+            lora_id=None if lora is None else lora.adapter_id,
+            medium=MEDIUM_GPU,
+            lora_name=None if lora is None else lora.name,
+            extra_keys=extra,
+            group_idx=0))
