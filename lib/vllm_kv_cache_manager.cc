@@ -71,6 +71,26 @@ absl::Span<const PageId> VllmKvCacheManager::FindLongestCacheHit(
   return hit_;
 }
 
+bool VllmKvCacheManager::IsHitUnchanged(
+    absl::Span<const BlockHash> block_hashes, int64_t max_length,
+    absl::Span<const PageId> hit) const {
+  if (!options_.enable_caching) return hit.empty();
+  if (options_.use_eagle && hit.empty()) return false;
+  const size_t max_blocks = static_cast<size_t>(
+      std::min<int64_t>(std::max<int64_t>(max_length, 0) / options_.block_size,
+                        static_cast<int64_t>(block_hashes.size())));
+  // The walk found `walked` blocks: the hit, and with eagle one more.
+  const size_t walked = hit.size() + (options_.use_eagle ? 1 : 0);
+  if (walked > max_blocks) return false;
+  for (size_t i = 0; i < hit.size(); ++i) {
+    if (!pool_->IsIndexedAs(hit[i], block_hashes[i])) return false;
+  }
+  if (walked > hit.size() && !pool_->Lookup(block_hashes[hit.size()])) {
+    return false;
+  }
+  return walked == max_blocks || !pool_->Lookup(block_hashes[walked]);
+}
+
 int64_t VllmKvCacheManager::BlocksToAllocate(
     const Request* request, int64_t num_tokens,
     absl::Span<const PageId> hits) const {

@@ -331,5 +331,46 @@ TEST_CASE("caching off: no hits, no hashes needed") {
   REQUIRE(Held(*manager, "a") == Ids{1, 2, 3});
 }
 
+TEST_CASE("a kept hit is known unchanged until the cache changes under it") {
+  VllmKvCacheManagerOptions options = kOptions;
+  options.num_blocks = 8;
+  const bool eagle = GENERATE(false, true);
+  options.use_eagle = eagle;
+  auto manager = NewManager(options);
+  const std::vector<BlockHash> hashes = Chain(1, 4);
+  REQUIRE_OK(manager->AllocateSlots({.request_id = "a",
+                                     .block_hashes = hashes,
+                                     .num_tokens = 48,
+                                     .num_new_tokens = 48}));
+  const auto found = manager->FindLongestCacheHit(hashes, 63);
+  const Ids hit(found.begin(), found.end());
+  REQUIRE(hit == (eagle ? Ids{1, 2} : Ids{1, 2, 3}));
+  REQUIRE(manager->IsHitUnchanged(hashes, 63, hit));
+  REQUIRE_FALSE(manager->IsHitUnchanged(hashes, 47, hit));  // other bound.
+  // Another request's blocks change nothing the hit depends on.
+  REQUIRE_OK(manager->AllocateSlots({.request_id = "b",
+                                     .block_hashes = Chain(2, 1),
+                                     .num_tokens = 16,
+                                     .num_new_tokens = 16}));
+  REQUIRE(manager->IsHitUnchanged(hashes, 63, hit));
+  SECTION("a hit block evicted") {
+    REQUIRE_OK(manager->EvictBlocks(Ids{eagle ? 3 : 2}));
+    REQUIRE_FALSE(manager->IsHitUnchanged(hashes, 63, hit));
+  }
+  SECTION("the next block cached: the hit grows") {
+    REQUIRE_OK(manager->CacheBlocks("a", hashes, 48));  // cached already.
+    REQUIRE(manager->IsHitUnchanged(hashes, 100,
+                                    manager->FindLongestCacheHit(hashes, 100)));
+    const auto longer = manager->FindLongestCacheHit(hashes, 100);
+    const Ids kept(longer.begin(), longer.end());
+    REQUIRE_OK(manager->AllocateSlots({.request_id = "a",
+                                       .block_hashes = hashes,
+                                       .num_tokens = 64,
+                                       .num_computed_tokens = 48,
+                                       .num_new_tokens = 16}));
+    REQUIRE_FALSE(manager->IsHitUnchanged(hashes, 100, kept));
+  }
+}
+
 }  // namespace
 }  // namespace kvblock

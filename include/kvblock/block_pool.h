@@ -299,6 +299,12 @@ class BlockPool {
     if (!InRange(page) || !pages_[page].cached) return std::nullopt;
     return pages_[page].hash;
   }
+  // Whether Lookup(hash) finds `page` (a page cached behind another one under
+  // `hash` is not found). O(1): one page's state, no index probe.
+  bool IsIndexedAs(PageId page, const BlockHash& hash) const {
+    return InRange(page) && pages_[page].cached == kIndexed &&
+           pages_[page].hash == hash;
+  }
   // Pages Allocate can hand out now: free + evictable.
   int32_t NumFree() const {
     return static_cast<int32_t>(free_stack_.size()) + num_evictable_;

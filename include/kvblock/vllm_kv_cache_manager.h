@@ -123,6 +123,13 @@ class VllmKvCacheManager {
   absl::Span<const PageId> FindLongestCacheHit(
       absl::Span<const BlockHash> block_hashes, int64_t max_length);
 
+  // Whether `hit`, what FindLongestCacheHit returned for the same arguments,
+  // is still what it would return, so that a caller may keep it (a waiting
+  // request's lookup is retried every step). O(hit) page reads and at most
+  // two lookups; false when unsure (an empty hit with use_eagle).
+  bool IsHitUnchanged(absl::Span<const BlockHash> block_hashes,
+                      int64_t max_length, absl::Span<const PageId> hit) const;
+
   // allocate_slots (see VllmSlotResult); InvalidArgument as the header says.
   absl::StatusOr<VllmSlotResult> AllocateSlots(const VllmSlotRequest& request);
 

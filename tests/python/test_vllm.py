@@ -10,7 +10,9 @@ vLLM-style scheduler loop run against a reference model of vLLM's block
 pool (written here from vLLM's semantics), block ids compared call for
 call."""
 import collections
+import gc
 import random
+import weakref
 
 import pytest
 
@@ -482,8 +484,10 @@ def test_lookahead_slots_and_an_empty_prompt():
     assert ids(new) == [1, 2, 3]  # 33 slots; only the verified 20 cached.
     assert [b.block_hash is None for b in new.blocks[0]] == [False, True, True]
     empty = make_request("1", [])
-    assert manager.get_computed_blocks(empty) == (
-        manager.empty_kv_cache_blocks, 0)
+    # vLLM's lookup of an empty prompt fails (islice(hashes, -1)); so does
+    # the adapter's, with a clear message.
+    with pytest.raises(ValueError, match="with 0 tokens"):
+        manager.get_computed_blocks(empty)
     assert ids(manager.allocate_slots(empty, 1, num_lookahead_tokens=3)) == [4]
     with pytest.raises(ValueError, match="num_new_tokens must be greater"):
         manager.allocate_slots(make_request("2", [1]), 0)
@@ -519,6 +523,15 @@ def test_kv_cache_blocks_behave_as_vllms():
     manager.remove_skipped_blocks("0", 49)
     manager.new_step_starts()
     assert manager.get_blocks("unknown") is manager.empty_kv_cache_blocks
+
+
+def test_a_dropped_manager_is_collected():
+    manager = make_manager()
+    admit(manager, make_request("0", list(range(40))))
+    ref = weakref.ref(manager)
+    del manager
+    gc.collect()
+    assert ref() is None
 
 
 def test_what_is_not_supported_is_refused_clearly():

@@ -4,15 +4,8 @@
 
   PYTHONPATH=build-release/lib/python python3 tools/bench/python_bench.py
 
-Rows (medians of --repetitions runs, each timing --iterations calls):
-  vllm decode allocate_slots   kvblock.vllm.KVCacheManager.allocate_slots for
-                               one decode token of a running request (256
-                               running 4,096-token requests, 16-token pages;
-                               1 in 16 starts a page)
-  vllm admission               get_computed_blocks + allocate_slots of a new
-                               prompt of 512 and of 4,096 tokens (the first 4
-                               pages hit), converting its token list included
-  vllm free                    free of a finished request (33 and 257 pages)
+Rows (medians of --repetitions runs; the vLLM adapter's figures are
+tools/bench/vllm_bench.py's):
   batched step (Python)        BatchCommit.commit + KVPageTable.upload at
                                batch 64, 256 and 1024 (page-table width 128):
                                every sequence appends one token from numpy
@@ -47,100 +40,6 @@ import time
 import numpy as np
 
 import kvblock
-from kvblock.vllm import KVCacheManager
-
-
-class Request:
-    """vLLM's Request fields, as the adapter reads them."""
-
-    def __init__(self, request_id, tokens):
-        self.request_id = request_id
-        self.all_token_ids = list(tokens)
-        self.num_computed_tokens = 0
-        self.cache_salt = None
-        self.lora_request = None
-        self.status = None
-
-    @property
-    def num_tokens(self):
-        return len(self.all_token_ids)
-
-
-def median_ns(run, repetitions):
-    return statistics.median(run() for _ in range(repetitions))
-
-
-def bench_decode(iterations, repetitions):
-    kv = KVCacheManager(num_blocks=72000, block_size=16, max_model_len=32768,
-                        max_num_seqs=256)
-    running = []
-    for i in range(256):
-        r = Request(f"r{i}", range(i * 10000, i * 10000 + 4096))
-        kv.allocate_slots(r, r.num_tokens)
-        r.num_computed_tokens = r.num_tokens
-        running.append(r)
-    token = [1]
-
-    def run():
-        calls = 0
-        elapsed = 0
-        for _ in range(max(1, iterations // len(running))):
-            for r in running:
-                r.all_token_ids.append(token[0])
-                token[0] += 1
-            start = time.perf_counter_ns()
-            for r in running:
-                kv.allocate_slots(r, 1)
-            elapsed += time.perf_counter_ns() - start
-            for r in running:
-                r.num_computed_tokens += 1
-            calls += len(running)
-        return elapsed / calls
-
-    return median_ns(run, repetitions)
-
-
-def bench_admit_free(iterations, repetitions, tokens):
-    kv = KVCacheManager(num_blocks=65536, block_size=16, max_model_len=32768,
-                        max_num_seqs=4096)
-    shared = list(range(64))
-    counter = [0]
-
-    def prompt():
-        counter[0] += 1
-        base = 100000 + counter[0] * 10000
-        return shared + list(range(base, base + tokens - len(shared)))
-
-    # Warm: the shared prefix cached.
-    warm = Request("warm", prompt())
-    kv.allocate_slots(warm, warm.num_tokens)
-    kv.free(warm)
-
-    def admit_all(requests):
-        for r in requests:
-            blocks, hits = kv.get_computed_blocks(r)
-            kv.allocate_slots(r, r.num_tokens - hits, hits, blocks)
-
-    def run_admit():
-        requests = [Request(f"a{counter[0]}-{i}", prompt())
-                    for i in range(iterations)]
-        start = time.perf_counter_ns()
-        admit_all(requests)
-        elapsed = time.perf_counter_ns() - start
-        for r in requests:
-            kv.free(r)
-        return elapsed / iterations
-
-    def run_free():
-        requests = [Request(f"f{counter[0]}-{i}", prompt())
-                    for i in range(iterations)]
-        admit_all(requests)
-        start = time.perf_counter_ns()
-        for r in requests:
-            kv.free(r)
-        return (time.perf_counter_ns() - start) / iterations
-
-    return median_ns(run_admit, repetitions), median_ns(run_free, repetitions)
 
 
 # Written between steps in the cold rows, as BM_CommitDecodeStep cold:1
@@ -224,15 +123,9 @@ def bench_batched_step(steps, repetitions, batch=256, cold=False):
 
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=20000)
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--steps", type=int, default=2000)
     args = parser.parse_args(argv)
-    decode = bench_decode(args.iterations, args.repetitions)
-    admit, free = bench_admit_free(max(1, args.iterations // 20),
-                                   args.repetitions, 512)
-    admit_4k, free_4k = bench_admit_free(max(1, args.iterations // 160),
-                                         args.repetitions, 4096)
     batches = (64, 256, 1024)
     step_rows = []
     for cold in (False, True):
@@ -254,13 +147,7 @@ def main(argv):
                   ] + [(f"{name}, binding's part, fitted",
                         f"{binding_slope:.2f} ns per sequence + "
                         f"{binding_fixed / 1e3:.2f} us per call")]
-    rows = [
-        ("vllm decode allocate_slots", f"{decode / 1e3:.2f} us per call"),
-        ("vllm admission (512 tokens)", f"{admit / 1e3:.2f} us per call"),
-        ("vllm admission (4096 tokens)", f"{admit_4k / 1e3:.2f} us per call"),
-        ("vllm free (33 pages)", f"{free / 1e3:.2f} us per call"),
-        ("vllm free (257 pages)", f"{free_4k / 1e3:.2f} us per call"),
-    ] + step_rows
+    rows = step_rows
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")

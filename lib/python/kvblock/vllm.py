@@ -242,43 +242,33 @@ def _extra_keys(request, start: int, end: int, mm_index: int):
     return (tuple(keys) if keys else None), mm_index
 
 
+def _extra_keys_from(request, start: int) -> list:
+    """The extra keys of each full block of `request` from token `start` on,
+    as vLLM's request block hasher computes them."""
+    size = request._kvblock_block_size
+    keys, mm_index = [], 0 if start == 0 else -1
+    for begin in range(start, request.num_tokens - size + 1, size):
+        block_keys, mm_index = _extra_keys(request, begin, begin + size,
+                                           mm_index)
+        keys.append(block_keys)
+    return keys
+
+
 def get_request_block_hasher(block_size: int, caching_hash_fn):
     """vLLM's get_request_block_hasher in C++: a function of a request that
     returns the hashes of its full blocks beyond `request.block_hashes`, the
     bytes vLLM's hasher computes (canonical CBOR of (parent, tokens,
-    extra_keys), SHA-256 or XXH3-128)."""
+    extra_keys), SHA-256 or XXH3-128, from vLLM's NONE_HASH)."""
     name = _hash_function_name(caching_hash_fn)
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
 
-    def request_block_hasher(request) -> list:
-        hashes = request.block_hashes
-        start = len(hashes) * block_size
-        tokens = getattr(request, "_all_token_ids", None)
-        if not isinstance(tokens, list):
-            tokens = request.all_token_ids
-        num_tokens = request.num_tokens
-        if start + block_size > num_tokens:
-            return []
-        parent = hashes[-1] if hashes else none_hash(name)
-        plain = (getattr(request, "lora_request", None) is None
-                 and not getattr(request, "mm_features", None)
-                 and getattr(request, "prompt_embeds", None) is None
-                 and not (start == 0 and getattr(request, "cache_salt", None)))
-        if plain:
-            extra = None
-        else:
-            extra = []
-            mm_index = 0 if start == 0 else -1
-            for begin in range(start, num_tokens - block_size + 1,
-                               block_size):
-                keys, mm_index = _extra_keys(request, begin,
-                                             begin + block_size, mm_index)
-                extra.append(keys)
-        return _kvblock.vllm_hash_blocks(name, parent, tokens, start,
-                                         block_size, extra)
+    def extra_keys(request, start):
+        request._kvblock_block_size = block_size
+        return _extra_keys_from(request, start)
 
-    return request_block_hasher
+    return _kvblock.vllm_request_block_hasher(name, block_size,
+                                              none_hash(name), extra_keys)
 
 
 # The manager -----------------------------------------------------------------
@@ -340,17 +330,22 @@ class KVCacheManager:
         self.metrics_collector = None
         self.block_size = block_size
         self.num_kv_cache_groups = 1
-        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
         self.empty_kv_cache_blocks = KVCacheBlocks(((),))
         self._cpp = _kvblock.VllmKvCacheManager(
             num_blocks=kv_cache_config.num_blocks, block_size=block_size,
             max_model_len=max_model_len, enable_caching=enable_caching,
             use_eagle=use_eagle, enable_kv_cache_events=enable_kv_cache_events,
-            vllm_eviction_order=eviction_order == "vllm")
-        # Kept on the C++ object (which hands them out), visible to Python's
-        # garbage collector through its __dict__.
-        self._cpp._blocks = [KVCacheBlock(i, self._cpp)
-                             for i in range(kv_cache_config.num_blocks)]
+            vllm_eviction_order=eviction_order == "vllm", log_stats=log_stats)
+        # The calls of every step are C++ functions bound to the manager,
+        # put on this object: vLLM's scheduler calls them with no Python
+        # frame in between. allocate_slots, get_computed_blocks and free
+        # take vLLM's arguments and return what vLLM's return (their
+        # docstrings, and vllm_bindings.cc).
+        (self.allocate_slots, self.get_computed_blocks,
+         self.free) = self._cpp.bind(
+             self, [KVCacheBlock(i, self._cpp)
+                    for i in range(kv_cache_config.num_blocks)],
+             KVCacheBlocks, self.empty_kv_cache_blocks)
         self._zero_new_blocks = type(spec).__name__ in _ZEROED_SPECS
         self._events = [] if enable_kv_cache_events else None
         self._event_metadata = (_spec_kind(spec),
@@ -380,28 +375,17 @@ class KVCacheManager:
         """Every block by id (vLLM's block_pool.blocks), for reading."""
         return self._cpp._blocks
 
+    @property
+    def prefix_cache_stats(self) -> Optional[PrefixCacheStats]:
+        """The stats since the last make_prefix_cache_stats (a copy)."""
+        if not self.log_stats:
+            return None
+        return self._cpp.prefix_cache_stats(PrefixCacheStats, take=False)
+
     def make_prefix_cache_stats(self) -> Optional[PrefixCacheStats]:
         if not self.log_stats:
             return None
-        stats, self.prefix_cache_stats = (self.prefix_cache_stats,
-                                          PrefixCacheStats())
-        return stats
-
-    def get_computed_blocks(self, request):
-        """The cached blocks of the request's longest cached prefix, within
-        num_tokens - 1 tokens, and their token count; takes no reference."""
-        if not self.enable_caching or request.skip_reading_prefix_cache:
-            return self.empty_kv_cache_blocks, 0
-        num_tokens = request.num_tokens
-        hit = self._cpp.find_longest_cache_hit(request, num_tokens - 1)
-        num_hit_tokens = len(hit) * self.block_size
-        if self.log_stats:
-            self.prefix_cache_stats.record(
-                num_tokens=num_tokens, num_hits=num_hit_tokens,
-                preempted=request.num_preemptions > 0)
-        if not hit:
-            return self.empty_kv_cache_blocks, 0
-        return KVCacheBlocks((hit,)), num_hit_tokens
+        return self._cpp.prefix_cache_stats(PrefixCacheStats, take=True)
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         return self.create_kv_cache_blocks((self._cpp.blocks(request_id),))
@@ -436,30 +420,6 @@ class KVCacheManager:
 
     # Changes -----------------------------------------------------------------
 
-    def allocate_slots(self, request, num_new_tokens: int,
-                       num_new_computed_tokens: int = 0,
-                       new_computed_blocks: Optional[KVCacheBlocks] = None,
-                       num_lookahead_tokens: int = 0,
-                       num_external_computed_tokens: int = 0,
-                       delay_cache_blocks: bool = False,
-                       num_encoder_tokens: int = 0,
-                       full_sequence_must_fit: bool = False
-                       ) -> Optional[KVCacheBlocks]:
-        """Slots for num_new_tokens more tokens (drafts included) and
-        num_lookahead_tokens lookahead ones; the NEW blocks, or None when
-        the pool cannot hold them (nothing changed then). num_encoder_tokens
-        is for cross-attention groups, which this manager has none of."""
-        new = self._cpp.allocate_slots(
-            request, num_new_tokens, num_new_computed_tokens,
-            new_computed_blocks, num_lookahead_tokens,
-            num_external_computed_tokens, delay_cache_blocks,
-            full_sequence_must_fit)
-        if new is None:
-            return None
-        if self._events is not None:
-            self._record(request, *self._cpp.last_cached)
-        return KVCacheBlocks((new,)) if new else self.empty_kv_cache_blocks
-
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
         if not self.enable_caching:
             return
@@ -469,11 +429,6 @@ class KVCacheManager:
             return  # vLLM caches nothing for a request without blocks.
         if self._events is not None:
             self._record(request, *cached)
-
-    def free(self, request) -> None:
-        """Frees the request's blocks, last first: its tail is evicted
-        first."""
-        self._cpp.free(request.request_id)
 
     def remove_skipped_blocks(self, request_id: str,
                               total_computed_tokens: int) -> None:
@@ -487,8 +442,6 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> bool:
         if not self._cpp.reset_prefix_cache():
             return False
-        if self.log_stats:
-            self.prefix_cache_stats.reset = True
         if self._events is not None:
             self._events.append(AllBlocksCleared())
         return True
@@ -512,7 +465,8 @@ class KVCacheManager:
 
     def _record(self, request, cached_from: int, cached_to: int) -> None:
         """The events of a call that evicted blocks and cached blocks
-        [cached_from, cached_to) of `request`, in vLLM's order."""
+        [cached_from, cached_to) of `request`, in vLLM's order (the C++
+        allocate_slots calls it when events are on)."""
         self._record_removed()
         if cached_to <= cached_from:
             return

@@ -1,21 +1,23 @@
 // Copyright 2026 The kvblock Authors.
 //
 // The C++ side of kvblock.vllm: VllmKvCacheManager, called with vLLM's
-// Request objects as they are, and vLLM's CBOR block hasher.
+// Request objects as they are (vllm_request.h reads them).
 //
-// A request's block hashes (its `block_hashes`, a list of bytes that only
-// grows) are converted once: a BlockHashChain kept on the request as
-// `_kvblock_chain` converts the entries it has not seen, so a decode or a
-// retried lookup converts nothing. The manager hands out the KVCacheBlock
-// objects of kvblock.vllm (its `_blocks` list, by block id) so that the
-// scheduler reads `block_id` as it does from vLLM's blocks.
+// The calls a scheduler makes every step for every request (allocate_slots,
+// get_computed_blocks, free) are plain CPython functions (METH_FASTCALL)
+// bound to the manager, which kvblock.vllm.KVCacheManager puts on itself:
+// vLLM's scheduler calls straight into C++, with no Python frame or
+// pybind11 dispatch on the way. Their arguments and results are vLLM's.
+// The rest are pybind11 methods. The manager hands out the KVCacheBlock
+// objects of its `_blocks` list (by block id) and keeps the prefix cache
+// stats as counters that make_prefix_cache_stats turns into vLLM's object.
 #include "vllm_bindings.h"
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <array>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,9 +25,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "kvblock/block_hash.h"
-#include "kvblock/vllm_block_hash.h"
 #include "kvblock/vllm_kv_cache_manager.h"
 #include "status_error.h"
+#include "vllm_request.h"
 
 namespace kvblock::python {
 namespace {
@@ -33,131 +35,42 @@ namespace {
 namespace py = pybind11;
 using py::literals::operator""_a;
 
-// A request's block hashes as BlockHashes (zero-padded digests).
-class BlockHashChain {
- public:
-  // Converts the entries of `hashes` (bytes of at most 32) not seen yet; all
-  // of them when the list is shorter than what was seen (a new list).
-  void Sync(py::handle hashes) {
-    PyObject* list = hashes.ptr();
-    if (!PyList_Check(list)) {
-      Raise(absl::InvalidArgumentError(
-          absl::StrCat("block_hashes must be a list of bytes, got ",
-                       py::str(py::type::handle_of(hashes).attr("__name__"))
-                           .cast<std::string>())));
-    }
-    const size_t size = static_cast<size_t>(PyList_GET_SIZE(list));
-    if (size < hashes_.size()) hashes_.clear();
-    for (size_t i = hashes_.size(); i < size; ++i) {
-      PyObject* item = PyList_GET_ITEM(list, i);
-      char* data;
-      Py_ssize_t length;
-      if (!PyBytes_Check(item) ||
-          PyBytes_AsStringAndSize(item, &data, &length) != 0 || length > 32 ||
-          length == 0) {
-        PyErr_Clear();
-        Raise(absl::InvalidArgumentError(absl::StrCat(
-            "block_hashes[", i, "] must be bytes of 1 to 32 (a digest), got ",
-            py::repr(item).cast<std::string>().substr(0, 80))));
-      }
-      if (width_ == 0) width_ = static_cast<int32_t>(length);
-      if (length != width_) {
-        Raise(absl::InvalidArgumentError(
-            absl::StrCat("block_hashes[", i, "] has ", length,
-                         " bytes, the others ", width_)));
-      }
-      BlockHash& hash = hashes_.emplace_back();
-      std::memcpy(hash.bytes.data(), data, static_cast<size_t>(length));
-    }
-  }
-  absl::Span<const BlockHash> hashes() const { return hashes_; }
-  int32_t width() const { return width_; }
-
- private:
-  std::vector<BlockHash> hashes_;
-  int32_t width_ = 0;
+// vLLM's PrefixCacheStats fields, as counters.
+struct PrefixCounters {
+  bool reset = false;
+  int64_t requests = 0, queries = 0, hits = 0;
+  int64_t preempted_requests = 0, preempted_queries = 0, preempted_hits = 0;
 };
 
-// The manager and what it hands out: the last hit list (so that
-// allocate_slots reads its ids without touching the blocks again) and the
-// digest width of the hashes it was given (for the removed hashes).
 struct PyManager {
   std::unique_ptr<VllmKvCacheManager> manager;
-  py::object last_hit;  // the list find_longest_cache_hit returned last.
-  std::vector<PageId> last_hit_ids;
-  int32_t width = 0;
+  // The chain of the last allocate_slots (its hit list is the one a new
+  // request's new_computed_blocks usually is).
+  int32_t width = 0;  // of the digests, for the removed hashes.
   VllmSlotResult last_result;
+  bool log_stats = false;
+  PrefixCounters stats;
+  // Set by bind(): vLLM's KVCacheBlocks class and the empty instance.
+  py::object blocks_class;
+  py::object empty_blocks;
 };
 
-absl::string_view StrOf(PyObject* object, const char* what) {
-  Py_ssize_t size;
-  const char* data = PyUnicode_Check(object)
-                         ? PyUnicode_AsUTF8AndSize(object, &size)
-                         : nullptr;
-  if (data == nullptr) {
-    PyErr_Clear();
-    Raise(absl::InvalidArgumentError(absl::StrCat(what, " must be a str")));
-  }
-  return absl::string_view(data, static_cast<size_t>(size));
-}
+PyObject* Intern(const char* name) { return PyUnicode_InternFromString(name); }
 
-int64_t IntOf(py::handle value, const char* what) {
-  if (!PyLong_Check(value.ptr()) || PyBool_Check(value.ptr())) {
-    Raise(absl::InvalidArgumentError(
-        absl::StrCat(what, " must be an int, got ",
-                     py::repr(value).cast<std::string>().substr(0, 80))));
-  }
-  int overflow = 0;
-  const long long v = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
-  if (overflow != 0) {
-    Raise(absl::OutOfRangeError(absl::StrCat(
-        what, " does not fit 64 bits: ", py::repr(value).cast<std::string>())));
-  }
-  return v;
-}
-
-// The request's chain, synced with its block_hashes; kept on the request.
-// Empty when caching is off (no hashes are read).
-const BlockHashChain& ChainOf(PyManager& self, py::handle request) {
-  static const py::str kChain("_kvblock_chain");
-  static const py::str kHashes("block_hashes");
-  static BlockHashChain empty;
-  if (!self.manager->options().enable_caching) return empty;
-  PyObject* hashes = PyObject_GetAttr(request.ptr(), kHashes.ptr());
-  if (hashes == nullptr) {
-    PyErr_Clear();
-    Raise(absl::InvalidArgumentError(
-        "the request has no block_hashes: give requests a block hasher "
-        "(vLLM's, or kvblock.vllm.get_request_block_hasher)"));
-  }
-  py::object owned = py::reinterpret_steal<py::object>(hashes);
-  PyObject* held = PyObject_GetAttr(request.ptr(), kChain.ptr());
-  BlockHashChain* chain;
-  if (held != nullptr) {
-    py::object chain_object = py::reinterpret_steal<py::object>(held);
-    chain = chain_object.cast<BlockHashChain*>();
-  } else {
-    PyErr_Clear();
-    py::object chain_object = py::cast(BlockHashChain());
-    if (PyObject_SetAttr(request.ptr(), kChain.ptr(), chain_object.ptr()) !=
-        0) {
-      PyErr_Clear();
-      Raise(absl::InvalidArgumentError(
-          "kvblock.vllm keeps a request's converted block hashes on it as "
-          "_kvblock_chain; this request takes no attributes"));
-    }
-    chain = chain_object.cast<BlockHashChain*>();
-  }
-  chain->Sync(owned);
-  if (self.width == 0) self.width = chain->width();
-  return *chain;
-}
-
-// The KVCacheBlock objects for `ids`.
+// The KVCacheBlock objects for `ids` (the manager's `_blocks`, by id).
 py::list BlocksOf(py::handle self, absl::Span<const PageId> ids) {
-  static const py::str kBlocks("_blocks");
-  py::object table = self.attr(kBlocks);
+  static PyObject* const kBlocks = Intern("_blocks");
+  py::object table =
+      py::reinterpret_steal<py::object>(PyObject_GetAttr(self.ptr(), kBlocks));
+  if (!table) throw py::error_already_set();
+  const PyManager& manager = self.cast<const PyManager&>();
+  if (!PyList_Check(table.ptr()) ||
+      PyList_GET_SIZE(table.ptr()) < manager.manager->options().num_blocks) {
+    Raise(absl::InternalError(
+        "kvblock.vllm: the manager's _blocks is not its list of blocks"));
+  }
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(ids.size()));
+  if (list == nullptr) throw py::error_already_set();
   for (size_t i = 0; i < ids.size(); ++i) {
     PyObject* block = PyList_GET_ITEM(table.ptr(), ids[i]);
     Py_INCREF(block);
@@ -166,30 +79,292 @@ py::list BlocksOf(py::handle self, absl::Span<const PageId> ids) {
   return py::reinterpret_steal<py::list>(list);
 }
 
-// The ids of new_computed_blocks (a KVCacheBlocks or None).
-absl::Span<const PageId> HitIdsOf(PyManager& self, py::handle blocks,
+// KVCacheBlocks((blocks,)), or the empty one for no blocks.
+py::object KvCacheBlocksOf(const PyManager& self, py::list blocks) {
+  if (blocks.empty()) return self.empty_blocks;
+  return self.blocks_class(py::make_tuple(std::move(blocks)));
+}
+
+// The ids of new_computed_blocks (a KVCacheBlocks or None): the chain's last
+// hit when they are its list, else read from the blocks.
+absl::Span<const PageId> HitIdsOf(const BlockHashChain* chain, PyObject* blocks,
                                   std::vector<PageId>& scratch) {
-  if (blocks.is_none()) return {};
-  static const py::str kBlocks("blocks");
-  static const py::str kBlockId("block_id");
-  py::object groups = blocks.attr(kBlocks);
+  if (blocks == nullptr || blocks == Py_None) return {};
+  static PyObject* const kBlocks = Intern("blocks");
+  static PyObject* const kBlockId = Intern("block_id");
+  py::object groups =
+      py::reinterpret_steal<py::object>(PyObject_GetAttr(blocks, kBlocks));
+  if (!groups) throw py::error_already_set();
   if (py::len(groups) == 0) return {};
   py::object group = groups[py::int_(0)];
-  if (self.last_hit && group.is(self.last_hit)) return self.last_hit_ids;
+  if (chain != nullptr && chain->hit_list && group.is(chain->hit_list)) {
+    return chain->hit;
+  }
   scratch.clear();
   for (py::handle block : group) {
-    scratch.push_back(
-        static_cast<PageId>(IntOf(block.attr(kBlockId), "a block's block_id")));
+    scratch.push_back(static_cast<PageId>(
+        IntAttr(block.ptr(), kBlockId, "a computed block's block_id")));
   }
   return scratch;
 }
+
+// Arguments of a METH_FASTCALL | METH_KEYWORDS call, by position or name.
+template <size_t N>
+class Arguments {
+ public:
+  Arguments(const char* function, const std::array<const char*, N>& names,
+            size_t required, PyObject* const* args, Py_ssize_t nargs,
+            PyObject* kwnames) {
+    if (static_cast<size_t>(nargs) > N) {
+      Raise(absl::InvalidArgumentError(absl::StrCat(
+          function, "() takes at most ", N, " arguments, got ", nargs)));
+    }
+    for (Py_ssize_t i = 0; i < nargs; ++i) values_[i] = args[i];
+    const Py_ssize_t keywords = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < keywords; ++k) {
+      PyObject* key = PyTuple_GET_ITEM(kwnames, k);
+      size_t i = 0;
+      while (i < N && PyUnicode_CompareWithASCIIString(key, names[i]) != 0) {
+        ++i;
+      }
+      if (i == N || values_[i] != nullptr) {
+        Raise(absl::InvalidArgumentError(absl::StrCat(
+            function, "() got ", i == N ? "an unexpected" : "a repeated",
+            " keyword argument '", StrOf(key, "a keyword"), "'")));
+      }
+      values_[i] = args[nargs + k];
+    }
+    for (size_t i = 0; i < required; ++i) {
+      if (values_[i] == nullptr) {
+        Raise(absl::InvalidArgumentError(absl::StrCat(
+            function, "() is missing the argument '", names[i], "'")));
+      }
+    }
+    names_ = &names;
+  }
+
+  PyObject* operator[](size_t i) const { return values_[i]; }
+  int64_t Int(size_t i) const {
+    return values_[i] == nullptr ? 0 : IntOf(values_[i], (*names_)[i]);
+  }
+  bool Bool(size_t i) const {
+    if (values_[i] == nullptr) return false;
+    const int truth = PyObject_IsTrue(values_[i]);
+    if (truth < 0) throw py::error_already_set();
+    return truth == 1;
+  }
+
+ private:
+  std::array<PyObject*, N> values_{};
+  const std::array<const char*, N>* names_ = nullptr;
+};
+
+// Runs `body`, turning a C++ exception into the Python error it carries.
+template <typename Body>
+PyObject* Guarded(Body&& body) {
+  try {
+    return body().release().ptr();
+  } catch (py::error_already_set& error) {
+    error.restore();
+  } catch (py::builtin_exception& error) {
+    error.set_error();
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_RuntimeError, error.what());
+  }
+  return nullptr;
+}
+
+// The adapter's `_record(request, cached_from, cached_to)`, with events on.
+void RecordEvents(py::handle self, py::handle request, int32_t from,
+                  int32_t to) {
+  static PyObject* const kAdapter = Intern("_adapter");
+  py::object adapter =
+      py::reinterpret_steal<py::object>(PyObject_GetAttr(self.ptr(), kAdapter));
+  if (!adapter) throw py::error_already_set();
+  adapter.attr("_record")(request, from, to);
+}
+
+PyObject* AllocateSlots(PyObject* self_object, PyObject* const* args,
+                        Py_ssize_t nargs, PyObject* kwnames) {
+  return Guarded([&]() -> py::object {
+    static const std::array<const char*, 9> kNames = {
+        "request",
+        "num_new_tokens",
+        "num_new_computed_tokens",
+        "new_computed_blocks",
+        "num_lookahead_tokens",
+        "num_external_computed_tokens",
+        "delay_cache_blocks",
+        "num_encoder_tokens",
+        "full_sequence_must_fit"};
+    static PyObject* const kId = Intern("request_id");
+    static PyObject* const kTokens = Intern("num_tokens");
+    static PyObject* const kComputed = Intern("num_computed_tokens");
+    const Arguments<9> arguments("allocate_slots", kNames, 2, args, nargs,
+                                 kwnames);
+    py::handle self(self_object);
+    PyManager& state = self.cast<PyManager&>();
+    PyObject* request = arguments[0];
+    py::object id =
+        py::reinterpret_steal<py::object>(PyObject_GetAttr(request, kId));
+    const BlockHashChain* chain = nullptr;
+    if (state.manager->options().enable_caching) {
+      chain = &ChainOf(request);
+      if (state.width == 0) state.width = chain->width();
+    }
+    std::vector<PageId> scratch;
+    const VllmSlotRequest slots{
+        .request_id = StrOf(id.ptr(), "request_id"),
+        .block_hashes = chain ? chain->hashes() : absl::Span<const BlockHash>(),
+        .num_tokens = IntAttr(request, kTokens, "num_tokens"),
+        .num_computed_tokens =
+            IntAttr(request, kComputed, "num_computed_tokens"),
+        .num_new_tokens = arguments.Int(1),
+        .num_new_computed_tokens = arguments.Int(2),
+        .new_computed_blocks = HitIdsOf(chain, arguments[3], scratch),
+        .num_lookahead_tokens = arguments.Int(4),
+        .num_external_computed_tokens = arguments.Int(5),
+        .delay_cache_blocks = arguments.Bool(6),
+        .full_sequence_must_fit = arguments.Bool(8),
+    };
+    arguments.Int(7);  // num_encoder_tokens: for cross-attention groups.
+    state.last_result = ValueOrThrow(state.manager->AllocateSlots(slots));
+    const VllmSlotResult& result = state.last_result;
+    if (!result.allocated) return py::none();
+    if (state.manager->options().enable_kv_cache_events) {
+      RecordEvents(self, request, result.cached_from, result.cached_to);
+    }
+    const auto blocks = state.manager->Blocks(slots.request_id);
+    if (static_cast<size_t>(result.first_new_block) == blocks.size()) {
+      return state.empty_blocks;
+    }
+    return KvCacheBlocksOf(
+        state, BlocksOf(self, blocks.subspan(result.first_new_block)));
+  });
+}
+
+PyObject* GetComputedBlocks(PyObject* self_object, PyObject* const* args,
+                            Py_ssize_t nargs, PyObject* kwnames) {
+  return Guarded([&]() -> py::object {
+    static const std::array<const char*, 1> kNames = {"request"};
+    static PyObject* const kSkip = Intern("skip_reading_prefix_cache");
+    static PyObject* const kTokens = Intern("num_tokens");
+    static PyObject* const kPreemptions = Intern("num_preemptions");
+    const Arguments<1> arguments("get_computed_blocks", kNames, 1, args, nargs,
+                                 kwnames);
+    py::handle self(self_object);
+    PyManager& state = self.cast<PyManager&>();
+    PyObject* request = arguments[0];
+    VllmKvCacheManager& manager = *state.manager;
+    if (!manager.options().enable_caching) {
+      return py::make_tuple(state.empty_blocks, 0);
+    }
+    py::object skip =
+        py::reinterpret_steal<py::object>(PyObject_GetAttr(request, kSkip));
+    if (!skip) throw py::error_already_set();
+    const int skipping = PyObject_IsTrue(skip.ptr());
+    if (skipping < 0) throw py::error_already_set();
+    if (skipping) return py::make_tuple(state.empty_blocks, 0);
+    const int64_t num_tokens = IntAttr(request, kTokens, "num_tokens");
+    if (num_tokens < 1) {
+      // vLLM's itertools.islice(block_hashes, -1) refuses an empty prompt.
+      Raise(absl::InvalidArgumentError(
+          absl::StrCat("get_computed_blocks of a request with ", num_tokens,
+                       " tokens (vLLM refuses it too)")));
+    }
+    BlockHashChain& chain = ChainOf(request);
+    const int64_t max_length = num_tokens - 1;
+    // A waiting request is asked again every step: its hit is kept while
+    // the cache still gives it.
+    if (chain.hit_max_length != max_length ||
+        !manager.IsHitUnchanged(chain.hashes(), max_length, chain.hit)) {
+      const auto hit = manager.FindLongestCacheHit(chain.hashes(), max_length);
+      chain.hit.assign(hit.begin(), hit.end());
+      chain.hit_list = BlocksOf(self, chain.hit);
+      chain.hit_max_length = max_length;
+    }
+    const int64_t hit_tokens =
+        static_cast<int64_t>(chain.hit.size()) * manager.options().block_size;
+    if (state.log_stats) {
+      PrefixCounters& stats = state.stats;
+      if (IntAttr(request, kPreemptions, "num_preemptions") > 0) {
+        ++stats.preempted_requests;
+        stats.preempted_queries += num_tokens;
+        stats.preempted_hits += hit_tokens;
+      } else {
+        ++stats.requests;
+        stats.queries += num_tokens;
+        stats.hits += hit_tokens;
+      }
+    }
+    if (chain.hit.empty()) return py::make_tuple(state.empty_blocks, 0);
+    return py::make_tuple(state.blocks_class(py::make_tuple(chain.hit_list)),
+                          hit_tokens);
+  });
+}
+
+PyObject* Free(PyObject* self_object, PyObject* const* args, Py_ssize_t nargs,
+               PyObject* kwnames) {
+  return Guarded([&]() -> py::object {
+    static const std::array<const char*, 1> kNames = {"request"};
+    static PyObject* const kId = Intern("request_id");
+    const Arguments<1> arguments("free", kNames, 1, args, nargs, kwnames);
+    PyManager& state = py::handle(self_object).cast<PyManager&>();
+    py::object id =
+        py::reinterpret_steal<py::object>(PyObject_GetAttr(arguments[0], kId));
+    state.manager->Free(StrOf(id.ptr(), "request_id"));
+    return py::none();
+  });
+}
+
+PyMethodDef kFastCalls[] = {
+    {"allocate_slots", AsPyCFunction(AllocateSlots),
+     METH_FASTCALL | METH_KEYWORDS,
+     "allocate_slots(request, num_new_tokens, num_new_computed_tokens=0, "
+     "new_computed_blocks=None, num_lookahead_tokens=0, "
+     "num_external_computed_tokens=0, delay_cache_blocks=False, "
+     "num_encoder_tokens=0, full_sequence_must_fit=False)\n\nvLLM's: slots "
+     "for num_new_tokens more tokens (drafts included) and "
+     "num_lookahead_tokens lookahead ones; the NEW blocks as a "
+     "KVCacheBlocks, or None when the pool cannot hold them (nothing "
+     "changed). num_encoder_tokens is for cross-attention groups, which "
+     "this manager has none of."},
+    {"get_computed_blocks", AsPyCFunction(GetComputedBlocks),
+     METH_FASTCALL | METH_KEYWORDS,
+     "get_computed_blocks(request)\n\nvLLM's: (the blocks of the request's "
+     "longest cached prefix within num_tokens - 1 tokens, their token "
+     "count); takes no reference."},
+    {"free", AsPyCFunction(Free), METH_FASTCALL | METH_KEYWORDS,
+     "free(request)\n\nvLLM's: frees the request's blocks, last first (its "
+     "tail is evicted first)."},
+};
 
 py::bytes DigestBytes(const BlockHash& hash, int32_t width) {
   return py::bytes(reinterpret_cast<const char*>(hash.bytes.data()),
                    width == 0 ? hash.bytes.size() : width);
 }
 
-void BindManager(py::module_& m) {
+absl::string_view IdOf(py::handle request_id) {
+  return StrOf(request_id.ptr(), "request_id");
+}
+
+py::object StatsObject(const PrefixCounters& c, py::handle stats_class) {
+  py::object stats = stats_class();
+  stats.attr("reset") = c.reset;
+  stats.attr("requests") = c.requests;
+  stats.attr("queries") = c.queries;
+  stats.attr("hits") = c.hits;
+  stats.attr("preempted_requests") = c.preempted_requests;
+  stats.attr("preempted_queries") = c.preempted_queries;
+  stats.attr("preempted_hits") = c.preempted_hits;
+  return stats;
+}
+
+}  // namespace
+
+void BindVllmManager(py::module_& m) {
   py::class_<BlockHashChain>(m, "BlockHashChain",
                              "A request's block hashes, converted once.")
       .def(py::init<>())
@@ -203,7 +378,7 @@ void BindManager(py::module_& m) {
       .def(py::init([](int32_t num_blocks, int32_t block_size,
                        int64_t max_model_len, bool enable_caching,
                        bool use_eagle, bool enable_kv_cache_events,
-                       bool vllm_eviction_order) {
+                       bool vllm_eviction_order, bool log_stats) {
              PyManager made;
              made.manager = ValueOrThrow(VllmKvCacheManager::Create(
                  {.num_blocks = num_blocks,
@@ -215,65 +390,34 @@ void BindManager(py::module_& m) {
                   .eviction_order = vllm_eviction_order
                                         ? EvictionOrder::kLeastRecentlyFreed
                                         : EvictionOrder::kNeverCachedFirst}));
+             made.log_stats = log_stats;
              return made;
            }),
            "num_blocks"_a, "block_size"_a, "max_model_len"_a,
            "enable_caching"_a, "use_eagle"_a, "enable_kv_cache_events"_a,
-           "vllm_eviction_order"_a)
+           "vllm_eviction_order"_a, "log_stats"_a)
       .def(
-          "find_longest_cache_hit",
-          [](py::object self_object, py::handle request, int64_t max_length) {
-            PyManager& self = self_object.cast<PyManager&>();
-            const BlockHashChain& chain = ChainOf(self, request);
-            const auto hit =
-                self.manager->FindLongestCacheHit(chain.hashes(), max_length);
-            self.last_hit_ids.assign(hit.begin(), hit.end());
-            py::list blocks = BlocksOf(self_object, hit);
-            self.last_hit = blocks;
-            return blocks;
+          "bind",
+          [](py::object self, py::object adapter, py::object blocks,
+             py::object blocks_class, py::object empty_blocks) {
+            PyManager& state = self.cast<PyManager&>();
+            // In the object's __dict__, which the garbage collector sees
+            // (the adapter and the blocks refer back to this object).
+            self.attr("_adapter") = adapter;
+            self.attr("_blocks") = blocks;
+            state.blocks_class = std::move(blocks_class);
+            state.empty_blocks = std::move(empty_blocks);
+            py::list calls;
+            for (PyMethodDef& def : kFastCalls) {
+              PyObject* call = PyCFunction_NewEx(&def, self.ptr(), nullptr);
+              if (call == nullptr) throw py::error_already_set();
+              calls.append(py::reinterpret_steal<py::object>(call));
+            }
+            return py::tuple(calls);
           },
-          "request"_a, "max_length"_a,
-          "The request's cached prefix blocks within max_length tokens; takes "
-          "no reference.")
-      .def(
-          "allocate_slots",
-          [](py::object self_object, py::handle request, int64_t num_new_tokens,
-             int64_t num_new_computed_tokens, py::handle new_computed_blocks,
-             int64_t num_lookahead_tokens, int64_t num_external_computed_tokens,
-             bool delay_cache_blocks,
-             bool full_sequence_must_fit) -> py::object {
-            PyManager& self = self_object.cast<PyManager&>();
-            static const py::str kId("request_id");
-            static const py::str kTokens("num_tokens");
-            static const py::str kComputed("num_computed_tokens");
-            py::object id = request.attr(kId);
-            std::vector<PageId> scratch;
-            const VllmSlotRequest slots{
-                .request_id = StrOf(id.ptr(), "request_id"),
-                .block_hashes = ChainOf(self, request).hashes(),
-                .num_tokens = IntOf(request.attr(kTokens), "num_tokens"),
-                .num_computed_tokens =
-                    IntOf(request.attr(kComputed), "num_computed_tokens"),
-                .num_new_tokens = num_new_tokens,
-                .num_new_computed_tokens = num_new_computed_tokens,
-                .new_computed_blocks =
-                    HitIdsOf(self, new_computed_blocks, scratch),
-                .num_lookahead_tokens = num_lookahead_tokens,
-                .num_external_computed_tokens = num_external_computed_tokens,
-                .delay_cache_blocks = delay_cache_blocks,
-                .full_sequence_must_fit = full_sequence_must_fit,
-            };
-            self.last_result = ValueOrThrow(self.manager->AllocateSlots(slots));
-            if (!self.last_result.allocated) return py::none();
-            const auto blocks = self.manager->Blocks(slots.request_id);
-            return BlocksOf(self_object,
-                            blocks.subspan(self.last_result.first_new_block));
-          },
-          "request"_a, "num_new_tokens"_a, "num_new_computed_tokens"_a,
-          "new_computed_blocks"_a, "num_lookahead_tokens"_a,
-          "num_external_computed_tokens"_a, "delay_cache_blocks"_a,
-          "full_sequence_must_fit"_a,
-          "vLLM's allocate_slots: the new blocks, or None (nothing changed).")
+          "adapter"_a, "blocks"_a, "blocks_class"_a, "empty_blocks"_a,
+          "Keeps the adapter and its block objects; returns allocate_slots, "
+          "get_computed_blocks and free bound to this manager.")
       .def_property_readonly(
           "last_cached",
           [](const PyManager& self) {
@@ -286,17 +430,10 @@ void BindManager(py::module_& m) {
           [](PyManager& self, py::handle request, int64_t num_tokens) {
             py::object id = request.attr("request_id");
             const auto range = ValueOrThrow(self.manager->CacheBlocks(
-                StrOf(id.ptr(), "request_id"), ChainOf(self, request).hashes(),
-                num_tokens));
+                IdOf(id), ChainOf(request).hashes(), num_tokens));
             return py::make_tuple(range.first, range.second);
           },
           "request"_a, "num_tokens"_a)
-      .def(
-          "free",
-          [](PyManager& self, py::handle request_id) {
-            self.manager->Free(StrOf(request_id.ptr(), "request_id"));
-          },
-          "request_id"_a)
       .def(
           "evict_blocks",
           [](PyManager& self, const std::vector<PageId>& ids) {
@@ -304,28 +441,29 @@ void BindManager(py::module_& m) {
           },
           "block_ids"_a)
       .def("reset_prefix_cache",
-           [](PyManager& self) { return self.manager->ResetPrefixCache(); })
+           [](PyManager& self) {
+             if (!self.manager->ResetPrefixCache()) return false;
+             self.stats.reset = true;
+             return true;
+           })
       .def(
           "blocks",
-          [](py::object self_object, py::handle request_id) {
-            PyManager& self = self_object.cast<PyManager&>();
-            return BlocksOf(self_object, self.manager->Blocks(StrOf(
-                                             request_id.ptr(), "request_id")));
+          [](py::object self, py::handle request_id) {
+            PyManager& state = self.cast<PyManager&>();
+            return BlocksOf(self, state.manager->Blocks(IdOf(request_id)));
           },
           "request_id"_a)
       .def(
           "block_ids",
           [](const PyManager& self, py::handle request_id) {
-            const auto blocks =
-                self.manager->Blocks(StrOf(request_id.ptr(), "request_id"));
+            const auto blocks = self.manager->Blocks(IdOf(request_id));
             return std::vector<PageId>(blocks.begin(), blocks.end());
           },
           "request_id"_a)
       .def(
           "get_num_common_prefix_blocks",
           [](const PyManager& self, py::handle request_id) {
-            return self.manager->GetNumCommonPrefixBlocks(
-                StrOf(request_id.ptr(), "request_id"));
+            return self.manager->GetNumCommonPrefixBlocks(IdOf(request_id));
           },
           "request_id"_a)
       .def("take_new_block_ids",
@@ -340,14 +478,20 @@ void BindManager(py::module_& m) {
             return out;
           },
           "The digests of the blocks evicted or uncached since the last call.")
+      .def(
+          "prefix_cache_stats",
+          [](PyManager& self, py::handle stats_class, bool take) {
+            py::object stats = StatsObject(self.stats, stats_class);
+            if (take) self.stats = PrefixCounters{};
+            return stats;
+          },
+          "stats_class"_a, "take"_a,
+          "The counters since the last take, as a stats_class object.")
       .def_property_readonly(
           "num_free_blocks",
           [](const PyManager& self) { return self.manager->NumFreeBlocks(); })
       .def_property_readonly(
           "usage", [](const PyManager& self) { return self.manager->Usage(); })
-      .def_property_readonly(
-          "num_requests",
-          [](const PyManager& self) { return self.manager->num_requests(); })
       .def(
           "ref_count",
           [](const PyManager& self, PageId block) {
@@ -368,107 +512,9 @@ void BindManager(py::module_& m) {
       });
 }
 
-VllmHashFunction HashFunctionOf(const std::string& name) {
-  if (name == "sha256_cbor") return VllmHashFunction::kSha256Cbor;
-  if (name == "xxhash_cbor") return VllmHashFunction::kXxhashCbor;
-  Raise(absl::InvalidArgumentError(absl::StrCat(
-      "kvblock's block hasher computes vLLM's CBOR hash functions "
-      "sha256_cbor and xxhash_cbor, not '",
-      name, "' (vLLM's pickle-based sha256 and xxhash are Python-only)")));
-}
-
-// Canonical CBOR of one extra-keys value: None, bool, int, str, bytes, or a
-// tuple or list of them.
-void EncodeCbor(py::handle value, CborWriter& out, int depth) {
-  PyObject* v = value.ptr();
-  if (depth > 16) {
-    Raise(absl::InvalidArgumentError("extra keys nest deeper than 16"));
-  }
-  if (v == Py_None) {
-    out.Null();
-  } else if (PyBool_Check(v)) {
-    out.Bool(v == Py_True);
-  } else if (PyLong_Check(v)) {
-    out.Int(IntOf(value, "an extra key"));
-  } else if (PyUnicode_Check(v)) {
-    out.Text(StrOf(v, "an extra key"));
-  } else if (PyBytes_Check(v)) {
-    out.Bytes(absl::string_view(PyBytes_AS_STRING(v),
-                                static_cast<size_t>(PyBytes_GET_SIZE(v))));
-  } else if (PyTuple_Check(v) || PyList_Check(v)) {
-    out.Array(static_cast<uint64_t>(py::len(value)));
-    for (py::handle item : value) EncodeCbor(item, out, depth + 1);
-  } else {
-    Raise(absl::InvalidArgumentError(absl::StrCat(
-        "an extra key must be None, bool, int, str, bytes or a tuple of "
-        "them, got ",
-        py::repr(value).cast<std::string>().substr(0, 80))));
-  }
-}
-
-void BindHasher(py::module_& m) {
-  m.def(
-      "vllm_digest",
-      [](const std::string& function, py::handle value) {
-        CborWriter cbor;
-        EncodeCbor(value, cbor, 0);
-        const std::string digest =
-            VllmDigest(HashFunctionOf(function), cbor.data());
-        return py::bytes(digest);
-      },
-      "function"_a, "value"_a,
-      "vLLM's sha256_cbor / xxhash_cbor of a value (NONE_HASH's seed).");
-  m.def(
-      "vllm_hash_blocks",
-      [](const std::string& function, py::bytes parent, py::handle tokens,
-         int64_t start, int32_t block_size, py::handle extra_keys) {
-        const VllmHashFunction fn = HashFunctionOf(function);
-        // A list or tuple is read in place; another sequence (vLLM's
-        // ConstantList) is copied to one first.
-        py::object fast = py::reinterpret_steal<py::object>(
-            PySequence_Fast(tokens.ptr(), "tokens must be a sequence of ints"));
-        if (!fast) throw py::error_already_set();
-        const Py_ssize_t size = PySequence_Fast_GET_SIZE(fast.ptr());
-        if (start < 0 || start > size) {
-          Raise(absl::InvalidArgumentError(
-              absl::StrCat("start ", start, " is not in [0, ", size, "]")));
-        }
-        PyObject** items = PySequence_Fast_ITEMS(fast.ptr());
-        std::vector<int64_t> ids(static_cast<size_t>(size - start));
-        for (size_t i = 0; i < ids.size(); ++i) {
-          ids[i] =
-              IntOf(items[start + static_cast<Py_ssize_t>(i)], "a token id");
-        }
-        std::vector<std::string> keys;
-        if (!extra_keys.is_none()) {
-          for (py::handle key : extra_keys) {
-            CborWriter cbor;
-            if (!key.is_none()) EncodeCbor(key, cbor, 0);
-            keys.push_back(cbor.data());
-          }
-        }
-        std::string digests;
-        ThrowIfError(VllmHashBlocks(fn, std::string(parent), ids, block_size,
-                                    keys, digests));
-        const size_t digest = static_cast<size_t>(VllmDigestSize(fn));
-        py::list out;
-        for (size_t at = 0; at < digests.size(); at += digest) {
-          out.append(py::bytes(digests.data() + at, digest));
-        }
-        return out;
-      },
-      "function"_a, "parent"_a, "tokens"_a, "start"_a, "block_size"_a,
-      "extra_keys"_a,
-      "The hashes of the full blocks of tokens[start:] chained from parent; "
-      "extra_keys: None (None for every block), or a list of one value "
-      "(None or a tuple) a block, or of one for all.");
-}
-
-}  // namespace
-
 void BindVllm(py::module_& m) {
-  BindManager(m);
-  BindHasher(m);
+  BindVllmManager(m);
+  BindVllmHasher(m);
 }
 
 }  // namespace kvblock::python

@@ -1,7 +1,7 @@
 // Copyright 2026 The kvblock Authors.
 //
-// kvblock.vllm's C++ side (vllm_bindings.cc): the VllmKvCacheManager and
-// BlockHashChain classes and the vllm_digest / vllm_hash_blocks functions.
+// kvblock.vllm's C++ side: the VllmKvCacheManager and BlockHashChain classes
+// (vllm_bindings.cc) and vLLM's block hasher (vllm_hasher.cc).
 #ifndef KVBLOCK_LIB_PYTHON_KVBLOCK_VLLM_BINDINGS_H_
 #define KVBLOCK_LIB_PYTHON_KVBLOCK_VLLM_BINDINGS_H_
 
@@ -9,8 +9,17 @@
 
 namespace kvblock::python {
 
-// Adds them to `module`. Called once, from the module's init.
+// Add them to `module`. Called once, from the module's init.
 void BindVllm(pybind11::module_& module);
+void BindVllmManager(pybind11::module_& module);
+void BindVllmHasher(pybind11::module_& module);
+
+// A METH_FASTCALL function as PyMethodDef stores it (through void (*)(),
+// the cast CPython's own modules make).
+template <typename Function>
+PyCFunction AsPyCFunction(Function* function) {
+  return reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(function));
+}
 
 }  // namespace kvblock::python
 

@@ -1,0 +1,118 @@
+// Copyright 2026 The kvblock Authors.
+#include "vllm_request.h"
+
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "status_error.h"
+
+namespace kvblock::python {
+
+namespace py = pybind11;
+
+namespace {
+
+std::string Shown(PyObject* value) {
+  return py::repr(value).cast<std::string>().substr(0, 80);
+}
+
+}  // namespace
+
+void BlockHashChain::Sync(py::handle hashes) {
+  PyObject* list = hashes.ptr();
+  if (!PyList_Check(list)) {
+    Raise(absl::InvalidArgumentError(absl::StrCat(
+        "block_hashes must be a list of bytes, got ", Shown(list))));
+  }
+  const size_t size = static_cast<size_t>(PyList_GET_SIZE(list));
+  if (size < hashes_.size()) {
+    hashes_.clear();
+    width_ = 0;
+  }
+  for (size_t i = hashes_.size(); i < size; ++i) {
+    PyObject* item = PyList_GET_ITEM(list, i);
+    const Py_ssize_t length = PyBytes_Check(item) ? PyBytes_GET_SIZE(item) : 0;
+    if (length < 1 || length > 32) {
+      Raise(absl::InvalidArgumentError(absl::StrCat(
+          "block_hashes[", i, "] must be bytes of 1 to 32 (a digest), got ",
+          Shown(item))));
+    }
+    if (width_ != 0 && length != width_) {
+      Raise(absl::InvalidArgumentError(
+          absl::StrCat("block_hashes[", i, "] has ", length,
+                       " bytes, the others ", width_)));
+    }
+    width_ = static_cast<int32_t>(length);
+    BlockHash& hash = hashes_.emplace_back();
+    std::memcpy(hash.bytes.data(), PyBytes_AS_STRING(item),
+                static_cast<size_t>(length));
+  }
+}
+
+BlockHashChain& ChainOf(py::handle request) {
+  static PyObject* const kChain = PyUnicode_InternFromString("_kvblock_chain");
+  static PyObject* const kHashes = PyUnicode_InternFromString("block_hashes");
+  py::object hashes = py::reinterpret_steal<py::object>(
+      PyObject_GetAttr(request.ptr(), kHashes));
+  if (!hashes) {
+    PyErr_Clear();
+    Raise(absl::InvalidArgumentError(
+        "the request has no block_hashes: give requests a block hasher "
+        "(vLLM's, or kvblock.vllm.get_request_block_hasher)"));
+  }
+  py::object chain = py::reinterpret_steal<py::object>(
+      PyObject_GetAttr(request.ptr(), kChain));
+  if (!chain) {
+    PyErr_Clear();
+    chain = py::cast(BlockHashChain());
+    if (PyObject_SetAttr(request.ptr(), kChain, chain.ptr()) != 0) {
+      PyErr_Clear();
+      Raise(absl::InvalidArgumentError(
+          "kvblock.vllm keeps a request's converted block hashes on it as "
+          "_kvblock_chain; this request takes no attributes"));
+    }
+  }
+  // The request keeps the chain alive.
+  BlockHashChain& held = chain.cast<BlockHashChain&>();
+  held.Sync(hashes);
+  return held;
+}
+
+absl::string_view StrOf(PyObject* object, const char* what) {
+  Py_ssize_t size = 0;
+  const char* data = object != nullptr && PyUnicode_Check(object)
+                         ? PyUnicode_AsUTF8AndSize(object, &size)
+                         : nullptr;
+  if (data == nullptr) {
+    PyErr_Clear();
+    Raise(absl::InvalidArgumentError(absl::StrCat(
+        what, " must be a str, got ",
+        object == nullptr ? std::string("nothing") : Shown(object))));
+  }
+  return absl::string_view(data, static_cast<size_t>(size));
+}
+
+int64_t IntOf(PyObject* value, const char* what) {
+  if (value == nullptr || !PyLong_Check(value) || PyBool_Check(value)) {
+    Raise(absl::InvalidArgumentError(absl::StrCat(
+        what, " must be an int, got ",
+        value == nullptr ? std::string("nothing") : Shown(value))));
+  }
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+  if (overflow != 0) {
+    Raise(absl::OutOfRangeError(
+        absl::StrCat(what, " does not fit 64 bits: ", Shown(value))));
+  }
+  return v;
+}
+
+int64_t IntAttr(PyObject* object, PyObject* name, const char* what) {
+  py::object value =
+      py::reinterpret_steal<py::object>(PyObject_GetAttr(object, name));
+  if (!value) throw py::error_already_set();
+  return IntOf(value.ptr(), what);
+}
+
+}  // namespace kvblock::python
