@@ -44,10 +44,7 @@ struct PrefixCounters {
 
 struct PyManager {
   std::unique_ptr<VllmKvCacheManager> manager;
-  // The chain of the last allocate_slots (its hit list is the one a new
-  // request's new_computed_blocks usually is).
   int32_t width = 0;  // of the digests, for the removed hashes.
-  VllmSlotResult last_result;
   bool log_stats = false;
   PrefixCounters stats;
   // Set by bind(): vLLM's KVCacheBlocks class and the empty instance.
@@ -230,8 +227,8 @@ PyObject* AllocateSlots(PyObject* self_object, PyObject* const* args,
         .full_sequence_must_fit = arguments.Bool(8),
     };
     arguments.Int(7);  // num_encoder_tokens: for cross-attention groups.
-    state.last_result = ValueOrThrow(state.manager->AllocateSlots(slots));
-    const VllmSlotResult& result = state.last_result;
+    const VllmSlotResult result =
+        ValueOrThrow(state.manager->AllocateSlots(slots));
     if (!result.allocated) return py::none();
     if (state.manager->options().enable_kv_cache_events) {
       RecordEvents(self, request, result.cached_from, result.cached_to);
@@ -418,13 +415,6 @@ void BindVllmManager(py::module_& m) {
           "adapter"_a, "blocks"_a, "blocks_class"_a, "empty_blocks"_a,
           "Keeps the adapter and its block objects; returns allocate_slots, "
           "get_computed_blocks and free bound to this manager.")
-      .def_property_readonly(
-          "last_cached",
-          [](const PyManager& self) {
-            return py::make_tuple(self.last_result.cached_from,
-                                  self.last_result.cached_to);
-          },
-          "Blocks [from, to) of the request the last allocate_slots cached.")
       .def(
           "cache_blocks",
           [](PyManager& self, py::handle request, int64_t num_tokens) {
