@@ -50,6 +50,29 @@ struct PyManager {
   // Set by bind(): vLLM's KVCacheBlocks class and the empty instance.
   py::object blocks_class;
   py::object empty_blocks;
+  bool busy = false;  // a call is inside (Busy).
+};
+
+// Refuses a call while another one is inside the manager: the GIL passes to
+// another thread whenever Python code runs (a property read, a finalizer),
+// and a second call in the middle of the first would see it half done. One
+// scheduler thread never meets it.
+class Busy {
+ public:
+  explicit Busy(PyManager& state) : state_(state) {
+    if (state_.busy) {
+      Raise(absl::FailedPreconditionError(
+          "kvblock.vllm: the KV cache manager is inside another call (from "
+          "another thread); it serves one scheduler thread at a time"));
+    }
+    state_.busy = true;
+  }
+  ~Busy() { state_.busy = false; }
+  Busy(const Busy&) = delete;
+  Busy& operator=(const Busy&) = delete;
+
+ private:
+  PyManager& state_;
 };
 
 PyObject* Intern(const char* name) { return PyUnicode_InternFromString(name); }
@@ -204,41 +227,52 @@ PyObject* AllocateSlots(PyObject* self_object, PyObject* const* args,
     py::handle self(self_object);
     PyManager& state = self.cast<PyManager&>();
     PyObject* request = arguments[0];
-    py::object id =
-        py::reinterpret_steal<py::object>(PyObject_GetAttr(request, kId));
-    const BlockHashChain* chain = nullptr;
-    if (state.manager->options().enable_caching) {
-      chain = &ChainOf(request);
-      if (state.width == 0) state.width = chain->width();
+    py::object new_blocks;
+    VllmSlotResult result;
+    {
+      const Busy busy(state);
+      py::object id =
+          py::reinterpret_steal<py::object>(PyObject_GetAttr(request, kId));
+      // The reads that may run Python code (properties) come first.
+      const int64_t num_tokens = IntAttr(request, kTokens, "num_tokens");
+      const int64_t num_computed =
+          IntAttr(request, kComputed, "num_computed_tokens");
+      const BlockHashChain* chain = nullptr;
+      if (state.manager->options().enable_caching) {
+        chain = &ChainOf(request);
+        if (state.width == 0) state.width = chain->width();
+      }
+      std::vector<PageId> scratch;
+      const VllmSlotRequest slots{
+          .request_id = StrOf(id.ptr(), "request_id"),
+          .block_hashes =
+              chain ? chain->hashes() : absl::Span<const BlockHash>(),
+          .num_tokens = num_tokens,
+          .num_computed_tokens = num_computed,
+          .num_new_tokens = arguments.Int(1),
+          .num_new_computed_tokens = arguments.Int(2),
+          .new_computed_blocks = HitIdsOf(chain, arguments[3], scratch),
+          .num_lookahead_tokens = arguments.Int(4),
+          .num_external_computed_tokens = arguments.Int(5),
+          .delay_cache_blocks = arguments.Bool(6),
+          .full_sequence_must_fit = arguments.Bool(8),
+      };
+      arguments.Int(7);  // num_encoder_tokens: for cross-attention groups.
+      result = ValueOrThrow(state.manager->AllocateSlots(slots));
+      if (!result.allocated) return py::none();
+      const auto blocks = state.manager->Blocks(slots.request_id);
+      new_blocks =
+          static_cast<size_t>(result.first_new_block) == blocks.size()
+              ? state.empty_blocks
+              : KvCacheBlocksOf(
+                    state,
+                    BlocksOf(self, blocks.subspan(result.first_new_block)));
     }
-    std::vector<PageId> scratch;
-    const VllmSlotRequest slots{
-        .request_id = StrOf(id.ptr(), "request_id"),
-        .block_hashes = chain ? chain->hashes() : absl::Span<const BlockHash>(),
-        .num_tokens = IntAttr(request, kTokens, "num_tokens"),
-        .num_computed_tokens =
-            IntAttr(request, kComputed, "num_computed_tokens"),
-        .num_new_tokens = arguments.Int(1),
-        .num_new_computed_tokens = arguments.Int(2),
-        .new_computed_blocks = HitIdsOf(chain, arguments[3], scratch),
-        .num_lookahead_tokens = arguments.Int(4),
-        .num_external_computed_tokens = arguments.Int(5),
-        .delay_cache_blocks = arguments.Bool(6),
-        .full_sequence_must_fit = arguments.Bool(8),
-    };
-    arguments.Int(7);  // num_encoder_tokens: for cross-attention groups.
-    const VllmSlotResult result =
-        ValueOrThrow(state.manager->AllocateSlots(slots));
-    if (!result.allocated) return py::none();
+    // The adapter's Python records the events, outside the call.
     if (state.manager->options().enable_kv_cache_events) {
       RecordEvents(self, request, result.cached_from, result.cached_to);
     }
-    const auto blocks = state.manager->Blocks(slots.request_id);
-    if (static_cast<size_t>(result.first_new_block) == blocks.size()) {
-      return state.empty_blocks;
-    }
-    return KvCacheBlocksOf(
-        state, BlocksOf(self, blocks.subspan(result.first_new_block)));
+    return new_blocks;
   });
 }
 
@@ -253,6 +287,7 @@ PyObject* GetComputedBlocks(PyObject* self_object, PyObject* const* args,
                                  kwnames);
     py::handle self(self_object);
     PyManager& state = self.cast<PyManager&>();
+    const Busy busy(state);
     PyObject* request = arguments[0];
     VllmKvCacheManager& manager = *state.manager;
     if (!manager.options().enable_caching) {
@@ -271,6 +306,8 @@ PyObject* GetComputedBlocks(PyObject* self_object, PyObject* const* args,
           absl::StrCat("get_computed_blocks of a request with ", num_tokens,
                        " tokens (vLLM refuses it too)")));
     }
+    const bool preempted = state.log_stats && IntAttr(request, kPreemptions,
+                                                      "num_preemptions") > 0;
     BlockHashChain& chain = ChainOf(request);
     const int64_t max_length = num_tokens - 1;
     // A waiting request is asked again every step: its hit is kept while
@@ -286,7 +323,7 @@ PyObject* GetComputedBlocks(PyObject* self_object, PyObject* const* args,
         static_cast<int64_t>(chain.hit.size()) * manager.options().block_size;
     if (state.log_stats) {
       PrefixCounters& stats = state.stats;
-      if (IntAttr(request, kPreemptions, "num_preemptions") > 0) {
+      if (preempted) {
         ++stats.preempted_requests;
         stats.preempted_queries += num_tokens;
         stats.preempted_hits += hit_tokens;
@@ -309,6 +346,7 @@ PyObject* Free(PyObject* self_object, PyObject* const* args, Py_ssize_t nargs,
     static PyObject* const kId = Intern("request_id");
     const Arguments<1> arguments("free", kNames, 1, args, nargs, kwnames);
     PyManager& state = py::handle(self_object).cast<PyManager&>();
+    const Busy busy(state);
     py::object id =
         py::reinterpret_steal<py::object>(PyObject_GetAttr(arguments[0], kId));
     state.manager->Free(StrOf(id.ptr(), "request_id"));
@@ -418,6 +456,7 @@ void BindVllmManager(py::module_& m) {
       .def(
           "cache_blocks",
           [](PyManager& self, py::handle request, int64_t num_tokens) {
+            const Busy busy(self);
             py::object id = request.attr("request_id");
             const auto range = ValueOrThrow(self.manager->CacheBlocks(
                 IdOf(id), ChainOf(request).hashes(), num_tokens));
@@ -427,11 +466,13 @@ void BindVllmManager(py::module_& m) {
       .def(
           "evict_blocks",
           [](PyManager& self, const std::vector<PageId>& ids) {
+            const Busy busy(self);
             ThrowIfError(self.manager->EvictBlocks(ids));
           },
           "block_ids"_a)
       .def("reset_prefix_cache",
            [](PyManager& self) {
+             const Busy busy(self);
              if (!self.manager->ResetPrefixCache()) return false;
              self.stats.reset = true;
              return true;
@@ -457,10 +498,14 @@ void BindVllmManager(py::module_& m) {
           },
           "request_id"_a)
       .def("take_new_block_ids",
-           [](PyManager& self) { return self.manager->TakeNewBlockIds(); })
+           [](PyManager& self) {
+             const Busy busy(self);
+             return self.manager->TakeNewBlockIds();
+           })
       .def(
           "take_removed_hashes",
           [](PyManager& self) {
+            const Busy busy(self);
             py::list out;
             for (const BlockHash& hash : self.manager->TakeRemovedHashes()) {
               out.append(DigestBytes(hash, self.width));
@@ -471,6 +516,7 @@ void BindVllmManager(py::module_& m) {
       .def(
           "prefix_cache_stats",
           [](PyManager& self, py::handle stats_class, bool take) {
+            const Busy busy(self);
             py::object stats = StatsObject(self.stats, stats_class);
             if (take) self.stats = PrefixCounters{};
             return stats;
