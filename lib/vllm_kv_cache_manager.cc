@@ -14,6 +14,16 @@
 #include "kvblock/status_macros.h"
 
 namespace kvblock {
+namespace {
+
+// Token counts add up without overflowing: a sum past int64 is int64's
+// largest, which no pool holds (vLLM's Python ints never overflow).
+int64_t Add(int64_t a, int64_t b) {
+  int64_t sum;
+  return __builtin_add_overflow(a, b, &sum) ? INT64_MAX : sum;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<VllmKvCacheManager>> VllmKvCacheManager::Create(
     const VllmKvCacheManagerOptions& options) {
@@ -21,10 +31,9 @@ absl::StatusOr<std::unique_ptr<VllmKvCacheManager>> VllmKvCacheManager::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("vllm kv cache manager: ", parts...));
   };
-  if (options.num_blocks < 2) {
-    return bad(
-        "num_blocks must be at least 2 (block 0 is the null block), got ",
-        options.num_blocks);
+  if (options.num_blocks < 1) {
+    return bad("num_blocks must be positive (block 0 is the null block), got ",
+               options.num_blocks);
   }
   if (options.block_size < 1) {
     return bad("block_size must be positive, got ", options.block_size);
@@ -104,10 +113,11 @@ int64_t VllmKvCacheManager::BlocksToAllocate(
 }
 
 absl::StatusOr<std::pair<int32_t, int32_t>> VllmKvCacheManager::BlocksToCache(
-    absl::string_view request_id, const Request& request, int32_t num_cached,
+    absl::string_view request_id, int32_t num_cached,
     absl::Span<const BlockHash> block_hashes, int64_t num_tokens) const {
-  const int64_t full = std::min<int64_t>(num_tokens / options_.block_size,
-                                         request.blocks.size());
+  // As vLLM, blocks past the ones held count as cached too (allocate_slots
+  // holds every block of the computed tokens).
+  const int64_t full = num_tokens / options_.block_size;
   if (full <= num_cached) return std::pair{num_cached, num_cached};
   if (static_cast<int64_t>(block_hashes.size()) < full) {
     return absl::InvalidArgumentError(
@@ -120,7 +130,8 @@ absl::StatusOr<std::pair<int32_t, int32_t>> VllmKvCacheManager::BlocksToCache(
 
 void VllmKvCacheManager::Cache(Request& request, int32_t from, int32_t to,
                                absl::Span<const BlockHash> block_hashes) {
-  for (int32_t i = from; i < to; ++i) {
+  const int32_t held = static_cast<int32_t>(request.blocks.size());
+  for (int32_t i = from; i < std::min(to, held); ++i) {
     // Cannot fail: the block is used by the request and uncached (a hit
     // keeps its hash and is never cached again; a new block has none).
     [[maybe_unused]] const absl::StatusOr<PageId> cached =
@@ -187,19 +198,21 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
   }
 
   const int64_t num_local_computed =
-      slots.num_computed_tokens + slots.num_new_computed_tokens;
+      Add(slots.num_computed_tokens, slots.num_new_computed_tokens);
+  const int64_t num_total_computed =
+      Add(num_local_computed, slots.num_external_computed_tokens);
   const int64_t total_computed =
-      std::min(num_local_computed + slots.num_external_computed_tokens,
-               options_.max_model_len);
+      std::min(num_total_computed, options_.max_model_len);
   if (slots.full_sequence_must_fit &&
       BlocksToAllocate(request,
                        std::min(slots.num_tokens, options_.max_model_len),
                        hits) > pool_->NumFree()) {
     return VllmSlotResult{};
   }
-  const int64_t num_tokens_main_model = total_computed + slots.num_new_tokens;
+  const int64_t num_tokens_main_model =
+      Add(total_computed, slots.num_new_tokens);
   const int64_t num_need_slot =
-      std::min(num_tokens_main_model + slots.num_lookahead_tokens,
+      std::min(Add(num_tokens_main_model, slots.num_lookahead_tokens),
                options_.max_model_len);
   if (BlocksToAllocate(request, num_need_slot, hits) > pool_->NumFree()) {
     return VllmSlotResult{};
@@ -208,11 +221,10 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
   // What the request will hold once its hits are in, for the cache check.
   const int64_t held_after_hits =
       (request ? request->blocks.size() : 0) + hits.size();
+  // vLLM allocates blocks for external tokens only when there are some.
   const int64_t external_blocks =
-      takes_hits
-          ? std::max<int64_t>(CeilBlocks(num_local_computed +
-                                         slots.num_external_computed_tokens) -
-                                  held_after_hits,
+      takes_hits && slots.num_external_computed_tokens > 0
+          ? std::max<int64_t>(CeilBlocks(num_total_computed) - held_after_hits,
                               0)
           : 0;
   const int64_t held_after =
@@ -222,7 +234,7 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
       takes_hits ? static_cast<int32_t>(held_after_hits)
                  : std::max(request ? request->num_cached_blocks : 0, 0);
   const int64_t num_tokens_to_cache =
-      std::min(total_computed + slots.num_new_tokens, slots.num_tokens);
+      std::min(num_tokens_main_model, slots.num_tokens);
   if (cache) {
     const int64_t full = std::min<int64_t>(
         num_tokens_to_cache / options_.block_size, held_after);
@@ -237,13 +249,7 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
   // Checked: from here the call cannot fail but for a broken invariant, and
   // the transaction undoes the pool's part then.
   const bool is_new = request == nullptr;
-  if (is_new) {
-    request = &by_id_[slots.request_id];
-    if (!spare_lists_.empty()) {
-      request->blocks = std::move(spare_lists_.back());
-      spare_lists_.pop_back();
-    }
-  }
+  if (is_new) request = &NewRequest(slots.request_id);
   const size_t new_blocks_before = new_blocks_.size();
   const BlockPool::Savepoint savepoint = pool_->BeginTransaction();
   absl::Cleanup undo = [&] {
@@ -265,11 +271,12 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
   if (cache) {
     KVBLOCK_ASSIGN_OR_RETURN(
         const auto range,
-        BlocksToCache(slots.request_id, *request, num_cached,
-                      slots.block_hashes, num_tokens_to_cache));
+        BlocksToCache(slots.request_id, num_cached, slots.block_hashes,
+                      num_tokens_to_cache));
     Cache(*request, range.first, range.second, slots.block_hashes);
     result.cached_from = range.first;
-    result.cached_to = range.second;
+    result.cached_to = std::min<int32_t>(
+        range.second, static_cast<int32_t>(request->blocks.size()));
   }
   std::move(undo).Cancel();
   KVBLOCK_RETURN_IF_ERROR(pool_->CommitTransaction(savepoint));
@@ -279,22 +286,22 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
 absl::StatusOr<std::pair<int32_t, int32_t>> VllmKvCacheManager::CacheBlocks(
     absl::string_view request_id, absl::Span<const BlockHash> block_hashes,
     int64_t num_tokens) {
+  if (!options_.enable_caching) return std::pair{0, 0};
   auto found = by_id_.find(request_id);
-  if (found == by_id_.end()) {
-    return absl::NotFoundError(absl::StrCat("vllm kv cache manager: request ",
-                                            request_id, " holds no blocks"));
-  }
-  Request& request = found->second;
-  if (!options_.enable_caching) {
-    const int32_t num_cached = std::max(request.num_cached_blocks, 0);
-    return std::pair{num_cached, num_cached};
-  }
+  const Request none;
+  const Request& known = found == by_id_.end() ? none : found->second;
   KVBLOCK_ASSIGN_OR_RETURN(
       const auto range,
-      BlocksToCache(request_id, request, std::max(request.num_cached_blocks, 0),
+      BlocksToCache(request_id, std::max(known.num_cached_blocks, 0),
                     block_hashes, num_tokens));
+  if (range.first == range.second) return range;
+  // vLLM's cache_blocks enters an unknown request (its defaultdict), with
+  // its count of cached blocks.
+  Request& request =
+      found == by_id_.end() ? NewRequest(request_id) : found->second;
   Cache(request, range.first, range.second, block_hashes);
-  return range;
+  return std::pair{range.first,
+                   std::min<int32_t>(range.second, request.blocks.size())};
 }
 
 void VllmKvCacheManager::Free(absl::string_view request_id) {
@@ -338,10 +345,27 @@ absl::Span<const PageId> VllmKvCacheManager::Blocks(
   return found->second.blocks;
 }
 
+VllmKvCacheManager::Request& VllmKvCacheManager::NewRequest(
+    absl::string_view request_id) {
+  Request& request = by_id_[request_id];
+  if (!spare_lists_.empty()) {
+    request.blocks = std::move(spare_lists_.back());
+    spare_lists_.pop_back();
+  }
+  return request;
+}
+
 int32_t VllmKvCacheManager::GetNumCommonPrefixBlocks(
-    absl::string_view request_id) const {
+    absl::string_view request_id) {
+  // vLLM reads its defaultdict here, entering an unknown request (with no
+  // blocks) until it is freed; the count of requests includes it.
+  auto found = by_id_.find(request_id);
+  if (found == by_id_.end()) {
+    NewRequest(request_id);
+    return 0;
+  }
   int32_t common = 0;
-  for (PageId block : Blocks(request_id)) {
+  for (PageId block : found->second.blocks) {
     if (pool_->RefCount(block) != num_requests()) break;
     ++common;
   }
@@ -368,6 +392,7 @@ std::vector<BlockHash> VllmKvCacheManager::TakeRemovedHashes() {
 
 double VllmKvCacheManager::Usage() const {
   const int32_t real_blocks = options_.num_blocks - 1;
+  if (real_blocks == 0) return 0.0;
   return 1.0 - static_cast<double>(pool_->NumFree()) / real_blocks;
 }
 

@@ -56,7 +56,7 @@ constexpr VllmKvCacheManagerOptions kOptions = {
 TEST_CASE("create refuses bad options") {
   REQUIRE_STATUS_IS(
       VllmKvCacheManager::Create(
-          {.num_blocks = 1, .block_size = 16, .max_model_len = 64}),
+          {.num_blocks = 0, .block_size = 16, .max_model_len = 64}),
       kInvalidArgument);
   REQUIRE_STATUS_IS(
       VllmKvCacheManager::Create(
@@ -225,10 +225,105 @@ TEST_CASE("bad arguments are refused, naming the value, with nothing changed") {
     REQUIRE(manager->Blocks("b").empty());
   }
   REQUIRE_STATUS_IS(manager->EvictBlocks(Ids{1, 11}), kInvalidArgument);
-  REQUIRE_STATUS_IS(manager->CacheBlocks("zz", hashes, 16), kNotFound);
   REQUIRE_STATUS_IS(manager->CacheBlocks("a", one, 64), kInvalidArgument);
   REQUIRE(StateOf(*manager, "a") == before);
   REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("a pool of the null block alone allocates nothing") {
+  auto manager =
+      NewManager({.num_blocks = 1, .block_size = 16, .max_model_len = 64});
+  REQUIRE(manager->NumFreeBlocks() == 0);
+  REQUIRE(manager->Usage() == 0.0);
+  const std::vector<BlockHash> hashes = Chain(1, 1);
+  auto result = manager->AllocateSlots({.request_id = "a",
+                                        .block_hashes = hashes,
+                                        .num_tokens = 16,
+                                        .num_new_tokens = 16});
+  REQUIRE_OK(result);
+  REQUIRE_FALSE(result->allocated);
+}
+
+TEST_CASE("unknown requests are entered where vLLM's defaultdict enters them") {
+  auto manager = NewManager(kOptions);
+  const std::vector<BlockHash> hashes = Chain(1, 4);
+  REQUIRE_OK(manager->AllocateSlots({.request_id = "a",
+                                     .block_hashes = hashes,
+                                     .num_tokens = 40,
+                                     .num_new_tokens = 40}));
+  REQUIRE(manager->GetNumCommonPrefixBlocks("a") == 3);
+  // cache_blocks of a request that holds no block counts its blocks as
+  // cached; get_num_common_prefix_blocks of an unknown id enters it.
+  auto cached = manager->CacheBlocks("b", hashes, 48);
+  REQUIRE_OK(cached);
+  REQUIRE(*cached == std::pair{0, 0});
+  REQUIRE(manager->num_requests() == 2);
+  REQUIRE(manager->GetNumCommonPrefixBlocks("a") == 0);
+  REQUIRE(manager->GetNumCommonPrefixBlocks("c") == 0);
+  REQUIRE(manager->num_requests() == 3);
+  manager->Free("b");
+  manager->Free("c");
+  REQUIRE(manager->GetNumCommonPrefixBlocks("a") == 3);
+  // Blocks past the ones held count as cached, and are not cached later.
+  auto ahead = manager->CacheBlocks("a", hashes, 64);
+  REQUIRE_OK(ahead);
+  REQUIRE(*ahead ==
+          std::pair{2, 3});  // the third block; the fourth is not held.
+  REQUIRE_OK(manager->AllocateSlots({.request_id = "a",
+                                     .block_hashes = hashes,
+                                     .num_tokens = 64,
+                                     .num_computed_tokens = 40,
+                                     .num_new_tokens = 24}));
+  REQUIRE(Held(*manager, "a").size() == 4);
+  REQUIRE(manager->CachedHash(Held(*manager, "a")[2]) == hashes[2]);
+  REQUIRE_FALSE(manager->CachedHash(Held(*manager, "a")[3]).has_value());
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("tokens past the hits are new blocks unless they are external") {
+  auto manager = NewManager(kOptions);
+  const std::vector<BlockHash> hashes = Chain(1, 3);
+  REQUIRE_OK(manager->AllocateSlots({.request_id = "a",
+                                     .block_hashes = hashes,
+                                     .num_tokens = 48,
+                                     .num_new_tokens = 48}));
+  const Ids hit = {1, 2};
+  auto result = manager->AllocateSlots({.request_id = "b",
+                                        .block_hashes = hashes,
+                                        .num_tokens = 60,
+                                        .num_computed_tokens = 4,
+                                        .num_new_tokens = 1,
+                                        .num_new_computed_tokens = 32,
+                                        .new_computed_blocks = hit});
+  REQUIRE_OK(result);
+  REQUIRE(result->first_new_block == 2);  // vLLM returns block 3 as new.
+  REQUIRE(Held(*manager, "b") == Ids{1, 2, 4});
+  auto external = manager->AllocateSlots({.request_id = "c",
+                                          .block_hashes = hashes,
+                                          .num_tokens = 60,
+                                          .num_new_tokens = 1,
+                                          .num_new_computed_tokens = 32,
+                                          .new_computed_blocks = hit,
+                                          .num_external_computed_tokens = 16});
+  REQUIRE_OK(external);
+  REQUIRE(external->first_new_block == 3);  // block 3 holds external KV.
+  REQUIRE(Held(*manager, "c") == Ids{1, 2, 5, 6});
+}
+
+TEST_CASE("token counts near int64's limit do not overflow") {
+  auto manager = NewManager(kOptions);
+  const std::vector<BlockHash> hashes = Chain(1, 3);
+  auto result =
+      manager->AllocateSlots({.request_id = "a",
+                              .block_hashes = hashes,
+                              .num_tokens = 48,
+                              .num_computed_tokens = int64_t{1} << 62,
+                              .num_new_tokens = 1,
+                              .num_new_computed_tokens = int64_t{1} << 62,
+                              .num_lookahead_tokens = INT64_MAX});
+  REQUIRE_OK(result);
+  REQUIRE_FALSE(result->allocated);  // max_model_len's 512 blocks: too many.
+  REQUIRE(manager->num_requests() == 0);
 }
 
 TEST_CASE("blocks are evicted least recently freed first, removals reported") {

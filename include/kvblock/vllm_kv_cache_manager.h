@@ -61,7 +61,7 @@ class CacheEventLog;  // lib/cache_event_log.h
 }  // namespace internal
 
 struct VllmKvCacheManagerOptions {
-  // vLLM's kv_cache_config.num_blocks (the null block included), at least 2.
+  // vLLM's kv_cache_config.num_blocks (the null block included), positive.
   int32_t num_blocks = 0;
   // Tokens per block (kv_cache_spec.block_size), positive.
   int32_t block_size = 0;
@@ -135,8 +135,9 @@ class VllmKvCacheManager {
 
   // cache_blocks: caches the request's full blocks within `num_tokens`
   // tokens under `block_hashes`; returns [cached_from, cached_to) as
-  // AllocateSlots does. NotFound for a request holding no blocks (vLLM caches
-  // nothing then); InvalidArgument when the hashes are too few.
+  // AllocateSlots does. As vLLM's, it counts blocks the request does not
+  // hold (yet) as cached, so they are never cached later, and enters an
+  // unknown request. InvalidArgument when the hashes are too few.
   absl::StatusOr<std::pair<int32_t, int32_t>> CacheBlocks(
       absl::string_view request_id, absl::Span<const BlockHash> block_hashes,
       int64_t num_tokens);
@@ -159,8 +160,9 @@ class VllmKvCacheManager {
   absl::Span<const PageId> Blocks(absl::string_view request_id) const;
 
   // get_num_common_prefix_blocks: leading blocks of the request that every
-  // request holding blocks holds.
-  int32_t GetNumCommonPrefixBlocks(absl::string_view request_id) const;
+  // request holding blocks holds. As vLLM's, an unknown request is entered
+  // (with no blocks) until Free.
+  int32_t GetNumCommonPrefixBlocks(absl::string_view request_id);
 
   // take_new_block_ids: the blocks handed out since the last call.
   std::vector<PageId> TakeNewBlockIds();
@@ -200,15 +202,19 @@ class VllmKvCacheManager {
   VllmKvCacheManager(const VllmKvCacheManagerOptions& options,
                      std::unique_ptr<BlockPool> pool);
   int64_t CeilBlocks(int64_t tokens) const {
-    return (tokens + options_.block_size - 1) / options_.block_size;
+    return tokens / options_.block_size +
+           (tokens % options_.block_size != 0 ? 1 : 0);
   }
+  // An entry for a request not known yet (with a spare block list).
+  Request& NewRequest(absl::string_view request_id);
   // get_num_blocks_to_allocate for `num_tokens` slots.
   int64_t BlocksToAllocate(const Request* request, int64_t num_tokens,
                            absl::Span<const PageId> hits) const;
-  // Blocks [cached, full) of `request` that cache_blocks would cache for
-  // `num_tokens` tokens; InvalidArgument when the hashes do not cover them.
+  // Blocks [num_cached, full) that cache_blocks caches for `num_tokens`
+  // tokens (`request_id` names the request in the error); InvalidArgument
+  // when the hashes do not cover them.
   absl::StatusOr<std::pair<int32_t, int32_t>> BlocksToCache(
-      absl::string_view request_id, const Request& request, int32_t num_cached,
+      absl::string_view request_id, int32_t num_cached,
       absl::Span<const BlockHash> block_hashes, int64_t num_tokens) const;
   // Caches blocks [from, to) of `request`, after BlocksToCache.
   void Cache(Request& request, int32_t from, int32_t to,

@@ -12,6 +12,7 @@ call."""
 import collections
 import gc
 import random
+import types
 import weakref
 
 import pytest
@@ -20,7 +21,8 @@ import kvblock
 from kvblock.vllm import (AllBlocksCleared, BlockRemoved, BlockStored,
                           KVCacheBlocks, KVCacheManager,
                           get_request_block_hasher, none_hash)
-from vllm_standins import (KVCacheConfig, KVCacheGroupSpec, LoRARequest,
+from vllm_standins import (FullAttentionSpec, KVCacheConfig,
+                           KVCacheGroupSpec, LoRARequest,
                            MultiModalFeatureSpec, PlaceholderRange, Request,
                            SlidingWindowSpec, make_kv_cache_config,
                            reference_hash)
@@ -523,6 +525,98 @@ def test_kv_cache_blocks_behave_as_vllms():
     manager.remove_skipped_blocks("0", 49)
     manager.new_step_starts()
     assert manager.get_blocks("unknown") is manager.empty_kv_cache_blocks
+
+
+def test_prompt_embeddings_are_hashed_and_reported_as_vllm_does():
+    import hashlib
+    import numpy as np
+    manager = make_manager(enable_kv_cache_events=True)
+    embeds = np.arange(40 * 4, dtype=np.float32).reshape(40, 4)
+    req = make_request("0", [0] * 40)
+    req.prompt_embeds = embeds
+    req.block_hashes.clear()
+    req.update_block_hashes()
+    first = hashlib.sha256(embeds[:16].tobytes()).digest()
+    assert req.block_hashes[0] == reference_hash(
+        HASH, none_hash(HASH), [0] * 16, (first,))
+    manager.allocate_slots(req, 40)
+    stored = manager.take_events()[-1]
+    assert stored.extra_keys == [
+        (first,), (hashlib.sha256(embeds[16:32].tobytes()).digest(),)]
+
+
+def test_caching_off_has_no_common_prefix():
+    manager = make_manager(block_size=4, enable_caching=False)
+    manager.allocate_slots(Request("0", list(range(9))), 9)
+    assert manager.get_num_common_prefix_blocks("0") == [0]
+
+
+def test_a_changed_hit_list_is_read_as_it_is_now():
+    manager = make_manager(block_size=4)
+    admit(manager, make_request("a", list(range(13)), 4))
+    req = make_request("b", list(range(13)), 4)
+    blocks, hits = manager.get_computed_blocks(req)
+    assert ids(blocks) == [1, 2, 3]
+    blocks.blocks[0].pop()
+    retried, _ = manager.get_computed_blocks(req)
+    assert ids(retried) == [1, 2, 3]  # a new list: the old one was changed.
+    assert retried.blocks[0] is not blocks.blocks[0]
+    new = manager.allocate_slots(req, 5, 8, blocks)
+    assert ids(new) == [5, 6]
+    assert manager.get_block_ids("b") == ([1, 2, 5, 6],)
+
+
+def test_values_vllm_accepts_and_values_that_are_refused():
+    # A FullAttentionSpec with a window is full attention to vLLM's manager.
+    config = make_kv_cache_config(16, 1)
+    config.kv_cache_groups[0].kv_cache_spec = FullAttentionSpec(16)
+    object.__setattr__(config.kv_cache_groups[0].kv_cache_spec,
+                       "sliding_window", 8)
+    manager = KVCacheManager(config, 1024, 16)  # the null block only.
+    assert manager.usage == 0.0 and manager.num_free_blocks == 0
+    manager = make_manager()
+    admit(manager, make_request("a", list(range(40))))
+    fake = KVCacheBlocks(([types.SimpleNamespace(block_id=2**32 + 1)],))
+    with pytest.raises(ValueError, match="block_id 4294967297 is not in"):
+        manager.allocate_slots(make_request("b", list(range(40))), 8, 16,
+                               fake)
+    short = make_request("c", list(range(40)), hash_fn="xxhash_cbor")
+    with pytest.raises(ValueError, match="have 16 bytes, the manager's 32"):
+        manager.get_computed_blocks(short)
+    assert manager.get_block_ids("b") == ([],)
+    manager.check_invariants()
+
+
+def test_prefix_cache_stats_is_vllms_live_object():
+    manager = make_manager(log_stats=True)
+    manager.get_computed_blocks(make_request("0", list(range(40))))
+    stats = manager.prefix_cache_stats
+    assert stats is manager.prefix_cache_stats and stats.queries == 40
+    stats.queries += 5
+    made = manager.make_prefix_cache_stats()
+    assert made is stats and made.queries == 45
+    assert manager.prefix_cache_stats.queries == 0
+
+
+def test_python_code_inside_a_call_cannot_pull_the_hashes_away():
+    manager = make_manager()
+    admit(manager, make_request("a", list(range(40))))
+    req = make_request("b", list(range(40)))
+    blocks, hits = manager.get_computed_blocks(req)
+
+    class Thief:
+        @property
+        def block_id(self):
+            req.__dict__.pop("_kvblock_chain", None)
+            req.block_hashes = list(req.block_hashes)
+            return 1
+
+    stolen = KVCacheBlocks(([Thief(), blocks.blocks[0][1]],))
+    new = manager.allocate_slots(req, 8, hits, stolen)
+    assert ids(new) == [4]
+    assert [b.block_hash for b in manager.get_blocks("b").blocks[0][:2]] == \
+        [b.block_hash for b in manager.get_blocks("a").blocks[0][:2]]
+    manager.check_invariants()
 
 
 def test_a_dropped_manager_is_collected():

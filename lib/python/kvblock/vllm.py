@@ -47,6 +47,7 @@ metrics collector. `block_pool` (used only to bind a KV connector) raises.
 Thread safety: one scheduler thread owns a manager, as in vLLM.
 """
 
+import hashlib
 import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -236,10 +237,25 @@ def _extra_keys(request, start: int, end: int, mm_index: int):
     if start == 0 and salt:
         keys.append(salt)
     if getattr(request, "prompt_embeds", None) is not None:
-        raise NotImplementedError(
-            "kvblock's block hasher does not hash prompt embeddings; use "
-            "vLLM's block hasher for such requests")
+        keys.append(_prompt_embeds_digest(request, start, end))
     return (tuple(keys) if keys else None), mm_index
+
+
+def _prompt_embeds_digest(request, start: int, end: int) -> bytes:
+    """SHA-256 of the block's prompt embeddings' bytes, kept on the request
+    as vLLM's hasher keeps it (`_prompt_embeds_per_block_hashes`)."""
+    kept = request.__dict__.setdefault("_prompt_embeds_per_block_hashes", {})
+    digest = kept.get((start, end))
+    if digest is None:
+        block = request.prompt_embeds[start:end]
+        try:  # pragma: no cover - depends on the environment.
+            from vllm.v1.utils import tensor_data
+            data = tensor_data(block)
+        except ImportError:  # a numpy array (or anything with its bytes).
+            import numpy as np
+            data = np.ascontiguousarray(block).tobytes()
+        digest = kept[(start, end)] = hashlib.sha256(data).digest()
+    return digest
 
 
 def _extra_keys_from(request, start: int) -> list:
@@ -281,15 +297,22 @@ def _spec_kind(spec) -> str:
         return _SPEC_KINDS.get(type(spec).__name__, "unknown")
 
 
+# The spec classes vLLM manages with other than its FullAttentionManager
+# (a FullAttentionSpec with a sliding_window is full attention to vLLM's
+# manager).
+_OTHER_SPECS = ("SlidingWindowSpec", "SlidingWindowMLASpec",
+                "ChunkedLocalAttentionSpec", "MambaSpec", "CrossAttentionSpec",
+                "SinkFullAttentionSpec", "EncoderOnlyAttentionSpec")
+
+
 def _check_spec(spec) -> None:
-    name = type(spec).__name__
-    window = getattr(spec, "sliding_window", None)
-    chunk = getattr(spec, "attention_chunk_size", None)
-    if window or chunk or any(kind in name for kind in
-                              ("Mamba", "Cross", "Sink", "EncoderOnly")):
+    names = {cls.__name__ for cls in type(spec).__mro__}
+    other = names.intersection(_OTHER_SPECS)
+    if other:
         raise NotImplementedError(
-            f"kvblock.vllm serves full-attention KV cache groups; {name} "
-            f"(sliding_window={window}, attention_chunk_size={chunk}) is not "
+            f"kvblock.vllm serves full-attention KV cache groups; "
+            f"{type(spec).__name__} ({', '.join(sorted(other))}, "
+            f"sliding_window={getattr(spec, 'sliding_window', None)}) is not "
             "supported yet")
 
 
@@ -331,6 +354,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.num_kv_cache_groups = 1
         self.empty_kv_cache_blocks = KVCacheBlocks(((),))
+        self._stats = PrefixCacheStats() if log_stats else None
         self._cpp = _kvblock.VllmKvCacheManager(
             num_blocks=kv_cache_config.num_blocks, block_size=block_size,
             max_model_len=max_model_len, enable_caching=enable_caching,
@@ -348,8 +372,8 @@ class KVCacheManager:
              KVCacheBlocks, self.empty_kv_cache_blocks)
         self._zero_new_blocks = type(spec).__name__ in _ZEROED_SPECS
         self._events = [] if enable_kv_cache_events else None
-        self._event_metadata = (_spec_kind(spec),
-                                getattr(spec, "sliding_window", None))
+        # vLLM names a window for SlidingWindowSpec groups only.
+        self._event_metadata = (_spec_kind(spec), None)
         self._int_hashes = os.getenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES",
                                      "1") != "0"
 
@@ -377,15 +401,17 @@ class KVCacheManager:
 
     @property
     def prefix_cache_stats(self) -> Optional[PrefixCacheStats]:
-        """The stats since the last make_prefix_cache_stats (a copy)."""
-        if not self.log_stats:
-            return None
-        return self._cpp.prefix_cache_stats(PrefixCacheStats, take=False)
+        """The stats since the last make_prefix_cache_stats (vLLM's live
+        object: the C++ counters are added to it when it is read)."""
+        if self._stats is not None:
+            self._cpp.add_prefix_cache_stats(self._stats)
+        return self._stats
 
     def make_prefix_cache_stats(self) -> Optional[PrefixCacheStats]:
-        if not self.log_stats:
-            return None
-        return self._cpp.prefix_cache_stats(PrefixCacheStats, take=True)
+        stats = self.prefix_cache_stats
+        if stats is not None:
+            self._stats = PrefixCacheStats()
+        return stats
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
         return self.create_kv_cache_blocks((self._cpp.blocks(request_id),))
@@ -394,6 +420,8 @@ class KVCacheManager:
         return (self._cpp.block_ids(request_id),)
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list:
+        if not self.enable_caching:
+            return [0]  # vLLM's KVCacheCoordinatorNoPrefixCache.
         return [self._cpp.get_num_common_prefix_blocks(running_request_id)]
 
     def create_kv_cache_blocks(self, blocks) -> KVCacheBlocks:
@@ -423,10 +451,7 @@ class KVCacheManager:
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
         if not self.enable_caching:
             return
-        try:
-            cached = self._cpp.cache_blocks(request, num_computed_tokens)
-        except _kvblock.NotFoundError:
-            return  # vLLM caches nothing for a request without blocks.
+        cached = self._cpp.cache_blocks(request, num_computed_tokens)
         if self._events is not None:
             self._record(request, *cached)
 

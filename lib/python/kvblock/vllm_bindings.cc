@@ -77,8 +77,8 @@ class Busy {
 
 PyObject* Intern(const char* name) { return PyUnicode_InternFromString(name); }
 
-// The KVCacheBlock objects for `ids` (the manager's `_blocks`, by id).
-py::list BlocksOf(py::handle self, absl::Span<const PageId> ids) {
+// The manager's KVCacheBlock objects (its `_blocks`, by block id).
+py::object BlockTable(py::handle self) {
   static PyObject* const kBlocks = Intern("_blocks");
   py::object table =
       py::reinterpret_steal<py::object>(PyObject_GetAttr(self.ptr(), kBlocks));
@@ -89,6 +89,11 @@ py::list BlocksOf(py::handle self, absl::Span<const PageId> ids) {
     Raise(absl::InternalError(
         "kvblock.vllm: the manager's _blocks is not its list of blocks"));
   }
+  return table;
+}
+
+// The KVCacheBlock objects for `ids`, from BlockTable.
+py::list BlocksOf(py::handle table, absl::Span<const PageId> ids) {
   PyObject* list = PyList_New(static_cast<Py_ssize_t>(ids.size()));
   if (list == nullptr) throw py::error_already_set();
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -99,33 +104,71 @@ py::list BlocksOf(py::handle self, absl::Span<const PageId> ids) {
   return py::reinterpret_steal<py::list>(list);
 }
 
+// Whether `list` still holds exactly the blocks of `ids` (a caller may have
+// changed a list it was given).
+bool HoldsBlocks(py::handle list, py::handle table,
+                 absl::Span<const PageId> ids) {
+  if (!list || !PyList_Check(list.ptr()) ||
+      PyList_GET_SIZE(list.ptr()) != static_cast<Py_ssize_t>(ids.size())) {
+    return false;
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (PyList_GET_ITEM(list.ptr(), i) !=
+        PyList_GET_ITEM(table.ptr(), ids[i])) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // KVCacheBlocks((blocks,)), or the empty one for no blocks.
 py::object KvCacheBlocksOf(const PyManager& self, py::list blocks) {
   if (blocks.empty()) return self.empty_blocks;
   return self.blocks_class(py::make_tuple(std::move(blocks)));
 }
 
-// The ids of new_computed_blocks (a KVCacheBlocks or None): the chain's last
-// hit when they are its list, else read from the blocks.
-absl::Span<const PageId> HitIdsOf(const BlockHashChain* chain, PyObject* blocks,
-                                  std::vector<PageId>& scratch) {
-  if (blocks == nullptr || blocks == Py_None) return {};
+// The ids of new_computed_blocks (a KVCacheBlocks or None) into `ids`: the
+// chain's last hit when they are its list, unchanged, else read from the
+// blocks (InvalidArgument for an id outside [0, num_blocks)).
+void HitIdsOf(const BlockHashChain* chain, py::handle table, int32_t num_blocks,
+              PyObject* blocks, std::vector<PageId>& ids) {
+  ids.clear();
+  if (blocks == nullptr || blocks == Py_None) return;
   static PyObject* const kBlocks = Intern("blocks");
   static PyObject* const kBlockId = Intern("block_id");
   py::object groups =
       py::reinterpret_steal<py::object>(PyObject_GetAttr(blocks, kBlocks));
   if (!groups) throw py::error_already_set();
-  if (py::len(groups) == 0) return {};
+  if (py::len(groups) == 0) return;
   py::object group = groups[py::int_(0)];
-  if (chain != nullptr && chain->hit_list && group.is(chain->hit_list)) {
-    return chain->hit;
+  if (chain != nullptr && chain->hit_list && group.is(chain->hit_list) &&
+      HoldsBlocks(group, table, chain->hit)) {
+    ids = chain->hit;
+    return;
   }
-  scratch.clear();
   for (py::handle block : group) {
-    scratch.push_back(static_cast<PageId>(
-        IntAttr(block.ptr(), kBlockId, "a computed block's block_id")));
+    const int64_t id =
+        IntAttr(block.ptr(), kBlockId, "a computed block's block_id");
+    if (id < 0 || id >= num_blocks) {
+      Raise(absl::InvalidArgumentError(
+          absl::StrCat("a computed block's block_id ", id, " is not in [0, ",
+                       num_blocks, ")")));
+    }
+    ids.push_back(static_cast<PageId>(id));
   }
-  return scratch;
+}
+
+// Refuses digests of another size than the manager's first: zero-padded,
+// b"\x01" and b"\x01\x00" would be one hash.
+void CheckWidth(PyManager& state, const BlockHashChain& chain) {
+  if (chain.width() == 0) return;
+  if (state.width == 0) state.width = chain.width();
+  if (chain.width() != state.width) {
+    Raise(absl::InvalidArgumentError(
+        absl::StrCat("the request's block hashes have ", chain.width(),
+                     " bytes, the manager's ", state.width,
+                     " (one hash function serves a manager)")));
+  }
 }
 
 // Arguments of a METH_FASTCALL | METH_KEYWORDS call, by position or name.
@@ -237,27 +280,39 @@ PyObject* AllocateSlots(PyObject* self_object, PyObject* const* args,
       const int64_t num_tokens = IntAttr(request, kTokens, "num_tokens");
       const int64_t num_computed =
           IntAttr(request, kComputed, "num_computed_tokens");
-      const BlockHashChain* chain = nullptr;
-      if (state.manager->options().enable_caching) {
-        chain = &ChainOf(request);
-        if (state.width == 0) state.width = chain->width();
+      const bool caching = state.manager->options().enable_caching;
+      HeldChain held;
+      if (caching) held = ChainObjectOf(request);
+      const py::object table = BlockTable(self);
+      std::vector<PageId> hits;
+      HitIdsOf(held.chain, table, state.manager->options().num_blocks,
+               arguments[3], hits);
+      const int64_t num_new_tokens = arguments.Int(1);
+      const int64_t num_new_computed_tokens = arguments.Int(2);
+      const int64_t num_lookahead_tokens = arguments.Int(4);
+      const int64_t num_external_computed_tokens = arguments.Int(5);
+      const bool delay_cache_blocks = arguments.Bool(6);
+      arguments.Int(7);  // num_encoder_tokens: for cross-attention groups.
+      const bool full_sequence_must_fit = arguments.Bool(8);
+      // The hashes last: no Python code runs from here to the C++ call.
+      if (caching) {
+        SyncChain(held, request);
+        CheckWidth(state, *held.chain);
       }
-      std::vector<PageId> scratch;
       const VllmSlotRequest slots{
           .request_id = StrOf(id.ptr(), "request_id"),
           .block_hashes =
-              chain ? chain->hashes() : absl::Span<const BlockHash>(),
+              caching ? held.chain->hashes() : absl::Span<const BlockHash>(),
           .num_tokens = num_tokens,
           .num_computed_tokens = num_computed,
-          .num_new_tokens = arguments.Int(1),
-          .num_new_computed_tokens = arguments.Int(2),
-          .new_computed_blocks = HitIdsOf(chain, arguments[3], scratch),
-          .num_lookahead_tokens = arguments.Int(4),
-          .num_external_computed_tokens = arguments.Int(5),
-          .delay_cache_blocks = arguments.Bool(6),
-          .full_sequence_must_fit = arguments.Bool(8),
+          .num_new_tokens = num_new_tokens,
+          .num_new_computed_tokens = num_new_computed_tokens,
+          .new_computed_blocks = hits,
+          .num_lookahead_tokens = num_lookahead_tokens,
+          .num_external_computed_tokens = num_external_computed_tokens,
+          .delay_cache_blocks = delay_cache_blocks,
+          .full_sequence_must_fit = full_sequence_must_fit,
       };
-      arguments.Int(7);  // num_encoder_tokens: for cross-attention groups.
       result = ValueOrThrow(state.manager->AllocateSlots(slots));
       if (!result.allocated) return py::none();
       const auto blocks = state.manager->Blocks(slots.request_id);
@@ -266,7 +321,7 @@ PyObject* AllocateSlots(PyObject* self_object, PyObject* const* args,
               ? state.empty_blocks
               : KvCacheBlocksOf(
                     state,
-                    BlocksOf(self, blocks.subspan(result.first_new_block)));
+                    BlocksOf(table, blocks.subspan(result.first_new_block)));
     }
     // The adapter's Python records the events, outside the call.
     if (state.manager->options().enable_kv_cache_events) {
@@ -308,15 +363,19 @@ PyObject* GetComputedBlocks(PyObject* self_object, PyObject* const* args,
     }
     const bool preempted = state.log_stats && IntAttr(request, kPreemptions,
                                                       "num_preemptions") > 0;
-    BlockHashChain& chain = ChainOf(request);
+    const py::object table = BlockTable(self);
+    const HeldChain held = ChainOf(request);
+    BlockHashChain& chain = *held.chain;
+    CheckWidth(state, chain);
     const int64_t max_length = num_tokens - 1;
     // A waiting request is asked again every step: its hit is kept while
-    // the cache still gives it.
+    // the cache still gives it (and the list handed out is unchanged).
     if (chain.hit_max_length != max_length ||
-        !manager.IsHitUnchanged(chain.hashes(), max_length, chain.hit)) {
+        !manager.IsHitUnchanged(chain.hashes(), max_length, chain.hit) ||
+        !HoldsBlocks(chain.hit_list, table, chain.hit)) {
       const auto hit = manager.FindLongestCacheHit(chain.hashes(), max_length);
       chain.hit.assign(hit.begin(), hit.end());
-      chain.hit_list = BlocksOf(self, chain.hit);
+      chain.hit_list = BlocksOf(table, chain.hit);
       chain.hit_max_length = max_length;
     }
     const int64_t hit_tokens =
@@ -385,16 +444,18 @@ absl::string_view IdOf(py::handle request_id) {
   return StrOf(request_id.ptr(), "request_id");
 }
 
-py::object StatsObject(const PrefixCounters& c, py::handle stats_class) {
-  py::object stats = stats_class();
-  stats.attr("reset") = c.reset;
-  stats.attr("requests") = c.requests;
-  stats.attr("queries") = c.queries;
-  stats.attr("hits") = c.hits;
-  stats.attr("preempted_requests") = c.preempted_requests;
-  stats.attr("preempted_queries") = c.preempted_queries;
-  stats.attr("preempted_hits") = c.preempted_hits;
-  return stats;
+void AddStats(const PrefixCounters& c, py::handle stats) {
+  auto add = [&stats](const char* field, int64_t value) {
+    if (value != 0)
+      stats.attr(field) = stats.attr(field).cast<int64_t>() + value;
+  };
+  if (c.reset) stats.attr("reset") = true;
+  add("requests", c.requests);
+  add("queries", c.queries);
+  add("hits", c.hits);
+  add("preempted_requests", c.preempted_requests);
+  add("preempted_queries", c.preempted_queries);
+  add("preempted_hits", c.preempted_hits);
 }
 
 }  // namespace
@@ -459,7 +520,7 @@ void BindVllmManager(py::module_& m) {
             const Busy busy(self);
             py::object id = request.attr("request_id");
             const auto range = ValueOrThrow(self.manager->CacheBlocks(
-                IdOf(id), ChainOf(request).hashes(), num_tokens));
+                IdOf(id), ChainOf(request).chain->hashes(), num_tokens));
             return py::make_tuple(range.first, range.second);
           },
           "request"_a, "num_tokens"_a)
@@ -481,7 +542,8 @@ void BindVllmManager(py::module_& m) {
           "blocks",
           [](py::object self, py::handle request_id) {
             PyManager& state = self.cast<PyManager&>();
-            return BlocksOf(self, state.manager->Blocks(IdOf(request_id)));
+            return BlocksOf(BlockTable(self),
+                            state.manager->Blocks(IdOf(request_id)));
           },
           "request_id"_a)
       .def(
@@ -514,15 +576,15 @@ void BindVllmManager(py::module_& m) {
           },
           "The digests of the blocks evicted or uncached since the last call.")
       .def(
-          "prefix_cache_stats",
-          [](PyManager& self, py::handle stats_class, bool take) {
+          "add_prefix_cache_stats",
+          [](PyManager& self, py::handle stats) {
             const Busy busy(self);
-            py::object stats = StatsObject(self.stats, stats_class);
-            if (take) self.stats = PrefixCounters{};
-            return stats;
+            AddStats(self.stats, stats);
+            self.stats = PrefixCounters{};
           },
-          "stats_class"_a, "take"_a,
-          "The counters since the last take, as a stats_class object.")
+          "stats"_a,
+          "Adds the counters since the last call to `stats` (vLLM's "
+          "PrefixCacheStats fields) and clears them.")
       .def_property_readonly(
           "num_free_blocks",
           [](const PyManager& self) { return self.manager->NumFreeBlocks(); })

@@ -50,20 +50,11 @@ void BlockHashChain::Sync(py::handle hashes) {
   }
 }
 
-BlockHashChain& ChainOf(py::handle request) {
+HeldChain ChainObjectOf(py::handle request) {
   static PyObject* const kChain = PyUnicode_InternFromString("_kvblock_chain");
-  static PyObject* const kHashes = PyUnicode_InternFromString("block_hashes");
-  py::object hashes = py::reinterpret_steal<py::object>(
-      PyObject_GetAttr(request.ptr(), kHashes));
-  if (!hashes) {
-    PyErr_Clear();
-    Raise(absl::InvalidArgumentError(
-        "the request has no block_hashes: give requests a block hasher "
-        "(vLLM's, or kvblock.vllm.get_request_block_hasher)"));
-  }
   py::object chain = py::reinterpret_steal<py::object>(
       PyObject_GetAttr(request.ptr(), kChain));
-  if (!chain) {
+  if (!chain || !py::isinstance<BlockHashChain>(chain)) {
     PyErr_Clear();
     chain = py::cast(BlockHashChain());
     if (PyObject_SetAttr(request.ptr(), kChain, chain.ptr()) != 0) {
@@ -73,9 +64,26 @@ BlockHashChain& ChainOf(py::handle request) {
           "_kvblock_chain; this request takes no attributes"));
     }
   }
-  // The request keeps the chain alive.
-  BlockHashChain& held = chain.cast<BlockHashChain&>();
-  held.Sync(hashes);
+  BlockHashChain* held = &chain.cast<BlockHashChain&>();
+  return {std::move(chain), held};
+}
+
+void SyncChain(const HeldChain& held, py::handle request) {
+  static PyObject* const kHashes = PyUnicode_InternFromString("block_hashes");
+  py::object hashes = py::reinterpret_steal<py::object>(
+      PyObject_GetAttr(request.ptr(), kHashes));
+  if (!hashes) {
+    PyErr_Clear();
+    Raise(absl::InvalidArgumentError(
+        "the request has no block_hashes: give requests a block hasher "
+        "(vLLM's, or kvblock.vllm.get_request_block_hasher)"));
+  }
+  held.chain->Sync(hashes);
+}
+
+HeldChain ChainOf(py::handle request) {
+  HeldChain held = ChainObjectOf(request);
+  SyncChain(held, request);
   return held;
 }
 

@@ -45,10 +45,21 @@ class BlockHashChain {
   int32_t width_ = 0;
 };
 
-// The request's chain (created on it when it has none), synced with its
-// block_hashes. InvalidArgument when it has no block_hashes or takes no
-// attributes.
-BlockHashChain& ChainOf(pybind11::handle request);
+// A request's chain, kept alive by `owner` while the caller uses it (Python
+// code the caller runs may drop it from the request).
+struct HeldChain {
+  pybind11::object owner;
+  BlockHashChain* chain = nullptr;
+};
+
+// The request's chain (created on it when it has none), not synced.
+// InvalidArgument when the request takes no attributes.
+HeldChain ChainObjectOf(pybind11::handle request);
+// Syncs `held` with the request's block_hashes. InvalidArgument when it has
+// none, or they are not a list of digests.
+void SyncChain(const HeldChain& held, pybind11::handle request);
+// Both.
+HeldChain ChainOf(pybind11::handle request);
 
 // A str field (UTF-8, owned by the object); InvalidArgument naming `what`.
 absl::string_view StrOf(PyObject* object, const char* what);
