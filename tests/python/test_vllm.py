@@ -780,46 +780,67 @@ class ReferencePool:
             found.append(self.cached[digest][0])
         return found
 
-    def allocate(self, request, num_new, hits, must_fit=False):
+    def allocate(self, request, num_new, hits, must_fit=False, lookahead=0,
+                 external=0, delay=False):
         rid = request.request_id
         held = self.req_blocks.get(rid, [])
-        computed = request.num_computed_tokens + len(hits) * self.block_size
+        size = self.block_size
+        local = request.num_computed_tokens + len(hits) * size
+        computed = min(local + external, self.max_model_len)
         evictable = sum(1 for b in hits if self.ref[b] == 0)
 
         def short(tokens):
-            required = -(-min(tokens, self.max_model_len) // self.block_size)
+            required = -(-min(tokens, self.max_model_len) // size)
             return max(required - len(held) - len(hits), 0) + evictable > \
                 len(self.queue)
 
-        if (must_fit and short(request.num_tokens)) or short(computed +
-                                                             num_new):
+        if (must_fit and short(request.num_tokens)) or short(
+                computed + num_new + lookahead):
             return None
-        need = min(computed + num_new, self.max_model_len)
-        required = -(-need // self.block_size)
+        required = -(-min(computed + num_new + lookahead,
+                          self.max_model_len) // size)
         held = self.req_blocks.setdefault(rid, [])
-        for b in hits:
-            if self.ref[b] == 0:
-                self.queue.remove(b)
-            self.ref[b] += 1
-        held.extend(hits)
-        if hits:
+        if rid not in self.num_cached and (hits or external):
+            for b in hits:
+                if self.ref[b] == 0:
+                    self.queue.remove(b)
+                self.ref[b] += 1
+            held.extend(hits)
             self.num_cached[rid] = len(held)
-        new = []
-        for _ in range(required - len(held)):
+            if external:  # blocks for the connector's tokens: not "new".
+                held.extend(self._take(-(-(local + external) // size) -
+                                       len(held)))
+        new = self._take(required - len(held))
+        held.extend(new)
+        if not delay:
+            self.cache(request, min(computed + num_new, request.num_tokens))
+        return new
+
+    def _take(self, count):
+        taken = []
+        for _ in range(max(count, 0)):
             b = self.queue.pop(0)
             self._uncache(b)
             self.ref[b] = 1
-            new.append(b)
-        held.extend(new)
-        full = min(computed + num_new, request.num_tokens) // self.block_size
+            taken.append(b)
+        return taken
+
+    def cache(self, request, num_tokens):
+        rid = request.request_id
+        full = num_tokens // self.block_size
         first = self.num_cached.get(rid, 0)
-        if full > first:
-            for i in range(first, full):
-                digest = request.block_hashes[i]
-                self.hash[held[i]] = digest
-                self.cached.setdefault(digest, []).append(held[i])
-            self.num_cached[rid] = full
-        return new
+        if full <= first:
+            return
+        held = self.req_blocks.setdefault(rid, [])
+        for i in range(first, min(full, len(held))):
+            digest = request.block_hashes[i]
+            self.hash[held[i]] = digest
+            self.cached.setdefault(digest, []).append(held[i])
+        self.num_cached[rid] = full
+
+    def evict(self, block_ids):
+        for block in block_ids:
+            self._uncache(block)
 
     def free(self, rid):
         blocks = self.req_blocks.pop(rid, [])
@@ -832,9 +853,11 @@ class ReferencePool:
 
 class Scheduler:
     """vLLM v1's loop in small: running requests first (decode, the rest of a
-    chunked prompt, drafts), recompute preemption of the latest running
-    request when blocks run out, then FCFS admissions under a token
-    budget."""
+    chunked prompt, drafts, lookahead slots now and then), recompute
+    preemption of the latest running request when blocks run out, then FCFS
+    admissions under a token budget with full_sequence_must_fit (some with
+    tokens from a KV connector, some with their caching delayed a step);
+    a connector's evict_blocks now and then."""
 
     def __init__(self, manager, model, budget, max_running, spec_tokens,
                  seed):
@@ -844,13 +867,19 @@ class Scheduler:
         self.max_running = max_running
         self.spec_tokens = spec_tokens
         self.rng = random.Random(seed)
-        self.waiting, self.running = [], []
+        self.waiting, self.running, self.delayed = [], [], []
+        self.paths = collections.Counter()  # the odd paths taken.
         self.finished = self.preemptions = self.hits = 0
 
     def allocate(self, request, num_new):
-        """A running request's allocate_slots, checked against the model."""
-        expected = self.model.allocate(request, num_new, [])
-        got = self.kv.allocate_slots(request, num_new)
+        """A running request's allocate_slots, checked against the model
+        (with lookahead slots now and then, as EAGLE asks)."""
+        lookahead = 2 if self.rng.random() < 0.2 else 0
+        expected = self.model.allocate(request, num_new, [],
+                                       lookahead=lookahead)
+        got = self.kv.allocate_slots(request, num_new,
+                                     num_lookahead_tokens=lookahead)
+        self.paths["lookahead"] += lookahead > 0
         assert (got is None) == (expected is None)
         if got is not None:
             assert ids(got) == expected
@@ -869,6 +898,19 @@ class Scheduler:
     def step(self):
         budget = self.budget
         scheduled = []
+        # Delayed blocks are cached once their KV arrived; a connector
+        # evicts a block now and then.
+        for request in self.delayed:
+            if request in self.running:
+                self.kv.cache_blocks(request, request.num_computed_tokens)
+                self.model.cache(request, request.num_computed_tokens)
+        self.delayed = []
+        if self.rng.random() < 0.05:
+            victims = [self.rng.randrange(1, len(self.model.ref))
+                       for _ in range(2)]
+            self.kv.evict_blocks(victims)
+            self.model.evict(victims)
+            self.paths["evicted"] += 1
         for request in list(self.running):
             if request not in self.running:
                 continue
@@ -897,15 +939,28 @@ class Scheduler:
                                         request.num_tokens - 1)
             assert ids(blocks) == model_hits if blocks.blocks[0] else \
                 model_hits == []
-            new = min(request.num_tokens - hits, budget)
-            got = self.kv.allocate_slots(request, new, hits, blocks,
-                                         full_sequence_must_fit=True)
+            # Now and then the KV of some tokens after the hits comes from a
+            # connector (P/D), or the blocks are cached a step later.
+            left = request.num_tokens - 1 - hits
+            external = self.rng.randrange(left + 1) \
+                if left > 0 and self.rng.random() < 0.15 else 0
+            delay = self.rng.random() < 0.1
+            new = min(request.num_tokens - hits - external, budget)
+            got = self.kv.allocate_slots(
+                request, new, hits, blocks,
+                num_external_computed_tokens=external,
+                delay_cache_blocks=delay, full_sequence_must_fit=True)
             expected = self.model.allocate(request, new, model_hits,
-                                           must_fit=True)
+                                           must_fit=True, external=external,
+                                           delay=delay)
             assert (got is None) == (expected is None)
             if got is None:
                 break
             assert ids(got) == expected
+            if delay:
+                self.delayed.append(request)
+            self.paths.update(external=external > 0, delayed=delay)
+            hits += external
             self.hits += hits
             self.waiting.pop(0)
             request.num_computed_tokens = hits
@@ -992,4 +1047,7 @@ def test_a_vllm_style_loop_gets_vllms_block_ids_call_for_call(seed,
         int.from_bytes(d[-8:], "big"): len(blocks)
         for d, blocks in model.cached.items()})
     assert scheduler.preemptions > 0 and scheduler.hits > 0
+    assert all(scheduler.paths[path] > 0 for path in
+               ("external", "delayed", "evicted", "lookahead")), \
+        scheduler.paths
     assert manager.reset_prefix_cache()

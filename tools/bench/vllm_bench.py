@@ -6,7 +6,8 @@ own manager in the same loop.
   PYTHONPATH=build-release/lib/python python3 tools/bench/vllm_bench.py \\
       [--vllm-src DIR]
 
-Rows (medians over --rounds; each round runs every manager once, in turn):
+Rows (medians over --rounds; each round runs every manager once, in turn,
+and the ratio is the median of the rounds' ratios):
   decode allocate_slots      one decode token of each of 256 running
                              4,096-token requests (16-token blocks; 1 call in
                              16 starts a block; the request's new block hash
@@ -395,14 +396,17 @@ def main(argv):
              "retried": ("us a call", 1e3), "free": ("us a call", 1e3),
              "loop manager": ("ms", 1e6), "loop hasher": ("ms", 1e6),
              "loop both": ("ms", 1e6)}
+    # Medians over the rounds; the ratio is the median of each round's
+    # ratio (the two ran back to back in it).
     print(f"{'row':<14}" + "".join(f"{s.name:>12}" for s in chosen) +
           ("  vLLM / kvblock" if len(chosen) > 1 else ""))
     for row, (unit, scale) in units.items():
-        values = [statistics.median(results[s.name][row]) / scale
-                  for s in chosen]
-        line = f"{row:<14}" + "".join(f"{v:>12.2f}" for v in values)
-        if len(values) > 1:
-            line += f"  {values[1] / values[0]:>6.1f}x"
+        series = [results[s.name][row] for s in chosen]
+        line = f"{row:<14}" + "".join(
+            f"{statistics.median(v) / scale:>12.2f}" for v in series)
+        if len(series) > 1:
+            ratio = statistics.median(b / a for a, b in zip(*series))
+            line += f"  {ratio:>6.1f}x"
         print(f"{line}  ({unit})")
 
 
