@@ -43,14 +43,20 @@ Not supported (each refused with a clear error at construction): more than
 one KV cache group (sliding-window and chunked-local groups are kvblock's
 next step), other attention kinds (Mamba, cross-attention, sink), and a
 metrics collector. `block_pool` (used only to bind a KV connector) raises.
+Where vLLM fails an assertion or raises half way, the adapter raises a
+kvblock.Error first and changes nothing. The guide beside this file
+(VLLM.md) has the swap step by step and the figures against vLLM's own
+manager (tools/bench/vllm_bench.py).
 
-Thread safety: one scheduler thread owns a manager, as in vLLM.
+Thread safety: one scheduler thread owns a manager, as in vLLM; a call that
+meets another one inside the manager (from another thread) raises
+kvblock.FailedPreconditionError.
 """
 
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 from kvblock import _kvblock
 
