@@ -145,16 +145,20 @@ using Options = KvEventPublisherOptions;
 
 void PackHash(Packer& pk, PayloadBuffer& buffer, const BlockHash& hash,
               const Options& options) {
+  // The digest, not its padding (an unknown algorithm, which Create
+  // refuses: the whole hash).
+  const int32_t digest = DigestSize(options.hash_algorithm);
+  const uint32_t size = static_cast<uint32_t>(digest == 0 ? 32 : digest);
   if (options.hash_form == Options::HashForm::kBytes) {
-    pk.pack_bin(static_cast<uint32_t>(hash.bytes.size()));
-    pk.pack_bin_body(reinterpret_cast<const char*>(hash.bytes.data()),
-                     static_cast<uint32_t>(hash.bytes.size()));
+    pk.pack_bin(size);
+    pk.pack_bin_body(reinterpret_cast<const char*>(hash.bytes.data()), size);
     return;
   }
   // vLLM's integer form: the digest's last 8 bytes, big-endian.
   static_assert(std::endian::native == std::endian::little);
+  const uint8_t* low = hash.bytes.data() + size - 8;
   uint64_t value;
-  std::memcpy(&value, hash.bytes.data() + hash.bytes.size() - 8, 8);
+  std::memcpy(&value, low, 8);
   value = __builtin_bswap64(value);
   if (value >> 56 == 0) {
     pk.pack_uint64(value);  // a shorter form.
@@ -163,7 +167,7 @@ void PackHash(Packer& pk, PayloadBuffer& buffer, const BlockHash& hash,
   // All but 1 in 256 hashes: uint 64, the value's bytes as the digest's.
   char* out = buffer.Room(9);
   out[0] = static_cast<char>(0xcf);
-  std::memcpy(out + 1, hash.bytes.data() + hash.bytes.size() - 8, 8);
+  std::memcpy(out + 1, low, 8);
   buffer.Commit(out + 9);
 }
 
@@ -795,6 +799,11 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("kv event publisher: block_size ", options.block_size,
                      " is less than 1"));
+  }
+  if (DigestSize(options.hash_algorithm) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv event publisher: hash_algorithm ",
+                     static_cast<int>(options.hash_algorithm), " is unknown"));
   }
   KVBLOCK_RETURN_IF_ERROR(CheckCpu(options.cpu));
   auto state = std::make_unique<State>(std::move(options));

@@ -146,6 +146,34 @@ TEST_CASE("a batch is encoded as vLLM's, maps or tagged arrays") {
             "AllBlocksCleared");
   }
 
+  SECTION("XXH3-128 digests: their own low 64 bits, 16-byte digests") {
+    options.hash_algorithm = HashAlgorithm::kXxh3_128;
+    std::vector<KvCacheEvent> xxh3 = events;
+    // A 16-byte digest, zero-padded (as the manager holds it).
+    for (BlockHash& hash : xxh3[0].block_hashes) {
+      std::fill(hash.bytes.begin() + 16, hash.bytes.end(), 0);
+      hash.bytes[15] = 0x42;
+      hash.bytes[8] = 0x81;
+    }
+    const msgpack::object_handle ints =
+        msgpack::unpack(EncodeKvEventBatch(1.0, xxh3, options).data(),
+                        EncodeKvEventBatch(1.0, xxh3, options).size());
+    const msgpack::object& stored =
+        ints.get().via.array.ptr[1].via.array.ptr[0];
+    REQUIRE(Field(stored, "block_hashes").as<std::vector<uint64_t>>() ==
+            std::vector<uint64_t>(2, 0x8100000000000042));
+    options.hash_form = Options::HashForm::kBytes;
+    const std::string payload = EncodeKvEventBatch(1.0, xxh3, options);
+    const msgpack::object_handle bytes =
+        msgpack::unpack(payload.data(), payload.size());
+    const msgpack::object& first =
+        Field(bytes.get().via.array.ptr[1].via.array.ptr[0], "block_hashes")
+            .via.array.ptr[0];
+    REQUIRE(std::string(first.via.bin.ptr, first.via.bin.size) ==
+            std::string(xxh3[0].block_hashes[0].bytes.begin(),
+                        xxh3[0].block_hashes[0].bytes.begin() + 16));
+  }
+
   SECTION("tagged arrays, raw digests") {
     options.encoding = Options::Encoding::kTaggedArray;
     options.hash_form = Options::HashForm::kBytes;

@@ -129,6 +129,18 @@ enum class HashAlgorithm : uint8_t {
 // "sha256" or "xxh3_128" ("unknown" for any other value).
 absl::string_view HashAlgorithmName(HashAlgorithm algorithm);
 
+// The digest's bytes, the first ones of a BlockHash: 32 for SHA-256, 16 for
+// XXH3-128 (its other 16 are zero); 0 for an unknown value.
+constexpr int32_t DigestSize(HashAlgorithm algorithm) {
+  switch (algorithm) {
+    case HashAlgorithm::kSha256:
+      return 32;
+    case HashAlgorithm::kXxh3_128:
+      return 16;
+  }
+  return 0;
+}
+
 // Keys besides the tokens that decide whether two pages hold the same KV
 // values: pages are shared only when these are equal too.
 struct HashExtraKeys {

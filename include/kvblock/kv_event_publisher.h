@@ -75,9 +75,12 @@ struct KvEventPublisherOptions {
   enum class Encoding : uint8_t { kMap, kTaggedArray };
   Encoding encoding = Encoding::kMap;
   // Block hashes as vLLM's 64-bit integers (the digest's low 64 bits, read
-  // big-endian) or as the raw 32-byte digests.
+  // big-endian) or as the raw digests.
   enum class HashForm : uint8_t { kInt64, kBytes };
   HashForm hash_form = HashForm::kInt64;
+  // The manager's hash algorithm (BlockManagerOptions::hash_algorithm): its
+  // digest is the first DigestSize bytes of each hash, the rest padding.
+  HashAlgorithm hash_algorithm = HashAlgorithm::kSha256;
 };
 
 struct KvEventPublisherStats {

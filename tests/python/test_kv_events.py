@@ -37,8 +37,10 @@ def fields(event, encoding):
 
 
 @pytest.mark.skipif(SIM is None, reason="KVBLOCK_SIM (kvblock-sim) not set")
-@pytest.mark.parametrize("encoding", ["map", "array"])
-def test_a_subscriber_rebuilds_the_cache_of_a_sim_run(tmp_path, encoding):
+@pytest.mark.parametrize("encoding,hash_algorithm", [
+    ("map", "sha256"), ("array", "sha256"), ("map", "xxh3")])
+def test_a_subscriber_rebuilds_the_cache_of_a_sim_run(tmp_path, encoding,
+                                                      hash_algorithm):
     port = free_port()
     report = tmp_path / "report.json"
     context = zmq.Context()
@@ -47,7 +49,8 @@ def test_a_subscriber_rebuilds_the_cache_of_a_sim_run(tmp_path, encoding):
     sub.connect(f"tcp://127.0.0.1:{port}")
     sim = subprocess.Popen(
         [SIM, f"--kv_events=tcp://127.0.0.1:{port}", "--kv_events_wait_ms=1500",
-         f"--kv_events_encoding={encoding}", f"--json={report}"],
+         f"--kv_events_encoding={encoding}", f"--hash={hash_algorithm}",
+         f"--json={report}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     cached = set()
     expected_seq = 0

@@ -231,8 +231,9 @@ absl::StatusOr<std::vector<Request>> RequestsFromFlags(
 
 // The KV event publisher the flags ask for, or null.
 absl::StatusOr<std::unique_ptr<KvEventPublisher>> PublisherFromFlags(
-    int32_t page_size) {
+    int32_t page_size, HashAlgorithm hash_algorithm) {
   KvEventPublisherOptions options;
+  options.hash_algorithm = hash_algorithm;
   options.endpoint = absl::GetFlag(FLAGS_kv_events);
   options.replay_endpoint = absl::GetFlag(FLAGS_kv_events_replay);
   options.block_size = page_size;
@@ -335,7 +336,7 @@ int Main() {
                 device.status());
   }
   absl::StatusOr<std::unique_ptr<KvEventPublisher>> publisher =
-      PublisherFromFlags(config->kv.page_size);
+      PublisherFromFlags(config->kv.page_size, config->manager.hash_algorithm);
   if (!publisher.ok()) {
     return Fail(publisher.status().code() == absl::StatusCode::kInvalidArgument
                     ? kExitBadInput

@@ -943,9 +943,12 @@ absl::StatusOr<SimResult> Runner::Run() {
   result_.host_ns_by_phase = phases_;
   result_.kv_events.on = state_.config.kv_event_sink.on();
   if (result_.kv_events.on) {
+    // vLLM's integer form of each hash: its digest's low 64 bits.
+    const size_t digest =
+        static_cast<size_t>(DigestSize(state_.config.manager.hash_algorithm));
     for (const auto& [page, hash] : manager_.pool().Snapshot().cached) {
       uint64_t low = 0;
-      for (size_t i = hash.bytes.size() - 8; i < hash.bytes.size(); ++i) {
+      for (size_t i = digest - 8; i < digest; ++i) {
         low = low << 8 | hash.bytes[i];
       }
       result_.kv_events.cached_hash_xor ^= low;
