@@ -741,16 +741,19 @@ void KvEventPublisher::State::ServeReplay() {
       if (!more) break;
     }
     if (frames.empty()) return;
-    const bool well_formed =
-        frames.size() == 3 && frames[1].size() == 0 && frames[2].size() == 8;
+    // vLLM's: [identity, anything, start], start an unsigned big-endian
+    // number of any length (empty: 0; past every seq: the end marker only).
+    const bool well_formed = frames.size() == 3;
     {
       std::lock_guard<std::mutex> lock(mutex);
       ++(well_formed ? stats.replay_requests : stats.malformed_requests);
     }
     if (!well_formed) continue;
-    int64_t start = 0;
+    uint64_t start = 0;
     const auto* bytes = static_cast<const uint8_t*>(frames[2].data());
-    for (int i = 0; i < 8; ++i) start = start << 8 | bytes[i];
+    for (size_t i = 0; i < frames[2].size(); ++i) {
+      start = start >> 56 != 0 ? UINT64_MAX : start << 8 | bytes[i];
+    }
     const zmq::message_t& identity = frames[0];
     const auto reply = [&](int64_t seq, const std::string& payload) {
       const std::array<uint8_t, 8> seq_bytes = BigEndian(seq);
@@ -761,7 +764,7 @@ void KvEventPublisher::State::ServeReplay() {
       router->send(zmq::buffer(payload), zmq::send_flags::none);
     };
     for (const auto& [seq, payload] : kept) {
-      if (seq >= start) reply(seq, payload);
+      if (static_cast<uint64_t>(seq) >= start) reply(seq, payload);
     }
     reply(-1, "");
   }
@@ -842,6 +845,9 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
   if (!state->options.replay_endpoint.empty()) {
     state->router.emplace(state->context, zmq::socket_type::router);
     state->router->set(zmq::sockopt::linger, 0);
+    // No limit on the replies queued for a peer: ZeroMQ's default (1,000
+    // messages) drops, without a word, the kept batches past it.
+    state->router->set(zmq::sockopt::sndhwm, 0);
     KVBLOCK_RETURN_IF_ERROR(bind(*state->router, state->options.replay_endpoint,
                                  state->replay_endpoint));
   }

@@ -470,6 +470,35 @@ TEST_CASE("a full queue drops batches and counts them, never waiting") {
   REQUIRE(stats.batches_dropped > 0);
 }
 
+// ZeroMQ's ROUTER drops, without a word, what is queued for a peer past its
+// send limit (1,000 messages by default): a replay of more kept batches lost
+// most of them.
+TEST_CASE("a replay returns every kept batch, however many") {
+  constexpr int kBatches = 6500;
+  Options options;
+  options.endpoint = "tcp://127.0.0.1:*";
+  options.replay_endpoint = "tcp://127.0.0.1:*";
+  auto publisher = KvEventPublisher::Create(options);
+  REQUIRE_OK(publisher);
+  const std::vector<KvCacheEvent> events = SampleEvents();
+  for (int i = 0; i < kBatches; ++i) {
+    if (i % 512 == 0) REQUIRE((*publisher)->Flush(absl::Seconds(5)));
+    REQUIRE((*publisher)->Publish(events));
+  }
+  REQUIRE((*publisher)->Flush(absl::Seconds(5)));
+  REQUIRE((*publisher)->stats().batches_published == kBatches);
+  zmq::context_t context;
+  zmq::socket_t replay(context, zmq::socket_type::dealer);
+  replay.connect((*publisher)->replay_endpoint());
+  replay.send(zmq::message_t(), zmq::send_flags::sndmore);
+  replay.send(SeqFrame(0), zmq::send_flags::none);
+  for (int64_t seq = 0; seq <= kBatches; ++seq) {
+    const std::vector<zmq::message_t> frames = Receive(replay);
+    REQUIRE(frames.size() == 3);
+    REQUIRE(SeqOf(frames[1]) == (seq == kBatches ? -1 : seq));
+  }
+}
+
 TEST_CASE("Flush wakes the thread; its looks at any interval send all") {
   for (const absl::Duration interval :
        {absl::Microseconds(10), absl::Seconds(1)}) {
@@ -491,7 +520,9 @@ TEST_CASE("Flush wakes the thread; its looks at any interval send all") {
   }
 }
 
-TEST_CASE("a malformed replay request gets no reply, and no crash") {
+TEST_CASE(
+    "a malformed replay request gets no reply, and no crash; "
+    "start numbers are read as vLLM reads them") {
   Options options;
   options.endpoint = "tcp://127.0.0.1:*";
   options.replay_endpoint = "tcp://127.0.0.1:*";
@@ -502,12 +533,31 @@ TEST_CASE("a malformed replay request gets no reply, and no crash") {
   zmq::context_t context;
   zmq::socket_t replay(context, zmq::socket_type::dealer);
   replay.connect((*publisher)->replay_endpoint());
-  replay.send(zmq::message_t(), zmq::send_flags::sndmore);
-  replay.send(zmq::str_buffer("abc"), zmq::send_flags::none);  // not 8 bytes.
-  REQUIRE(Receive(replay, 300).empty());
   replay.send(zmq::str_buffer("x"), zmq::send_flags::none);  // one frame.
   REQUIRE(Receive(replay, 300).empty());
+  replay.send(zmq::message_t(), zmq::send_flags::sndmore);  // four frames.
+  replay.send(zmq::message_t(), zmq::send_flags::sndmore);
+  replay.send(SeqFrame(0), zmq::send_flags::none);
+  REQUIRE(Receive(replay, 300).empty());
   REQUIRE((*publisher)->stats().malformed_requests == 2);
+  // Unsigned, any length: past every batch, only the end marker.
+  const std::array<uint8_t, 8> high = {0x80, 0, 0, 0, 0, 0, 0, 0};
+  const std::array<uint8_t, 8> ones = {0xff, 0xff, 0xff, 0xff,
+                                       0xff, 0xff, 0xff, 0xff};
+  const std::array<uint8_t, 4> four = {0, 0, 1, 0};
+  for (zmq::const_buffer start : {zmq::buffer(high), zmq::buffer(ones),
+                                  zmq::buffer(four), zmq::str_buffer("abc")}) {
+    replay.send(zmq::message_t(), zmq::send_flags::sndmore);
+    replay.send(start, zmq::send_flags::none);
+    const std::vector<zmq::message_t> end = Receive(replay);
+    REQUIRE(end.size() == 3);
+    REQUIRE(SeqOf(end[1]) == -1);
+  }
+  // An empty start is 0: every kept batch.
+  replay.send(zmq::message_t(), zmq::send_flags::sndmore);
+  replay.send(zmq::message_t(), zmq::send_flags::none);
+  REQUIRE(SeqOf(Receive(replay)[1]) == 0);
+  REQUIRE(SeqOf(Receive(replay)[1]) == -1);
   // It still answers a good one.
   replay.send(zmq::message_t(), zmq::send_flags::sndmore);
   replay.send(SeqFrame(0), zmq::send_flags::none);

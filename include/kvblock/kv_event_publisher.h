@@ -11,9 +11,11 @@
 // big-endian sequence number (from 0, one a batch sent) and the payload
 // `[ts, [events...], data_parallel_rank]`. It keeps the last batches for
 // an optional ROUTER replay socket: a request `[identity, "", start_seq]`
-// (8 bytes, big-endian) is answered with `[identity, "", seq, payload]` for
-// every kept batch from start_seq on, then `[identity, "", -1, ""]`; a
-// malformed request gets no reply.
+// (big-endian, unsigned, of any length as vLLM reads it: empty is 0, 2^63
+// and all ones are past every batch) is answered with
+// `[identity, "", seq, payload]` for every kept batch from start_seq on,
+// then `[identity, "", -1, ""]`, however many (no ZeroMQ limit drops
+// them); a request of other than three frames gets no reply.
 //
 // Thread safety: Publish, idle and stats may be called from any thread; the
 // sockets belong to the publisher thread.
@@ -88,7 +90,7 @@ struct KvEventPublisherStats {
   int64_t events_published = 0;
   int64_t batches_dropped = 0;  // the queue was full.
   int64_t replay_requests = 0;
-  int64_t malformed_requests = 0;  // given no reply.
+  int64_t malformed_requests = 0;  // not three frames: given no reply.
   // CPU time of the publisher thread (encoding, sending, replays), off the
   // scheduler's thread.
   int64_t thread_cpu_ns = 0;
