@@ -105,6 +105,27 @@ with tempfile.TemporaryDirectory() as tmp:
     run(["--serve"], 2, "serve input: line 2: run_until: 1 is not after the "
         "arrival of 'a' (step 1)", stdin=served + '\n{"run_until": 1}\n')
     run(["--serve"], 2, "serve input: line 1: bad JSON", stdin="{\n")
+    # A router that goes away: the next write fails, exit 1 with a message
+    # (not death by SIGPIPE, status 141).
+    feeder = subprocess.Popen([SIM, "--serve"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    feeder.stdin.write(served + '\n{"run_until": 2}\n')
+    feeder.stdin.flush()
+    feeder.stdout.readline()  # the first state line; then the reader leaves.
+    feeder.stdout.close()
+    feeder.stdin.write('{"run_until": 3}\n{"run_until": 4}\n')
+    feeder.stdin.close()
+    code = feeder.wait(timeout=60)
+    message = feeder.stderr.read()
+    ok = code == 1 and "serve output: write failed" in message
+    print(f"{'ok  ' if ok else 'FAIL'} exit {code} (want 1): kvblock-sim "
+          "--serve with its reader gone")
+    if not ok:
+        failures.append(["--serve, reader gone"])
+        print(message[-2000:])
+    # A directory is not a trace: bad input.
+    run(["--trace=" + tmp], 2, "is a directory")
     run(["--trace=" + os.path.join(tmp, "missing.jsonl")], 2,
         "cannot open trace file")
     # Output paths are checked before the run, naming the OS's reason.

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <iostream>
 #include <memory>
@@ -435,6 +436,9 @@ int Main() {
 }  // namespace kvblock::sim
 
 int main(int argc, char** argv) {
+  // A reader that goes away (a router that exits) fails the next write,
+  // which --serve reports (exit 1), instead of killing the process.
+  std::signal(SIGPIPE, SIG_IGN);
   if (const std::optional<int> exit_code = kvblock::cli::ParseFlags(
           argc, argv, "kvblock-sim",
           "replays a trace or a built-in workload through a "

@@ -18,7 +18,10 @@ absl::StatusOr<std::optional<int64_t>> LineFeed::Next(
               report.clock, report.kv_event_batches, report.running,
               report.waiting, report.completed, report.rejected)
        << std::endl;
-  if (!out_) return absl::InternalError("serve output: write failed");
+  if (!out_) {
+    return absl::InternalError(
+        "serve output: write failed (the router closed kvblock-sim's stdout?)");
+  }
 
   // The arrivals are validated whole before any is handed over: a bad line
   // ends the run with nothing of its window half-taken.

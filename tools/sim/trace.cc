@@ -2,6 +2,7 @@
 #include "sim/trace.h"
 
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -317,6 +318,12 @@ absl::StatusOr<std::vector<Request>> ParseTrace(std::istream& in,
 
 absl::StatusOr<std::vector<Request>> ReadTraceFile(absl::string_view path,
                                                    const TraceLimits& limits) {
+  // A directory opens, then fails the first read: not a trace file either.
+  std::error_code error;
+  if (std::filesystem::is_directory(std::string(path), error)) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot open trace file '", path, "': it is a directory"));
+  }
   std::ifstream in{std::string(path)};
   if (!in) {
     return absl::NotFoundError(
