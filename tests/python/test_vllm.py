@@ -619,6 +619,35 @@ def test_python_code_inside_a_call_cannot_pull_the_hashes_away():
     manager.check_invariants()
 
 
+def test_an_interrupt_inside_a_call_leaves_the_manager_whole():
+    """A KeyboardInterrupt (or any exception) raised by the request while a
+    call reads it: the call changes nothing."""
+    manager = make_manager(enable_kv_cache_events=True)
+
+    class Interrupted(Request):
+        armed = False
+
+        @property
+        def num_tokens(self):
+            if self.armed:
+                raise KeyboardInterrupt
+            return len(self._all_token_ids)
+
+    req = Interrupted("0", list(range(40)),
+                      block_hasher=get_request_block_hasher(16, HASH))
+    req.armed = True
+    for call in (lambda: manager.get_computed_blocks(req),
+                 lambda: manager.allocate_slots(req, 40)):
+        with pytest.raises(KeyboardInterrupt):
+            call()
+        assert manager.num_free_blocks == 10
+        assert manager.get_block_ids("0") == ([],)
+        assert manager.take_events() == []
+    req.armed = False
+    assert ids(manager.allocate_slots(req, 40)) == [1, 2, 3]
+    manager.check_invariants()
+
+
 def test_a_dropped_manager_is_collected():
     manager = make_manager()
     admit(manager, make_request("0", list(range(40))))
