@@ -3,6 +3,7 @@
 exceptions that change nothing, and the zero-copy views of a step."""
 import ctypes
 import ctypes.util
+import re
 
 import numpy as np
 import pytest
@@ -145,6 +146,48 @@ def test_a_step_through_batch_commit():
     commit.check_invariants()
     table.upload()
     table.check_invariants()
+
+
+def test_values_that_do_not_fit_are_refused_not_cast():
+    """Each refused before anything changes: no token, page or sequence is
+    what a silent cast would have made of it."""
+    manager = kvblock.BlockManager(make_config())
+    manager.admit(1, np.arange(6, dtype=np.int32))
+    _, _, commit = make_stack()
+    commit.commit(joins=[kvblock.Join(1, np.arange(6, dtype=np.int32))])
+    before = (manager.num_tokens(1), manager.pages(1), commit.batch)
+    refusals = [
+        (OverflowError, "4294967303 does not fit int32",
+         lambda: manager.append(1, [2**32 + 7])),
+        (OverflowError, "does not fit int32",
+         lambda: manager.append(1, np.array([2**40]))),
+        (OverflowError, "does not fit",
+         lambda: manager.append(1, [2**70])),
+        (TypeError, "expected integers, got an array of float64",
+         lambda: manager.append(1, [1.9])),
+        (TypeError, "float64", lambda: manager.append(1, [float("nan")])),
+        (TypeError, "bool", lambda: manager.append(1, np.array([True]))),
+        (ValueError, "got 2 dimensions",
+         lambda: manager.append(1, np.zeros((2, 2), dtype=np.int32))),
+        (TypeError, "float64",
+         lambda: commit.commit(finished=[1.9])),
+        (TypeError, "expected integers",
+         lambda: commit.commit(append_counts=[1], append_tokens=["7"])),
+        (ValueError, "page 32 is not in [0, 32)",
+         lambda: manager.ref_count(32)),
+        (ValueError, "page -1 is not in", lambda: manager.ref_count(-1)),
+    ]
+    for error, message, call in refusals:
+        with pytest.raises(error, match=re.escape(message)):
+            call()
+        assert (manager.num_tokens(1), manager.pages(1), commit.batch) == \
+            before
+    # Other integer arrays and sequences are converted, when they fit.
+    manager.append(1, np.array([5], dtype=np.int64))
+    manager.append(1, [6, 7])
+    assert manager.num_tokens(1) == 9
+    manager.check_invariants()
+    commit.check_invariants()
 
 
 def test_phase_times_count_only_while_on():

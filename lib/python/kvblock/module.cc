@@ -19,6 +19,7 @@
 
 #include "absl/types/span.h"
 #include "dlpack_export.h"
+#include "int_array.h"
 #include "kvblock/batch_commit.h"
 #include "kvblock/block_hash.h"
 #include "kvblock/block_manager.h"
@@ -36,8 +37,17 @@ namespace {
 namespace py = pybind11;
 using py::literals::operator""_a;
 
-template <typename T>
-using Array = py::array_t<T, py::array::c_style | py::array::forcecast>;
+// InvalidArgument unless `page` is in [0, num_pages).
+absl::Status CheckPage(PageId page, int32_t num_pages) {
+  if (page >= 0 && page < num_pages) return absl::OkStatus();
+  return absl::InvalidArgumentError("page " + std::to_string(page) +
+                                    " is not in [0, " +
+                                    std::to_string(num_pages) + ")");
+}
+
+// Prompt hashes: an (n, 32) uint8 array (HashesOf checks the shape).
+using HashArray =
+    py::array_t<uint8_t, py::array::c_style | py::array::forcecast>;
 
 template <typename T>
 absl::Span<const T> SpanOf(const Array<T>& array) {
@@ -59,7 +69,7 @@ auto WithoutGil(Call&& call) {
 }
 
 // Prompt hashes as an (n, 32) uint8 array, and back.
-absl::Span<const BlockHash> HashesOf(const std::optional<Array<uint8_t>>& a) {
+absl::Span<const BlockHash> HashesOf(const std::optional<HashArray>& a) {
   if (!a.has_value() || a->size() == 0) return {};
   if (a->ndim() != 2 || a->shape(1) != 32) {
     Raise(absl::InvalidArgumentError(
@@ -132,7 +142,7 @@ struct PyJoin {
   Array<TokenId> tokens;
   std::string cache_salt;
   int64_t adapter_id = 0;
-  std::optional<Array<uint8_t>> prompt_hashes;
+  std::optional<HashArray> prompt_hashes;
   std::optional<int64_t> prefill_tokens;
   bool read_prefix_cache = true;
 };
@@ -140,7 +150,7 @@ struct PyJoin {
 struct PyChunk {
   SequenceId id = kNoSequence;
   Array<TokenId> tokens;
-  std::optional<Array<uint8_t>> prompt_hashes;
+  std::optional<HashArray> prompt_hashes;
 };
 
 AdmitOptions AdmitOf(std::optional<int64_t> prefill_tokens,
@@ -316,7 +326,13 @@ void BindPool(py::module_& m) {
             return py::int_(*page);
           },
           "hash"_a)
-      .def("ref_count", &BlockPool::RefCount, "page"_a)
+      .def(
+          "ref_count",
+          [](const BlockPool& pool, PageId page) {
+            ThrowIfError(CheckPage(page, pool.num_pages()));
+            return pool.RefCount(page);
+          },
+          "page"_a, "References on page `page` (ValueError out of range).")
       .def_property_readonly("num_pages", &BlockPool::num_pages)
       .def_property_readonly("num_free", &BlockPool::NumFree)
       .def_property_readonly("num_evictable", &BlockPool::NumEvictable)
@@ -372,7 +388,7 @@ void BindManager(py::module_& m) {
           "plan_admission",
           [](const BlockManager& bm, const Array<TokenId>& prompt,
              const std::string& cache_salt, int64_t adapter_id,
-             const std::optional<Array<uint8_t>>& prompt_hashes,
+             const std::optional<HashArray>& prompt_hashes,
              std::optional<int64_t> prefill_tokens, bool read_prefix_cache) {
             const absl::Span<const TokenId> tokens = SpanOf(prompt);
             const absl::Span<const BlockHash> hashes = HashesOf(prompt_hashes);
@@ -389,7 +405,7 @@ void BindManager(py::module_& m) {
           "admit",
           [](BlockManager& bm, SequenceId id, const Array<TokenId>& prompt,
              const std::string& cache_salt, int64_t adapter_id,
-             const std::optional<Array<uint8_t>>& prompt_hashes,
+             const std::optional<HashArray>& prompt_hashes,
              std::optional<int64_t> prefill_tokens, bool read_prefix_cache) {
             const absl::Span<const TokenId> tokens = SpanOf(prompt);
             const absl::Span<const BlockHash> hashes = HashesOf(prompt_hashes);
@@ -425,7 +441,7 @@ void BindManager(py::module_& m) {
       .def(
           "append_prompt",
           [](BlockManager& bm, SequenceId id, const Array<TokenId>& tokens,
-             const std::optional<Array<uint8_t>>& prompt_hashes) {
+             const std::optional<HashArray>& prompt_hashes) {
             const absl::Span<const TokenId> chunk = SpanOf(tokens);
             const absl::Span<const BlockHash> hashes = HashesOf(prompt_hashes);
             return ValueOrThrow(
@@ -470,10 +486,12 @@ void BindManager(py::module_& m) {
       .def(
           "ref_count",
           [](const BlockManager& bm, PageId page) {
+            ThrowIfError(CheckPage(page, bm.pool().num_pages()));
             return bm.pool().RefCount(page);
           },
           "page"_a,
-          "Sequences holding page `page` (0 when free or out of range).")
+          "Sequences holding page `page` (0 when free; ValueError out of "
+          "range).")
       .def(
           "num_tokens",
           [](const BlockManager& bm, SequenceId id) {
@@ -606,7 +624,7 @@ void BindCommit(py::module_& m) {
       .def(py::init([](SequenceId id, const Array<TokenId>& tokens,
                        SequenceId fork_of, std::string cache_salt,
                        int64_t adapter_id,
-                       std::optional<Array<uint8_t>> prompt_hashes,
+                       std::optional<HashArray> prompt_hashes,
                        std::optional<int64_t> prefill_tokens,
                        bool read_prefix_cache) {
              return PyJoin{.id = id,
@@ -618,7 +636,7 @@ void BindCommit(py::module_& m) {
                            .prefill_tokens = prefill_tokens,
                            .read_prefix_cache = read_prefix_cache};
            }),
-           "id"_a, "tokens"_a = Array<TokenId>(0), "fork_of"_a = kNoSequence,
+           "id"_a, "tokens"_a = Array<TokenId>(), "fork_of"_a = kNoSequence,
            "cache_salt"_a = "", "adapter_id"_a = 0,
            "prompt_hashes"_a = py::none(), "prefill_tokens"_a = py::none(),
            "read_prefix_cache"_a = true)
@@ -627,7 +645,7 @@ void BindCommit(py::module_& m) {
   py::class_<PyChunk>(m, "PromptChunk",
                       "The next part of a running sequence's prompt.")
       .def(py::init([](SequenceId id, const Array<TokenId>& tokens,
-                       std::optional<Array<uint8_t>> prompt_hashes) {
+                       std::optional<HashArray> prompt_hashes) {
              return PyChunk{.id = id,
                             .tokens = tokens,
                             .prompt_hashes = std::move(prompt_hashes)};
@@ -756,7 +774,7 @@ void BindCommit(py::module_& m) {
             return ValueOrThrow(commit.AppendPages(SpanOf(append_counts),
                                                    SpanOf(draft_counts)));
           },
-          "append_counts"_a, "draft_counts"_a = Array<int32_t>(0))
+          "append_counts"_a, "draft_counts"_a = Array<int32_t>())
       .def("check_invariants", [](const BatchCommit& commit) {
         ThrowIfError(commit.CheckInvariants());
       });
