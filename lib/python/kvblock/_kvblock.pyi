@@ -1,6 +1,5 @@
 # Copyright 2026 The kvblock Authors.
-# Type stubs of kvblock._kvblock (lib/python/kvblock/module.cc and the
-# vllm_*.cc files behind kvblock.vllm).
+# Type stubs of kvblock._kvblock: module.cc's classes, and vllm_*.cc's.
 from typing import Any, Callable, Iterator, Optional, Sequence, TypedDict
 
 import numpy as np
