@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,13 @@ absl::StatusOr<std::unique_ptr<BatchCommit>> BatchCommit::Create(
         config.num_pages, ")"));
   }
   return std::unique_ptr<BatchCommit>(new BatchCommit(manager, table));
+}
+
+BatchCommit::~BatchCommit() {
+  // The manager outlives the commit: its sequences are the caller's again.
+  for (SlotId slot = 0; slot < batch_; ++slot) {
+    manager_.SetRunByCommit(handles_[slot], false);
+  }
 }
 
 BatchCommit::BatchCommit(BlockManager& manager, KVPageTable& table)
@@ -68,7 +76,10 @@ absl::StatusOr<StepResult> BatchCommit::Commit(const StepPlan& plan) {
   absl::Cleanup timed = [&] { phase_times_.total_ns += PhaseClock() - start; };
   KVBLOCK_RETURN_IF_ERROR(Validate(plan));
   KVBLOCK_RETURN_IF_ERROR(manager_.BeginStep());
-  if (absl::Status status = Apply(plan); !status.ok()) {
+  manager_.commit_applying_ = true;
+  absl::Status applied = Apply(plan);
+  manager_.commit_applying_ = false;
+  if (absl::Status status = std::move(applied); !status.ok()) {
     RestoreHandles();
     KVBLOCK_RETURN_IF_ERROR(manager_.RollbackStep());
     return status;
@@ -434,6 +445,7 @@ void BatchCommit::Adopt(const StepPlan& plan) {
     slots_[slot] = plan.joins[i].id;
     handles_[slot] = joined_handles_[i];
     slot_of_handle_[joined_handles_[i].index] = slot;
+    manager_.SetRunByCommit(joined_handles_[i], true);
   }
   for (; slot < batch_; ++slot) {
     slots_[slot] = kNoSequence;

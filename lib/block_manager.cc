@@ -456,12 +456,27 @@ absl::Status BlockManager::Fork(SequenceId parent, SequenceId child) {
   });
 }
 
+absl::Status BlockManager::CheckNotRunByCommit(int32_t entry,
+                                               SequenceId id) const {
+  if (!slab_->hot(entry).run_by_commit || commit_applying_) {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "block manager: sequence ", id,
+      " runs in a BatchCommit; it changes only through BatchCommit::Commit"));
+}
+
+void BlockManager::SetRunByCommit(SequenceHandle handle, bool on) {
+  slab_->hot(handle.index).run_by_commit = on;
+}
+
 absl::Status BlockManager::Remove(SequenceId id, bool preempted) {
   const int32_t entry = slab_->Find(id);
   if (entry < 0) {
     return absl::NotFoundError(
         absl::StrCat("block manager: sequence ", id, " is not live"));
   }
+  KVBLOCK_RETURN_IF_ERROR(CheckNotRunByCommit(entry, id));
   return Transact([&]() -> absl::Status {
     reserved_pages_ -= ReservationOf(entry);
     SequenceBlockTable& table = slab_->hot(entry).table;

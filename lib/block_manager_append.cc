@@ -92,6 +92,7 @@ absl::StatusOr<AppendResult> BlockManager::Append(
     return absl::NotFoundError(
         absl::StrCat("block manager: sequence ", id, " is not live"));
   }
+  KVBLOCK_RETURN_IF_ERROR(CheckNotRunByCommit(entry, id));
   AppendResult result;
   KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
     if (!AppendInPlace(entry, tokens)) {
@@ -112,6 +113,7 @@ absl::StatusOr<AppendResult> BlockManager::AppendPrompt(
     return absl::NotFoundError(
         absl::StrCat("block manager: sequence ", id, " is not live"));
   }
+  KVBLOCK_RETURN_IF_ERROR(CheckNotRunByCommit(entry, id));
   const SequenceHot& hot = slab_->hot(entry);
   const internal::SequenceCold& cold = slab_->cold(entry);
   const int64_t left = std::max<int64_t>(0, hot.prompt_end - hot.num_tokens);
@@ -152,6 +154,7 @@ absl::StatusOr<AppendResult> BlockManager::SetDrafts(SequenceId id,
     return absl::NotFoundError(
         absl::StrCat("block manager: sequence ", id, " is not live"));
   }
+  KVBLOCK_RETURN_IF_ERROR(CheckNotRunByCommit(entry, id));
   AppendResult result;
   KVBLOCK_RETURN_IF_ERROR(
       Transact([&] { return SetDraftsAt(entry, count, result); }));
@@ -335,6 +338,14 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
     return absl::InvalidArgumentError(absl::StrCat(
         "block manager: append many got ", handles.size(), " handles, ",
         counts.size(), " counts and ", draft_counts.size(), " draft counts"));
+  }
+  if (!commit_applying_) {
+    // The commit's own appends skip this pass: its Validate stands for it.
+    for (const SequenceHandle& handle : handles) {
+      if (!slab_->IsLive(handle)) continue;  // refused below, in order.
+      KVBLOCK_RETURN_IF_ERROR(
+          CheckNotRunByCommit(handle.index, slab_->cold(handle.index).id));
+    }
   }
   const bool drafting = !draft_counts.empty();
   const absl::Status status = Transact([&]() -> absl::Status {

@@ -40,6 +40,7 @@ int32_t SequenceSlab::Create(SequenceId id) {
   hot.prompt_end = 0;
   hot.tail_maybe_shared = false;
   hot.live = true;
+  hot.run_by_commit = false;
   ++hot.generation;
   SequenceCold& cold = cold_[entry];
   cold.id = id;

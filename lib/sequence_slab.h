@@ -50,6 +50,9 @@ struct SequenceHot {
   // fork shares it; either side's copy on write may end the sharing).
   bool tail_maybe_shared = false;
   bool live = false;
+  // A BatchCommit runs it: only that commit's step may change it
+  // (BlockManager::SetRunByCommit).
+  bool run_by_commit = false;
   uint32_t generation = 0;
   // StepJournal::serial() of the transaction that last filled a page here
   // (a new page saves that page's tokens only in the same transaction).

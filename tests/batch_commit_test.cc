@@ -297,25 +297,53 @@ TEST_CASE("a join with precomputed prompt hashes hashes nothing more") {
   REQUIRE(with_hashes.Capture() == before);
 }
 
-TEST_CASE("a sequence freed behind the commit's back is never appended to") {
+TEST_CASE("a sequence the commit runs changes only through the commit") {
   CommitFixture f(SmallConfig());
   const std::vector<TokenId> p = {1, 2};
   const std::vector<TokenId> q = {50, 51};
   const JoinRequest joins[] = {{.id = 1, .tokens = p}, {.id = 2, .tokens = q}};
   REQUIRE_OK(f.commit->Commit({.joins = joins}));
-  // Misuse: the manager frees a running sequence directly, and its slab
-  // entry goes to another sequence. The commit's handle for slot 0 is now
-  // stale, and the step is refused instead of writing into sequence 9.
-  REQUIRE_OK(f.manager->Free(1));
-  REQUIRE_OK(f.manager->Admit(9, {70, 71}).status());
+  const SequenceHandle one = *f.manager->HandleOf(1);
   const CommitState before = f.Capture();
-  const int32_t counts[] = {1, 1};
-  const TokenId tokens[] = {6, 52};
-  REQUIRE_STATUS_IS(
-      f.commit->Commit({.append_counts = counts, .append_tokens = tokens}),
-      kInvalidArgument);
-  REQUIRE(f.Capture() == before);
-  REQUIRE(*f.manager->NumTokens(9) == 2);
+  const auto refused = [&](const absl::Status& status) {
+    REQUIRE_STATUS_IS(status, kFailedPrecondition);
+    REQUIRE(status.message().find(
+                "sequence 1 runs in a BatchCommit; it changes only through") !=
+            std::string::npos);
+    REQUIRE(f.Capture() == before);
+  };
+  const TokenId token = 6;
+  refused(f.manager->Append(1, {token}).status());
+  refused(f.manager->AppendPrompt(1, {token}).status());
+  refused(f.manager->SetDrafts(1, 2).status());
+  refused(f.manager->Free(1));
+  refused(f.manager->Preempt(1));
+  AppendManyResult many;
+  refused(f.manager->AppendMany({one}, {1}, {token}, many));
+
+  // Reading and forking stay open; the child is the caller's.
+  REQUIRE_OK(f.manager->Fork(1, 7));
+  REQUIRE_OK(f.manager->Append(7, {token}).status());
+  const int32_t counts[] = {3, 1};
+  const TokenId tokens[] = {3, 4, 5, 52};
+  REQUIRE_OK(
+      f.commit->Commit({.append_counts = counts, .append_tokens = tokens}));
+  REQUIRE(f.Row(0) == *f.manager->Pages(1));
+  REQUIRE_OK(f.UploadAndCheck());
+  REQUIRE_OK(f.commit->CheckInvariants());
+
+  // A sequence that left is the caller's again, as are all of them once the
+  // commit is gone.
+  const SequenceId finished[] = {1};
+  REQUIRE_OK(f.commit->Commit({.finished = finished}));
+  REQUIRE_OK(f.manager->Admit(1, p).status());
+  REQUIRE_OK(f.manager->Free(1));
+  REQUIRE_STATUS_IS(f.manager->Free(2), kFailedPrecondition);
+  f.commit.reset();
+  REQUIRE_OK(f.manager->Append(2, {token}).status());
+  REQUIRE_OK(f.manager->Free(2));
+  REQUIRE_OK(f.manager->Free(7));
+  REQUIRE_OK(f.manager->CheckInvariants());
 }
 
 TEST_CASE("invalid steps are refused and change nothing") {

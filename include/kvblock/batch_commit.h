@@ -37,10 +37,11 @@
 // joined pages + appended tokens + pages of moved rows); nothing depends on
 // max_pages_per_seq or on where in the batch the leaving slots are. Buffers
 // are reserved for max_batch so steady-state steps allocate no memory.
-// Ownership: the running sequences change only through Commit. One freed
-// through the manager directly leaves the commit holding a stale handle, and
-// the next Commit fails with InvalidArgument (it never writes into another
-// sequence).
+// Ownership: the running sequences change only through Commit. The manager
+// refuses to append to, set the drafts of, free or preempt one directly
+// (FailedPrecondition, nothing changed), so the page table's row of a
+// running sequence always holds its pages; when the commit is destroyed its
+// running sequences are the manager's caller's again.
 //
 // Thread safety: thread-compatible; one scheduler thread owns it.
 #ifndef KVBLOCK_BATCH_COMMIT_H_
@@ -156,11 +157,13 @@ class BatchCommit {
   // geometry does not match the manager's config.
   static absl::StatusOr<std::unique_ptr<BatchCommit>> Create(
       BlockManager& manager, KVPageTable& table);
+  ~BatchCommit();
+  BatchCommit(const BatchCommit&) = delete;
+  BatchCommit& operator=(const BatchCommit&) = delete;
 
   // Applies `plan` as one transaction. Errors: InvalidArgument (a sequence
   // named twice, an unknown fork parent, append_counts of the wrong length or
-  // not matching append_tokens, prompt_hashes that do not fit their prompt, a
-  // running sequence changed through the manager behind the commit's back),
+  // not matching append_tokens, prompt_hashes that do not fit their prompt),
   // NotFound (a leaving sequence not running),
   // AlreadyExists (a joining id already live), ResourceExhausted (pages ran
   // out), OutOfRange (a sequence past max_pages_per_seq), FailedPrecondition

@@ -57,6 +57,12 @@
 //
 // Every failing call leaves the manager unchanged (strong guarantee).
 //
+// Ownership: a sequence a BatchCommit runs (from the step it joins until the
+// step it leaves) changes only through that commit's Commit. Append,
+// AppendPrompt, SetDrafts, AppendMany, Free and Preempt refuse it with
+// FailedPrecondition, so its row in the page table never falls behind its
+// pages. Reading it, and forking it (the child is the caller's), stay open.
+//
 // Thread safety: thread-compatible; one scheduler thread owns a manager.
 // HashPrompt, PlanAdmission and CanAdmit use internal scratch: not even const
 // calls may run concurrently (hash prompts on another thread with a
@@ -430,6 +436,8 @@ class BlockManager {
 
  private:
   struct Transaction;
+  // Marks the sequences it runs, and opens them to its own step.
+  friend class BatchCommit;
 
   BlockManager(const PagedKvConfig& config, const BlockManagerOptions& options,
                std::unique_ptr<BlockPool> pool, BlockHasher hasher);
@@ -504,6 +512,11 @@ class BlockManager {
   // Takes `pages` just allocated for `entry` out of its reservation.
   void DrawReservation(int32_t entry, int32_t pages);
   absl::Status Remove(SequenceId id, bool preempted);
+  // FailedPrecondition when sequence `id` at `entry` is run by a BatchCommit
+  // and that commit is not applying its step.
+  absl::Status CheckNotRunByCommit(int32_t entry, SequenceId id) const;
+  // BatchCommit: whether it runs the live sequence at `handle`.
+  void SetRunByCommit(SequenceHandle handle, bool on);
 
   const PagedKvConfig config_;
   const BlockManagerOptions options_;
@@ -532,6 +545,9 @@ class BlockManager {
   // Pages reserved for the rest of chunked prompts, the sum of
   // ReservationOf over the live sequences.
   int32_t reserved_pages_ = 0;
+  // True while a BatchCommit applies its step: the sequences commits run are
+  // open to it (its Validate keeps it to its own).
+  bool commit_applying_ = false;
 };
 
 }  // namespace kvblock
