@@ -375,3 +375,152 @@ def test_batch_commit_is_a_sequence_of_its_slots():
     manager, table, commit = make_stack()
     commit.commit(joins=[kvblock.Join(5, [1, 2, 3]), kvblock.Join(9, [4])])
     assert len(commit) == 2 and list(commit) == [5, 9]
+
+
+def test_running_sequences_change_only_through_the_commit():
+    manager, table, commit = make_stack()
+    commit.commit(joins=[kvblock.Join(1, [1, 2, 3, 4, 5])])
+    pages = manager.pages(1)
+    for call in (lambda: manager.append(1, [6]),
+                 lambda: manager.append_token(1, 6),
+                 lambda: manager.set_drafts(1, 2),
+                 lambda: manager.free(1), lambda: manager.preempt(1)):
+        with pytest.raises(kvblock.FailedPreconditionError,
+                           match="sequence 1 runs in a BatchCommit"):
+            call()
+        assert manager.pages(1) == pages and manager.num_tokens(1) == 5
+    step = commit.commit(append_counts=[4], append_tokens=[6, 7, 8, 9])
+    table.upload()
+    assert list(table.host_row(0)[:3]) == manager.pages(1)
+    commit.check_invariants()
+    commit.commit(finished=[1])
+    manager.admit(1, [1, 2])  # left: the caller's again.
+    manager.free(1)
+
+
+def test_threads_sharing_a_manager_and_its_commit_are_serialized():
+    # Four threads, 20,000 calls each, on one manager: one drives its
+    # BatchCommit (and uploads the table), three call the manager directly
+    # on sequences of their own, with shared prefixes so that they hit and
+    # evict each other's cached pages. Calls that release the GIL (admit,
+    # planning, hashing, prompt chunks, commit, upload) overlap the others;
+    # the bindings serialize them, so each thread's view stays exact.
+    import threading
+    config = make_config(num_pages=1024, max_batch=16, max_pages_per_seq=128,
+                         page_size=16)
+    manager = kvblock.BlockManager(config)
+    table = kvblock.KVPageTable(config.max_batch, config.max_pages_per_seq,
+                                config.num_pages, kvblock.Device.host())
+    commit = kvblock.BatchCommit(manager, table)
+    prefixes = [np.arange(p * 1000, p * 1000 + 256, dtype=np.int32)
+                for p in range(4)]
+    # Hashing a long prompt takes a while without the GIL: its hashes,
+    # known beforehand, show whether another call got in the middle.
+    long_prompts = [np.arange(w, 16384 + w, dtype=np.int32) for w in range(4)]
+    long_hashes = [manager.hash_prompt(p) for p in long_prompts]
+    calls = 20_000
+    failures = []
+
+    def prompt(rng):
+        n = int(rng.integers(1, 1500))
+        prefix = prefixes[int(rng.integers(len(prefixes)))]
+        return np.concatenate([prefix, rng.integers(0, 50, n, np.int32)])
+
+    def direct(worker):
+        rng = np.random.default_rng(worker)
+        tokens = {}  # this thread's sequences: id -> tokens held.
+        next_id = worker * 1_000_000
+        for _ in range(calls):
+            op = int(rng.integers(8))
+            try:
+                if op <= 1 or not tokens:
+                    p = prompt(rng)
+                    if op == 0:
+                        manager.plan_admission(p)
+                        hashes = manager.hash_prompt(long_prompts[worker])
+                        if not np.array_equal(hashes, long_hashes[worker]):
+                            failures.append(f"worker {worker}: hashes")
+                        continue
+                    seq = next_id
+                    next_id += 1
+                    manager.admit(seq, p, prefill_tokens=len(p) // 2)
+                    left = manager.prompt_tokens_left(seq)
+                    tokens[seq] = len(p) - left
+                    if left:
+                        manager.append_prompt(seq, p[len(p) - left:])
+                        tokens[seq] = len(p)
+                    continue
+                seq = list(tokens)[int(rng.integers(len(tokens)))]
+                if op <= 4:
+                    n = int(rng.integers(1, 9))
+                    manager.append(seq, rng.integers(0, 50, n, np.int32))
+                    tokens[seq] += n
+                elif op == 5:
+                    manager.fork(seq, next_id)
+                    tokens[next_id] = tokens[seq]
+                    next_id += 1
+                else:
+                    manager.free(seq)
+                    del tokens[seq]
+            except (kvblock.ResourceExhaustedError, kvblock.OutOfRangeError):
+                pass  # pages ran out, or a sequence grew too long.
+            for seq in list(tokens)[-2:]:
+                if manager.num_tokens(seq) != tokens[seq]:
+                    failures.append(f"worker {worker}: sequence {seq}")
+        for seq in tokens:
+            manager.free(seq)
+
+    def committer():
+        rng = np.random.default_rng(0)
+        next_id = 0
+        for _ in range(calls):
+            running = list(commit.slots)
+            try:
+                if rng.integers(4) == 0 and len(running) < config.max_batch:
+                    commit.commit(joins=[kvblock.Join(next_id, prompt(rng))])
+                    next_id += 1
+                elif running and rng.integers(4) == 0:
+                    commit.commit(finished=[running[-1]])
+                else:
+                    counts = rng.integers(0, 3, len(running), np.int32)
+                    commit.commit(append_counts=counts,
+                                  append_tokens=np.full(int(counts.sum()), 7,
+                                                        np.int32))
+            except (kvblock.ResourceExhaustedError, kvblock.OutOfRangeError):
+                if running:
+                    commit.commit(preempted=[running[0]])
+            table.upload()
+            running = list(commit.slots)
+            if running:
+                with pytest.raises(kvblock.FailedPreconditionError):
+                    manager.free(running[-1])
+            slot = int(rng.integers(max(1, commit.batch)))
+            if slot < commit.batch:
+                seq = commit.slots[slot]
+                row = table.host_row(slot)
+                if list(row[:len(manager.pages(seq))]) != manager.pages(seq):
+                    failures.append(f"committer: slot {slot}")
+        commit.commit(finished=list(commit.slots))
+
+    def run(target, *args):
+        try:
+            target(*args)
+        except Exception as error:  # noqa: BLE001 (reported below)
+            failures.append(f"{target.__name__}{args}: {error!r}")
+
+    threads = [threading.Thread(target=run, args=(committer,))]
+    threads += [threading.Thread(target=run, args=(direct, w))
+                for w in (1, 2, 3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    stats = manager.stats  # each kind of call ran, and pages ran out.
+    assert stats["admitted"] > 5000 and stats["forks"] > 1000
+    assert stats["preemptions"] > 0 and stats["evictions"] > 0
+    assert stats["prefix_hit_tokens"] > 0 and stats["prompt_chunks"] > 0
+    assert len(manager) == 0
+    commit.check_invariants()
+    manager.check_invariants()
+    assert manager.num_allocatable == config.num_pages

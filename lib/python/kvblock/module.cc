@@ -5,8 +5,11 @@
 // contiguous int32 (others are converted once), and a step's results are
 // read-only views into the commit layer's buffers, valid until its next
 // commit. Calls whose work grows with a prompt or a batch (hashing, planning,
-// admitting, prompt chunks, Commit, Upload) run without the GIL. Errors
-// raise kvblock.Error subclasses (status_error.h).
+// admitting, prompt chunks, Commit, Upload) run without the GIL. Threads:
+// every call on a BlockManager, KVPageTable or BatchCommit takes the object's
+// lock (object_lock.h; a commit takes its manager's and its table's), so
+// threads sharing them are served one call at a time. Errors raise
+// kvblock.Error subclasses (status_error.h).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -28,6 +31,7 @@
 #include "kvblock/device.h"
 #include "kvblock/kv_events.h"
 #include "kvblock/page_table.h"
+#include "object_lock.h"
 #include "status_error.h"
 #include "vllm_bindings.h"
 
@@ -122,10 +126,52 @@ struct PyDevice {
   DLDevice dl_device;
 };
 
-// A page table and the device it lives on (kept alive by the Python object).
+// A manager and the lock its Python threads take (object_lock.h).
+struct PyBlockManager {
+  std::unique_ptr<BlockManager> manager;
+  ObjectMutex mutex;
+};
+
+// A page table, the device it lives on (kept alive by the Python object) and
+// its lock.
 struct PyTable {
   std::unique_ptr<KVPageTable> table;
   DLDevice dl_device;
+  ObjectMutex mutex;
+};
+
+// A commit over a manager and a table that the Python object keeps alive;
+// its calls take both their locks.
+struct PyBatchCommit {
+  PyBatchCommit(PyBlockManager& manager, PyTable& table)
+      : manager(manager), table(table) {}
+  // Hands the running sequences back to the manager, under its lock.
+  ~PyBatchCommit() {
+    if (manager.mutex.HeldByThisThread()) {
+      commit.reset();  // a finalizer inside a call on the manager.
+      return;
+    }
+    const ObjectLock lock(manager.mutex, "BlockManager");
+    commit.reset();
+  }
+  PyBatchCommit(const PyBatchCommit&) = delete;
+  PyBatchCommit& operator=(const PyBatchCommit&) = delete;
+
+  PyBlockManager& manager;
+  PyTable& table;
+  std::unique_ptr<BatchCommit> commit;
+};
+
+// Both locks of a commit's call, the manager's first.
+class CommitLock {
+ public:
+  explicit CommitLock(PyBatchCommit& c)
+      : manager_(c.manager.mutex, "BlockManager"),
+        table_(c.table.mutex, "KVPageTable") {}
+
+ private:
+  ObjectLock manager_;
+  ObjectLock table_;
 };
 
 // A committed step: its counts, and views into the commit's buffers made
@@ -354,19 +400,24 @@ void BindPool(py::module_& m) {
 }
 
 void BindManager(py::module_& m) {
-  py::class_<BlockManager>(
+  py::class_<PyBlockManager>(
       m, "BlockManager",
       "Sequences by id: admission with prefix hits, appends, chunked prefill, "
       "drafts, fork, free, preempt. Every failing call changes nothing.")
       .def(py::init([](const PagedKvConfig& config,
                        const BlockManagerOptions& options) {
-             return ValueOrThrow(BlockManager::Create(config, options));
+             auto self = std::make_unique<PyBlockManager>();
+             self->manager =
+                 ValueOrThrow(BlockManager::Create(config, options));
+             return self;
            }),
            "config"_a, "options"_a = BlockManagerOptions{})
       .def(
           "hash_prompt",
-          [](const BlockManager& bm, const Array<TokenId>& prompt,
+          [](PyBlockManager& self, const Array<TokenId>& prompt,
              const std::string& cache_salt, int64_t adapter_id) {
+            const ObjectLock lock(self.mutex, "BlockManager");
+            const BlockManager& bm = *self.manager;
             py::array_t<uint8_t> out(
                 {static_cast<py::ssize_t>(prompt.size() /
                                           bm.config().page_size),
@@ -386,10 +437,12 @@ void BindManager(py::module_& m) {
           "The hashes of the prompt's full pages, (pages, 32) uint8.")
       .def(
           "plan_admission",
-          [](const BlockManager& bm, const Array<TokenId>& prompt,
+          [](PyBlockManager& self, const Array<TokenId>& prompt,
              const std::string& cache_salt, int64_t adapter_id,
              const std::optional<HashArray>& prompt_hashes,
              std::optional<int64_t> prefill_tokens, bool read_prefix_cache) {
+            const ObjectLock lock(self.mutex, "BlockManager");
+            const BlockManager& bm = *self.manager;
             const absl::Span<const TokenId> tokens = SpanOf(prompt);
             const absl::Span<const BlockHash> hashes = HashesOf(prompt_hashes);
             return ValueOrThrow(WithoutGil([&] {
@@ -403,10 +456,12 @@ void BindManager(py::module_& m) {
           "read_prefix_cache"_a = true)
       .def(
           "admit",
-          [](BlockManager& bm, SequenceId id, const Array<TokenId>& prompt,
+          [](PyBlockManager& self, SequenceId id, const Array<TokenId>& prompt,
              const std::string& cache_salt, int64_t adapter_id,
              const std::optional<HashArray>& prompt_hashes,
              std::optional<int64_t> prefill_tokens, bool read_prefix_cache) {
+            const ObjectLock lock(self.mutex, "BlockManager");
+            BlockManager& bm = *self.manager;
             const absl::Span<const TokenId> tokens = SpanOf(prompt);
             const absl::Span<const BlockHash> hashes = HashesOf(prompt_hashes);
             return ValueOrThrow(WithoutGil([&] {
@@ -421,13 +476,18 @@ void BindManager(py::module_& m) {
           "read_prefix_cache"_a = true)
       .def(
           "append",
-          [](BlockManager& bm, SequenceId id, const Array<TokenId>& tokens) {
+          [](PyBlockManager& self, SequenceId id,
+             const Array<TokenId>& tokens) {
+            const ObjectLock lock(self.mutex, "BlockManager");
+            BlockManager& bm = *self.manager;
             return ValueOrThrow(bm.Append(id, SpanOf(tokens)));
           },
           "id"_a, "tokens"_a)
       .def(
           "append_token",
-          [](BlockManager& bm, SequenceId id, TokenId token) -> py::object {
+          [](PyBlockManager& self, SequenceId id, TokenId token) -> py::object {
+            const ObjectLock lock(self.mutex, "BlockManager");
+            BlockManager& bm = *self.manager;
             const AppendResult result =
                 ValueOrThrow(bm.Append(id, absl::MakeConstSpan(&token, 1)));
             if (result.new_pages == 0 && !result.copy.has_value()) {
@@ -440,8 +500,10 @@ void BindManager(py::module_& m) {
           "stayed in the partial page, else the AppendResult.")
       .def(
           "append_prompt",
-          [](BlockManager& bm, SequenceId id, const Array<TokenId>& tokens,
+          [](PyBlockManager& self, SequenceId id, const Array<TokenId>& tokens,
              const std::optional<HashArray>& prompt_hashes) {
+            const ObjectLock lock(self.mutex, "BlockManager");
+            BlockManager& bm = *self.manager;
             const absl::Span<const TokenId> chunk = SpanOf(tokens);
             const absl::Span<const BlockHash> hashes = HashesOf(prompt_hashes);
             return ValueOrThrow(
@@ -450,29 +512,51 @@ void BindManager(py::module_& m) {
           "id"_a, "tokens"_a, "prompt_hashes"_a = py::none())
       .def(
           "set_drafts",
-          [](BlockManager& bm, SequenceId id, int32_t count) {
+          [](PyBlockManager& self, SequenceId id, int32_t count) {
+            const ObjectLock lock(self.mutex, "BlockManager");
+            BlockManager& bm = *self.manager;
             return ValueOrThrow(bm.SetDrafts(id, count));
           },
           "id"_a, "count"_a)
       .def(
           "fork",
-          [](BlockManager& bm, SequenceId parent, SequenceId child) {
+          [](PyBlockManager& self, SequenceId parent, SequenceId child) {
+            const ObjectLock lock(self.mutex, "BlockManager");
+            BlockManager& bm = *self.manager;
             ThrowIfError(bm.Fork(parent, child));
           },
           "parent"_a, "child"_a)
       .def(
           "free",
-          [](BlockManager& bm, SequenceId id) { ThrowIfError(bm.Free(id)); },
+          [](PyBlockManager& self, SequenceId id) {
+            const ObjectLock lock(self.mutex, "BlockManager");
+            BlockManager& bm = *self.manager;
+            ThrowIfError(bm.Free(id));
+          },
           "id"_a)
       .def(
           "preempt",
-          [](BlockManager& bm, SequenceId id) { ThrowIfError(bm.Preempt(id)); },
+          [](PyBlockManager& self, SequenceId id) {
+            const ObjectLock lock(self.mutex, "BlockManager");
+            BlockManager& bm = *self.manager;
+            ThrowIfError(bm.Preempt(id));
+          },
           "id"_a)
-      .def("__contains__", &BlockManager::Contains)
-      .def("__len__", &BlockManager::num_sequences)
+      .def("__contains__",
+           [](PyBlockManager& self, SequenceId id) {
+             const ObjectLock lock(self.mutex, "BlockManager");
+             return self.manager->Contains(id);
+           })
+      .def("__len__",
+           [](PyBlockManager& self) {
+             const ObjectLock lock(self.mutex, "BlockManager");
+             return self.manager->num_sequences();
+           })
       .def(
           "pages",
-          [](const BlockManager& bm, SequenceId id, int32_t start) {
+          [](PyBlockManager& self, SequenceId id, int32_t start) {
+            const ObjectLock lock(self.mutex, "BlockManager");
+            const BlockManager& bm = *self.manager;
             const absl::Span<const PageId> pages = ValueOrThrow(bm.Pages(id));
             if (start < 0 || static_cast<size_t>(start) > pages.size()) {
               Raise(absl::OutOfRangeError(
@@ -485,7 +569,9 @@ void BindManager(py::module_& m) {
           "The sequence's page ids from page `start` on, a list.")
       .def(
           "ref_count",
-          [](const BlockManager& bm, PageId page) {
+          [](PyBlockManager& self, PageId page) {
+            const ObjectLock lock(self.mutex, "BlockManager");
+            const BlockManager& bm = *self.manager;
             ThrowIfError(CheckPage(page, bm.pool().num_pages()));
             return bm.pool().RefCount(page);
           },
@@ -494,53 +580,111 @@ void BindManager(py::module_& m) {
           "range).")
       .def(
           "num_tokens",
-          [](const BlockManager& bm, SequenceId id) {
+          [](PyBlockManager& self, SequenceId id) {
+            const ObjectLock lock(self.mutex, "BlockManager");
+            const BlockManager& bm = *self.manager;
             return ValueOrThrow(bm.NumTokens(id));
           },
           "id"_a)
       .def(
           "prompt_tokens_left",
-          [](const BlockManager& bm, SequenceId id) {
+          [](PyBlockManager& self, SequenceId id) {
+            const ObjectLock lock(self.mutex, "BlockManager");
+            const BlockManager& bm = *self.manager;
             return ValueOrThrow(bm.PromptTokensLeft(id));
           },
           "id"_a)
       .def(
           "num_drafts",
-          [](const BlockManager& bm, SequenceId id) {
+          [](PyBlockManager& self, SequenceId id) {
+            const ObjectLock lock(self.mutex, "BlockManager");
+            const BlockManager& bm = *self.manager;
             return ValueOrThrow(bm.NumDrafts(id));
           },
           "id"_a)
+      .def_property_readonly("num_free",
+                             [](PyBlockManager& self) {
+                               const ObjectLock lock(self.mutex,
+                                                     "BlockManager");
+                               const BlockManager& bm = *self.manager;
+                               return bm.pool().NumFree();
+                             })
+      .def_property_readonly("num_allocatable",
+                             [](PyBlockManager& self) {
+                               const ObjectLock lock(self.mutex,
+                                                     "BlockManager");
+                               return self.manager->NumAllocatable();
+                             })
+      .def_property_readonly("num_cached",
+                             [](PyBlockManager& self) {
+                               const ObjectLock lock(self.mutex,
+                                                     "BlockManager");
+                               const BlockManager& bm = *self.manager;
+                               return bm.pool().NumCached();
+                             })
+      .def_property_readonly("reserved_pages",
+                             [](PyBlockManager& self) {
+                               const ObjectLock lock(self.mutex,
+                                                     "BlockManager");
+                               return self.manager->reserved_pages();
+                             })
+      .def_property_readonly("stats",
+                             [](PyBlockManager& self) {
+                               const ObjectLock lock(self.mutex,
+                                                     "BlockManager");
+                               const BlockManager& bm = *self.manager;
+                               return StatsDict(bm.stats());
+                             })
       .def_property_readonly(
-          "num_free",
-          [](const BlockManager& bm) { return bm.pool().NumFree(); })
-      .def_property_readonly("num_allocatable", &BlockManager::NumAllocatable)
-      .def_property_readonly(
-          "num_cached",
-          [](const BlockManager& bm) { return bm.pool().NumCached(); })
-      .def_property_readonly("reserved_pages", &BlockManager::reserved_pages)
-      .def_property_readonly(
-          "stats", [](const BlockManager& bm) { return StatsDict(bm.stats()); })
-      .def_property_readonly("config", &BlockManager::config)
+          "config",
+          [](const PyBlockManager& self) { return self.manager->config(); })
 
       .def("reset_prefix_cache",
-           [](BlockManager& bm) { ThrowIfError(bm.ResetPrefixCache()); })
+           [](PyBlockManager& self) {
+             const ObjectLock lock(self.mutex, "BlockManager");
+             BlockManager& bm = *self.manager;
+             ThrowIfError(bm.ResetPrefixCache());
+           })
       .def(
           "take_kv_events",
-          [](BlockManager& bm) {
+          [](PyBlockManager& self) {
+            const ObjectLock lock(self.mutex, "BlockManager");
+            BlockManager& bm = *self.manager;
             std::vector<KvCacheEvent> events;
             ThrowIfError(bm.TakeKvEvents(events));
             return events;
           },
           "The KV cache events since the last call, in order (with "
           "BlockManagerOptions.enable_kv_events; between steps).")
-      .def("begin_step", [](BlockManager& bm) { ThrowIfError(bm.BeginStep()); })
+      .def("begin_step",
+           [](PyBlockManager& self) {
+             const ObjectLock lock(self.mutex, "BlockManager");
+             BlockManager& bm = *self.manager;
+             ThrowIfError(bm.BeginStep());
+           })
       .def("commit_step",
-           [](BlockManager& bm) { ThrowIfError(bm.CommitStep()); })
+           [](PyBlockManager& self) {
+             const ObjectLock lock(self.mutex, "BlockManager");
+             BlockManager& bm = *self.manager;
+             ThrowIfError(bm.CommitStep());
+           })
       .def("rollback_step",
-           [](BlockManager& bm) { ThrowIfError(bm.RollbackStep()); })
-      .def_property_readonly("in_step", &BlockManager::in_step)
-      .def("check_invariants",
-           [](const BlockManager& bm) { ThrowIfError(bm.CheckInvariants()); });
+           [](PyBlockManager& self) {
+             const ObjectLock lock(self.mutex, "BlockManager");
+             BlockManager& bm = *self.manager;
+             ThrowIfError(bm.RollbackStep());
+           })
+      .def_property_readonly("in_step",
+                             [](PyBlockManager& self) {
+                               const ObjectLock lock(self.mutex,
+                                                     "BlockManager");
+                               return self.manager->in_step();
+                             })
+      .def("check_invariants", [](PyBlockManager& self) {
+        const ObjectLock lock(self.mutex, "BlockManager");
+        const BlockManager& bm = *self.manager;
+        ThrowIfError(bm.CheckInvariants());
+      });
 }
 
 void BindTable(py::module_& m) {
@@ -568,16 +712,18 @@ void BindTable(py::module_& m) {
       "__dlpack__ exports the device copy without copying.")
       .def(py::init([](int32_t max_batch, int32_t max_pages_per_seq,
                        int32_t num_pages, PyDevice& device) {
-             return PyTable{
-                 .table = ValueOrThrow(KVPageTable::Create(
-                     max_batch, max_pages_per_seq, num_pages, *device.device)),
-                 .dl_device = device.dl_device};
+             auto self = std::make_unique<PyTable>();
+             self->table = ValueOrThrow(KVPageTable::Create(
+                 max_batch, max_pages_per_seq, num_pages, *device.device));
+             self->dl_device = device.dl_device;
+             return self;
            }),
            "max_batch"_a, "max_pages_per_seq"_a, "num_pages"_a, "device"_a,
            py::keep_alive<1, 5>())
       .def(
           "upload",
           [](PyTable& t) {
+            const ObjectLock lock(t.mutex, "KVPageTable");
             return ValueOrThrow(
                 WithoutGil([&] { return t.table->Upload(nullptr); }));
           },
@@ -586,7 +732,8 @@ void BindTable(py::module_& m) {
       .def(
           "host_row",
           [](const py::object& self, SlotId slot) {
-            const PyTable& t = self.cast<const PyTable&>();
+            PyTable& t = self.cast<PyTable&>();
+            const ObjectLock lock(t.mutex, "KVPageTable");
             return ItemsView<PageId>(ValueOrThrow(t.table->HostRow(slot)),
                                      self);
           },
@@ -595,7 +742,8 @@ void BindTable(py::module_& m) {
       .def(
           "__dlpack__",
           [](const py::object& self, const py::object& /*stream*/) {
-            const PyTable& t = self.cast<const PyTable&>();
+            PyTable& t = self.cast<PyTable&>();
+            const ObjectLock lock(t.mutex, "KVPageTable");
             return ExportDlpack(t.table->kernel_view(), t.dl_device, self);
           },
           "stream"_a = py::none(),
@@ -614,8 +762,10 @@ void BindTable(py::module_& m) {
           [](const PyTable& t) { return t.table->max_pages_per_seq(); })
       .def_property_readonly(
           "num_pages", [](const PyTable& t) { return t.table->num_pages(); })
-      .def("check_invariants",
-           [](const PyTable& t) { ThrowIfError(t.table->CheckInvariants()); });
+      .def("check_invariants", [](PyTable& t) {
+        const ObjectLock lock(t.mutex, "KVPageTable");
+        ThrowIfError(t.table->CheckInvariants());
+      });
 }
 
 void BindCommit(py::module_& m) {
@@ -687,12 +837,16 @@ void BindCommit(py::module_& m) {
       .def_property_readonly("draft_copies", [](const PyStepResult& r) {
         return r.step.draft_copies;
       });
-  py::class_<BatchCommit>(
+  py::class_<PyBatchCommit>(
       m, "BatchCommit",
       "Applies one scheduler step as a transaction and compacts it into the "
       "page table.")
-      .def(py::init([](BlockManager& manager, PyTable& table) {
-             return ValueOrThrow(BatchCommit::Create(manager, *table.table));
+      .def(py::init([](PyBlockManager& manager, PyTable& table) {
+             auto self = std::make_unique<PyBatchCommit>(manager, table);
+             const CommitLock lock(*self);
+             self->commit = ValueOrThrow(
+                 BatchCommit::Create(*manager.manager, *table.table));
+             return self;
            }),
            "manager"_a, "table"_a, py::keep_alive<1, 2>(),
            py::keep_alive<1, 3>())
@@ -706,7 +860,9 @@ void BindCommit(py::module_& m) {
              const std::optional<Array<TokenId>>& append_tokens,
              const std::optional<std::vector<PyChunk>>& prompt_chunks,
              const std::optional<Array<int32_t>>& draft_counts) {
-            BatchCommit& commit = self.cast<BatchCommit&>();
+            PyBatchCommit& locked = self.cast<PyBatchCommit&>();
+            const CommitLock lock(locked);
+            BatchCommit& commit = *locked.commit;
             // The plan views the joins' and chunks' tokens, hashes and
             // salts: the lists stay alive (and unchanged) through Commit.
             static const std::vector<PyJoin> kNoJoins;
@@ -746,37 +902,62 @@ void BindCommit(py::module_& m) {
           "draft_counts"_a = py::none(),
           "Commits one step (BatchCommit::Commit) as one transaction; its "
           "StepResult.")
-      .def_property_readonly("slots",
-                             [](const py::object& self) {
-                               return ItemsView<SequenceId>(
-                                   self.cast<const BatchCommit&>().slots(),
-                                   self);
-                             })
-      .def_property_readonly("batch", &BatchCommit::batch)
-      .def_property("time_phases", &BatchCommit::time_phases,
-                    &BatchCommit::set_time_phases,
-                    "Whether commits time their parts (phase_times).")
       .def_property_readonly(
-          "phase_times",
-          [](const BatchCommit& commit) { return commit.phase_times(); })
-      .def("__len__", &BatchCommit::batch)
+          "slots",
+          [](const py::object& self) {
+            PyBatchCommit& c = self.cast<PyBatchCommit&>();
+            const CommitLock lock(c);
+            return ItemsView<SequenceId>(c.commit->slots(), self);
+          },
+          "The running sequences in slot order, a read-only view (valid "
+          "until the next commit).")
+      .def_property_readonly("batch",
+                             [](PyBatchCommit& c) {
+                               const CommitLock lock(c);
+                               return c.commit->batch();
+                             })
+      .def_property(
+          "time_phases",
+          [](PyBatchCommit& c) {
+            const CommitLock lock(c);
+            return c.commit->time_phases();
+          },
+          [](PyBatchCommit& c, bool on) {
+            const CommitLock lock(c);
+            c.commit->set_time_phases(on);
+          },
+          "Whether commits time their parts (phase_times).")
+      .def_property_readonly("phase_times",
+                             [](PyBatchCommit& c) {
+                               const CommitLock lock(c);
+                               return c.commit->phase_times();
+                             })
+      .def("__len__",
+           [](PyBatchCommit& c) {
+             const CommitLock lock(c);
+             return c.commit->batch();
+           })
       .def(
           "__iter__",
-          [](const BatchCommit& commit) {
-            return py::make_iterator(commit.slots().begin(),
-                                     commit.slots().end());
+          [](PyBatchCommit& c) {
+            const CommitLock lock(c);
+            const absl::Span<const SequenceId> slots = c.commit->slots();
+            return py::iter(
+                py::cast(std::vector<SequenceId>(slots.begin(), slots.end())));
           },
-          py::keep_alive<0, 1>(), "The running sequences in slot order.")
+          "The running sequences in slot order (a copy).")
       .def(
           "append_pages",
-          [](const BatchCommit& commit, const Array<int32_t>& append_counts,
+          [](PyBatchCommit& c, const Array<int32_t>& append_counts,
              const Array<int32_t>& draft_counts) {
-            return ValueOrThrow(commit.AppendPages(SpanOf(append_counts),
-                                                   SpanOf(draft_counts)));
+            const CommitLock lock(c);
+            return ValueOrThrow(c.commit->AppendPages(SpanOf(append_counts),
+                                                      SpanOf(draft_counts)));
           },
           "append_counts"_a, "draft_counts"_a = Array<int32_t>())
-      .def("check_invariants", [](const BatchCommit& commit) {
-        ThrowIfError(commit.CheckInvariants());
+      .def("check_invariants", [](PyBatchCommit& c) {
+        const CommitLock lock(c);
+        ThrowIfError(c.commit->CheckInvariants());
       });
 }
 
