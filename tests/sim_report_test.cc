@@ -116,6 +116,28 @@ TEST_CASE("the readable report states every number") {
   }
 }
 
+TEST_CASE("the report counts rejections past the listed ones") {
+  SimResult result = SampleResult();
+  result.unlisted_rejections[static_cast<size_t>(
+      RejectedRequest::Kind::kRanOutAlone)] = 4;
+  std::ostringstream out;
+  PrintReport(result, SampleSetup(), out);
+  const std::string text = out.str();
+  for (const char* line : {
+           "requests          9 completed, 7 rejected (of 12)\n",
+           "rejected          7: 1 over_token_budget, 2 pool_too_small, 4 "
+           "ran_out_alone\n",
+           "rejected          ... and 4 more\n",
+       }) {
+    REQUIRE(text.find(line) != std::string::npos);
+  }
+  std::ostringstream json;
+  WriteJsonReport(result, SampleSetup(), json);
+  const nlohmann::json report = nlohmann::json::parse(json.str());
+  REQUIRE(report["rejected"] == 7);
+  REQUIRE(report["rejected_requests"].size() == 3);
+}
+
 TEST_CASE("the JSON report has the design's fields") {
   std::ostringstream out;
   WriteJsonReport(SampleResult(), SampleSetup(), out);

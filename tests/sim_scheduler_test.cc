@@ -60,8 +60,7 @@ SimResult RunChecked(const SchedulerConfig& config,
   REQUIRE(manager.pool().NumUsed() == 0);
   REQUIRE(manager.pool().NumFree() == config.kv.num_pages);
   REQUIRE(result->requests == static_cast<int64_t>(requests.size()));
-  REQUIRE(result->completed + static_cast<int64_t>(result->rejected.size()) ==
-          result->requests);
+  REQUIRE(result->completed + result->num_rejected() == result->requests);
   REQUIRE(progress_calls == result->steps);
   REQUIRE(result->steps == static_cast<int64_t>(result->timeline.size()));
   return *std::move(result);
@@ -294,6 +293,25 @@ TEST_CASE("requests that can never run are rejected and the rest run") {
           std::string::npos);
 }
 
+TEST_CASE("rejections past the listed ones are counted by kind") {
+  std::vector<TokenId> long_prompt(80, 3);  // 20 pages: more than the pool.
+  std::vector<Request> requests;
+  const int64_t total = static_cast<int64_t>(kMaxListedRejections) + 5;
+  for (int64_t i = 0; i < total; ++i) {
+    requests.push_back({.id = "huge" + std::to_string(i),
+                        .arrival = i,
+                        .prompt = long_prompt,
+                        .max_tokens = 1});
+  }
+  const SimResult result = RunChecked(SmallConfig(16), requests);
+  REQUIRE(result.rejected.size() == kMaxListedRejections);
+  REQUIRE(result.rejected.back().id ==
+          "huge" + std::to_string(kMaxListedRejections - 1));
+  REQUIRE(result.unlisted_rejections[static_cast<size_t>(
+              RejectedRequest::Kind::kPoolTooSmall)] == 5);
+  REQUIRE(result.num_rejected() == total);
+}
+
 TEST_CASE("when pages run out the latest request is preempted and recomputed") {
   // Eight requests of 24 + 24 tokens (12 pages each at the end) in 40 pages.
   std::vector<Request> requests;
@@ -321,19 +339,6 @@ TEST_CASE("when pages run out the latest request is preempted and recomputed") {
   REQUIRE(result.recomputed_tokens > 0);
   REQUIRE(result.generated_tokens == 8 * 24 + result.recomputed_tokens);
   REQUIRE(result.steps_limited_by_pages > 0);
-}
-
-TEST_CASE("StatsOf gives the mean and nearest-rank percentiles") {
-  std::vector<int64_t> none;
-  REQUIRE(StatsOf(none) == StepStats{});
-  std::vector<int64_t> five = {5, 1, 3, 2, 4};
-  REQUIRE(StatsOf(five) ==
-          StepStats{.count = 5, .mean = 3, .p50 = 3, .p99 = 5, .max = 5});
-  std::vector<int64_t> hundred;
-  for (int64_t i = 100; i >= 1; --i) hundred.push_back(i);
-  REQUIRE(
-      StatsOf(hundred) ==
-      StepStats{.count = 100, .mean = 50.5, .p50 = 50, .p99 = 99, .max = 100});
 }
 
 TEST_CASE("a full batch keeps requests waiting; the report says so") {

@@ -31,7 +31,8 @@ FeedReport ReportAt(int64_t clock) {
           .running = 2,
           .waiting = 1,
           .completed = 5,
-          .rejected = 0};
+          .rejected = 0,
+          .finished_ids = {}};
 }
 
 TEST_CASE("a window of requests is handed over at its run_until") {
@@ -78,7 +79,7 @@ TEST_CASE("bad serve input is refused naming the line; nothing is handed") {
        "line 1: run_until: a control line holds run_until alone"},
       {"{\"run_until\": \"5\"}\n", "line 1: run_until: expected an integer"},
       {std::string(kRequest) + "\n" + kRequest + "\n",
-       "line 2: id: \"a\" was already served"},
+       "line 2: id: \"a\" is in use: a request with it has not finished"},
       {R"({"id": "b", "arrival": 3, "prompt": [1], "max_tokens": 1})"
        "\n" +
            std::string(kRequest) + "\n",
@@ -189,6 +190,83 @@ TEST_CASE("a served run equals the run of the same trace") {
   }
   REQUIRE(lines > 1);
   REQUIRE_STATUS_IS((*served)->Serve(feed), kFailedPrecondition);
+}
+
+TEST_CASE("a finished request's id may be reused, an unfinished one's not") {
+  const std::string again =
+      R"({"id": "a", "arrival": 9, "prompt": [4], "max_tokens": 1})";
+  std::istringstream in(std::string(kRequest) + "\n{\"run_until\": 5}\n" +
+                        again + "\n{\"run_until\": 10}\n" + again + "\n");
+  std::ostringstream out;
+  LineFeed feed(in, out, kLimits);
+  std::deque<Request> arrivals;
+  REQUIRE_OK(feed.Next(ReportAt(0), arrivals));
+  // "a" has not finished by step 5: a second "a" is refused...
+  std::istringstream in2(std::string(kRequest) + "\n{\"run_until\": 5}\n" +
+                         again + "\n");
+  LineFeed refusing(in2, out, kLimits);
+  REQUIRE_OK(refusing.Next(ReportAt(0), arrivals));
+  const auto refused = refusing.Next(ReportAt(5), arrivals);
+  REQUIRE_STATUS_IS(refused, kInvalidArgument);
+  REQUIRE_THAT(std::string(refused.status().message()),
+               Catch::Matchers::Contains("line 3: id: \"a\" is in use"));
+  // ...and taken once a report says it finished, but not twice in a window.
+  const std::vector<std::string> finished = {"a"};
+  FeedReport report = ReportAt(5);
+  report.finished_ids = finished;
+  arrivals.clear();
+  const auto reused = feed.Next(report, arrivals);
+  REQUIRE_OK(reused);
+  REQUIRE(*reused == std::optional<int64_t>(10));
+  REQUIRE(arrivals.size() == 1);
+  REQUIRE(arrivals[0].arrival == 9);
+  REQUIRE_STATUS_IS(feed.Next(ReportAt(10), arrivals), kInvalidArgument);
+}
+
+// Requests generated as a served run goes on: `total` of them, one each
+// step, a window of 10 at a time, each reusing an id of one finished long
+// before (ids cycle over 1,000).
+class CountingFeed final : public RequestFeed {
+ public:
+  explicit CountingFeed(int64_t total) : total_(total) {}
+  absl::StatusOr<std::optional<int64_t>> Next(
+      const FeedReport& report, std::deque<Request>& arrivals) override {
+    finished_ += static_cast<int64_t>(report.finished_ids.size());
+    if (next_ == total_) return std::nullopt;
+    const int64_t end = std::min(total_, next_ + 10);
+    for (; next_ < end; ++next_) {
+      arrivals.push_back({.id = "r" + std::to_string(next_ % 1000),
+                          .arrival = next_,
+                          .prompt = {1, 2, static_cast<TokenId>(next_ % 97)},
+                          .max_tokens = 2});
+    }
+    return end;
+  }
+  int64_t finished() const { return finished_; }
+
+ private:
+  const int64_t total_;
+  int64_t next_ = 0;
+  int64_t finished_ = 0;
+};
+
+TEST_CASE("a served run reports finished ids and keeps no timeline if asked") {
+  std::unique_ptr<Device> device = Device::Host();
+  SchedulerConfig config = ServeConfig();
+  config.keep_timeline = false;
+  auto scheduler = Scheduler::Create(config, *device);
+  REQUIRE_OK(scheduler);
+  CountingFeed feed(5000);
+  const auto result = (*scheduler)->Serve(feed);
+  REQUIRE_OK(result);
+  REQUIRE(result->requests == 5000);
+  REQUIRE(result->completed == 5000);
+  REQUIRE(result->timeline.empty());
+  REQUIRE(result->steps >= 5000);
+  REQUIRE(result->queue_steps.count == 5000);
+  // Every request but those finishing after the feed ended was reported.
+  REQUIRE(feed.finished() > 4990);
+  REQUIRE(feed.finished() <= 5000);
 }
 
 // A feed that breaks its contract.

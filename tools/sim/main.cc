@@ -354,6 +354,10 @@ int Main() {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
   }
+  // A record per step only for the outputs that draw it: a long --serve
+  // run without them keeps none.
+  config->keep_timeline = !absl::GetFlag(FLAGS_timeline).empty() ||
+                          !absl::GetFlag(FLAGS_plot).empty();
   if (absl::GetFlag(FLAGS_kv_events) == "discard") {
     // What recording and taking the events after every step cost the
     // scheduler's thread, without a publisher's threads beside it.

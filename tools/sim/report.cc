@@ -141,7 +141,7 @@ void PrintReport(const SimResult& result, const RunSetup& setup,
                          DescribeSpeculation(config));
   out << absl::StrFormat(
       "requests          %d completed, %d rejected (of %d)\n", result.completed,
-      result.rejected.size(), result.requests);
+      result.num_rejected(), result.requests);
   out << absl::StrFormat(
       "prompt tokens     %d admitted, %d from the prefix cache "
       "(%.1f%% hit rate)\n",
@@ -231,17 +231,22 @@ void PrintReport(const SimResult& result, const RunSetup& setup,
       FormatNanos(static_cast<double>(result.scheduler_thread_ns)),
       FormatNanos(Ratio(static_cast<double>(result.scheduler_thread_ns),
                         static_cast<double>(result.steps))));
-  if (!result.rejected.empty()) {
+  if (result.num_rejected() > 0) {
     std::map<std::string, int64_t> kinds;
     for (const RejectedRequest& request : result.rejected) {
       ++kinds[RejectedKindName(request.kind)];
+    }
+    for (size_t kind = 0; kind < result.unlisted_rejections.size(); ++kind) {
+      if (result.unlisted_rejections[kind] == 0) continue;
+      kinds[RejectedKindName(static_cast<RejectedRequest::Kind>(kind))] +=
+          result.unlisted_rejections[kind];
     }
     std::string summary;
     for (const auto& [kind, count] : kinds) {
       absl::StrAppendFormat(&summary, "%s%d %s", summary.empty() ? "" : ", ",
                             count, kind);
     }
-    out << absl::StrFormat("rejected          %d: %s\n", result.rejected.size(),
+    out << absl::StrFormat("rejected          %d: %s\n", result.num_rejected(),
                            summary);
   }
   const size_t listed = std::min(result.rejected.size(), kListedRejections);
@@ -249,9 +254,10 @@ void PrintReport(const SimResult& result, const RunSetup& setup,
     out << absl::StrFormat("rejected          %s: %s\n", result.rejected[i].id,
                            result.rejected[i].reason);
   }
-  if (result.rejected.size() > listed) {
-    out << absl::StrFormat("rejected          ... and %d more\n",
-                           result.rejected.size() - listed);
+  if (result.num_rejected() > static_cast<int64_t>(listed)) {
+    out << absl::StrFormat(
+        "rejected          ... and %d more\n",
+        result.num_rejected() - static_cast<int64_t>(listed));
   }
 }
 
@@ -264,7 +270,7 @@ void WriteJsonReport(const SimResult& result, const RunSetup& setup,
   report["device"] = setup.device;
   report["requests"] = result.requests;
   report["completed"] = result.completed;
-  report["rejected"] = result.rejected.size();
+  report["rejected"] = result.num_rejected();
   report["prompt_tokens"] = result.prompt_tokens;
   report["prefix_hit_tokens"] = result.prefix_hit_tokens;
   report["prefix_hit_rate"] = rates.hit_rate;

@@ -77,6 +77,11 @@ struct Sequence {
 
 struct RequestState {
   const Request* request = nullptr;
+  // The feed's copy of `request` (Serve), released once the request is done;
+  // null for a trace's request, which the caller owns.
+  Request* owned = nullptr;
+  // Completed or rejected: nothing refers to it any more (ReleaseDone).
+  bool done = false;
   uint64_t id_hash = 0;
   std::vector<Sequence> sequences = {};  // running, in creation order.
   int64_t generated = 0;                 // tokens appended to each sequence.
@@ -209,6 +214,12 @@ class Runner {
   absl::Status GiveWay();
   void Reject(RequestState& request, RejectedRequest::Kind kind,
               std::string reason);
+  // Marks a completed or rejected request done, for ReleaseDone.
+  void Done(RequestState& request);
+  // Frees what the run holds of the requests done since the last call, and
+  // drops the states at the front of requests_ that are done: a served run's
+  // memory does not grow with the requests it has finished.
+  void ReleaseDone();
   absl::Status CheckFinalState() const;
 
   SchedulerState& state_;
@@ -217,13 +228,20 @@ class Runner {
   const PagedKvConfig& kv_;
   const std::function<void(const Progress&)>& progress_;
 
-  // By arrival, ties in trace order; a deque, so that the feed's arrivals
+  // By arrival, ties in trace order, from the first not yet done (those
+  // before are dropped); a deque, so that the feed's arrivals and the drops
   // leave the queue's and the batch's pointers valid.
   std::deque<RequestState> requests_;
   size_t next_arrival_ = 0;
   RequestFeed* feed_ = nullptr;  // null once it has ended.
-  std::deque<Request> fed_;      // the feed's requests.
-  int64_t horizon_ = 0;          // the feed's: steps before it may run.
+  // The feed's requests, each the `owned` of the state at the same index of
+  // requests_ (a served run has no others).
+  std::deque<Request> fed_;
+  // Requests done since the last ReleaseDone, and the ids of the feed's
+  // ones released since the last report to the feed.
+  std::vector<RequestState*> done_;
+  std::vector<std::string> finished_ids_;
+  int64_t horizon_ = 0;  // the feed's: steps before it may run.
   std::deque<RequestState*> waiting_;
   std::vector<RequestState*> running_;        // in admission order.
   std::vector<RequestState*> still_running_;  // ApplyStep's scratch.
@@ -267,9 +285,9 @@ class Runner {
   bool pages_ran_out_ = false;          // a commit of this step did.
   // Of completed requests: queue waits, steps to the first token, steps
   // that computed the prompt.
-  std::vector<int64_t> queue_waits_;
-  std::vector<int64_t> first_token_waits_;
-  std::vector<int64_t> prompt_steps_;
+  StepHistogram queue_waits_;
+  StepHistogram first_token_waits_;
+  StepHistogram prompt_steps_;
 };
 
 Runner::Runner(SchedulerState& state, absl::Span<const Request> requests,
@@ -311,8 +329,37 @@ Runner::Runner(SchedulerState& state, absl::Span<const Request> requests,
 
 void Runner::Reject(RequestState& request, RejectedRequest::Kind kind,
                     std::string reason) {
-  result_.rejected.push_back(
-      {.id = request.request->id, .reason = std::move(reason), .kind = kind});
+  if (result_.rejected.size() < kMaxListedRejections) {
+    result_.rejected.push_back(
+        {.id = request.request->id, .reason = std::move(reason), .kind = kind});
+  } else {
+    ++result_.unlisted_rejections[static_cast<size_t>(kind)];
+  }
+  Done(request);
+}
+
+void Runner::Done(RequestState& request) {
+  request.done = true;
+  done_.push_back(&request);
+}
+
+void Runner::ReleaseDone() {
+  for (RequestState* r : done_) {
+    r->sequences = {};
+    r->prompt_hashes = {};
+    if (r->owned != nullptr) {
+      finished_ids_.push_back(std::move(r->owned->id));
+      r->owned->prompt = {};
+      r->owned->output = {};
+      r->owned->cache_salt = {};
+    }
+  }
+  done_.clear();
+  while (next_arrival_ > 0 && requests_.front().done) {
+    if (requests_.front().owned != nullptr) fed_.pop_front();
+    requests_.pop_front();
+    --next_arrival_;
+  }
 }
 
 void Runner::PlanRunning() {
@@ -617,9 +664,10 @@ absl::Status Runner::ApplyStep() {
     if (r->finishing) {
       r->sequences.clear();
       ++result_.completed;
-      queue_waits_.push_back(r->first_admitted - request.arrival);
-      first_token_waits_.push_back(r->first_token - request.arrival + 1);
-      prompt_steps_.push_back(r->prompt_steps);
+      queue_waits_.Add(r->first_admitted - request.arrival);
+      first_token_waits_.Add(r->first_token - request.arrival + 1);
+      prompt_steps_.Add(r->prompt_steps);
+      Done(*r);
       continue;
     }
     still_running_.push_back(r);
@@ -789,23 +837,24 @@ absl::StatusOr<std::optional<StepResult>> Runner::CommitStep() {
 }
 
 absl::Status Runner::ReadFeed() {
-  const FeedReport report{
-      .clock = clock_,
-      .kv_event_batches = result_.kv_events.batches,
-      .running = static_cast<int64_t>(running_.size()),
-      .waiting = static_cast<int64_t>(waiting_.size()),
-      .completed = result_.completed,
-      .rejected = static_cast<int64_t>(result_.rejected.size())};
+  const FeedReport report{.clock = clock_,
+                          .kv_event_batches = result_.kv_events.batches,
+                          .running = static_cast<int64_t>(running_.size()),
+                          .waiting = static_cast<int64_t>(waiting_.size()),
+                          .completed = result_.completed,
+                          .rejected = result_.num_rejected(),
+                          .finished_ids = finished_ids_};
   const size_t known = fed_.size();
   KVBLOCK_ASSIGN_OR_RETURN(const std::optional<int64_t> horizon,
                            feed_->Next(report, fed_));
+  finished_ids_.clear();
   if (horizon.has_value() && *horizon <= clock_) {
     return absl::InternalError(absl::StrFormat(
         "feed: horizon %d does not pass step %d", *horizon, clock_));
   }
   int64_t earliest = clock_;
   for (size_t i = known; i < fed_.size(); ++i) {
-    const Request& request = fed_[i];
+    Request& request = fed_[i];
     if (request.arrival < earliest ||
         (horizon.has_value() && request.arrival >= *horizon)) {
       return absl::InternalError(absl::StrFormat(
@@ -814,9 +863,11 @@ absl::Status Runner::ReadFeed() {
           horizon.has_value() ? absl::StrCat(*horizon) : "end"));
     }
     earliest = request.arrival;
-    requests_.push_back({.request = &request, .id_hash = HashId(request.id)});
+    requests_.push_back({.request = &request,
+                         .owned = &request,
+                         .id_hash = HashId(request.id)});
   }
-  result_.requests = static_cast<int64_t>(requests_.size());
+  result_.requests += static_cast<int64_t>(fed_.size() - known);
   if (horizon.has_value()) {
     horizon_ = *horizon;
   } else {
@@ -853,6 +904,7 @@ absl::StatusOr<SimResult> Runner::Run() {
     const BlockManagerStats before = manager_.stats();
     KVBLOCK_ASSIGN_OR_RETURN(const std::optional<StepResult> step,
                              CommitStep());
+    ReleaseDone();
     if (!step.has_value()) {
       // Nothing to commit: planning rejected every waiting request.
       if (!waiting_.empty()) {
@@ -863,6 +915,7 @@ absl::StatusOr<SimResult> Runner::Run() {
       continue;
     }
     KVBLOCK_RETURN_IF_ERROR(ApplyStep());
+    ReleaseDone();
     KVBLOCK_RETURN_IF_ERROR(HandOffKvEvents(/*force=*/false));
     result_.draft_copies += step->draft_copies;
     if (state_.config.spec_tokens > 0) {
@@ -899,7 +952,8 @@ absl::StatusOr<SimResult> Runner::Run() {
     }
     result_.peak_waiting = std::max<int64_t>(
         result_.peak_waiting, static_cast<int64_t>(waiting_.size()));
-    result_.timeline.push_back(record);
+    if (state_.config.keep_timeline) result_.timeline.push_back(record);
+    ++result_.steps;
     result_.sequence_steps += step->batch;
     result_.preemptions += step_preemptions_;
     pages_sum += record.pages_used;
@@ -908,9 +962,8 @@ absl::StatusOr<SimResult> Runner::Run() {
       progress_({.step = clock_,
                  .running = static_cast<int64_t>(running_.size()),
                  .waiting = static_cast<int64_t>(waiting_.size()),
-                 .finished = result_.completed +
-                             static_cast<int64_t>(result_.rejected.size()),
-                 .total = static_cast<int64_t>(requests_.size())});
+                 .finished = result_.completed + result_.num_rejected(),
+                 .total = result_.requests});
     }
   }
   KVBLOCK_RETURN_IF_ERROR(HandOffKvEvents(/*force=*/true));
@@ -925,7 +978,6 @@ absl::StatusOr<SimResult> Runner::Run() {
   result_.cow_copies = stats.cow_copies;
   result_.evictions = stats.evictions;
   result_.peak_pages_used = stats.peak_pages_in_use;
-  result_.steps = static_cast<int64_t>(result_.timeline.size());
   result_.mean_pages_used =
       result_.steps > 0 ? pages_sum / static_cast<double>(result_.steps) : 0;
   const CommitPhaseTimes& commit = commit_.phase_times();
@@ -936,9 +988,9 @@ absl::StatusOr<SimResult> Runner::Run() {
   // The rest of each Commit call, and of the calls into it.
   phases_.bookkeeping_ns = commit_ns_ - commit.frees_ns - commit.admissions_ns -
                            commit.appends_ns - commit.page_table_ns;
-  result_.queue_steps = StatsOf(queue_waits_);
-  result_.ttft_steps = StatsOf(first_token_waits_);
-  result_.prompt_steps = StatsOf(prompt_steps_);
+  result_.queue_steps = queue_waits_.Stats();
+  result_.ttft_steps = first_token_waits_.Stats();
+  result_.prompt_steps = prompt_steps_.Stats();
   result_.prompt_chunks = stats.prompt_chunks;
   result_.host_ns_by_phase = phases_;
   result_.kv_events.on = state_.config.kv_event_sink.on();
@@ -996,25 +1048,6 @@ const char* RejectedKindName(RejectedRequest::Kind kind) {
       return "ran_out_alone";
   }
   return "unknown";
-}
-
-StepStats StatsOf(std::vector<int64_t>& values) {
-  StepStats stats;
-  if (values.empty()) return stats;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  stats.count = static_cast<int64_t>(n);
-  stats.mean = static_cast<double>(
-                   std::accumulate(values.begin(), values.end(), int64_t{0})) /
-               static_cast<double>(n);
-  // Nearest rank: the smallest value with at least p% of them at or below.
-  const auto rank = [&](int percent) {
-    return values[(n * percent + 99) / 100 - 1];
-  };
-  stats.p50 = rank(50);
-  stats.p99 = rank(99);
-  stats.max = values.back();
-  return stats;
 }
 
 TraceLimits TraceLimitsFor(const SchedulerConfig& config) {

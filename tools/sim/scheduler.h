@@ -76,6 +76,8 @@
 #ifndef KVBLOCK_TOOLS_SIM_SCHEDULER_H_
 #define KVBLOCK_TOOLS_SIM_SCHEDULER_H_
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -93,6 +95,7 @@
 #include "kvblock/device.h"
 #include "kvblock/kv_events.h"
 #include "kvblock/page_table.h"
+#include "sim/step_histogram.h"
 #include "sim/trace.h"
 
 namespace kvblock::sim {
@@ -140,7 +143,15 @@ struct SchedulerConfig {
   // KV cache events (--kv_events): with a sink, the manager records them
   // and the scheduler hands them over, once, in order.
   KvEventSink kv_event_sink;
+  // Whether SimResult::timeline keeps a record of every step (for
+  // --timeline and --plot): memory that grows with the steps, which a
+  // long --serve run without those flags does not keep.
+  bool keep_timeline = true;
 };
+
+// The rejected requests SimResult::rejected lists; later ones are counted
+// only (SimResult::unlisted_rejections).
+inline constexpr size_t kMaxListedRejections = 1000;
 
 // The most draft slots SchedulerConfig::spec_tokens may ask for.
 inline constexpr int32_t kMaxSpecTokens = 64;
@@ -171,19 +182,6 @@ struct StepRecord {
 
   friend bool operator==(const StepRecord&, const StepRecord&) = default;
 };
-
-// A distribution of steps over completed requests (all zero when none).
-struct StepStats {
-  int64_t count = 0;
-  double mean = 0;
-  int64_t p50 = 0;  // nearest-rank percentiles.
-  int64_t p99 = 0;
-  int64_t max = 0;
-  friend bool operator==(const StepStats&, const StepStats&) = default;
-};
-
-// The nearest-rank statistics of `values` (reordered).
-StepStats StatsOf(std::vector<int64_t>& values);
 
 // Host time inside library calls, by phase, in nanoseconds.
 struct HostPhases {
@@ -231,7 +229,15 @@ const char* RejectedKindName(RejectedRequest::Kind kind);
 struct SimResult {
   int64_t requests = 0;   // in the trace.
   int64_t completed = 0;  // ran to max_tokens.
+  // The first kMaxListedRejections rejected requests, in the order they
+  // were rejected; the count of later ones by kind (RejectedRequest::Kind).
   std::vector<RejectedRequest> rejected;
+  std::array<int64_t, 3> unlisted_rejections = {};
+  // Every rejected request, listed or not.
+  int64_t num_rejected() const {
+    return static_cast<int64_t>(rejected.size()) + unlisted_rejections[0] +
+           unlisted_rejections[1] + unlisted_rejections[2];
+  }
   // The library's counts (BlockManagerStats): prompts of every admission
   // (re-admissions after preemption included), the part of them served from
   // the prefix cache in whole pages, and tokens appended to sequences (every
@@ -268,6 +274,7 @@ struct SimResult {
   int64_t upload_entries = 0;
   int64_t upload_ranges = 0;
   int64_t table_setup_ns = 0;
+  // Every committed step, with SchedulerConfig::keep_timeline (else empty).
   std::vector<StepRecord> timeline;
   // Queueing, over completed requests, in steps: from arrival to the step
   // that first admits it (queue wait), and to the end of the step that
@@ -336,6 +343,10 @@ struct FeedReport {
   int64_t waiting = 0;
   int64_t completed = 0;
   int64_t rejected = 0;
+  // The ids of the requests that completed or were rejected since the last
+  // report: the run holds nothing of them any more, and a new request may
+  // reuse their ids.
+  absl::Span<const std::string> finished_ids;
 };
 
 // Requests that reach a run while it goes on (Scheduler::Serve), from a
@@ -348,8 +359,10 @@ class RequestFeed {
   virtual ~RequestFeed() = default;
   // Given where the run stands (first at clock 0, before any step), appends
   // to `arrivals` the requests arriving in [report.clock, horizon), in
-  // arrival order, each validated for the run's TraceLimits with an id new
-  // to the run, and returns the horizon (> report.clock); nullopt when the
+  // arrival order, each validated for the run's TraceLimits with an id that
+  // no request the run holds has (one handed over and not yet reported in
+  // a FeedReport::finished_ids), and returns the horizon (> report.clock);
+  // nullopt when the
   // feed has ended: the run finishes what it holds. An error ends the run
   // with that error.
   virtual absl::StatusOr<std::optional<int64_t>> Next(
@@ -390,7 +403,11 @@ class Scheduler {
   // Run over requests `feed` hands over as the run goes on, until the feed
   // ends and every request has completed or been rejected. Internal when the
   // feed breaks its contract (an arrival outside its window, a horizon that
-  // does not advance); otherwise as Run.
+  // does not advance); otherwise as Run. Memory stays bounded however long
+  // the feed goes on: a request that completes or is rejected is dropped by
+  // the end of its step (its id goes to the next FeedReport), the report's
+  // distributions are StepHistograms, and the timeline is kept only with
+  // keep_timeline.
   absl::StatusOr<SimResult> Serve(
       RequestFeed& feed,
       const std::function<void(const Progress&)>& progress = {});

@@ -23,6 +23,9 @@ absl::StatusOr<std::optional<int64_t>> LineFeed::Next(
         "serve output: write failed (the router closed kvblock-sim's stdout?)");
   }
 
+  // Finished requests' ids may be reused: the set holds the run's others.
+  for (const std::string& id : report.finished_ids) ids_.erase(id);
+
   // The arrivals are validated whole before any is handed over: a bad line
   // ends the run with nothing of its window half-taken.
   std::deque<Request> window;
@@ -59,8 +62,9 @@ absl::StatusOr<std::optional<int64_t>> LineFeed::Next(
           request.arrival, earliest));
     }
     if (!ids_.insert(request.id).second) {
-      return error(
-          absl::StrFormat("id: \"%s\" was already served", request.id));
+      return error(absl::StrFormat(
+          "id: \"%s\" is in use: a request with it has not finished",
+          request.id));
     }
     earliest = request.arrival;
     window.push_back(std::move(request));

@@ -8,8 +8,11 @@
 //   {"run_until": 52}                              run the steps before 52
 //
 // Requests are in the trace format (tools/sim/README.md), each arriving at
-// or after the last horizon (0 at first) and in arrival order, with an id
-// new to the run; a horizon must pass the last. Before each horizon is read
+// or after the last horizon (0 at first) and in arrival order, with an id no
+// unfinished request of the run has (a finished request's id may be reused:
+// the feed keeps the ids of the requests handed over until a report lists
+// them in FeedReport::finished_ids, so its memory is bounded by the requests
+// in flight); a horizon must pass the last. Before each horizon is read
 // (first at step 0) the run's state goes to `out`, a line, flushed:
 //
 //   {"clock": 52, "kv_event_batches": 17, "running": 3, "waiting": 0,
@@ -53,6 +56,7 @@ class LineFeed final : public RequestFeed {
   const TraceLimits limits_;
   int64_t line_number_ = 0;
   int64_t horizon_ = 0;
+  // The ids of the requests handed over and not yet reported finished.
   absl::flat_hash_set<std::string> ids_;
 };
 
