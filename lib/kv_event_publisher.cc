@@ -64,12 +64,13 @@ class PayloadBuffer {
   // now rather than by the first payload that fills it.
   void Reserve(size_t size) {
     if (size > capacity_) Grow(size - size_);
-    std::memset(data_.get(), 0, capacity_);
+    if (capacity_ > 0) std::memset(data_.get(), 0, capacity_);
   }
   void clear() { size_ = 0; }
   char* data() { return data_.get(); }
   const char* data() const { return data_.get(); }
   size_t size() const { return size_; }
+  size_t capacity() const { return capacity_; }
 
  private:
   void Grow(size_t more) {
@@ -87,12 +88,19 @@ class PayloadBuffer {
 
 // Payload buffers that ZeroMQ sends without copying them: a copy of a
 // look's batch into fresh memory costs as much as encoding it. ZeroMQ
-// hands each back through Release once sent (on its I/O thread, or at once
-// when nobody subscribes), and the next payload reuses it, grown already.
+// hands each back through Release once it has written it to the
+// subscribers' connections (on its I/O thread, or at once when nobody
+// subscribes), and the next payload reuses it, grown already.
+//
+// The pool counts the bytes of what ZeroMQ holds (queued_bytes): each
+// message's bytes are added when it is handed over and taken off when
+// ZeroMQ frees it, which is when they leave the process's memory. ZeroMQ
+// has no such count of its own, only a limit in messages.
 class PayloadPool {
  public:
   struct Payload {
     PayloadPool* pool = nullptr;
+    int64_t counted = 0;  // in queued_bytes while ZeroMQ holds it.
     PayloadBuffer bytes;
   };
 
@@ -117,27 +125,70 @@ class PayloadPool {
     std::lock_guard<std::mutex> lock(mutex_);
     spare_.push_back(std::move(payload));
   }
-  // A message of `payload`'s bytes, which it owns until ZeroMQ releases it.
-  static zmq::message_t Message(std::unique_ptr<Payload> payload) {
+  // Takes back a payload that was not sent.
+  void Give(std::unique_ptr<Payload> payload) { Keep(std::move(payload)); }
+  // A message of `payload`'s bytes, which it owns until ZeroMQ releases it,
+  // counting `bytes` (its buffer and its frames) in queued_bytes until
+  // then; returns queued_bytes with them in `queued`.
+  zmq::message_t Message(std::unique_ptr<Payload> payload, int64_t bytes,
+                         int64_t& queued) {
     Payload* const raw = payload.release();
+    raw->counted = bytes;
+    queued = queued_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
     return zmq::message_t(raw->bytes.data(), raw->bytes.size(), &Release, raw);
+  }
+  // A message of a copy of `data`, counting `bytes` in queued_bytes until
+  // ZeroMQ releases it.
+  zmq::message_t CopyMessage(absl::string_view data, int64_t bytes) {
+    auto* copy = new Copy{.pool = this,
+                          .counted = bytes,
+                          .data = std::make_unique_for_overwrite<char[]>(
+                              std::max<size_t>(data.size(), 1))};
+    if (!data.empty()) std::memcpy(copy->data.get(), data.data(), data.size());
+    queued_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+    return zmq::message_t(copy->data.get(), data.size(), &ReleaseCopy, copy);
+  }
+  // The bytes of the messages ZeroMQ has not released yet.
+  int64_t queued_bytes() const {
+    return queued_bytes_.load(std::memory_order_relaxed);
   }
 
  private:
+  struct Copy {
+    PayloadPool* pool = nullptr;
+    int64_t counted = 0;
+    std::unique_ptr<char[]> data;
+  };
+  // Spare payloads kept for reuse, at most: those beyond, which a burst
+  // queued toward a slow subscriber leaves behind, are freed.
+  static constexpr size_t kMaxSpare = 16;
+
   std::unique_ptr<Payload> New() {
     auto payload = std::make_unique<Payload>();
     payload->pool = this;
     return payload;
   }
+  void Keep(std::unique_ptr<Payload> payload) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (spare_.size() < kMaxSpare) spare_.push_back(std::move(payload));
+    // Otherwise it is freed (rare: after a burst).
+  }
   static void Release(void* /*data*/, void* hint) {
     std::unique_ptr<Payload> payload(static_cast<Payload*>(hint));
     PayloadPool* const pool = payload->pool;
-    std::lock_guard<std::mutex> lock(pool->mutex_);
-    pool->spare_.push_back(std::move(payload));
+    pool->queued_bytes_.fetch_sub(payload->counted, std::memory_order_relaxed);
+    payload->counted = 0;
+    pool->Keep(std::move(payload));
+  }
+  static void ReleaseCopy(void* /*data*/, void* hint) {
+    std::unique_ptr<Copy> copy(static_cast<Copy*>(hint));
+    copy->pool->queued_bytes_.fetch_sub(copy->counted,
+                                        std::memory_order_relaxed);
   }
 
   std::mutex mutex_;
   std::vector<std::unique_ptr<Payload>> spare_;
+  std::atomic<int64_t> queued_bytes_{0};
 };
 
 using Packer = msgpack::packer<PayloadBuffer>;
@@ -583,6 +634,11 @@ constexpr int kCloseLingerMs = 1000;
 // Apart, the bytes two threads write do not share a cache line.
 constexpr size_t kCacheLine = 64;
 
+// What ZeroMQ holds for a frame besides its bytes (a zmq_msg_t in a pipe),
+// and for a batch's three frames (its 8-byte seq too).
+constexpr int64_t kFrameBytes = 64;
+constexpr int64_t kBatchFrameBytes = 3 * kFrameBytes + 8;
+
 struct KvEventPublisher::State {
   // A queued batch: events built by the caller, or the records
   // [records_begin, records_end) of the queue's log.
@@ -612,8 +668,9 @@ struct KvEventPublisher::State {
   // The publisher thread: sends what is queued, answers replay requests,
   // until stopped with the queue empty.
   void Run();
-  // Sends a packed payload as the next batch, keeping a copy for replay.
-  void Send(std::unique_ptr<PayloadPool::Payload> payload);
+  // Numbers a packed payload as the next batch, keeps a copy for replay,
+  // and sends it unless max_queued_bytes would be passed; whether it sent.
+  bool Send(std::unique_ptr<PayloadPool::Payload> payload);
   // Queues a batch stamped now, `fill` filling it under the lock; false
   // (counted) when the queue is full.
   template <typename Fill>
@@ -656,6 +713,9 @@ struct KvEventPublisher::State {
   std::vector<size_t> event_ends;  // EncodeLogged's scratch.
   int64_t next_seq = 0;
   std::deque<std::pair<int64_t, std::string>> kept;  // for replay.
+  int64_t kept_bytes = 0;         // kept's strings' capacities.
+  int64_t peak_queued_bytes = 0;  // payloads.queued_bytes() at most.
+  int64_t replays_cut = 0;        // replies ended at max_queued_bytes.
   std::thread thread;
 };
 
@@ -680,6 +740,7 @@ void KvEventPublisher::State::Run() {
       interval = taken.empty() ? std::min(2 * interval, idle_at_most) : busy;
     }
     int64_t sent_events = 0;
+    int64_t batches_sent = 0;
     for (const Queued& batch : taken) {
       std::unique_ptr<PayloadPool::Payload> payload = payloads.Take();
       PayloadBuffer& buffer = payload->bytes;
@@ -690,10 +751,13 @@ void KvEventPublisher::State::Run() {
                              static_cast<size_t>(batch.page_size), options,
                              packed, event_ends)
               : EncodeEvents(buffer, batch.ts, batch.events, options, packed);
-      sent_events += static_cast<int64_t>(count);
-      Send(std::move(payload));
+      if (Send(std::move(payload))) {
+        sent_events += static_cast<int64_t>(count);
+        ++batches_sent;
+      }
     }
-    const int64_t batches_sent = static_cast<int64_t>(taken.size());
+    const int64_t batches_unsent =
+        static_cast<int64_t>(taken.size()) - batches_sent;
     taken.clear();
     taken_log.Clear();
     // A system call: not under the lock Publish takes.
@@ -703,6 +767,9 @@ void KvEventPublisher::State::Run() {
       stats.thread_cpu_ns = cpu_ns;
       stats.batches_published += batches_sent;
       stats.events_published += sent_events;
+      stats.batches_unsent += batches_unsent;
+      stats.peak_queued_bytes = peak_queued_bytes;
+      stats.replays_cut = replays_cut;
       sending = false;
       if (queue.empty()) drained.notify_all();
     }
@@ -710,24 +777,50 @@ void KvEventPublisher::State::Run() {
   }
 }
 
-void KvEventPublisher::State::Send(
+bool KvEventPublisher::State::Send(
     std::unique_ptr<PayloadPool::Payload> payload) {
   const int64_t seq = next_seq++;
+  const size_t size = payload->bytes.size();
   if (router && options.replay_buffer > 0) {
-    // A copy, into the oldest kept one's buffer once the buffer is full.
+    // A copy, into the oldest kept one's buffer once the buffer is full
+    // (unless that buffer is much larger than this copy needs).
     std::string copy;
     if (kept.size() == static_cast<size_t>(options.replay_buffer)) {
+      kept_bytes -= static_cast<int64_t>(kept.front().second.capacity());
       copy = std::move(kept.front().second);
       kept.pop_front();
+      if (copy.capacity() > 2 * size + 4096) copy = std::string();
     }
-    copy.assign(payload->bytes.data(), payload->bytes.size());
+    copy.assign(payload->bytes.data(), size);
+    kept_bytes += static_cast<int64_t>(copy.capacity());
     kept.emplace_back(seq, std::move(copy));
+    while (options.max_replay_bytes > 0 &&
+           kept_bytes > options.max_replay_bytes) {
+      kept_bytes -= static_cast<int64_t>(kept.front().second.capacity());
+      kept.pop_front();
+    }
+  }
+  // What ZeroMQ holds for the batch until it has written it: the payload's
+  // buffer and the three frames.
+  const int64_t bytes =
+      static_cast<int64_t>(payload->bytes.capacity() + options.topic.size()) +
+      kBatchFrameBytes;
+  if (options.max_queued_bytes > 0 &&
+      payloads.queued_bytes() + bytes > options.max_queued_bytes) {
+    // Numbered and kept, not sent: a subscriber sees the gap, as after a
+    // drop at the high-water mark, and may replay it.
+    payloads.Give(std::move(payload));
+    return false;
   }
   const std::array<uint8_t, 8> seq_bytes = BigEndian(seq);
+  int64_t queued = 0;
+  zmq::message_t message = payloads.Message(std::move(payload), bytes, queued);
+  peak_queued_bytes = std::max(peak_queued_bytes, queued);
   // PUB never blocks: at the high-water mark ZeroMQ drops the message.
   pub.send(zmq::buffer(options.topic), zmq::send_flags::sndmore);
   pub.send(zmq::buffer(seq_bytes), zmq::send_flags::sndmore);
-  pub.send(PayloadPool::Message(std::move(payload)), zmq::send_flags::none);
+  pub.send(std::move(message), zmq::send_flags::none);
+  return true;
 }
 
 void KvEventPublisher::State::ServeReplay() {
@@ -755,16 +848,38 @@ void KvEventPublisher::State::ServeReplay() {
       start = start >> 56 != 0 ? UINT64_MAX : start << 8 | bytes[i];
     }
     const zmq::message_t& identity = frames[0];
-    const auto reply = [&](int64_t seq, const std::string& payload) {
+    // Each batch replied counted in the bytes queued toward ZeroMQ: a
+    // requester that does not read stops its replies at max_queued_bytes.
+    const auto reply = [&](int64_t seq, absl::string_view payload) {
       const std::array<uint8_t, 8> seq_bytes = BigEndian(seq);
       router->send(zmq::buffer(identity.data(), identity.size()),
                    zmq::send_flags::sndmore);
       router->send(zmq::message_t(), zmq::send_flags::sndmore);
       router->send(zmq::buffer(seq_bytes), zmq::send_flags::sndmore);
-      router->send(zmq::buffer(payload), zmq::send_flags::none);
+      if (seq < 0) {
+        // The end marker, a few frames of bytes: always sent, not counted.
+        router->send(zmq::message_t(), zmq::send_flags::none);
+        return;
+      }
+      const int64_t bytes = static_cast<int64_t>(payload.size()) +
+                            static_cast<int64_t>(identity.size()) +
+                            kBatchFrameBytes + kFrameBytes;
+      router->send(payloads.CopyMessage(payload, bytes), zmq::send_flags::none);
+      peak_queued_bytes = std::max(peak_queued_bytes, payloads.queued_bytes());
     };
     for (const auto& [seq, payload] : kept) {
-      if (static_cast<uint64_t>(seq) >= start) reply(seq, payload);
+      if (static_cast<uint64_t>(seq) < start) continue;
+      const int64_t bytes = static_cast<int64_t>(payload.size()) +
+                            static_cast<int64_t>(identity.size()) +
+                            kBatchFrameBytes + kFrameBytes;
+      if (options.max_queued_bytes > 0 &&
+          payloads.queued_bytes() + bytes > options.max_queued_bytes) {
+        // Ended early, by the end marker: the requester asks again from
+        // the seq after the last it got.
+        ++replays_cut;
+        break;
+      }
+      reply(seq, payload);
     }
     reply(-1, "");
   }
@@ -775,6 +890,14 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
   if (options.endpoint.empty()) {
     return absl::InvalidArgumentError(
         "kv event publisher: the endpoint is empty");
+  }
+  for (const auto& [name, bytes] :
+       {std::pair{"max_queued_bytes", options.max_queued_bytes},
+        std::pair{"max_replay_bytes", options.max_replay_bytes}}) {
+    if (bytes < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "kv event publisher: ", name, " ", bytes, " is less than 0"));
+    }
   }
   if (options.queue_capacity < 1 || options.replay_buffer < 0 ||
       options.send_hwm < 0) {
@@ -933,7 +1056,9 @@ const std::string& KvEventPublisher::replay_endpoint() const {
 
 KvEventPublisherStats KvEventPublisher::stats() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->stats;
+  KvEventPublisherStats stats = state_->stats;
+  stats.queued_bytes = state_->payloads.queued_bytes();
+  return stats;
 }
 
 bool KvEventPublisher::Flush(absl::Duration timeout) {

@@ -5,7 +5,9 @@
 // router would; a subscriber that rebuilds the cached set of a random
 // manager run from the events alone; replay from 0 and from the middle for
 // a late subscriber; a full queue that drops and counts; a malformed
-// replay request that gets no reply; threads pinned to a cpu; and the
+// replay request that gets no reply; a subscriber that never reads, which
+// the bound in bytes on what ZeroMQ holds keeps from growing the process;
+// the replay ring's bound in bytes; threads pinned to a cpu; and the
 // errors of Create.
 #include "kvblock/kv_event_publisher.h"
 
@@ -499,6 +501,161 @@ TEST_CASE("a replay returns every kept batch, however many") {
   }
 }
 
+// A batch of about 28 KB on the wire: 2,000 pages of 4 tokens.
+std::vector<KvCacheEvent> LargeEvents() {
+  KvCacheEvent stored;
+  stored.kind = KvCacheEvent::Kind::kBlockStored;
+  for (int i = 0; i < 2000; ++i) {
+    stored.block_hashes.push_back(HashOfByte(static_cast<uint8_t>(i), 0xff));
+  }
+  for (int i = 0; i < 4 * 2000; ++i) stored.token_ids.push_back(300 + i);
+  return {stored};
+}
+
+// Before max_queued_bytes, a subscriber that never read let ZeroMQ queue
+// every batch (up to send_hwm, 100,000 messages): over 1 GB in 90 s.
+TEST_CASE("a subscriber that never reads bounds what is queued, in bytes") {
+  constexpr int64_t kBound = int64_t{1} << 20;
+  Options options;
+  options.endpoint = "tcp://127.0.0.1:*";
+  options.replay_endpoint = "tcp://127.0.0.1:*";
+  options.block_size = kPageSize;
+  options.reserved_changes = 0;
+  options.max_queued_bytes = kBound;
+  auto publisher = KvEventPublisher::Create(options);
+  REQUIRE_OK(publisher);
+  zmq::context_t context;
+  zmq::socket_t sub(context, zmq::socket_type::sub);
+  // Little room past the publisher: its kernel buffers and queue.
+  sub.set(zmq::sockopt::rcvhwm, 3);
+  sub.set(zmq::sockopt::rcvbuf, 64 << 10);
+  sub.set(zmq::sockopt::subscribe, "");
+  sub.connect((*publisher)->endpoint());
+  int64_t probe_seq = -1;  // the last probe's: the subscription is live.
+  for (int probe = 0; probe < 100 && probe_seq < 0; ++probe) {
+    REQUIRE((*publisher)->Publish(SampleEvents()));
+    const std::vector<zmq::message_t> frames = Receive(sub, 50);
+    if (!frames.empty()) probe_seq = SeqOf(frames[1]);
+  }
+  REQUIRE(probe_seq >= 0);
+  // Probes sent after the one read: the subscriber reads them below.
+  REQUIRE((*publisher)->Flush(absl::Seconds(5)));
+  const int64_t first = probe_seq + 1;
+
+  // It stops reading; 28 MB of batches are published, far more than the
+  // loopback connection's buffers hold.
+  const std::vector<KvCacheEvent> large = LargeEvents();
+  constexpr int kBatches = 1000;
+  for (int i = 0; i < kBatches; ++i) {
+    if (i % 50 == 0) REQUIRE((*publisher)->Flush(absl::Seconds(10)));
+    REQUIRE((*publisher)->Publish(large));
+  }
+  REQUIRE((*publisher)->Flush(absl::Seconds(10)));
+  KvEventPublisherStats stats = (*publisher)->stats();
+  REQUIRE(stats.batches_dropped == 0);
+  REQUIRE(stats.batches_unsent > 0);
+  REQUIRE(stats.peak_queued_bytes > 0);
+  REQUIRE(stats.peak_queued_bytes <= kBound);
+  REQUIRE(stats.queued_bytes <= kBound);
+  const int64_t numbered = stats.batches_published + stats.batches_unsent;
+
+  // Now it reads: every batch sent, in order, the gaps exactly the unsent.
+  std::vector<int64_t> seqs;
+  while (true) {
+    const std::vector<zmq::message_t> frames = Receive(sub, 1000);
+    if (frames.empty()) break;
+    REQUIRE(frames.size() == 3);
+    const int64_t seq = SeqOf(frames[1]);
+    REQUIRE((seqs.empty() || seq > seqs.back()));
+    seqs.push_back(seq);
+  }
+  REQUIRE(!seqs.empty());
+  REQUIRE(seqs.front() >= first);
+  REQUIRE(seqs.back() < numbered);
+  std::vector<int64_t> gaps;
+  for (int64_t seq = first, i = 0; seq < numbered; ++seq) {
+    if (i < static_cast<int64_t>(seqs.size()) && seqs[i] == seq) {
+      ++i;
+    } else {
+      gaps.push_back(seq);
+    }
+  }
+  REQUIRE(static_cast<int64_t>(gaps.size()) == stats.batches_unsent);
+  REQUIRE(static_cast<int64_t>(seqs.size()) == stats.batches_published - first);
+
+  // Read, ZeroMQ freed everything: the next batch is sent, numbered next.
+  for (int i = 0; i < 500 && (*publisher)->stats().queued_bytes > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE((*publisher)->stats().queued_bytes == 0);
+  REQUIRE((*publisher)->Publish(large));
+  std::vector<zmq::message_t> frames = Receive(sub);
+  REQUIRE(frames.size() == 3);
+  REQUIRE(SeqOf(frames[1]) == numbered);
+
+  // An unsent batch was kept: a replay from the first gap returns it and
+  // those after, in order, until the bound ends it with the end marker.
+  zmq::socket_t replay(context, zmq::socket_type::dealer);
+  replay.set(zmq::sockopt::rcvhwm, 3);
+  replay.set(zmq::sockopt::rcvbuf, 64 << 10);
+  replay.connect((*publisher)->replay_endpoint());
+  // Until the requester reads, the replies it has not taken stay queued.
+  replay.send(zmq::message_t(), zmq::send_flags::sndmore);
+  replay.send(SeqFrame(gaps.front()), zmq::send_flags::none);
+  // The thread answers at a look and counts the cut at the next: a batch
+  // and a Flush make one, until it shows.
+  for (int i = 0; i < 500 && stats.replays_cut == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    REQUIRE((*publisher)->Publish(SampleEvents()));
+    REQUIRE((*publisher)->Flush(absl::Seconds(5)));
+    stats = (*publisher)->stats();
+  }
+  REQUIRE(stats.replays_cut == 1);
+  REQUIRE(stats.peak_queued_bytes <= kBound);
+  int64_t expected = gaps.front();
+  while (true) {
+    frames = Receive(replay);
+    REQUIRE(frames.size() == 3);
+    const int64_t seq = SeqOf(frames[1]);
+    if (seq == -1) break;
+    REQUIRE(seq == expected);
+    ++expected;
+  }
+  REQUIRE(expected > gaps.front());
+  REQUIRE(expected < numbered);  // cut before the newest.
+}
+
+TEST_CASE("the replay ring is bounded in bytes, keeping the newest") {
+  Options options;
+  options.endpoint = "tcp://127.0.0.1:*";
+  options.replay_endpoint = "tcp://127.0.0.1:*";
+  options.block_size = kPageSize;
+  options.reserved_changes = 0;
+  options.max_replay_bytes = 100 << 10;  // three of the 28 KB batches.
+  auto publisher = KvEventPublisher::Create(options);
+  REQUIRE_OK(publisher);
+  const std::vector<KvCacheEvent> large = LargeEvents();
+  for (int i = 0; i < 20; ++i) REQUIRE((*publisher)->Publish(large));
+  REQUIRE((*publisher)->Flush(absl::Seconds(5)));
+  REQUIRE((*publisher)->stats().batches_published == 20);
+  zmq::context_t context;
+  zmq::socket_t replay(context, zmq::socket_type::dealer);
+  replay.connect((*publisher)->replay_endpoint());
+  replay.send(zmq::message_t(), zmq::send_flags::sndmore);
+  replay.send(SeqFrame(0), zmq::send_flags::none);
+  std::vector<int64_t> seqs;
+  while (true) {
+    const std::vector<zmq::message_t> frames = Receive(replay);
+    REQUIRE(frames.size() == 3);
+    if (SeqOf(frames[1]) == -1) break;
+    seqs.push_back(SeqOf(frames[1]));
+  }
+  REQUIRE(seqs.size() >= 2);
+  REQUIRE(seqs.size() <= 4);
+  REQUIRE(seqs.back() == 19);
+  for (size_t i = 1; i < seqs.size(); ++i) REQUIRE(seqs[i] == seqs[i - 1] + 1);
+}
+
 TEST_CASE("Flush wakes the thread; its looks at any interval send all") {
   for (const absl::Duration interval :
        {absl::Microseconds(10), absl::Seconds(1)}) {
@@ -621,6 +778,16 @@ TEST_CASE("Create names what it cannot use") {
                                " is outside [10us, 1s]")) != std::string::npos);
   }
   options.poll_interval = absl::Microseconds(250);
+  for (const bool queued : {true, false}) {
+    (queued ? options.max_queued_bytes : options.max_replay_bytes) = -1;
+    bad = KvEventPublisher::Create(options);
+    REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE(
+        std::string(bad.status().message())
+            .find(absl::StrCat(queued ? "max_queued_bytes" : "max_replay_bytes",
+                               " -1 is less than 0")) != std::string::npos);
+    (queued ? options.max_queued_bytes : options.max_replay_bytes) = 0;
+  }
   options.block_size = 0;
   bad = KvEventPublisher::Create(options);
   REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);

@@ -94,6 +94,8 @@ with tempfile.TemporaryDirectory() as tmp:
         "kv events")
     run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_wait_ms=-1"], 2,
         "--kv_events_wait_ms must be in [0, 60000], got -1")
+    run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_max_queued_bytes=-1"],
+        2, "max_queued_bytes -1 is less than 0")
     run(["--kv_events=discard"], 0, "kv events")
     # --serve: a router's feed on stdin, the run's state on stdout.
     run(["--serve", "--workload=beam"], 2,

@@ -8,14 +8,26 @@
 // Publish, which never blocks: it queues the batch, or drops and counts it
 // when the queue is full. A publisher thread encodes each batch (msgpack)
 // and sends it on a PUB socket as three frames: the topic, an 8-byte
-// big-endian sequence number (from 0, one a batch sent) and the payload
+// big-endian sequence number (from 0, one a batch) and the payload
 // `[ts, [events...], data_parallel_rank]`. It keeps the last batches for
 // an optional ROUTER replay socket: a request `[identity, "", start_seq]`
 // (big-endian, unsigned, of any length as vLLM reads it: empty is 0, 2^63
 // and all ones are past every batch) is answered with
 // `[identity, "", seq, payload]` for every kept batch from start_seq on,
 // then `[identity, "", -1, ""]`, however many (no ZeroMQ limit drops
-// them); a request of other than three frames gets no reply.
+// them; max_queued_bytes may end a replay early, below); a request of other
+// than three frames gets no reply.
+//
+// Memory is bounded in bytes, so that a subscriber that never reads cannot
+// grow the process: what ZeroMQ holds of the publisher's messages (sent,
+// not yet written to the connections) at most max_queued_bytes, counted as
+// each message is handed to ZeroMQ and freed by it. A batch past it is
+// numbered and kept for replay but not sent on PUB (batches_unsent): a
+// subscriber sees a gap in the sequence numbers, as after ZeroMQ's own drop
+// at send_hwm, and may replay it. A replay past it ends early with the end
+// marker (replays_cut; the marker, a few frames, is always sent): the
+// requester asks again from the seq after the last it got. The replay ring
+// keeps at most replay_buffer batches and max_replay_bytes, the newest.
 //
 // Thread safety: Publish, idle and stats may be called from any thread; the
 // sockets belong to the publisher thread.
@@ -43,8 +55,15 @@ struct KvEventPublisherOptions {
   std::string replay_endpoint;
   // The first frame of every message; may be empty.
   std::string topic;
-  // The PUB socket's send high-water mark, in messages.
+  // The PUB socket's send high-water mark, in messages (ZeroMQ's drop,
+  // beside max_queued_bytes).
   int32_t send_hwm = 100000;
+  // The bytes ZeroMQ may hold of the messages the publisher has sent on
+  // PUB and on the replay socket and it has not yet written out (each
+  // batch's payload buffer, its capacity, plus 200 bytes of frames), at
+  // least 0; 0: no bound. A batch past it is numbered and kept for replay,
+  // not sent (batches_unsent); a replay past it ends early (replays_cut).
+  int64_t max_queued_bytes = int64_t{64} << 20;
   // Batches Publish may queue for the publisher thread (at least 1).
   int32_t queue_capacity = 1024;
   // Cache changes (pages stored or removed) the queue holds before its
@@ -56,6 +75,9 @@ struct KvEventPublisherOptions {
   int32_t reserved_changes = 4096;
   // Batches kept for replay (0: none); kept only with a replay_endpoint.
   int32_t replay_buffer = 10000;
+  // The kept batches' bytes at most (their copies' capacities), the oldest
+  // dropped first, at least 0; 0: replay_buffer's count alone.
+  int64_t max_replay_bytes = int64_t{256} << 20;
   // The batch's third element; none: nil.
   std::optional<int64_t> data_parallel_rank;
   // How often the publisher thread looks for queued batches, in [10 us,
@@ -86,9 +108,18 @@ struct KvEventPublisherOptions {
 };
 
 struct KvEventPublisherStats {
-  int64_t batches_published = 0;
+  int64_t batches_published = 0;  // sent on PUB, with their events.
   int64_t events_published = 0;
-  int64_t batches_dropped = 0;  // the queue was full.
+  // Not numbered: Publish's queue was full (a subscriber sees no gap).
+  int64_t batches_dropped = 0;
+  // Numbered and kept for replay but not sent: ZeroMQ held
+  // max_queued_bytes (a subscriber sees the gap in the seqs).
+  int64_t batches_unsent = 0;
+  // The bytes ZeroMQ holds of the publisher's messages now, and at most
+  // (as of the thread's last look), as max_queued_bytes counts them.
+  int64_t queued_bytes = 0;
+  int64_t peak_queued_bytes = 0;
+  int64_t replays_cut = 0;  // replays ended early at max_queued_bytes.
   int64_t replay_requests = 0;
   int64_t malformed_requests = 0;  // not three frames: given no reply.
   // CPU time of the publisher thread (encoding, sending, replays), off the
@@ -108,7 +139,8 @@ std::string EncodeKvEventBatch(double ts, const KvEventBatch& batch,
 class KvEventPublisher {
  public:
   // Binds the sockets and starts the publisher thread. InvalidArgument for
-  // an empty endpoint, queue_capacity < 1, another option out of range or a
+  // an empty endpoint, queue_capacity < 1, a negative max_queued_bytes or
+  // max_replay_bytes, another option out of range or a
   // cpu the threads may not run on; Unavailable when a socket cannot bind
   // (the message names the endpoint and ZeroMQ's reason).
   static absl::StatusOr<std::unique_ptr<KvEventPublisher>> Create(

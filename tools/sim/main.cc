@@ -95,6 +95,10 @@ ABSL_FLAG(int32_t, kv_events_poll_us, 250,
           "with --kv_events, how often the publisher thread looks for "
           "batches, in microseconds (less often while it finds none, up to "
           "a millisecond)");
+ABSL_FLAG(int64_t, kv_events_max_queued_bytes, int64_t{64} << 20,
+          "with --kv_events, the bytes ZeroMQ may hold of what the publisher "
+          "sent and it has not written out (0: no bound); a batch past it "
+          "is numbered and kept for replay, not sent");
 ABSL_FLAG(std::string, kv_events_encoding, "map",
           "KV event encoding: map (vLLM since mid-2026) or array (tagged "
           "arrays, before)");
@@ -241,6 +245,7 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> PublisherFromFlags(
   options.cpu = absl::GetFlag(FLAGS_kv_events_cpu);
   options.poll_interval =
       absl::Microseconds(absl::GetFlag(FLAGS_kv_events_poll_us));
+  options.max_queued_bytes = absl::GetFlag(FLAGS_kv_events_max_queued_bytes);
   if (options.endpoint.empty() || options.endpoint == "discard") {
     if (!options.replay_endpoint.empty()) {
       return absl::InvalidArgumentError(
@@ -405,6 +410,7 @@ int Main() {
     result->kv_events.batches_published = stats.batches_published;
     result->kv_events.events_published = stats.events_published;
     result->kv_events.batches_dropped = stats.batches_dropped;
+    result->kv_events.batches_unsent = stats.batches_unsent;
     result->kv_events.publisher_thread_ns = stats.thread_cpu_ns;
   }
 

@@ -165,9 +165,10 @@ void PrintReport(const SimResult& result, const RunSetup& setup,
   if (const SimResult::KvEvents& kv = result.kv_events; kv.on) {
     out << absl::StrFormat(
         "kv events         %d batches (%d cache changes) handed over; %d "
-        "batches (%d events) published, %d dropped; publisher thread %s\n",
+        "batches (%d events) published, %d dropped, %d unsent; publisher "
+        "thread %s\n",
         kv.batches, kv.changes, kv.batches_published, kv.events_published,
-        kv.batches_dropped,
+        kv.batches_dropped, kv.batches_unsent,
         FormatNanos(static_cast<double>(kv.publisher_thread_ns)));
   }
   out << absl::StrFormat("steps             %d\n", result.steps);
@@ -306,6 +307,7 @@ void WriteJsonReport(const SimResult& result, const RunSetup& setup,
                          {"batches_published", kv.batches_published},
                          {"events_published", kv.events_published},
                          {"batches_dropped", kv.batches_dropped},
+                         {"batches_unsent", kv.batches_unsent},
                          {"publisher_thread_ns", kv.publisher_thread_ns},
                          {"cached_pages", kv.cached_pages},
                          {"cached_hash_xor", kv.cached_hash_xor}};

@@ -308,6 +308,9 @@ struct SimResult {
     int64_t batches_published = 0;
     int64_t events_published = 0;
     int64_t batches_dropped = 0;
+    // KvEventPublisherStats::batches_unsent: numbered and kept for replay,
+    // not sent (ZeroMQ held --kv_events_max_queued_bytes).
+    int64_t batches_unsent = 0;
     int64_t publisher_thread_ns = 0;
     // The prefix cache at the end: its pages, and the XOR of their hashes'
     // 64-bit forms (the low 64 bits, big-endian), for a subscriber that
