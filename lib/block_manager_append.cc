@@ -14,6 +14,7 @@
 // copy, drafts that shrink, the errors).
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -728,12 +729,21 @@ absl::Span<const BlockHash> BlockManager::HashPages(
   return hashes;
 }
 
+bool BlockManager::ParentCached(PageId parent_page,
+                                const BlockHash& parent) const {
+  const std::optional<BlockHash> held = pool_->CachedHash(parent_page);
+  return (held && *held == parent) || pool_->Lookup(parent).has_value();
+}
+
 absl::Status BlockManager::RegisterPages(int32_t entry, int32_t first,
                                          const BlockHash& parent,
                                          absl::Span<const BlockHash> hashes,
                                          absl::Span<const TokenId> tokens) {
-  const absl::Span<const PageId> pages =
-      slab_->hot(entry).table.entries().subspan(first, hashes.size());
+  const absl::Span<const PageId> entries = slab_->hot(entry).table.entries();
+  if (first > 0 && !ParentCached(entries[first - 1], parent)) {
+    return absl::OkStatus();
+  }
+  const absl::Span<const PageId> pages = entries.subspan(first, hashes.size());
   if (events_ != nullptr) {
     const internal::SequenceCold& cold = slab_->cold(entry);
     events_->BeginRun(first, parent, hashes, tokens, cold.cache_salt,
@@ -755,6 +765,11 @@ absl::Status BlockManager::RegisterFullPage(
   const BlockHash full =
       hash != nullptr ? *hash
                       : hasher_.HashPage(cold.last_full_hash, page_tokens);
+  if (page > 0 &&
+      !ParentCached(table.entries()[page - 1], cold.last_full_hash)) {
+    cold.last_full_hash = full;
+    return absl::OkStatus();
+  }
   if (events_ != nullptr) {
     events_->BeginRun(page, cold.last_full_hash, absl::MakeConstSpan(&full, 1),
                       page_tokens, cold.cache_salt, cold.adapter_id);

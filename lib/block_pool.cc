@@ -213,10 +213,11 @@ PageId BlockPool::AllocateUnchecked() {
     PrefetchNextEvictions(page);
     Unlink(page);
     if (pages_[page].cached) {
+      const bool reported = RemovalReported(page);
       const PageId prev = Unindex(page);
       ++stats_.evictions;
       Journal(UndoRecord::Op::kEvict, page, prev, pages_[page].hash);
-      if (events_ != nullptr) events_->Removed(pages_[page].hash);
+      if (events_ != nullptr && reported) events_->Removed(pages_[page].hash);
     } else {
       Journal(UndoRecord::Op::kPopLru, page);
     }
@@ -268,9 +269,18 @@ absl::Status BlockPool::Retain(PageId page) {
 
 absl::Status BlockPool::Release(PageId page) {
   if (!IsUsed(page)) return UnusedError(page);
-  if (--pages_[page].refcount > 0) {
+  PageState& state = pages_[page];
+  if (--state.refcount > 0) {
     Journal(UndoRecord::Op::kDropRef, page);
-  } else if (pages_[page].cached || lru_holds_free()) {
+    return absl::OkStatus();
+  }
+  if (state.cached == kDuplicate && !index_duplicates_) {
+    // It stayed cached only so that its hash outlives the indexed page
+    // while it is held; unused, it is a second copy the cache keeps none of.
+    const PageId prev = Unindex(page);
+    Journal(UndoRecord::Op::kUncache, page, prev, state.hash);
+  }
+  if (state.cached || lru_holds_free()) {
     LinkAfter(pages_[num_pages_].lru_prev, page);
     Journal(UndoRecord::Op::kAppendLru, page);
   } else {
@@ -285,9 +295,10 @@ absl::StatusOr<CopyOnWrite> BlockPool::Writable(PageId page) {
     if (!IsUsed(page)) return UnusedError(page);
     if (pages_[page].refcount == 1) {
       if (pages_[page].cached) {
+        const bool reported = RemovalReported(page);
         const PageId prev = Unindex(page);
         Journal(UndoRecord::Op::kUncache, page, prev, pages_[page].hash);
-        if (events_ != nullptr) events_->Removed(pages_[page].hash);
+        if (events_ != nullptr && reported) events_->Removed(pages_[page].hash);
       }
       return CopyOnWrite{CopyOnWrite::Kind::kExisting, page, kNoPage};
     }
@@ -330,18 +341,18 @@ absl::StatusOr<PageId> BlockPool::RegisterCached(PageId page,
                      index_->size(), " pages (a broken invariant)"));
   }
   const bool duplicate = indexed != page;
-  if (duplicate && !index_duplicates_) {
-    if (events_ != nullptr) events_->Registered(hash, /*stored=*/false);
-    return indexed;
-  }
-  if (events_ != nullptr) events_->Registered(hash, /*stored=*/true);
+  // Without index_duplicates the hash was cached already: no event, no
+  // registration counted, but the page is linked behind the indexed one so
+  // that the hash stays cached while the page is held.
+  const bool stored = !duplicate || index_duplicates_;
+  if (events_ != nullptr) events_->Registered(hash, stored);
   PageState& state = pages_[page];
   state.cached = duplicate ? kDuplicate : kIndexed;
   state.hash = hash;
   state.tag = tag;
   if (duplicate) LinkDuplicate(indexed, page);
   ++num_cached_;
-  ++stats_.cache_registrations;
+  if (stored) ++stats_.cache_registrations;
   Journal(UndoRecord::Op::kRegister, page, kNoPage, hash);
   return indexed;
 }
@@ -350,7 +361,9 @@ absl::StatusOr<bool> BlockPool::Uncache(PageId page) {
   if (!InRange(page)) return RangeError(page);
   PageState& state = pages_[page];
   if (!state.cached) return false;
-  if (events_ != nullptr) events_->Removed(state.hash);
+  if (events_ != nullptr && RemovalReported(page)) {
+    events_->Removed(state.hash);
+  }
   if (state.refcount > 0 || lru_holds_free()) {
     const PageId prev = Unindex(page);
     Journal(UndoRecord::Op::kUncache, page, prev, state.hash);
@@ -680,7 +693,9 @@ absl::Status BlockPool::CheckCachedPage(PageId page) const {
     return broken(" is half linked among its duplicates");
   }
   if (state.dup_next == kNoPage) return absl::OkStatus();
-  if (!index_duplicates_) return broken(" has duplicates without the option");
+  if (!index_duplicates_ && state.cached == kDuplicate && state.refcount == 0) {
+    return broken(" is an unused duplicate without index_duplicates");
+  }
   const PageState& next = pages_[state.dup_next];
   if (next.dup_prev != page || !next.cached || !(next.hash == state.hash) ||
       state.dup_next == page) {

@@ -20,8 +20,9 @@
 //     was registered with, recomputed here (no draft reaches the cache).
 // The model's prefix cache is keyed by content (salt, adapter, every token up
 // to the end of the page), not by hash: a hit happens exactly when that
-// content was registered and not evicted. The model computes block hashes
-// only to compare them with the manager's.
+// content was registered (behind a cached parent) and some page holding it
+// is still cached. The model computes block hashes only to compare them with
+// the manager's.
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -170,8 +171,9 @@ class Model {
       for (int64_t i = 0; i < max_hits; ++i) {
         const auto it = index_.find(result.keys[i]);
         if (it == index_.end()) break;
-        result.hits.push_back(it->second);
-        if (refcount_[it->second] == 0) ++result.plan.revived_pages;
+        const PageId page = it->second.front();
+        result.hits.push_back(page);
+        if (refcount_[page] == 0) ++result.plan.revived_pages;
       }
     }
     result.plan.hit_pages = static_cast<int32_t>(result.hits.size());
@@ -365,6 +367,12 @@ class Model {
     const std::vector<PageId>& pages = it->second.pages;
     for (auto page = pages.rbegin(); page != pages.rend(); ++page) {
       if (--refcount_[*page] > 0) continue;
+      // A second copy of cached content stays cached only while it is held.
+      const auto cached = cached_.find(*page);
+      if (cached != cached_.end() &&
+          index_.at(cached->second.first).front() != *page) {
+        Uncache(*page);
+      }
       if (cached_.contains(*page)) {
         lru_.push_back(*page);
       } else {
@@ -394,6 +402,13 @@ class Model {
     for (const auto& [page, entry] : cached_) {
       pool.cached.emplace_back(page, entry.second);
     }
+    std::map<PageId, std::vector<PageId>> rings;  // by their smallest page.
+    for (const auto& [key, ring] : index_) {
+      if (ring.size() > 1) {
+        rings[*std::min_element(ring.begin(), ring.end())] = ring;
+      }
+    }
+    for (auto& [first, ring] : rings) pool.duplicates.push_back(ring);
     pool.stats = pool_stats_;
     for (const auto& [id, sequence] : sequences_) {
       const size_t partial = sequence.tokens.size() % config_.page_size;
@@ -447,8 +462,7 @@ class Model {
     } else {
       page = lru_.front();
       lru_.erase(lru_.begin());
-      index_.erase(cached_.at(page).first);
-      cached_.erase(page);
+      Uncache(page);
       ++pool_stats_.evictions;
     }
     refcount_[page] = 1;
@@ -457,12 +471,37 @@ class Model {
     return page;
   }
 
-  // Caches a new full page unless its content is cached on another page.
+  // Drops cached `page`; the next page holding its content answers.
+  void Uncache(PageId page) {
+    const auto it = index_.find(cached_.at(page).first);
+    if (it->second.size() > 1 && it->second.front() == page) {
+      ++cache_counts_.kept_by_second_copy;
+    }
+    std::erase(it->second, page);
+    if (it->second.empty()) index_.erase(it);
+    cached_.erase(page);
+  }
+
+  // Caches a new full page when the content before it is cached (or it is
+  // a first page): behind the pages holding its content, if any, without
+  // counting a registration.
   void Register(PageId page, const ContentKey& key, const BlockHash& hash) {
     REQUIRE(!cached_.contains(page));
-    if (!index_.emplace(key, page).second) return;
+    const size_t page_size = static_cast<size_t>(config_.page_size);
+    if (key.tokens.size() > page_size) {
+      const ContentKey parent{
+          key.salt, key.adapter,
+          {key.tokens.begin(), key.tokens.end() - page_size}};
+      if (!index_.contains(parent)) {
+        ++cache_counts_.parent_not_cached;
+        return;
+      }
+    }
+    std::vector<PageId>& ring = index_[key];
+    if (ring.empty()) ++pool_stats_.cache_registrations;
+    if (!ring.empty()) ++cache_counts_.second_copies;
+    ring.push_back(page);
     cached_.emplace(page, std::make_pair(key, hash));
-    ++pool_stats_.cache_registrations;
   }
 
   PagedKvConfig config_;
@@ -472,11 +511,25 @@ class Model {
   std::vector<PageId> free_stack_;  // Bottom to top.
   std::vector<PageId> lru_;         // Head (evicted first) to tail.
   std::map<PageId, std::pair<ContentKey, BlockHash>> cached_;
-  std::map<ContentKey, PageId> index_;
+  // The pages holding each cached content, in the order they were cached:
+  // the first answers lookups.
+  std::map<ContentKey, std::vector<PageId>> index_;
   BlockPoolStats pool_stats_;
   BlockManagerStats stats_;  // The manager-owned counters.
   std::map<SequenceId, ModelSequence> sequences_;
   int32_t reserved_ = 0;  // pages reserved for the rest of prompts.
+
+ public:
+  // How often the paths of a second copy and of a parent gone ran.
+  struct CacheCounts {
+    int64_t second_copies = 0;        // cached behind a first copy
+    int64_t kept_by_second_copy = 0;  // a first copy left, a second answers
+    int64_t parent_not_cached = 0;    // a full page left uncached
+  };
+  const CacheCounts& cache_counts() const { return cache_counts_; }
+
+ private:
+  CacheCounts cache_counts_;
 
  public:
   // The cached pages and the content each was registered with.
@@ -547,6 +600,10 @@ class RandomRun {
         RunMutation();
       }
     }
+    const Model::CacheCounts& cache = model_.cache_counts();
+    counts["(second copies cached)"] = cache.second_copies;
+    counts["(hashes kept by a second copy)"] = cache.kept_by_second_copy;
+    counts["(pages not cached: parent gone)"] = cache.parent_not_cached;
   }
 
  private:
@@ -1173,6 +1230,11 @@ TEST_CASE("random manager calls match the model", "[random]") {
     CHECK(counts["admit with revivals"] >= testing::RandomRunLength(50));
     CHECK(counts["admit with evictions"] >= testing::RandomRunLength(50));
     CHECK(counts["append with evictions"] >= testing::RandomRunLength(20));
+    CHECK(counts["(second copies cached)"] >= testing::RandomRunLength(50));
+    CHECK(counts["(hashes kept by a second copy)"] >=
+          testing::RandomRunLength(10));
+    CHECK(counts["(pages not cached: parent gone)"] >=
+          testing::RandomRunLength(10));
   } else {
     CHECK(counts["admit with hits"] == 0);
   }

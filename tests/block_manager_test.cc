@@ -209,9 +209,12 @@ TEST_CASE("shared system prompt is served from the cache in whole pages") {
     REQUIRE(c.hit_pages == 1);
     REQUIRE(c.new_pages == 1);
     REQUIRE(PagesOf(*manager, 3) == Pages{0, 4});
-    // The recomputed page duplicates cached page 1, which stays the cached one.
-    REQUIRE(manager->pool().NumCached() == 2);
-    REQUIRE(manager->pool().Snapshot().cached[1].first == 1);
+    // The recomputed page duplicates cached page 1, which stays the one
+    // lookups find; page 4 is cached behind it while it is held.
+    REQUIRE(manager->pool().NumCached() == 3);
+    REQUIRE(manager->pool().Snapshot().duplicates ==
+            std::vector<std::vector<PageId>>{{1, 4}});
+    REQUIRE(manager->pool().Lookup(manager->pool().CachedHash(4).value()) == 1);
   }
   const BlockManagerStats stats = manager->stats();
   REQUIRE(stats.prefix_hit_tokens >= 8);

@@ -5,7 +5,7 @@
 // correct model (vectors and a std::map, linear scans), and after every step
 // the pool's invariants hold and its Snapshot() equals the model's, stats
 // included. Transactions are modelled by copying the whole model. Every run
-// is repeated with vLLM's options (one queue, duplicates cached).
+// is repeated with vLLM's options (one queue, every duplicate cached).
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -53,10 +53,13 @@ struct ModelPool {
     if (!one_queue) free_stack.assign(lru.rbegin(), lru.rend()), lru.clear();
   }
 
-  bool IsCached(PageId p) const {
-    return std::any_of(cached.begin(), cached.end(),
-                       [p](const auto& entry) { return entry.first == p; });
+  std::optional<BlockHash> CachedHash(PageId p) const {
+    for (const auto& [page, hash] : cached) {
+      if (page == p) return hash;
+    }
+    return std::nullopt;
   }
+  bool IsCached(PageId p) const { return CachedHash(p).has_value(); }
   void Forget(PageId p) {
     std::erase_if(cached, [p](const auto& entry) { return entry.first == p; });
   }
@@ -110,6 +113,10 @@ struct ModelPool {
     if (!InRange(p)) return Code::kInvalidArgument;
     if (refcount[p] == 0) return Code::kFailedPrecondition;
     if (--refcount[p] == 0) {
+      // Without `duplicates`, a second copy of a hash is cached only while
+      // it is used.
+      const std::optional<BlockHash> hash = CachedHash(p);
+      if (hash && !duplicates && Lookup(*hash) != p) Forget(p);
       (IsCached(p) || one_queue ? lru : free_stack).push_back(p);
     }
     return Code::kOk;
@@ -146,9 +153,8 @@ struct ModelPool {
     }
     const std::optional<PageId> other = Lookup(hash);
     holder = other.value_or(p);
-    if (other && !duplicates) return Code::kOk;
     cached.emplace_back(p, hash);
-    ++stats.cache_registrations;
+    if (!other || duplicates) ++stats.cache_registrations;
     return Code::kOk;
   }
   Code Uncache(PageId p, bool& was_cached) {
@@ -674,7 +680,7 @@ TEST_CASE("random operations match the reference model") {
   REQUIRE(total == static_cast<int>(std::size(runs)) * kStepsPerRun);
   // Steps that left some hash cached on more than one page.
   CAPTURE(counts["(duplicates held)"]);
-  REQUIRE((counts["(duplicates held)"] > 10000) == vllm);
+  REQUIRE(counts["(duplicates held)"] > 5000);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -251,6 +252,59 @@ TEST_CASE("the prefix index finds every cached page after any removals") {
   REQUIRE(pool->stats().evictions > 100);
 }
 
+// Without index_duplicates a second copy of a hash is cached only while it
+// is used: it keeps the hash cached when the first copy is evicted (a
+// router's chain through the hash stays whole), and it is freed, uncached,
+// when it is released while the first copy is still cached.
+TEST_CASE("a held second copy keeps its hash cached") {
+  auto pool = NewPool(3);
+  const PageId first = CachedPages(*pool, 1, 1)[0];
+  const PageId second = MustAllocate(*pool);
+  REQUIRE_OK(pool->RegisterCached(second, TestHash(1)));
+
+  SECTION("the first copy is evicted: the second answers") {
+    REQUIRE_OK(pool->Release(first));
+    REQUIRE(MustAllocate(*pool) == 2);
+    const BlockPoolSnapshot before = pool->Snapshot();
+    const BlockPool::Savepoint savepoint = pool->BeginTransaction();
+    REQUIRE(MustAllocate(*pool) == first);  // evicts it
+    REQUIRE(pool->stats().evictions == 1);
+    REQUIRE(pool->Lookup(TestHash(1)) == second);
+    REQUIRE(pool->IsIndexedAs(second, TestHash(1)));
+    REQUIRE(pool->Snapshot().duplicates.empty());
+    REQUIRE_OK(pool->CheckInvariants());
+    REQUIRE_OK(pool->RollbackTransaction(savepoint));
+    REQUIRE(pool->Snapshot() == before);
+    REQUIRE(MustAllocate(*pool) == first);
+    // Now the only copy, it is kept when released.
+    REQUIRE_OK(pool->Release(second));
+    REQUIRE(pool->Snapshot().lru == std::vector<PageId>{second});
+    REQUIRE(pool->NumCached() == 1);
+  }
+  SECTION("the second copy is released: it is freed") {
+    const BlockPoolSnapshot before = pool->Snapshot();
+    const BlockPool::Savepoint savepoint = pool->BeginTransaction();
+    REQUIRE_OK(pool->Release(second));
+    const BlockPoolSnapshot released = pool->Snapshot();
+    REQUIRE(released.free_stack == std::vector<PageId>{2, second});
+    REQUIRE(released.lru.empty());
+    REQUIRE(released.duplicates.empty());
+    REQUIRE(pool->CachedHash(second) == std::nullopt);
+    REQUIRE(pool->Lookup(TestHash(1)) == first);
+    REQUIRE_OK(pool->CheckInvariants());
+    REQUIRE_OK(pool->RollbackTransaction(savepoint));
+    REQUIRE(pool->Snapshot() == before);
+  }
+  SECTION("writing the first copy leaves the hash on the second") {
+    auto cow = pool->Writable(first);
+    REQUIRE_OK(cow);
+    REQUIRE(cow->kind == Kind::kExisting);
+    REQUIRE(pool->Lookup(TestHash(1)) == second);
+    REQUIRE(pool->NumCached() == 1);
+  }
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
 TEST_CASE("register cached keeps the first page of a hash") {
   auto pool = NewPool(4);
   const PageId first = CachedPages(*pool, 1, 1)[0];
@@ -260,10 +314,15 @@ TEST_CASE("register cached keeps the first page of a hash") {
   auto again = pool->RegisterCached(first, TestHash(1));
   REQUIRE_OK(again);
   REQUIRE(*again == first);
+  REQUIRE(pool->Snapshot() == before);
   auto duplicate = pool->RegisterCached(second, TestHash(1));
   REQUIRE_OK(duplicate);
   REQUIRE(*duplicate == first);
-  REQUIRE(pool->Snapshot() == before);
+  // `second` is linked behind `first` while it is held; no registration.
+  const BlockPoolSnapshot behind = pool->Snapshot();
+  REQUIRE(behind.duplicates == std::vector<std::vector<PageId>>{{0, 1}});
+  REQUIRE(behind.stats == before.stats);
+  REQUIRE(pool->Lookup(TestHash(1)) == first);
 
   REQUIRE_STATUS_IS(pool->RegisterCached(first, TestHash(2)),
                     kFailedPrecondition);
@@ -271,7 +330,7 @@ TEST_CASE("register cached keeps the first page of a hash") {
   REQUIRE_STATUS_IS(pool->RegisterCached(kNoPage, TestHash(2)),
                     kInvalidArgument);
   REQUIRE_STATUS_IS(pool->RegisterCached(4, TestHash(2)), kInvalidArgument);
-  REQUIRE(pool->Snapshot() == before);
+  REQUIRE(pool->Snapshot() == behind);
   REQUIRE(pool->stats().cache_registrations == 1);
 
   // An evictable page is not in use either.

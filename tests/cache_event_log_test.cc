@@ -5,7 +5,7 @@
 // rolled-back steps with exact events; then random steps, after most of which
 // the events are taken (else left pending over several): the set of cached
 // hashes rebuilt from them alone equals the pool's, and every stored event's
-// hashes are its tokens' chain.
+// parent is in it and its hashes are its tokens' chain.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -111,6 +111,77 @@ TEST_CASE("an eviction is removed before the page is stored again") {
           std::vector<BlockHash>{HashesOf(*manager, a)[1]});
   REQUIRE(events[1].kind == Kind::kBlockStored);
   REQUIRE(events[1].block_hashes == HashesOf(*manager, b));
+}
+
+// A radix-tree index (Dynamo's KV router, llm-d's) places a stored page under
+// its parent: the parent must be cached when the page is stored.
+TEST_CASE("a page's parent stays cached while a sequence holds a copy") {
+  auto manager = MakeManager(6);
+  REQUIRE_OK(manager->Admit(1, TokenRange(100, 9)));  // pages 0, 1 full.
+  const std::vector<BlockHash> chain = HashesOf(*manager, TokenRange(100, 12));
+  // Sequence 2 hits page 0 and computes its own copy of page 1: cached
+  // behind sequence 1's, silently.
+  REQUIRE_OK(manager->Admit(2, TokenRange(100, 5)));
+  REQUIRE_OK(manager->Append(2, TokenRange(105, 3)));
+  REQUIRE(Take(*manager).size() == 1);
+  const PageId first_copy = manager->pool().Lookup(chain[1]).value();
+  REQUIRE_OK(manager->Free(1));
+  REQUIRE_OK(manager->Admit(3, TokenRange(500, 16)));  // evicts first_copy.
+  REQUIRE(manager->pool().stats().evictions == 1);
+  const std::vector<KvCacheEvent> admitted = Take(*manager);
+  REQUIRE(admitted.size() == 1);
+  REQUIRE(admitted[0].kind == Kind::kBlockStored);
+  const PageId second_copy = manager->pool().Lookup(chain[1]).value();
+  REQUIRE(second_copy != first_copy);
+  REQUIRE(manager->pool().RefCount(second_copy) == 1);
+
+  // Its next page is stored under the hash still cached; what is evicted
+  // for it is sequence 3's.
+  REQUIRE_OK(manager->Free(3));
+  REQUIRE_OK(manager->Append(2, TokenRange(108, 4)));
+  const std::vector<KvCacheEvent> events = Take(*manager);
+  REQUIRE(events.size() == 2);
+  REQUIRE(events[0].kind == Kind::kBlockRemoved);
+  REQUIRE(events[0].block_hashes !=
+          std::vector<BlockHash>{chain[1]});
+  REQUIRE(events[1].kind == Kind::kBlockStored);
+  REQUIRE(events[1].parent_block_hash == chain[1]);
+  REQUIRE(events[1].block_hashes == std::vector<BlockHash>{chain[2]});
+
+  // Freed, the copy is kept as the hash's only one: removed when evicted.
+  REQUIRE_OK(manager->Free(2));
+  REQUIRE_OK(manager->Admit(4, TokenRange(900, 24)));
+  bool removed = false;
+  for (const KvCacheEvent& event : Take(*manager)) {
+    for (const BlockHash& hash : event.block_hashes) {
+      removed |= event.kind == Kind::kBlockRemoved && hash == chain[1];
+    }
+  }
+  REQUIRE(removed);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+// After a reset a live sequence's chain is not cached: its next pages are
+// not stored (no event would have a parent) until another sequence caches
+// that chain again.
+TEST_CASE("after a reset a page is stored only once its parent is") {
+  auto manager = MakeManager(16);
+  REQUIRE_OK(manager->Admit(1, TokenRange(100, 6)));
+  REQUIRE_OK(manager->ResetPrefixCache());
+  Take(*manager);
+  REQUIRE_OK(manager->Append(1, TokenRange(106, 2)));  // fills page 1.
+  REQUIRE(Take(*manager).empty());
+  REQUIRE(manager->pool().NumCached() == 0);
+
+  REQUIRE_OK(manager->Admit(2, TokenRange(100, 9)));  // caches pages 0, 1.
+  REQUIRE(Take(*manager).size() == 1);
+  REQUIRE_OK(manager->Append(1, TokenRange(108, 4)));  // fills page 2.
+  const std::vector<KvCacheEvent> events = Take(*manager);
+  REQUIRE(events.size() == 1);
+  const std::vector<BlockHash> chain = HashesOf(*manager, TokenRange(100, 12));
+  REQUIRE(events[0].parent_block_hash == chain[1]);
+  REQUIRE(events[0].block_hashes == std::vector<BlockHash>{chain[2]});
+  REQUIRE_OK(manager->CheckInvariants());
 }
 
 TEST_CASE("a rolled-back step leaves no event, a committed one its own") {
@@ -237,8 +308,12 @@ TEST_CASE("the cached set rebuilt from the events is the pool's") {
             }
             break;
           case Kind::kBlockStored: {
-            // The hashes are the tokens' chain after the parent (the extra
-            // keys' root for a prompt's first page).
+            // The parent is cached, as a radix-tree index needs it; the
+            // hashes are the tokens' chain after it (the extra keys' root
+            // for a prompt's first page).
+            if (event.parent_block_hash) {
+              REQUIRE(cached.contains(key(*event.parent_block_hash)));
+            }
             REQUIRE(event.token_ids.size() ==
                     event.block_hashes.size() * kPageSize);
             BlockHash parent = event.parent_block_hash.value_or(

@@ -392,7 +392,9 @@ class BlockManager {
   // Pages reserved for the rest of chunked prompts.
   int32_t reserved_pages() const { return reserved_pages_; }
 
-  // Drops every cached prefix; see BlockPool::ResetPrefixCache.
+  // Drops every cached prefix; see BlockPool::ResetPrefixCache. A live
+  // sequence's later pages are cached only if their chain is cached again (by
+  // another sequence): a page is cached only behind its parent.
   absl::Status ResetPrefixCache();
 
   // Appends to `out` the KV cache events since the last call, in order,
@@ -492,15 +494,23 @@ class BlockManager {
                                         absl::Span<const TokenId> tokens);
   // FailedPrecondition when events are off or a step is open.
   absl::Status CheckKvEventsTakeable() const;
+  // Whether `parent`, the chain before a page whose predecessor in its
+  // sequence is `parent_page`, is cached. A page is cached only behind its
+  // parent, so that a radix-tree index built from the KV events (Dynamo's,
+  // llm-d's) never gets a page whose parent it does not hold. The sequence's
+  // own parent page keeps the hash cached while it is held (see
+  // BlockPoolOptions::index_duplicates); only a reset drops it.
+  bool ParentCached(PageId parent_page, const BlockHash& parent) const;
   // Registers the sequence's pages [first, first + hashes.size()), which
-  // hold `tokens` and follow `parent` in its chain, under `hashes` (the
-  // chain is the caller's to advance).
+  // hold `tokens` and follow `parent` in its chain, under `hashes`, when
+  // ParentCached (the chain is the caller's to advance).
   absl::Status RegisterPages(int32_t entry, int32_t first,
                              const BlockHash& parent,
                              absl::Span<const BlockHash> hashes,
                              absl::Span<const TokenId> tokens);
   // Registers the sequence's full page `page` (the one its last token
-  // filled, holding `page_tokens`) under `hash`, or hashes it when null.
+  // filled, holding `page_tokens`) under `hash`, or hashes it when null,
+  // when ParentCached; the sequence's chain advances either way.
   absl::Status RegisterFullPage(int32_t entry, int32_t page,
                                 const BlockHash* hash,
                                 absl::Span<const TokenId> page_tokens);

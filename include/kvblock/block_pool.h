@@ -24,10 +24,13 @@
 //     kvblock's default (never-cached pages first) keeps more hits under
 //     pressure.
 //   - `index_duplicates`: a page whose hash is cached on another page is
-//     cached too, behind it (vLLM caches every full block). A lookup finds
-//     the page of the hash cached longest; when it leaves, the next one
-//     answers. Without it, one page per hash: RegisterCached leaves the
-//     second page uncached.
+//     cached too, behind it (vLLM caches every full block), and reports its
+//     own store and removal events. A lookup finds the page of the hash
+//     cached longest; when it leaves, the next one answers. Without it, one
+//     copy per hash is kept: a second page RegisterCached is given is linked
+//     behind the first, silently, only while it is used, so the hash stays
+//     cached (and no BlockRemoved is sent) as long as any copy is held; a
+//     router's chain through it never breaks.
 //
 // Releasing a sequence's pages last page first (SequenceBlockTable::ReleaseAll
 // does) puts its continuation nearer the LRU head than its prefix, so a shared
@@ -126,7 +129,8 @@ struct BlockPoolStats {
   // evictable.
   int64_t cache_hits = 0;
   int64_t cache_revivals = 0;
-  // Pages newly cached by RegisterCached.
+  // Pages RegisterCached reported stored: newly cached, and without
+  // `index_duplicates` under a hash no other page is cached under.
   int64_t cache_registrations = 0;
   // Most pages used at once.
   int32_t peak_used = 0;
@@ -148,7 +152,8 @@ struct BlockPoolSnapshot {
   std::vector<std::pair<PageId, BlockHash>> cached;
   // Pages cached under one hash, for each hash cached on more than one page:
   // the page a lookup finds first, then the others in the order they answer
-  // next; by first page id. Empty without `index_duplicates`.
+  // next; by first page id. Without `index_duplicates`, every page but the
+  // first of a ring is used.
   std::vector<std::vector<PageId>> duplicates;
   BlockPoolStats stats;
 
@@ -198,7 +203,8 @@ class BlockPool {
   absl::Status Retain(PageId page);
 
   // Drops a reference. At refcount 0 a cached page becomes the LRU tail and
-  // any other page the top of the free stack. InvalidArgument when `page` is
+  // any other page the top of the free stack (a page cached behind another
+  // without `index_duplicates` leaves the cache first). InvalidArgument when `page` is
   // not in [0, num_pages); FailedPrecondition when it is not used (double
   // release). On error, nothing changes.
   absl::Status Release(PageId page);
@@ -218,9 +224,9 @@ class BlockPool {
 
   // Caches the used, full page `page` under `hash` and returns `page`. If
   // `hash` is already cached on another page, that page stays cached and its
-  // id is returned: `page` is cached behind it with `index_duplicates`, else
-  // nothing changes (the caller may keep using `page`). If `page` is already
-  // cached under `hash`, nothing changes. InvalidArgument
+  // id is returned: `page` is cached behind it (see `index_duplicates` for
+  // how long and with which events; the caller keeps using `page`). If `page`
+  // is already cached under `hash`, nothing changes. InvalidArgument
   // when `page` is not in [0, num_pages); FailedPrecondition when it is not
   // used or is cached under a different hash. On error, nothing changes.
   absl::StatusOr<PageId> RegisterCached(PageId page, const BlockHash& hash);
@@ -390,6 +396,11 @@ class BlockPool {
   // Indexes `page` under `hash` again where Unindex took it from, `prev` being
   // what Unindex returned (undoing an eviction or an uncache).
   void Recache(PageId page, const BlockHash& hash, PageId prev);
+  // Whether uncaching cached `page` is a BlockRemoved: every copy's with
+  // `index_duplicates`, else only the hash's last copy's.
+  bool RemovalReported(PageId page) const {
+    return index_duplicates_ || pages_[page].dup_next == kNoPage;
+  }
   // Links cached `page` behind the last page cached under `head`'s hash.
   void LinkDuplicate(PageId head, PageId page);
   void NoteUsed() { stats_.peak_used = std::max(stats_.peak_used, NumUsed()); }
