@@ -490,7 +490,8 @@ class Model {
     const size_t page_size = static_cast<size_t>(config_.page_size);
     if (key.tokens.size() > page_size) {
       const ContentKey parent{
-          key.salt, key.adapter,
+          key.salt,
+          key.adapter,
           {key.tokens.begin(), key.tokens.end() - page_size}};
       if (!index_.contains(parent)) {
         ++cache_counts_.parent_not_cached;

@@ -142,8 +142,7 @@ TEST_CASE("a page's parent stays cached while a sequence holds a copy") {
   const std::vector<KvCacheEvent> events = Take(*manager);
   REQUIRE(events.size() == 2);
   REQUIRE(events[0].kind == Kind::kBlockRemoved);
-  REQUIRE(events[0].block_hashes !=
-          std::vector<BlockHash>{chain[1]});
+  REQUIRE(events[0].block_hashes != std::vector<BlockHash>{chain[1]});
   REQUIRE(events[1].kind == Kind::kBlockStored);
   REQUIRE(events[1].parent_block_hash == chain[1]);
   REQUIRE(events[1].block_hashes == std::vector<BlockHash>{chain[2]});

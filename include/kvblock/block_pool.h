@@ -204,9 +204,9 @@ class BlockPool {
 
   // Drops a reference. At refcount 0 a cached page becomes the LRU tail and
   // any other page the top of the free stack (a page cached behind another
-  // without `index_duplicates` leaves the cache first). InvalidArgument when `page` is
-  // not in [0, num_pages); FailedPrecondition when it is not used (double
-  // release). On error, nothing changes.
+  // without `index_duplicates` leaves the cache first). InvalidArgument when
+  // `page` is not in [0, num_pages); FailedPrecondition when it is not used
+  // (double release). On error, nothing changes.
   absl::Status Release(PageId page);
 
   // Makes the caller's reference to `page` writable:
