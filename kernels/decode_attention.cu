@@ -23,7 +23,7 @@
 
 #include "decode_common.cuh"
 #include "kernel_utils.cuh"
-#include "kernels.h"
+#include "launchers.h"
 
 namespace kvblock::kernels {
 namespace {

@@ -18,7 +18,7 @@
 #include <cstdint>
 
 #include "kernel_utils.cuh"
-#include "kernels.h"
+#include "launchers.h"
 
 namespace kvblock::kernels {
 

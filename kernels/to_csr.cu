@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "kernels.h"
+#include "launchers.h"
 
 namespace kvblock::kernels {
 namespace {

@@ -81,6 +81,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "kvblock/admission.h"
 #include "kvblock/block_hash.h"
 #include "kvblock/block_pool.h"
 #include "kvblock/config.h"
@@ -127,18 +128,6 @@ struct BlockManagerOptions {
 // The most BlockManagerOptions::reserved_kv_changes may ask for.
 inline constexpr int32_t kMaxReservedKvChanges = 1 << 22;
 
-// How a prompt is admitted (PlanAdmission, CanAdmit, Admit).
-struct AdmitOptions {
-  // Chunked prefill: the prompt tokens after the prefix hits that the
-  // admitting step computes, at most (positive; the default: all of them).
-  // The rest come later through AppendPrompt.
-  int64_t prefill_tokens = std::numeric_limits<int64_t>::max();
-  // False: take no prefix hits, compute the whole prompt (as vLLM does for a
-  // request that wants prompt log-probabilities); its full pages are still
-  // registered for others.
-  bool read_prefix_cache = true;
-};
-
 // One copy-on-write the KV copy kernel must run before the next attention:
 // copy page `source` to page `destination` (K and V, every layer).
 struct PageCopy {
@@ -147,36 +136,10 @@ struct PageCopy {
   friend bool operator==(const PageCopy&, const PageCopy&) = default;
 };
 
-// What admitting a prompt takes, computed without changing anything.
-struct AdmissionPlan {
-  int32_t hit_pages = 0;      // whole pages served from the prefix cache.
-  int64_t hit_tokens = 0;     // hit_pages * page_size.
-  int32_t revived_pages = 0;  // of the hits, pages now evictable.
-  int32_t new_pages = 0;      // fresh pages to allocate.
-  // Prompt tokens the admitting step computes: after the hits, at most
-  // AdmitOptions::prefill_tokens.
-  int64_t computed_tokens = 0;
-  // Pages reserved for the rest of the prompt (reserve_prompt_pages).
-  int32_t reserved_pages = 0;
-  // Allocatable pages the admission consumes: revived + new.
-  int32_t pages_consumed() const { return revived_pages + new_pages; }
-};
-
 struct AppendResult {
   int32_t new_pages = 0;         // pages allocated (for tokens or drafts).
   std::optional<PageCopy> copy;  // set when a shared partial page was copied.
   int32_t released_pages = 0;    // draft pages released (SetDrafts).
-};
-
-// A live sequence's place in the manager's slab, what the per-step paths
-// (BatchCommit) use to address many sequences without a lookup by id. The
-// generation tells the sequences that take the same entry in turn apart, so
-// the handle of a sequence that left never reaches the next one.
-struct SequenceHandle {
-  int32_t index = -1;
-  uint32_t generation = 0;
-  friend bool operator==(const SequenceHandle&,
-                         const SequenceHandle&) = default;
 };
 
 // What an AppendMany call did. The caller keeps one and reuses it, so that
@@ -449,7 +412,7 @@ class BlockManager {
                               const BlockManagerOptions& options);
 
   // Runs `change` in a transaction: kept when it returns OK, undone else
-  // (lib/block_manager_transact.h).
+  // (lib/manager/block_manager_transact.h).
   template <typename Change>
   absl::Status Transact(Change&& change);
   Transaction BeginTransaction();

@@ -9,8 +9,8 @@
 //   - free:      refcount 0, not cached, on the LIFO free stack;
 //   - evictable: refcount 0, cached, on the LRU list (head = least recently
 //                released, evicted first; tail = most recently released).
-// The prefix index (lib/prefix_index.h: buckets of one cache line, the keys
-// stay with the pages) maps a BlockHash to the cached pages, one hash per
+// The prefix index (lib/cache/prefix_index.h: buckets of one cache line, the
+// keys stay with the pages) maps a BlockHash to the cached pages, one hash per
 // page. `Allocate` pops the free stack first and evicts the LRU head
 // (dropping its hash) only when the stack is empty. Initially the stack hands
 // out pages 0, 1, 2, ... in that order.
@@ -75,9 +75,9 @@
 
 namespace kvblock {
 
-class PrefixIndex;  // internal: lib/prefix_index.h
+class PrefixIndex;  // internal: lib/cache/prefix_index.h
 namespace internal {
-class CacheEventLog;  // lib/cache_event_log.h
+class CacheEventLog;  // lib/cache/cache_event_log.h
 }  // namespace internal
 
 // What `BlockPool::Writable` decided.
@@ -369,7 +369,7 @@ class BlockPool {
   // its duplicates' ring.
   absl::Status CheckCachedPage(PageId page) const;
   // The ResourceExhausted a rollback test injects where a page would be
-  // allocated (lib/fault_injection.h).
+  // allocated (lib/base/fault_injection.h).
   absl::Status InjectedAllocationFault() const;
   // The page checks of the hot paths are inline; their errors are built out
   // of line, only when a check fails.

@@ -30,6 +30,17 @@ inline constexpr SlotId kNoSlot = -1;
 using SequenceId = int64_t;
 inline constexpr SequenceId kNoSequence = -1;
 
+// A live sequence's place in the manager's slab, what the per-step paths
+// (BatchCommit) use to address many sequences without a lookup by id. The
+// generation tells the sequences that take the same entry in turn apart, so
+// the handle of a sequence that left never reaches the next one.
+struct SequenceHandle {
+  int32_t index = -1;
+  uint32_t generation = 0;
+  friend bool operator==(const SequenceHandle&,
+                         const SequenceHandle&) = default;
+};
+
 // A token id of the model's vocabulary.
 using TokenId = int32_t;
 

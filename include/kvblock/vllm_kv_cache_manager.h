@@ -57,7 +57,7 @@
 namespace kvblock {
 
 namespace internal {
-class CacheEventLog;  // lib/cache_event_log.h
+class CacheEventLog;  // lib/cache/cache_event_log.h
 }  // namespace internal
 
 struct VllmKvCacheManagerOptions {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
-#include "block_hash_reference.h"
+#include "cache/block_hash_reference.h"
 #include "fuzz_input.h"
 #include "kvblock/block_hash.h"
 

@@ -13,7 +13,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels_reference.h"
+#include "device/kernels_reference.h"
 #include "kvblock/config.h"
 #include "kvblock/device.h"
 #include "kvblock/kernels.h"

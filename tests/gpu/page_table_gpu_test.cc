@@ -6,10 +6,10 @@
 #include <cstring>
 #include <vector>
 
+#include "commit/page_table_checks.h"
+#include "commit/page_table_random_run.h"
 #include "kvblock/device.h"
 #include "kvblock/page_table.h"
-#include "page_table_checks.h"
-#include "page_table_random_run.h"
 #include "test_util.h"
 
 namespace kvblock {

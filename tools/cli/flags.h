@@ -22,7 +22,7 @@ namespace kvblock::cli {
 // Sets the flags that `argv` names, and returns nothing when the tool should
 // run, or the exit code it should return at once: 0 after --help (or -h,
 // --helpfull, --helpshort), which prints `usage` and then every flag defined
-// in a file whose path ends with `flags_file` (the tool's main.cc) with its
+// in a file whose path ends with `flags_file` (the tool's main file) with its
 // default and help to `out`; 2 after a bad argument (an unknown flag, a
 // missing or unparsable value, a positional argument: the tools take flags
 // only), printed to `err` as "TOOL: message (see --help)".

@@ -1,0 +1,745 @@
+// Copyright 2026 The kvblock Authors.
+#include "kvblock/block_pool.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/fault_injection.h"
+#include "base/reservation.h"
+#include "cache/cache_event_log.h"
+#include "cache/prefix_index.h"
+#include "kvblock/status_macros.h"
+
+namespace kvblock {
+namespace {
+
+std::string ShortHash(const BlockHash& hash) {
+  return absl::StrFormat("%02x%02x%02x%02x", hash.bytes[0], hash.bytes[1],
+                         hash.bytes[2], hash.bytes[3]);
+}
+
+}  // namespace
+
+std::string BlockPoolSnapshot::DebugString() const {
+  std::string cached_text;
+  for (const auto& [page, hash] : cached) {
+    absl::StrAppend(&cached_text, cached_text.empty() ? "" : " ", page, ":",
+                    ShortHash(hash));
+  }
+  return absl::StrCat(
+      "refcounts: [", absl::StrJoin(refcounts, " "), "]\nfree_stack: [",
+      absl::StrJoin(free_stack, " "), "]\nlru: [", absl::StrJoin(lru, " "),
+      "]\ncached: [", cached_text, "]\nstats: allocations=", stats.allocations,
+      " evictions=", stats.evictions, " cow_copies=", stats.cow_copies,
+      " cache_hits=", stats.cache_hits,
+      " cache_revivals=", stats.cache_revivals,
+      " cache_registrations=", stats.cache_registrations,
+      " peak_used=", stats.peak_used, "\nduplicates: [",
+      absl::StrJoin(duplicates, " ",
+                    [](std::string* out, const std::vector<PageId>& ring) {
+                      absl::StrAppend(out, "(", absl::StrJoin(ring, " "), ")");
+                    }),
+      "]\n");
+}
+
+absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(
+    int32_t num_pages, BlockPoolOptions options) {
+  if (num_pages < 1 || num_pages > kMaxNumPages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block pool: num_pages must be in [1, ", kMaxNumPages,
+                     "], got ", num_pages));
+  }
+  if (options.max_refcount < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block pool: max_refcount must be positive, got ",
+                     options.max_refcount));
+  }
+  if (options.journal_reserve < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block pool: journal_reserve must be non-negative, got ",
+                     options.journal_reserve));
+  }
+  internal::Reservation reservation("block pool");
+  reservation.Add(int64_t{num_pages} + 1, sizeof(PageState));
+  reservation.Add(1, PrefixIndex::ReservedBytes(num_pages));
+  reservation.Add(num_pages, sizeof(PageId));  // the free stack.
+  reservation.Add(options.journal_reserve, sizeof(UndoRecord));
+  KVBLOCK_RETURN_IF_ERROR(reservation.Check());
+  std::unique_ptr<BlockPool> pool;
+  KVBLOCK_RETURN_IF_ERROR(
+      reservation.Run([&] { pool.reset(new BlockPool(num_pages, options)); }));
+  return pool;
+}
+
+BlockPool::BlockPool(int32_t num_pages, const BlockPoolOptions& options)
+    : num_pages_(num_pages),
+      max_refcount_(options.max_refcount),
+      eviction_order_(options.eviction_order),
+      index_duplicates_(options.index_duplicates),
+      pages_(num_pages + 1),
+      index_(std::make_unique<PrefixIndex>(num_pages)) {
+  pages_[num_pages_].lru_prev = num_pages_;
+  pages_[num_pages_].lru_next = num_pages_;
+  free_stack_.reserve(num_pages_);
+  if (lru_holds_free()) {
+    for (PageId page = 0; page < num_pages_; ++page) {
+      LinkAfter(pages_[num_pages_].lru_prev, page);
+    }
+  } else {
+    for (PageId page = num_pages_ - 1; page >= 0; --page) {
+      free_stack_.push_back(page);
+    }
+  }
+  journal_.reserve(options.journal_reserve);
+}
+
+BlockPool::~BlockPool() = default;
+
+absl::Status BlockPool::InjectedAllocationFault() const {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "block pool: injected allocation fault (", NumFree(), " pages free)"));
+}
+
+absl::Status BlockPool::RangeError(PageId page) const {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "block pool: page ", page, " is not in [0, ", num_pages_, ")"));
+}
+
+absl::Status BlockPool::UnusedError(PageId page) const {
+  if (!InRange(page)) return RangeError(page);
+  return absl::FailedPreconditionError(
+      absl::StrCat("block pool: page ", page, " is not in use (",
+                   pages_[page].cached ? "evictable" : "free", ")"));
+}
+
+inline void BlockPool::Journal(UndoRecord::Op op, PageId page, PageId prev,
+                               const BlockHash& hash) {
+  if (depth_ == 0) return;
+  // Written in place: a record built on the stack and copied out stalls on
+  // store forwarding (its copy reads across the narrower stores).
+  UndoRecord& record = journal_.emplace_back();
+  record.op = op;
+  record.page = page;
+  record.prev = prev;
+  record.lru_prev = kNoPage;
+  record.hash = hash;
+}
+
+void BlockPool::LinkDuplicate(PageId head, PageId page) {
+  PageState& first = pages_[head];
+  if (first.dup_next == kNoPage) first.dup_next = first.dup_prev = head;
+  const PageId last = first.dup_prev;
+  pages_[page].dup_prev = last;
+  pages_[page].dup_next = head;
+  pages_[last].dup_next = page;
+  first.dup_prev = page;
+}
+
+PageId BlockPool::Unindex(PageId page) {
+  PageState& state = pages_[page];
+  PageId prev = kNoPage;
+  if (state.dup_next == kNoPage) {
+    // Holds by construction: every kIndexed page is indexed
+    // (CheckInvariants).
+    [[maybe_unused]] const bool erased = index_->Erase(state.tag, page);
+    assert(erased);
+  } else {
+    const PageId next = state.dup_next;
+    const PageId before = state.dup_prev;
+    if (state.cached == kIndexed) {
+      // The page cached longest after it answers lookups now.
+      [[maybe_unused]] const bool replaced =
+          index_->Replace(state.tag, page, next);
+      assert(replaced);
+      pages_[next].cached = kIndexed;
+    } else {
+      prev = before;
+    }
+    pages_[before].dup_next = next;
+    pages_[next].dup_prev = before;
+    if (next == before) pages_[next].dup_next = pages_[next].dup_prev = kNoPage;
+    state.dup_next = state.dup_prev = kNoPage;
+  }
+  state.cached = 0;
+  --num_cached_;
+  return prev;
+}
+
+inline void BlockPool::LinkAfter(PageId prev, PageId page) {
+  const PageId next = pages_[prev].lru_next;
+  pages_[page].lru_prev = prev;
+  pages_[page].lru_next = next;
+  pages_[prev].lru_next = page;
+  pages_[next].lru_prev = page;
+  ++num_evictable_;
+}
+
+inline void BlockPool::Unlink(PageId page) {
+  const PageId prev = pages_[page].lru_prev;
+  const PageId next = pages_[page].lru_next;
+  pages_[prev].lru_next = next;
+  pages_[next].lru_prev = prev;
+  pages_[page].lru_prev = kNoPage;
+  pages_[page].lru_next = kNoPage;
+  --num_evictable_;
+}
+
+inline void BlockPool::PrefetchNextEvictions(PageId victim) const {
+  // The next victim's line came in at the eviction before this one: its
+  // tag names the index bucket that eviction will erase from; the victim
+  // after it is the line to bring in for the eviction after that. An LRU
+  // change in between only wastes a prefetch.
+  const PageState& next = pages_[pages_[victim].lru_next];
+  index_->Prefetch(next.tag);
+  __builtin_prefetch(&pages_[next.lru_next]);
+}
+
+PageId BlockPool::AllocateUnchecked() {
+  PageId page;
+  if (!free_stack_.empty()) {
+    page = free_stack_.back();
+    free_stack_.pop_back();
+    Journal(UndoRecord::Op::kPopFree, page);
+  } else {
+    page = pages_[num_pages_].lru_next;
+    PrefetchNextEvictions(page);
+    Unlink(page);
+    if (pages_[page].cached) {
+      const bool reported = RemovalReported(page);
+      const PageId prev = Unindex(page);
+      ++stats_.evictions;
+      Journal(UndoRecord::Op::kEvict, page, prev, pages_[page].hash);
+      if (events_ != nullptr && reported) events_->Removed(pages_[page].hash);
+    } else {
+      Journal(UndoRecord::Op::kPopLru, page);
+    }
+  }
+  pages_[page].refcount = 1;
+  ++stats_.allocations;
+  NoteUsed();
+  return page;
+}
+
+absl::StatusOr<PageId> BlockPool::Allocate() {
+  if (NumFree() == 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("block pool: all ", num_pages_, " pages are in use"));
+  }
+  if (internal::FaultInjection::ShouldFail()) return InjectedAllocationFault();
+  return AllocateUnchecked();
+}
+
+absl::Status BlockPool::AllocateN(absl::Span<PageId> pages) {
+  if (pages.size() > static_cast<size_t>(NumFree())) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("block pool: ", pages.size(), " pages requested, ",
+                     NumFree(), " of ", num_pages_, " allocatable"));
+  }
+  for (size_t i = 0; i < pages.size(); ++i) {
+    if (internal::FaultInjection::ShouldFail())
+      return InjectedAllocationFault();
+  }
+  for (PageId& page : pages) page = AllocateUnchecked();
+  return absl::OkStatus();
+}
+
+absl::Status BlockPool::Retain(PageId page) {
+  if (!IsUsed(page)) return UnusedError(page);
+  if (internal::FaultInjection::ShouldFail()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("block pool: injected fault retaining page ", page));
+  }
+  if (pages_[page].refcount == max_refcount_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("block pool: page ", page, " refcount is at the maximum ",
+                     max_refcount_));
+  }
+  ++pages_[page].refcount;
+  Journal(UndoRecord::Op::kAddRef, page);
+  return absl::OkStatus();
+}
+
+absl::Status BlockPool::Release(PageId page) {
+  if (!IsUsed(page)) return UnusedError(page);
+  PageState& state = pages_[page];
+  if (--state.refcount > 0) {
+    Journal(UndoRecord::Op::kDropRef, page);
+    return absl::OkStatus();
+  }
+  if (state.cached == kDuplicate && !index_duplicates_) {
+    // It stayed cached only so that its hash outlives the indexed page
+    // while it is held; unused, it is a second copy the cache keeps none of.
+    const PageId prev = Unindex(page);
+    Journal(UndoRecord::Op::kUncache, page, prev, state.hash);
+  }
+  if (state.cached || lru_holds_free()) {
+    LinkAfter(pages_[num_pages_].lru_prev, page);
+    Journal(UndoRecord::Op::kAppendLru, page);
+  } else {
+    free_stack_.push_back(page);
+    Journal(UndoRecord::Op::kPushFree, page);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CopyOnWrite> BlockPool::Writable(PageId page) {
+  if (page != kNoPage) {
+    if (!IsUsed(page)) return UnusedError(page);
+    if (pages_[page].refcount == 1) {
+      if (pages_[page].cached) {
+        const bool reported = RemovalReported(page);
+        const PageId prev = Unindex(page);
+        Journal(UndoRecord::Op::kUncache, page, prev, pages_[page].hash);
+        if (events_ != nullptr && reported) events_->Removed(pages_[page].hash);
+      }
+      return CopyOnWrite{CopyOnWrite::Kind::kExisting, page, kNoPage};
+    }
+  }
+  if (NumFree() == 0) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "block pool: no page to ",
+        page == kNoPage ? "allocate" : absl::StrCat("copy page ", page, " to"),
+        ", all ", num_pages_, " pages are in use"));
+  }
+  if (internal::FaultInjection::ShouldFail()) return InjectedAllocationFault();
+  const PageId destination = AllocateUnchecked();
+  if (page == kNoPage) {
+    return CopyOnWrite{CopyOnWrite::Kind::kAllocated, destination, kNoPage};
+  }
+  --pages_[page].refcount;  // Stays > 0: it was above 1.
+  Journal(UndoRecord::Op::kDropRef, page);
+  ++stats_.cow_copies;
+  return CopyOnWrite{CopyOnWrite::Kind::kCopy, destination, page};
+}
+
+absl::StatusOr<PageId> BlockPool::RegisterCached(PageId page,
+                                                 const BlockHash& hash) {
+  if (!IsUsed(page)) return UnusedError(page);
+  if (pages_[page].cached) {
+    if (pages_[page].hash == hash) {
+      if (events_ != nullptr) events_->Registered(hash, /*stored=*/false);
+      return page;
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block pool: page ", page, " is cached as ",
+        ShortHash(pages_[page].hash), "..., not ", ShortHash(hash), "..."));
+  }
+  const uint32_t tag = PrefixIndex::Tag(hash);
+  const PageId indexed = index_->Insert(tag, hash, page, hash_of());
+  if (indexed == kNoPage) {
+    // Cannot happen: the index has room for every page of the pool.
+    return absl::InternalError(
+        absl::StrCat("block pool: the prefix index is full with ",
+                     index_->size(), " pages (a broken invariant)"));
+  }
+  const bool duplicate = indexed != page;
+  // Without index_duplicates the hash was cached already: no event, no
+  // registration counted, but the page is linked behind the indexed one so
+  // that the hash stays cached while the page is held.
+  const bool stored = !duplicate || index_duplicates_;
+  if (events_ != nullptr) events_->Registered(hash, stored);
+  PageState& state = pages_[page];
+  state.cached = duplicate ? kDuplicate : kIndexed;
+  state.hash = hash;
+  state.tag = tag;
+  if (duplicate) LinkDuplicate(indexed, page);
+  ++num_cached_;
+  if (stored) ++stats_.cache_registrations;
+  Journal(UndoRecord::Op::kRegister, page, kNoPage, hash);
+  return indexed;
+}
+
+absl::StatusOr<bool> BlockPool::Uncache(PageId page) {
+  if (!InRange(page)) return RangeError(page);
+  PageState& state = pages_[page];
+  if (!state.cached) return false;
+  if (events_ != nullptr && RemovalReported(page)) {
+    events_->Removed(state.hash);
+  }
+  if (state.refcount > 0 || lru_holds_free()) {
+    const PageId prev = Unindex(page);
+    Journal(UndoRecord::Op::kUncache, page, prev, state.hash);
+    return true;
+  }
+  const PageId lru_prev = state.lru_prev;
+  Unlink(page);
+  const PageId prev = Unindex(page);
+  free_stack_.push_back(page);
+  Journal(UndoRecord::Op::kUncacheFree, page, prev, state.hash);
+  if (depth_ > 0) journal_.back().lru_prev = lru_prev;
+  return true;
+}
+
+std::optional<PageId> BlockPool::Lookup(const BlockHash& hash) const {
+  const PageId page = index_->Find(hash, hash_of());
+  if (page == kNoPage) return std::nullopt;
+  return page;
+}
+
+absl::StatusOr<int32_t> BlockPool::AcquireCachedPrefix(
+    absl::Span<const BlockHash> chain, absl::Span<PageId> pages) {
+  if (pages.size() < chain.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block pool: ", pages.size(),
+                     " output slots for a chain of ", chain.size(), " hashes"));
+  }
+  int32_t hits = 0;
+  for (const BlockHash& hash : chain) {
+    const PageId page = index_->Find(hash, hash_of());
+    if (page == kNoPage) break;
+    pages[hits++] = page;
+  }
+  KVBLOCK_RETURN_IF_ERROR(AcquireCached(pages.first(hits)));
+  return hits;
+}
+
+absl::Status BlockPool::AcquireCached(absl::Span<const PageId> pages) {
+  // A page may repeat: take the references one by one in a transaction and
+  // undo them all if one is refused.
+  const Savepoint savepoint = BeginTransaction();
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const PageId page = pages[i];
+    absl::Status refused;
+    if (!InRange(page)) {
+      refused = RangeError(page);
+    } else if (!pages_[page].cached) {
+      refused = absl::FailedPreconditionError(absl::StrCat(
+          "block pool: page ", page, " (position ", i, ") is not cached"));
+    } else if (internal::FaultInjection::ShouldFail()) {
+      refused = absl::FailedPreconditionError(absl::StrCat(
+          "block pool: injected fault acquiring cached page ", page));
+    } else if (pages_[page].refcount == max_refcount_) {
+      refused = absl::FailedPreconditionError(
+          absl::StrCat("block pool: cached page ", page, " (position ", i,
+                       ") refcount is at the maximum ", max_refcount_));
+    }
+    if (!refused.ok()) {
+      RollbackTransaction(savepoint).IgnoreError();  // Innermost: cannot fail.
+      return refused;
+    }
+    if (pages_[page].refcount == 0) {
+      const PageId prev = pages_[page].lru_prev;
+      Unlink(page);
+      pages_[page].refcount = 1;
+      Journal(UndoRecord::Op::kRevive, page, prev);
+      ++stats_.cache_revivals;
+      NoteUsed();
+    } else {
+      ++pages_[page].refcount;
+      Journal(UndoRecord::Op::kAddRef, page);
+    }
+  }
+  stats_.cache_hits += static_cast<int64_t>(pages.size());
+  return CommitTransaction(savepoint);
+}
+
+absl::Status BlockPool::ResetPrefixCache() {
+  if (depth_ > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block pool: cannot reset the prefix cache inside a transaction "
+        "(depth ",
+        depth_, ")"));
+  }
+  while (!lru_holds_free() && num_evictable_ > 0) {
+    const PageId page = pages_[num_pages_].lru_next;
+    Unlink(page);
+    free_stack_.push_back(page);
+  }
+  for (PageId page = 0; page < num_pages_; ++page) {
+    PageState& state = pages_[page];
+    state.cached = 0;
+    state.dup_prev = state.dup_next = kNoPage;
+  }
+  index_->Clear();
+  num_cached_ = 0;
+  if (events_ != nullptr) events_->Cleared();
+  return absl::OkStatus();
+}
+
+BlockPool::Savepoint BlockPool::BeginTransaction() {
+  ++depth_;
+  Savepoint savepoint{depth_, journal_.size(), stats_};
+  if (events_ != nullptr) {
+    const internal::CacheEventLog::Mark mark = events_->mark();
+    savepoint.event_records = mark.records;
+    savepoint.event_runs = mark.runs;
+    savepoint.event_hashes = mark.hashes;
+  }
+  return savepoint;
+}
+
+absl::Status BlockPool::CommitTransaction(const Savepoint& savepoint) {
+  if (savepoint.depth != depth_ || savepoint.journal_size > journal_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block pool: savepoint of depth ", savepoint.depth,
+        " is not the innermost open transaction (depth ", depth_, ")"));
+  }
+  if (--depth_ == 0) journal_.clear();
+  return absl::OkStatus();
+}
+
+absl::Status BlockPool::RollbackTransaction(const Savepoint& savepoint) {
+  if (savepoint.depth != depth_ || savepoint.journal_size > journal_.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block pool: savepoint of depth ", savepoint.depth,
+        " is not the innermost open transaction (depth ", depth_, ")"));
+  }
+  while (journal_.size() > savepoint.journal_size) {
+    Undo(journal_.back());
+    journal_.pop_back();
+  }
+  stats_ = savepoint.stats;
+  if (events_ != nullptr) {
+    events_->Truncate({savepoint.event_records, savepoint.event_runs,
+                       savepoint.event_hashes});
+  }
+  --depth_;
+  return absl::OkStatus();
+}
+
+void BlockPool::Recache(PageId page, const BlockHash& hash, PageId prev) {
+  PageState& state = pages_[page];
+  state.hash = hash;
+  state.tag = PrefixIndex::Tag(hash);
+  ++num_cached_;
+  if (prev != kNoPage) {
+    // Back behind `prev`: link it in as the last page after `prev`'s.
+    state.cached = kDuplicate;
+    PageState& before = pages_[prev];
+    if (before.dup_next == kNoPage) before.dup_next = before.dup_prev = prev;
+    const PageId next = before.dup_next;
+    state.dup_prev = prev;
+    state.dup_next = next;
+    before.dup_next = page;
+    pages_[next].dup_prev = page;
+    return;
+  }
+  state.cached = kIndexed;
+  // Room by construction: the page was indexed before the change undone.
+  const PageId indexed = index_->Insert(state.tag, hash, page, hash_of());
+  assert(indexed != kNoPage);
+  if (indexed != page) {
+    // It answered lookups before the page now indexed: first again.
+    [[maybe_unused]] const bool replaced =
+        index_->Replace(state.tag, indexed, page);
+    assert(replaced);
+    pages_[indexed].cached = kDuplicate;
+    LinkDuplicate(indexed, page);
+  }
+}
+
+// Records are undone newest first, so the pool is exactly as it was right
+// after the recorded change: the free-stack top, the LRU head and tail, and a
+// revived page's old neighbour are where the change left them.
+void BlockPool::Undo(const UndoRecord& record) {
+  const PageId page = record.page;
+  switch (record.op) {
+    case UndoRecord::Op::kPopFree:
+      pages_[page].refcount = 0;
+      free_stack_.push_back(page);
+      break;
+    case UndoRecord::Op::kEvict:
+      pages_[page].refcount = 0;
+      Recache(page, record.hash, record.prev);
+      LinkAfter(num_pages_, page);
+      break;
+    case UndoRecord::Op::kPopLru:
+      pages_[page].refcount = 0;
+      LinkAfter(num_pages_, page);
+      break;
+    case UndoRecord::Op::kAddRef:
+      --pages_[page].refcount;
+      break;
+    case UndoRecord::Op::kDropRef:
+      ++pages_[page].refcount;
+      break;
+    case UndoRecord::Op::kPushFree:
+      free_stack_.pop_back();
+      pages_[page].refcount = 1;
+      break;
+    case UndoRecord::Op::kAppendLru:
+      Unlink(page);
+      pages_[page].refcount = 1;
+      break;
+    case UndoRecord::Op::kRevive:
+      pages_[page].refcount = 0;
+      LinkAfter(record.prev, page);
+      break;
+    case UndoRecord::Op::kRegister:
+      Unindex(page);
+      break;
+    case UndoRecord::Op::kUncache:
+      Recache(page, record.hash, record.prev);
+      break;
+    case UndoRecord::Op::kUncacheFree:
+      free_stack_.pop_back();
+      Recache(page, record.hash, record.prev);
+      LinkAfter(record.lru_prev, page);
+      break;
+  }
+}
+
+absl::Status BlockPool::CheckInvariants() const {
+  auto broken = [](auto&&... parts) {
+    return absl::InternalError(absl::StrCat("block pool: ", parts...));
+  };
+  // 0 = used, 1 = free, 2 = evictable, as seen from the lists.
+  std::vector<uint8_t> listed(num_pages_, 0);
+  for (PageId page : free_stack_) {
+    if (page < 0 || page >= num_pages_) {
+      return broken("free stack holds bad page ", page);
+    }
+    if (listed[page] != 0) return broken("page ", page, " is free twice");
+    listed[page] = 1;
+  }
+  int32_t walked = 0;
+  for (PageId prev = num_pages_, page = pages_[num_pages_].lru_next;
+       page != num_pages_; prev = page, page = pages_[page].lru_next) {
+    if (page < 0 || page >= num_pages_ || walked == num_pages_) {
+      return broken("lru list is broken at page ", page);
+    }
+    if (pages_[page].lru_prev != prev) {
+      return broken("lru page ", page, " links back to ", pages_[page].lru_prev,
+                    ", not ", prev);
+    }
+    if (listed[page] != 0) {
+      return broken("lru page ", page, " is also on another list");
+    }
+    listed[page] = 2;
+    ++walked;
+  }
+  if (walked != num_evictable_) {
+    return broken("lru list holds ", walked, " pages, counted ",
+                  num_evictable_);
+  }
+  int32_t num_cached = 0;
+  int32_t num_indexed = 0;
+  int32_t num_used = 0;
+  for (PageId page = 0; page < num_pages_; ++page) {
+    const int32_t refcount = pages_[page].refcount;
+    if (refcount < 0 || refcount > max_refcount_) {
+      return broken("page ", page, " has refcount ", refcount);
+    }
+    const uint8_t expected = refcount > 0                                ? 0
+                             : (pages_[page].cached || lru_holds_free()) ? 2
+                                                                         : 1;
+    if (listed[page] != expected) {
+      return broken("page ", page, " (refcount ", refcount, ", cached ",
+                    static_cast<int>(pages_[page].cached), ") is listed as ",
+                    static_cast<int>(listed[page]), ", expected ",
+                    static_cast<int>(expected));
+    }
+    if (listed[page] != 2 && (pages_[page].lru_prev != kNoPage ||
+                              pages_[page].lru_next != kNoPage)) {
+      return broken("page ", page, " is off the lru list but linked");
+    }
+    num_used += refcount > 0 ? 1 : 0;
+    KVBLOCK_RETURN_IF_ERROR(CheckCachedPage(page));
+    if (pages_[page].cached == kIndexed) ++num_indexed;
+    if (pages_[page].cached) ++num_cached;
+  }
+  KVBLOCK_RETURN_IF_ERROR(index_->CheckInvariants(hash_of()));
+  if (num_indexed != index_->size() || num_cached != NumCached()) {
+    return broken("index holds ", index_->size(), " hashes for ", num_indexed,
+                  " indexed pages; ", num_cached, " cached pages, counted ",
+                  NumCached());
+  }
+  if (num_used != NumUsed() || stats_.peak_used < num_used) {
+    return broken(num_used, " pages used, counted ", NumUsed(), ", peak ",
+                  stats_.peak_used);
+  }
+  if (depth_ < 0 || (depth_ == 0 && !journal_.empty())) {
+    return broken("journal holds ", journal_.size(), " records at depth ",
+                  depth_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BlockPool::CheckCachedPage(PageId page) const {
+  auto broken = [page](auto&&... parts) {
+    return absl::InternalError(
+        absl::StrCat("block pool: cached page ", page, parts...));
+  };
+  const PageState& state = pages_[page];
+  if (!state.cached) {
+    if (state.dup_next != kNoPage || state.dup_prev != kNoPage) {
+      return absl::InternalError(absl::StrCat(
+          "block pool: page ", page, " is not cached but has duplicates"));
+    }
+    return absl::OkStatus();
+  }
+  if (state.tag != PrefixIndex::Tag(state.hash)) {
+    return broken(" keeps a tag not of its hash");
+  }
+  const PageId indexed = index_->Find(state.hash, hash_of());
+  if (state.cached == kIndexed ? indexed != page
+                               : indexed == kNoPage || indexed == page ||
+                                     pages_[indexed].cached != kIndexed) {
+    return broken(" (state ", static_cast<int>(state.cached),
+                  ") is not indexed under its hash as its state says (the "
+                  "index finds ",
+                  indexed, ")");
+  }
+  if ((state.dup_next == kNoPage) != (state.dup_prev == kNoPage) ||
+      (state.dup_next == kNoPage && state.cached != kIndexed)) {
+    return broken(" is half linked among its duplicates");
+  }
+  if (state.dup_next == kNoPage) return absl::OkStatus();
+  if (!index_duplicates_ && state.cached == kDuplicate && state.refcount == 0) {
+    return broken(" is an unused duplicate without index_duplicates");
+  }
+  const PageState& next = pages_[state.dup_next];
+  if (next.dup_prev != page || !next.cached || !(next.hash == state.hash) ||
+      state.dup_next == page) {
+    return broken(" links to duplicate ", state.dup_next,
+                  ", which does not link back or is cached otherwise");
+  }
+  return absl::OkStatus();
+}
+
+BlockPoolSnapshot BlockPool::Snapshot() const {
+  BlockPoolSnapshot snapshot;
+  snapshot.refcounts.reserve(num_pages_);
+  for (PageId page = 0; page < num_pages_; ++page) {
+    snapshot.refcounts.push_back(pages_[page].refcount);
+  }
+  snapshot.free_stack = free_stack_;
+  snapshot.lru.reserve(num_evictable_);
+  for (PageId page = pages_[num_pages_].lru_next; page != num_pages_;
+       page = pages_[page].lru_next) {
+    snapshot.lru.push_back(page);
+  }
+  for (PageId page = 0; page < num_pages_; ++page) {
+    if (pages_[page].cached)
+      snapshot.cached.emplace_back(page, pages_[page].hash);
+  }
+  // Each ring from its indexed page, the rings by their smallest page id.
+  for (PageId page = 0; page < num_pages_; ++page) {
+    if (pages_[page].cached != kIndexed || pages_[page].dup_next == kNoPage) {
+      continue;
+    }
+    std::vector<PageId>& ring = snapshot.duplicates.emplace_back();
+    PageId member = page;
+    do {
+      ring.push_back(member);
+      member = pages_[member].dup_next;
+    } while (member != page && ring.size() <= static_cast<size_t>(num_pages_));
+  }
+  std::sort(snapshot.duplicates.begin(), snapshot.duplicates.end(),
+            [](const std::vector<PageId>& a, const std::vector<PageId>& b) {
+              return *std::min_element(a.begin(), a.end()) <
+                     *std::min_element(b.begin(), b.end());
+            });
+  snapshot.stats = stats_;
+  return snapshot;
+}
+
+}  // namespace kvblock

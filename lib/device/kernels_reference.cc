@@ -1,0 +1,358 @@
+// Copyright 2026 The kvblock Authors.
+#include "device/kernels_reference.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kvblock/status_macros.h"
+
+namespace kvblock::internal {
+namespace {
+
+// Bytes of one token's row of one page (num_kv_heads * head_dim elements).
+int64_t RowBytes(const PagedKvConfig& config) {
+  return int64_t{config.num_kv_heads} * config.head_dim *
+         DTypeSize(config.dtype);
+}
+
+// Address of row `in_page` of pool page `page` (K or V id) of layer `layer`.
+unsigned char* PoolRow(const KvPool& pool, int32_t layer, PageId page,
+                       int64_t in_page) {
+  const PagedKvConfig& c = pool.config;
+  const int64_t row =
+      (int64_t{layer} * 2 * c.num_pages + page) * c.page_size + in_page;
+  return static_cast<unsigned char*>(pool.data) + row * RowBytes(c);
+}
+
+// The K and V page ids of logical page `logical_page` of `slot`'s row.
+struct PagePair {
+  PageId k;
+  PageId v;
+};
+PagePair TablePages(const DeviceTensor& table, int64_t slot,
+                    int64_t logical_page) {
+  const int64_t width = table.shape()[2];
+  const int32_t* row = table.data() + slot * 2 * width;
+  return {row[logical_page], row[width + logical_page]};
+}
+
+// True when both ids are pages of their half of the pool.
+bool Usable(const PagedKvConfig& config, PagePair pages) {
+  return pages.k >= 0 && pages.k < config.num_pages &&
+         pages.v >= config.num_pages && pages.v < 2 * config.num_pages;
+}
+
+// Leading logical pages of `slot` whose K and V ids are usable.
+int64_t LivePages(const PagedKvConfig& config, const DeviceTensor& table,
+                  int64_t slot) {
+  int64_t pages = 0;
+  while (pages < config.max_pages_per_seq &&
+         Usable(config, TablePages(table, slot, pages))) {
+    ++pages;
+  }
+  return pages;
+}
+
+// Each of batch.seq_lens is in [0, limit] and fits the slot's live pages.
+absl::Status CheckLengths(const PagedKvConfig& config, const KvBatch& batch,
+                          int64_t limit, const char* limit_name) {
+  for (int32_t slot = 0; slot < batch.batch; ++slot) {
+    const int32_t len = batch.seq_lens[slot];
+    if (len < 0 || len > limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("seq_lens[", slot, "] = ", len, " is outside [0, ",
+                       limit_name, " = ", limit, "]"));
+    }
+    const int64_t live = LivePages(config, batch.page_table, slot);
+    if (len > live * config.page_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "seq_lens[", slot, "] = ", len, " exceeds the ", live,
+          " live pages x page_size ", config.page_size, " of slot ", slot));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+float HalfToFloat(uint16_t bits) {
+  const uint32_t sign = uint32_t{bits & 0x8000u} << 16;
+  const uint32_t exponent = (bits >> 10) & 0x1f;
+  const uint32_t mantissa = bits & 0x3ff;
+  if (exponent == 0) {  // Zero or subnormal: mantissa * 2^-24, exact.
+    const float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign != 0 ? -magnitude : magnitude;
+  }
+  const uint32_t float_exponent = exponent == 0x1f ? 0xff : exponent + 112;
+  return std::bit_cast<float>(sign | (float_exponent << 23) | (mantissa << 13));
+}
+
+uint16_t FloatToHalf(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return sign | 0x7e00u;  // NaN.
+  // 65520 = halfway between the largest half (65504) and 2^16: rounds to inf.
+  if (magnitude >= 0x477ff000u) return sign | 0x7c00u;
+  if (magnitude < 0x38800000u) {  // Below 2^-14: a subnormal half (or zero).
+    const float scaled = std::bit_cast<float>(magnitude) * 16777216.0f;  // 2^24
+    return sign | static_cast<uint16_t>(std::nearbyint(scaled));
+  }
+  uint32_t half =
+      ((((magnitude >> 23) - 112) << 10) | ((magnitude >> 13) & 0x3ff));
+  const uint32_t rest = magnitude & 0x1fff;
+  if (rest > 0x1000 || (rest == 0x1000 && (half & 1) != 0)) ++half;
+  return sign | static_cast<uint16_t>(half);
+}
+
+float Bf16ToFloat(uint16_t bits) {
+  return std::bit_cast<float>(uint32_t{bits} << 16);
+}
+
+uint16_t FloatToBf16(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<uint16_t>((bits >> 16) | 0x40);  // Quiet NaN.
+  }
+  const uint32_t rounding = 0x7fff + ((bits >> 16) & 1);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+float LoadElement(const void* data, int64_t index, DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return HalfToFloat(static_cast<const uint16_t*>(data)[index]);
+    case DType::kBf16:
+      return Bf16ToFloat(static_cast<const uint16_t*>(data)[index]);
+    case DType::kF32:
+      return static_cast<const float*>(data)[index];
+  }
+  return 0.f;
+}
+
+void StoreElement(void* data, int64_t index, DType dtype, float value) {
+  switch (dtype) {
+    case DType::kF16:
+      static_cast<uint16_t*>(data)[index] = FloatToHalf(value);
+      return;
+    case DType::kBf16:
+      static_cast<uint16_t*>(data)[index] = FloatToBf16(value);
+      return;
+    case DType::kF32:
+      static_cast<float*>(data)[index] = value;
+      return;
+  }
+}
+
+void DenseDecodeAttention(const DenseKv& kv, const DecodeQuery& query,
+                          void* out) {
+  const int32_t group = query.num_q_heads / kv.num_kv_heads;
+  const int64_t d = kv.head_dim;
+  std::vector<float> q(d);
+  std::vector<float> logits(kv.max_len);
+  std::vector<float> acc(d);
+  for (int64_t b = 0; b < kv.batch; ++b) {
+    const int32_t len = kv.seq_lens[b];
+    for (int64_t qh = 0; qh < query.num_q_heads; ++qh) {
+      const int64_t q_row = (b * query.num_q_heads + qh) * d;
+      // Row of token t of KV head kh: (b * max_len + t) * num_kv_heads + kh.
+      const int64_t kh = qh / group;
+      auto kv_index = [&](int64_t t, int64_t i) {
+        return ((b * kv.max_len + t) * kv.num_kv_heads + kh) * d + i;
+      };
+      for (int64_t i = 0; i < d; ++i) {
+        q[i] = LoadElement(query.query, q_row + i, kv.dtype);
+      }
+      float max_logit = -INFINITY;
+      for (int64_t t = 0; t < len; ++t) {
+        float dot = 0.f;
+        for (int64_t i = 0; i < d; ++i) {
+          dot += q[i] * LoadElement(kv.key, kv_index(t, i), kv.dtype);
+        }
+        logits[t] = dot * query.scale;
+        max_logit = std::max(max_logit, logits[t]);
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      float sum = 0.f;
+      for (int64_t t = 0; t < len; ++t) {
+        const float p = std::exp(logits[t] - max_logit);
+        sum += p;
+        for (int64_t i = 0; i < d; ++i) {
+          acc[i] += p * LoadElement(kv.value, kv_index(t, i), kv.dtype);
+        }
+      }
+      for (int64_t i = 0; i < d; ++i) {
+        StoreElement(out, q_row + i, kv.dtype, len > 0 ? acc[i] / sum : 0.f);
+      }
+    }
+  }
+}
+
+absl::Status CopyPagesReference(const KvPool& pool, const PageId* copies,
+                                int64_t num_copies) {
+  const PagedKvConfig& c = pool.config;
+  absl::flat_hash_set<PageId> destinations;
+  for (int64_t i = 0; i < num_copies; ++i) {
+    const PageId source = copies[2 * i];
+    const PageId destination = copies[2 * i + 1];
+    for (PageId id : {source, destination}) {
+      if (id < 0 || id >= c.num_pages) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "copies[", i, "] = (", source, ", ", destination, "): page ", id,
+            " is outside [0, num_pages = ", c.num_pages, ")"));
+      }
+    }
+    if (!destinations.insert(destination).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("copies[", i, "] = (", source, ", ", destination,
+                       "): destination ", destination, " is repeated"));
+    }
+  }
+  for (int64_t i = 0; i < num_copies; ++i) {
+    if (destinations.contains(copies[2 * i])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "copies[", i, "] = (", copies[2 * i], ", ", copies[2 * i + 1],
+          "): source ", copies[2 * i], " is also a destination"));
+    }
+  }
+  const int64_t page_bytes = c.PageBytes();
+  for (int64_t i = 0; i < num_copies; ++i) {
+    for (int32_t layer = 0; layer < c.num_layers; ++layer) {
+      for (PageId half : {0, c.num_pages}) {
+        std::memcpy(PoolRow(pool, layer, copies[2 * i + 1] + half, 0),
+                    PoolRow(pool, layer, copies[2 * i] + half, 0), page_bytes);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteKvReference(const KvPool& pool, int32_t layer,
+                              const DeviceTensor& page_table,
+                              const KvTokens& tokens) {
+  const PagedKvConfig& c = pool.config;
+  for (int64_t i = 0; i < tokens.num_tokens; ++i) {
+    const SlotId slot = tokens.slots[i];
+    const int32_t position = tokens.positions[i];
+    if (slot == kNoSlot) continue;
+    if (slot < 0 || slot >= c.max_batch) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokens.slots[", i, "] = ", slot,
+                       " is outside [0, max_batch = ", c.max_batch, ")"));
+    }
+    if (position < 0 || position >= c.MaxTokensPerSeq()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tokens.positions[", i, "] = ", position, " is outside [0, ",
+          c.MaxTokensPerSeq(), ") (max_pages_per_seq x page_size)"));
+    }
+    const PagePair pages = TablePages(page_table, slot, position / c.page_size);
+    if (!Usable(c, pages)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tokens.positions[", i, "] = ", position, " of slot ", slot,
+          " is on logical page ", position / c.page_size, " whose ids (",
+          pages.k, ", ", pages.v, ") are not live pages"));
+    }
+  }
+  const int64_t row_bytes = RowBytes(c);
+  for (int64_t i = 0; i < tokens.num_tokens; ++i) {
+    const SlotId slot = tokens.slots[i];
+    if (slot == kNoSlot) continue;
+    const int32_t position = tokens.positions[i];
+    const PagePair pages = TablePages(page_table, slot, position / c.page_size);
+    const int64_t in_page = position % c.page_size;
+    std::memcpy(PoolRow(pool, layer, pages.k, in_page),
+                static_cast<const unsigned char*>(tokens.key) + i * row_bytes,
+                row_bytes);
+    std::memcpy(PoolRow(pool, layer, pages.v, in_page),
+                static_cast<const unsigned char*>(tokens.value) + i * row_bytes,
+                row_bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GatherKvReference(const KvPool& pool, int32_t layer,
+                               const KvBatch& batch, int32_t max_len,
+                               void* key_out, void* value_out) {
+  const PagedKvConfig& c = pool.config;
+  KVBLOCK_RETURN_IF_ERROR(CheckLengths(c, batch, max_len, "max_len"));
+  const int64_t row_bytes = RowBytes(c);
+  for (int64_t slot = 0; slot < batch.batch; ++slot) {
+    for (int64_t t = 0; t < max_len; ++t) {
+      const int64_t offset = (slot * max_len + t) * row_bytes;
+      unsigned char* k_out = static_cast<unsigned char*>(key_out) + offset;
+      unsigned char* v_out = static_cast<unsigned char*>(value_out) + offset;
+      if (t >= batch.seq_lens[slot]) {
+        std::memset(k_out, 0, row_bytes);
+        std::memset(v_out, 0, row_bytes);
+        continue;
+      }
+      const PagePair pages =
+          TablePages(batch.page_table, slot, t / c.page_size);
+      std::memcpy(k_out, PoolRow(pool, layer, pages.k, t % c.page_size),
+                  row_bytes);
+      std::memcpy(v_out, PoolRow(pool, layer, pages.v, t % c.page_size),
+                  row_bytes);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PagedDecodeAttentionReference(const KvPool& pool, int32_t layer,
+                                           const KvBatch& batch,
+                                           const DecodeQuery& query,
+                                           void* out) {
+  const PagedKvConfig& c = pool.config;
+  KVBLOCK_RETURN_IF_ERROR(CheckLengths(c, batch, c.MaxTokensPerSeq(),
+                                       "max_pages_per_seq x page_size"));
+  const int32_t max_len =
+      batch.batch == 0
+          ? 0
+          : *std::max_element(batch.seq_lens, batch.seq_lens + batch.batch);
+  const size_t bytes =
+      static_cast<size_t>(int64_t{batch.batch} * max_len * RowBytes(c));
+  std::vector<unsigned char> key(bytes);
+  std::vector<unsigned char> value(bytes);
+  KVBLOCK_RETURN_IF_ERROR(
+      GatherKvReference(pool, layer, batch, max_len, key.data(), value.data()));
+  const DenseKv dense = {
+      .dtype = c.dtype,
+      .batch = batch.batch,
+      .max_len = max_len,
+      .num_kv_heads = c.num_kv_heads,
+      .head_dim = c.head_dim,
+      .key = key.data(),
+      .value = value.data(),
+      .seq_lens = batch.seq_lens,
+  };
+  DenseDecodeAttention(dense, query, out);
+  return absl::OkStatus();
+}
+
+absl::Status ToCsrReference(const PagedKvConfig& config, const KvBatch& batch,
+                            const CsrPageIndex& csr) {
+  KVBLOCK_RETURN_IF_ERROR(CheckLengths(config, batch, config.MaxTokensPerSeq(),
+                                       "max_pages_per_seq x page_size"));
+  csr.kv_indptr[0] = 0;
+  for (int32_t slot = 0; slot < batch.batch; ++slot) {
+    const int32_t len = batch.seq_lens[slot];
+    const auto pages = static_cast<int32_t>(
+        (int64_t{len} + config.page_size - 1) / config.page_size);
+    const int32_t begin = csr.kv_indptr[slot];
+    for (int32_t i = 0; i < pages; ++i) {
+      csr.kv_indices[begin + i] = TablePages(batch.page_table, slot, i).k;
+    }
+    csr.kv_indptr[slot + 1] = begin + pages;
+    csr.kv_last_page_len[slot] =
+        len == 0 ? 0 : len - (pages - 1) * config.page_size;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvblock::internal

@@ -1,0 +1,784 @@
+// Copyright 2026 The kvblock Authors.
+//
+// BlockManager's append paths. Every append first asks one question, inline:
+// do the tokens stay in a partial page this sequence holds alone, without
+// filling it (StaysInPartialPage; with drafts, RedraftsInPlace: and the new
+// drafts end on the pages held)? Then they are written in place with a
+// 12-byte undo note: Append's one sequence (AppendInPlace), or AppendMany's
+// run of decoding sequences (AppendDecodeRun). A speculative step that
+// crosses a page edge (a page fills, or the drafts need one more page: a
+// third of the batch at 4 drafts) takes AppendDraftStep, with one short
+// record. Everything else takes the one slow path, AppendSlow: a token that
+// fills the partial page or starts a new one (the decode cases, with short
+// records), or the general case (several tokens, a shared partial page to
+// copy, drafts that shrink, the errors).
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "cache/cache_event_log.h"
+#include "kvblock/block_manager.h"
+#include "kvblock/status_macros.h"
+#include "manager/block_manager_transact.h"
+#include "manager/step_journal.h"
+#include "sequence/sequence_slab.h"
+
+namespace kvblock {
+namespace {
+
+using internal::InPlaceAppend;
+using internal::SequenceHot;
+
+// True when `count` tokens, 0 < count < page_size, go into the partial page
+// of `hot`, held by it alone, without filling it: no page fills, is
+// allocated or is copied, and no draft slot is taken.
+inline bool StaysInPartialPage(const SequenceHot& hot, int32_t count,
+                               int32_t page_size) {
+  return hot.offset != 0 && !hot.tail_maybe_shared && hot.drafts == 0 &&
+         hot.num_tokens >= hot.prompt_end && hot.offset + count < page_size;
+}
+
+// Speculative decoding's common step: as StaysInPartialPage, but whatever
+// drafts the sequence holds, and then `drafts` new ones that end on the pages
+// it holds: no page is allocated, released, copied or filled.
+inline bool RedraftsInPlace(const SequenceHot& hot, int32_t count,
+                            int32_t drafts, int32_t page_size) {
+  if (hot.offset == 0 || hot.tail_maybe_shared || drafts < 0 ||
+      hot.num_tokens < hot.prompt_end || hot.offset + count >= page_size) {
+    return false;
+  }
+  // The pages held are those of num_tokens + drafts (an invariant): no
+  // need to read the table's line of the entry.
+  const int64_t held = hot.num_tokens + hot.drafts + page_size - 1;
+  const int64_t end = hot.num_tokens + count + drafts + page_size - 1;
+  return end / page_size == held / page_size;
+}
+
+// FailedPrecondition when the sequence at `hot` still has prompt tokens to
+// compute: its next tokens are those, through AppendPrompt.
+absl::Status CheckPromptDone(const SequenceHot& hot, SequenceId id) {
+  if (hot.num_tokens >= hot.prompt_end) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "block manager: sequence ", id, " has ", hot.prompt_end - hot.num_tokens,
+      " prompt tokens left: append them with AppendPrompt first"));
+}
+
+}  // namespace
+
+inline bool BlockManager::AppendInPlace(int32_t entry,
+                                        absl::Span<const TokenId> tokens) {
+  if (tokens.empty()) return true;
+  if (tokens.size() >= static_cast<size_t>(config_.page_size)) return false;
+  const int32_t count = static_cast<int32_t>(tokens.size());
+  SequenceHot& hot = slab_->hot(entry);
+  if (!StaysInPartialPage(hot, count, config_.page_size)) return false;
+  TokenId* const partial = slab_->partial(entry) + hot.offset;
+  if (count == 1) {
+    *partial = tokens[0];  // decode: no call into memmove for one token.
+  } else {
+    std::copy(tokens.begin(), tokens.end(), partial);
+  }
+  journal_->Appended(entry, count);
+  hot.num_tokens += count;
+  hot.offset += count;
+  return true;
+}
+
+absl::StatusOr<AppendResult> BlockManager::Append(
+    SequenceId id, absl::Span<const TokenId> tokens) {
+  const int32_t entry = slab_->Find(id);
+  if (entry < 0) {
+    return absl::NotFoundError(
+        absl::StrCat("block manager: sequence ", id, " is not live"));
+  }
+  KVBLOCK_RETURN_IF_ERROR(CheckNotRunByCommit(entry, id));
+  AppendResult result;
+  KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
+    if (!AppendInPlace(entry, tokens)) {
+      KVBLOCK_RETURN_IF_ERROR(CheckPromptDone(slab_->hot(entry), id));
+      KVBLOCK_RETURN_IF_ERROR(AppendSlow(entry, tokens, result));
+    }
+    stats_.appended_tokens += static_cast<int64_t>(tokens.size());
+    return absl::OkStatus();
+  }));
+  return result;
+}
+
+absl::StatusOr<AppendResult> BlockManager::AppendPrompt(
+    SequenceId id, absl::Span<const TokenId> tokens,
+    absl::Span<const BlockHash> prompt_hashes) {
+  const int32_t entry = slab_->Find(id);
+  if (entry < 0) {
+    return absl::NotFoundError(
+        absl::StrCat("block manager: sequence ", id, " is not live"));
+  }
+  KVBLOCK_RETURN_IF_ERROR(CheckNotRunByCommit(entry, id));
+  const SequenceHot& hot = slab_->hot(entry);
+  const internal::SequenceCold& cold = slab_->cold(entry);
+  const int64_t left = std::max<int64_t>(0, hot.prompt_end - hot.num_tokens);
+  if (tokens.empty() || static_cast<int64_t>(tokens.size()) > left) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block manager: a prompt chunk of ", tokens.size(),
+                     " tokens for sequence ", id, ", which has ", left,
+                     " prompt tokens left"));
+  }
+  if (!options_.enable_prefix_caching) prompt_hashes = {};
+  if (!prompt_hashes.empty()) {
+    const int64_t full_pages = hot.prompt_end / config_.page_size;
+    const int64_t page = hot.num_tokens / config_.page_size;
+    if (static_cast<int64_t>(prompt_hashes.size()) != full_pages ||
+        (page > 0 && prompt_hashes[page - 1] != cold.last_full_hash)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("block manager: the ", prompt_hashes.size(),
+                       " prompt hashes of a chunk of sequence ", id,
+                       " are not its prompt's (", full_pages,
+                       " full pages, continuing its chain)"));
+    }
+  }
+  AppendResult result;
+  KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
+    if (!AppendInPlace(entry, tokens)) {
+      KVBLOCK_RETURN_IF_ERROR(AppendSlow(entry, tokens, result, prompt_hashes));
+    }
+    ++stats_.prompt_chunks;
+    return absl::OkStatus();
+  }));
+  return result;
+}
+
+absl::StatusOr<AppendResult> BlockManager::SetDrafts(SequenceId id,
+                                                     int32_t count) {
+  const int32_t entry = slab_->Find(id);
+  if (entry < 0) {
+    return absl::NotFoundError(
+        absl::StrCat("block manager: sequence ", id, " is not live"));
+  }
+  KVBLOCK_RETURN_IF_ERROR(CheckNotRunByCommit(entry, id));
+  AppendResult result;
+  KVBLOCK_RETURN_IF_ERROR(
+      Transact([&] { return SetDraftsAt(entry, count, result); }));
+  return result;
+}
+
+absl::Status BlockManager::SetDraftsAt(int32_t entry, int32_t count,
+                                       AppendResult& result) {
+  SequenceHot& hot = slab_->hot(entry);
+  const internal::SequenceCold& cold = slab_->cold(entry);
+  if (count < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block manager: sequence ", cold.id, " given ", count, " drafts"));
+  }
+  if (count == hot.drafts) return absl::OkStatus();
+  if (count > 0 && hot.num_tokens < hot.prompt_end) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block manager: sequence ", cold.id, " given ", count, " drafts with ",
+        hot.prompt_end - hot.num_tokens, " prompt tokens left"));
+  }
+  const int64_t page_size = config_.page_size;
+  const int64_t pages = (hot.num_tokens + count + page_size - 1) / page_size;
+  if (pages > config_.max_pages_per_seq) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "block manager: sequence ", cold.id, " would hold ", hot.num_tokens,
+        " tokens and ", count, " drafts in ", pages,
+        " pages, more than max_pages_per_seq = ", config_.max_pages_per_seq));
+  }
+  SequenceBlockTable& table = hot.table;
+  const int32_t old_pages = table.num_pages();
+  const PageId last_page = old_pages > 0 ? *table.Get(old_pages - 1) : kNoPage;
+  // Drafts write KV into the partial page: a shared one is copied first.
+  // (With drafts held it is never shared: no fork, copied when they came.)
+  const bool copy = count > 0 && hot.drafts == 0 && hot.offset != 0 &&
+                    hot.tail_maybe_shared && pool_->RefCount(last_page) > 1;
+  const int64_t needed =
+      std::max<int64_t>(0, pages - old_pages) + (copy ? 1 : 0);
+  if (needed > AllocatableFor(entry)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "block manager: sequence ", cold.id, " needs ", needed, " pages for ",
+        count, " drafts, ", AllocatableFor(entry), " are allocatable"));
+  }
+  // The pages wholly past the new end, last first.
+  const absl::Span<PageId> released =
+      absl::MakeSpan(page_scratch_)
+          .first(static_cast<size_t>(std::max<int64_t>(0, old_pages - pages)));
+  for (size_t i = 0; i < released.size(); ++i) {
+    released[i] = *table.Get(old_pages - 1 - static_cast<int32_t>(i));
+  }
+  journal_->Drafted(entry, hot.drafts, old_pages, last_page,
+                    hot.tail_maybe_shared, released);
+  if (!released.empty()) {
+    table.ForgetFrom(static_cast<int32_t>(pages));
+    for (const PageId page : released) {
+      KVBLOCK_RETURN_IF_ERROR(pool_->Release(page));
+    }
+    result.released_pages += static_cast<int32_t>(released.size());
+  }
+  if (copy) {
+    KVBLOCK_ASSIGN_OR_RETURN(const CopyOnWrite cow,
+                             table.EnsureWritable(old_pages - 1, *pool_));
+    result.copy = PageCopy{cow.source, cow.page};
+  }
+  if (count > 0) hot.tail_maybe_shared = false;
+  for (int64_t page = old_pages; page < pages; ++page) {
+    KVBLOCK_ASSIGN_OR_RETURN(const PageId fresh, pool_->Allocate());
+    KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(absl::MakeConstSpan(&fresh, 1)));
+    ++result.new_pages;
+  }
+  hot.drafts = count;
+  stats_.draft_slots += count;
+  return absl::OkStatus();
+}
+
+namespace {
+
+// AppendDecodeRun's loop, one instantiation for plain decode (one token a
+// sequence, StaysInPartialPage) and one for speculative steps (several
+// tokens, RedraftsInPlace, the new drafts in `draft_of`). Returns the index
+// of the first sequence it did not take; advances `token` and `note`.
+template <bool kDrafting>
+size_t DecodeRun(absl::Span<const SequenceHandle> handles,
+                 const int32_t* count_of, absl::Span<const TokenId> tokens,
+                 const int32_t* draft_of, size_t i, size_t& next,
+                 InPlaceAppend*& notes, SequenceHot* slab, size_t slab_size,
+                 TokenId* partial_tokens, int32_t page_size,
+                 int64_t& draft_slots) {
+  const TokenId* const token_of = tokens.data();
+  // Locals, not the references, in the loop: no store may alias them.
+  size_t token = next;
+  InPlaceAppend* note = notes;
+  int64_t slots = 0;
+  for (; i < handles.size(); ++i) {
+    const SequenceHandle handle = handles[i];
+    const int32_t count = kDrafting ? count_of[i] : 1;
+    if (static_cast<size_t>(handle.index) >= slab_size) break;
+    if constexpr (kDrafting) {
+      if (count < 1 || count >= page_size ||
+          static_cast<size_t>(count) > tokens.size() - token) {
+        break;
+      }
+    } else if (count_of[i] != 1 || token == tokens.size()) {
+      break;
+    }
+    SequenceHot& hot = slab[handle.index];
+    if (!hot.live || hot.generation != handle.generation) break;
+    if constexpr (kDrafting) {
+      if (!RedraftsInPlace(hot, count, draft_of[i], page_size)) break;
+    } else if (!StaysInPartialPage(hot, 1, page_size)) {
+      break;
+    }
+    // Read once: the token stores below may alias it.
+    const int32_t offset = hot.offset;
+    TokenId* const partial =
+        partial_tokens + static_cast<size_t>(handle.index) * page_size + offset;
+    if constexpr (kDrafting) {
+      std::copy_n(token_of + token, count, partial);
+    } else {
+      *partial = token_of[token];  // no call into memmove for one token.
+    }
+    token += static_cast<size_t>(count);
+    *note++ = {handle.index, count, hot.drafts};
+    hot.num_tokens += count;
+    hot.offset = offset + count;
+    if constexpr (kDrafting) {
+      // Counted as the append and SetDraftsAt would count them.
+      const int32_t drafts = draft_of[i];
+      if (drafts != std::max(0, hot.drafts - count)) slots += drafts;
+      hot.drafts = drafts;
+    }
+  }
+  next = token;
+  notes = note;
+  draft_slots += slots;
+  return i;
+}
+
+}  // namespace
+
+size_t BlockManager::AppendDecodeRun(absl::Span<const SequenceHandle> handles,
+                                     absl::Span<const int32_t> counts,
+                                     absl::Span<const TokenId> tokens,
+                                     absl::Span<const int32_t> draft_counts,
+                                     size_t i, size_t& next,
+                                     InPlaceAppend*& notes) {
+  size_t token = next;
+  int64_t draft_slots = 0;
+  SequenceHot* const slab = slab_->hot_data();
+  const size_t slab_size = static_cast<size_t>(slab_->limit());
+  TokenId* const partial = slab_->partial_data();
+  const int32_t page_size = config_.page_size;
+  i = draft_counts.empty()
+          ? DecodeRun<false>(handles, counts.data(), tokens, nullptr, i, token,
+                             notes, slab, slab_size, partial, page_size,
+                             draft_slots)
+          : DecodeRun<true>(handles, counts.data(), tokens, draft_counts.data(),
+                            i, token, notes, slab, slab_size, partial,
+                            page_size, draft_slots);
+  stats_.draft_slots += draft_slots;
+  stats_.appended_tokens += static_cast<int64_t>(token - next);
+  next = token;
+  return i;
+}
+
+absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
+                                      absl::Span<const int32_t> counts,
+                                      absl::Span<const TokenId> tokens,
+                                      AppendManyResult& result,
+                                      absl::Span<const int32_t> draft_counts) {
+  const auto clear_result = [&result] {
+    result.changed.clear();
+    result.pages.clear();
+    result.first_changed_page.clear();
+    result.copies.clear();
+    result.new_pages = 0;
+    result.draft_copies = 0;
+  };
+  clear_result();
+  if (handles.size() != counts.size() ||
+      (!draft_counts.empty() && draft_counts.size() != handles.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block manager: append many got ", handles.size(), " handles, ",
+        counts.size(), " counts and ", draft_counts.size(), " draft counts"));
+  }
+  if (!commit_applying_) {
+    // The commit's own appends skip this pass: its Validate stands for it.
+    for (const SequenceHandle& handle : handles) {
+      if (!slab_->IsLive(handle)) continue;  // refused below, in order.
+      KVBLOCK_RETURN_IF_ERROR(
+          CheckNotRunByCommit(handle.index, slab_->cold(handle.index).id));
+    }
+  }
+  const bool drafting = !draft_counts.empty();
+  const absl::Status status = Transact([&]() -> absl::Status {
+    // Room for a decode note per entry, made once (within the journal's
+    // reserve: no allocation in steady state).
+    InPlaceAppend* notes = journal_->RunSpace(handles.size());
+    absl::Cleanup end_runs = [&] { journal_->EndRuns(notes); };
+    size_t next = 0;
+    for (size_t i = 0; i < handles.size(); ++i) {
+      InPlaceAppend* const run = notes;
+      i = AppendDecodeRun(handles, counts, tokens, draft_counts, i, next,
+                          notes);
+      journal_->Run(run, notes);
+      if (i == handles.size()) break;
+      const int32_t count = counts[i];
+      if (drafting && count >= 0 &&
+          static_cast<size_t>(count) <= tokens.size() - next) {
+        bool taken = false;
+        KVBLOCK_RETURN_IF_ERROR(
+            AppendDraftStep(handles[i], i, tokens.subspan(next, count),
+                            draft_counts[i], result, taken));
+        if (taken) {
+          next += count;
+          continue;
+        }
+      }
+      if (count < 0 || static_cast<size_t>(count) > tokens.size() - next) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "block manager: append many counts[", i, "] is ", count, " with ",
+            tokens.size() - next, " tokens left"));
+      }
+      if (handles[i] == SequenceHandle{} && count == 0 &&
+          (!drafting || draft_counts[i] == 0)) {
+        continue;  // a gap.
+      }
+      if (!slab_->IsLive(handles[i])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "block manager: append many handles[", i, "] = (", handles[i].index,
+            ", generation ", handles[i].generation, ") is not live"));
+      }
+      const int32_t entry = handles[i].index;
+      const absl::Span<const TokenId> entry_tokens =
+          tokens.subspan(next, count);
+      next += count;
+      stats_.appended_tokens += count;
+      const bool in_place = AppendInPlace(entry, entry_tokens);
+      if (in_place && !drafting) continue;
+      const SequenceBlockTable& table = slab_->hot(entry).table;
+      const int32_t pages_before = table.num_pages();
+      AppendResult one;
+      // With drafts whose end does not fall back (the common speculative
+      // step), the append sets them too.
+      bool drafts_set = false;
+      if (!in_place) {
+        const SequenceHot& hot = slab_->hot(entry);
+        KVBLOCK_RETURN_IF_ERROR(CheckPromptDone(hot, slab_->cold(entry).id));
+        drafts_set = drafting && draft_counts[i] >= 0 &&
+                     hot.num_tokens + count + draft_counts[i] >
+                         int64_t{pages_before - 1} * config_.page_size;
+        KVBLOCK_RETURN_IF_ERROR(AppendSlow(entry, entry_tokens, one, {},
+                                           drafts_set ? draft_counts[i] : -1));
+      }
+      // A copy on write replaces the last page held before.
+      int32_t first_changed = pages_before - (one.copy.has_value() ? 1 : 0);
+      if (drafting && !drafts_set) {
+        const int32_t pages_between = table.num_pages();
+        AppendResult drafted;
+        KVBLOCK_RETURN_IF_ERROR(SetDraftsAt(entry, draft_counts[i], drafted));
+        first_changed = std::min(
+            {first_changed, pages_between - (drafted.copy.has_value() ? 1 : 0),
+             table.num_pages()});
+        if (drafted.copy.has_value()) {
+          one.copy = drafted.copy;
+          ++result.draft_copies;
+        }
+        one.new_pages += drafted.new_pages;
+        one.released_pages = drafted.released_pages;
+      }
+      if (one.new_pages == 0 && !one.copy.has_value() &&
+          one.released_pages == 0) {
+        continue;
+      }
+      result.changed.push_back(static_cast<int32_t>(i));
+      result.pages.push_back(table.entries().first(table.num_pages()));
+      result.first_changed_page.push_back(first_changed);
+      if (one.copy.has_value()) result.copies.push_back(*one.copy);
+      result.new_pages += one.new_pages;
+    }
+    if (next != tokens.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("block manager: append many counts add up to ", next,
+                       " tokens, got ", tokens.size()));
+    }
+    return absl::OkStatus();
+  });
+  if (!status.ok()) clear_result();
+  return status;
+}
+
+absl::Status BlockManager::AppendDraftStep(SequenceHandle handle, size_t i,
+                                           absl::Span<const TokenId> tokens,
+                                           int32_t drafts,
+                                           AppendManyResult& result,
+                                           bool& taken) {
+  taken = false;
+  const int32_t page_size = config_.page_size;
+  const int32_t count = static_cast<int32_t>(tokens.size());
+  if (count < 1 || count >= page_size || drafts < 0 || !slab_->IsLive(handle)) {
+    return absl::OkStatus();
+  }
+  const int32_t entry = handle.index;
+  SequenceHot& hot = slab_->hot(entry);
+  const int32_t offset = hot.offset;
+  // At offset 0 the partial page holds the last full page's tokens, which
+  // an undone fill of this transaction would need back.
+  if (hot.tail_maybe_shared || hot.num_tokens < hot.prompt_end ||
+      (offset == 0 && hot.filled_in_transaction == journal_->serial())) {
+    return absl::OkStatus();
+  }
+  SequenceBlockTable& table = hot.table;
+  const int32_t held = table.num_pages();
+  const int64_t pages =
+      (hot.num_tokens + count + drafts + page_size - 1) / page_size;
+  if (pages < held || pages > held + 1 || pages > config_.max_pages_per_seq) {
+    return absl::OkStatus();
+  }
+  const bool adds = pages > held;
+  if (adds && AllocatableFor(entry) < 1) return absl::OkStatus();
+  // count < page_size: at most one page fills, the partial one.
+  const bool fills = offset + count >= page_size;
+  const int32_t into_partial = fills ? page_size - offset : count;
+  const int32_t past = count - into_partial;
+  internal::SequenceCold& cold = slab_->cold(entry);
+  TokenId* const partial = slab_->partial(entry);
+  // A fill overwrites the partial tokens, and later appends of this
+  // transaction may overwrite what the tokens past the page leave.
+  journal_->DraftStep(
+      entry, hot.num_tokens, held, hot.drafts,
+      fills ? &cold.last_full_hash : nullptr,
+      absl::MakeConstSpan(partial, fills ? static_cast<size_t>(offset) : 0));
+  taken = true;
+  if (adds) {
+    KVBLOCK_ASSIGN_OR_RETURN(const PageId page, pool_->Allocate());
+    // Cannot fail: pages <= max_pages_per_seq. With the prompt done no
+    // reservation is left to draw from.
+    KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(absl::MakeConstSpan(&page, 1)));
+  }
+  std::copy_n(tokens.begin(), into_partial, partial + offset);
+  if (fills) {
+    if (options_.enable_prefix_caching) {
+      KVBLOCK_RETURN_IF_ERROR(RegisterFullPage(
+          entry, static_cast<int32_t>(hot.num_tokens / page_size), nullptr,
+          absl::MakeConstSpan(partial, page_size)));
+    }
+    std::copy_n(tokens.begin() + into_partial, past, partial);
+    hot.filled_in_transaction = journal_->serial();
+  }
+  hot.num_tokens += count;
+  hot.offset = fills ? past : offset + count;
+  // Counted as the append and SetDraftsAt would count them.
+  if (drafts != std::max(0, hot.drafts - count)) stats_.draft_slots += drafts;
+  hot.drafts = drafts;
+  stats_.appended_tokens += count;
+  if (adds) {
+    result.changed.push_back(static_cast<int32_t>(i));
+    result.pages.push_back(table.entries().first(table.num_pages()));
+    result.first_changed_page.push_back(held);
+    ++result.new_pages;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BlockManager::AppendSlow(int32_t entry,
+                                      absl::Span<const TokenId> tokens,
+                                      AppendResult& result,
+                                      absl::Span<const BlockHash> prompt_hashes,
+                                      int32_t drafts_after) {
+  const int32_t page_size = config_.page_size;
+  SequenceHot& hot = slab_->hot(entry);
+  internal::SequenceCold& cold = slab_->cold(entry);
+  SequenceBlockTable& table = hot.table;
+  TokenId* const partial = slab_->partial(entry);
+
+  // Decode, one token: it fills the partial page held here alone, or
+  // starts a page. (With one-token pages every page fills at once, and with
+  // drafts or a prompt's hashes: the general case.)
+  if (tokens.size() == 1 && page_size > 1 && hot.drafts == 0 &&
+      drafts_after <= 0 && prompt_hashes.empty()) {
+    if (hot.offset == page_size - 1 && !hot.tail_maybe_shared) {
+      partial[page_size - 1] = tokens[0];  // past the page until it counts.
+      const BlockHash chain_before = cold.last_full_hash;
+      if (options_.enable_prefix_caching) {
+        KVBLOCK_RETURN_IF_ERROR(RegisterFullPage(
+            entry, static_cast<int32_t>(hot.num_tokens / page_size), nullptr,
+            absl::MakeConstSpan(partial, page_size)));
+      }
+      journal_->Filled(entry, chain_before);
+      ++hot.num_tokens;
+      hot.offset = 0;
+      hot.filled_in_transaction = journal_->serial();
+      return absl::OkStatus();
+    }
+    if (hot.offset == 0 && table.num_pages() < config_.max_pages_per_seq) {
+      if (AllocatableFor(entry) <= 0) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("block manager: sequence ", cold.id,
+                         " needs 1 page, 0 are allocatable"));
+      }
+      KVBLOCK_ASSIGN_OR_RETURN(const PageId page, pool_->Allocate());
+      // Cannot fail: the capacity was checked above.
+      KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(absl::MakeConstSpan(&page, 1)));
+      DrawReservation(entry, 1);
+      // The last full page's tokens: a rollback that also undoes its fill
+      // needs them back. Decode fills a page and starts the next one in two
+      // steps, two transactions, so this is rare.
+      const bool filled_here = hot.filled_in_transaction == journal_->serial();
+      journal_->NewPage(entry, hot.tail_maybe_shared,
+                        filled_here ? absl::MakeConstSpan(partial, page_size)
+                                    : absl::Span<const TokenId>());
+      partial[0] = tokens[0];
+      ++hot.num_tokens;
+      hot.offset = 1;
+      hot.tail_maybe_shared = false;
+      result.new_pages = 1;
+      return absl::OkStatus();
+    }
+  }
+
+  // The general case: any number of tokens, across pages (draft slots'
+  // pages first), copying a shared partial page first; then the new drafts.
+  const int64_t count = static_cast<int64_t>(tokens.size());
+  const int64_t new_tokens = hot.num_tokens + count;
+  const int32_t old_pages = table.num_pages();
+  const int64_t new_drafts =
+      drafts_after >= 0 ? drafts_after
+                        : std::max<int64_t>(0, int64_t{hot.drafts} - count);
+  const PageId last_page = old_pages > 0 ? *table.Get(old_pages - 1) : kNoPage;
+  // With drafts the partial page is held here alone: never copied.
+  const bool copy = hot.offset != 0 && hot.tail_maybe_shared &&
+                    pool_->RefCount(last_page) > 1;
+  // The tokens' pages, then with the new drafts (as SetDraftsAt would check
+  // them after the append).
+  const int64_t token_pages = (new_tokens + page_size - 1) / page_size;
+  const int64_t pages =
+      drafts_after > 0 ? (new_tokens + drafts_after + page_size - 1) / page_size
+                       : token_pages;
+  const int64_t allocatable = AllocatableFor(entry);
+  for (const int64_t end : {token_pages, pages}) {
+    const int64_t drafts = end == token_pages ? 0 : drafts_after;
+    if (end > config_.max_pages_per_seq) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "block manager: sequence ", cold.id, " would hold ", new_tokens,
+          " tokens and ", drafts, " drafts in ", end,
+          " pages, more than max_pages_per_seq = ", config_.max_pages_per_seq));
+    }
+    const int64_t needed =
+        std::max<int64_t>(0, end - old_pages) + (copy ? 1 : 0);
+    if (needed > allocatable) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("block manager: sequence ", cold.id, " needs ", needed,
+                       " pages for its tokens and ", drafts, " drafts, ",
+                       allocatable, " are allocatable"));
+    }
+  }
+  if (hot.drafts > 0 || new_drafts > 0) {
+    // The tokens take the draft slots first.
+    journal_->Drafted(entry, hot.drafts, old_pages, last_page,
+                      hot.tail_maybe_shared, {});
+    // As SetDraftsAt counts a change of drafts.
+    if (drafts_after >= 0 &&
+        new_drafts != std::max<int64_t>(0, int64_t{hot.drafts} - count)) {
+      stats_.draft_slots += new_drafts;
+    }
+    hot.drafts = static_cast<int32_t>(new_drafts);
+  }
+  int32_t offset = hot.offset;
+  // The partial tokens are overwritten only when a page fills; at offset 0
+  // they are the last full page's, which an undone fill of this transaction
+  // needs back.
+  const bool fills = offset + count >= page_size;
+  const bool save_tokens = offset == 0 || fills;
+  journal_->Changed(entry, hot.tail_maybe_shared, hot.num_tokens, old_pages,
+                    last_page, fills ? &cold.last_full_hash : nullptr,
+                    save_tokens ? absl::MakeConstSpan(
+                                      partial, offset == 0 ? page_size : offset)
+                                : absl::Span<const TokenId>());
+  if (copy) {
+    KVBLOCK_ASSIGN_OR_RETURN(const CopyOnWrite cow,
+                             table.EnsureWritable(old_pages - 1, *pool_));
+    result.copy = PageCopy{cow.source, cow.page};
+  }
+  // From here on the last page is fresh, copied or held here alone.
+  hot.tail_maybe_shared = false;
+  const int32_t pages_before = table.num_pages();
+  if (pages > pages_before) {
+    // Every new page at once, before any fills (a long prompt chunk spans
+    // many). The capacity was checked above.
+    const absl::Span<PageId> fresh =
+        absl::MakeSpan(page_scratch_).first(pages - pages_before);
+    KVBLOCK_RETURN_IF_ERROR(pool_->AllocateN(fresh));
+    KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(fresh));
+    result.new_pages += static_cast<int32_t>(fresh.size());
+  }
+  // The partial page first (its tokens are in `partial`), then whole pages
+  // straight from `tokens` (a long prompt chunk spans many), then the tail.
+  // Each page that fills is registered.
+  absl::Span<const TokenId> rest = tokens;
+  absl::Span<const TokenId> page_tokens;  // of the last page filled.
+  while (!rest.empty()) {
+    const int64_t next_page = hot.num_tokens / page_size;
+    // Whole pages (a long prompt chunk spans many) in one run, registered
+    // as an admission registers them; page 0 of given hashes goes alone
+    // (hashed, it checks that they are this prompt's).
+    if (offset == 0 && rest.size() >= static_cast<size_t>(page_size) &&
+        (next_page > 0 || prompt_hashes.empty())) {
+      const size_t pages = rest.size() / page_size;
+      const absl::Span<const TokenId> run = rest.first(pages * page_size);
+      if (options_.enable_prefix_caching) {
+        const absl::Span<const BlockHash> hashes =
+            prompt_hashes.empty()
+                ? HashPages(cold.last_full_hash, run)
+                : prompt_hashes.subspan(static_cast<size_t>(next_page), pages);
+        KVBLOCK_RETURN_IF_ERROR(
+            RegisterPages(entry, static_cast<int32_t>(next_page),
+                          cold.last_full_hash, hashes, run));
+        cold.last_full_hash = hashes.back();
+      }
+      page_tokens = run.last(page_size);
+      rest.remove_prefix(run.size());
+      hot.num_tokens += static_cast<int64_t>(run.size());
+      continue;
+    }
+    if (offset == 0 && rest.size() >= static_cast<size_t>(page_size)) {
+      page_tokens = rest.first(page_size);
+      rest.remove_prefix(page_size);
+      hot.num_tokens += page_size;
+    } else {
+      const size_t take =
+          std::min(rest.size(), static_cast<size_t>(page_size - offset));
+      std::copy_n(rest.begin(), take, partial + offset);
+      rest.remove_prefix(take);
+      hot.num_tokens += static_cast<int64_t>(take);
+      offset += static_cast<int32_t>(take);
+      if (offset < page_size) break;
+      offset = 0;
+      page_tokens = absl::MakeConstSpan(partial, page_size);
+    }
+    if (!options_.enable_prefix_caching) continue;
+    const int32_t page = static_cast<int32_t>(hot.num_tokens / page_size) - 1;
+    // Page 0 is hashed: it checks that the hashes are this prompt's.
+    const BlockHash* given =
+        page > 0 && !prompt_hashes.empty() ? &prompt_hashes[page] : nullptr;
+    KVBLOCK_RETURN_IF_ERROR(RegisterFullPage(entry, page, given, page_tokens));
+    if (page == 0 && !prompt_hashes.empty() &&
+        cold.last_full_hash != prompt_hashes[0]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block manager: the prompt hashes of a chunk of sequence ", cold.id,
+          " do not start from its prompt and extra keys"));
+    }
+  }
+  // At offset 0 `partial` holds the last full page's tokens (an undone fill
+  // of this transaction needs them back).
+  if (offset == 0 && !page_tokens.empty() && page_tokens.data() != partial) {
+    std::copy(page_tokens.begin(), page_tokens.end(), partial);
+  }
+  hot.offset = offset;
+  DrawReservation(entry, table.num_pages() - pages_before);
+  return absl::OkStatus();
+}
+
+absl::Span<const BlockHash> BlockManager::HashPages(
+    BlockHash parent, absl::Span<const TokenId> tokens) {
+  const size_t page_size = static_cast<size_t>(config_.page_size);
+  const absl::Span<BlockHash> hashes =
+      absl::MakeSpan(hash_scratch_).first(tokens.size() / page_size);
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    parent = hasher_.HashPage(parent, tokens.subspan(i * page_size, page_size));
+    hashes[i] = parent;
+  }
+  return hashes;
+}
+
+bool BlockManager::ParentCached(PageId parent_page,
+                                const BlockHash& parent) const {
+  const std::optional<BlockHash> held = pool_->CachedHash(parent_page);
+  return (held && *held == parent) || pool_->Lookup(parent).has_value();
+}
+
+absl::Status BlockManager::RegisterPages(int32_t entry, int32_t first,
+                                         const BlockHash& parent,
+                                         absl::Span<const BlockHash> hashes,
+                                         absl::Span<const TokenId> tokens) {
+  const absl::Span<const PageId> entries = slab_->hot(entry).table.entries();
+  if (first > 0 && !ParentCached(entries[first - 1], parent)) {
+    return absl::OkStatus();
+  }
+  const absl::Span<const PageId> pages = entries.subspan(first, hashes.size());
+  if (events_ != nullptr) {
+    const internal::SequenceCold& cold = slab_->cold(entry);
+    events_->BeginRun(first, parent, hashes, tokens, cold.cache_salt,
+                      cold.adapter_id);
+  }
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    KVBLOCK_RETURN_IF_ERROR(
+        pool_->RegisterCached(pages[i], hashes[i]).status());
+  }
+  if (events_ != nullptr) events_->EndRun();
+  return absl::OkStatus();
+}
+
+absl::Status BlockManager::RegisterFullPage(
+    int32_t entry, int32_t page, const BlockHash* hash,
+    absl::Span<const TokenId> page_tokens) {
+  const SequenceBlockTable& table = slab_->hot(entry).table;
+  internal::SequenceCold& cold = slab_->cold(entry);
+  const BlockHash full =
+      hash != nullptr ? *hash
+                      : hasher_.HashPage(cold.last_full_hash, page_tokens);
+  if (page > 0 &&
+      !ParentCached(table.entries()[page - 1], cold.last_full_hash)) {
+    cold.last_full_hash = full;
+    return absl::OkStatus();
+  }
+  if (events_ != nullptr) {
+    events_->BeginRun(page, cold.last_full_hash, absl::MakeConstSpan(&full, 1),
+                      page_tokens, cold.cache_salt, cold.adapter_id);
+  }
+  KVBLOCK_RETURN_IF_ERROR(
+      pool_->RegisterCached(table.entries()[page], full).status());
+  if (events_ != nullptr) events_->EndRun();
+  cold.last_full_hash = full;
+  return absl::OkStatus();
+}
+
+}  // namespace kvblock

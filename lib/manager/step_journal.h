@@ -1,0 +1,368 @@
+// Copyright 2026 The kvblock Authors.
+//
+// Internal: StepJournal, BlockManager's undo log. Every change a transaction
+// makes to the manager's sequences is recorded as its inverse, in order; a
+// rollback undoes the records newest first, a commit of the outermost
+// transaction forgets them. (The pool journals its own changes; see
+// BlockPool's transactions.)
+//
+// Log format. A transaction's journal is a sequence of records, oldest
+// first. Each record is a kind and its own payload:
+//
+//   created      entry (the sequence's slab entry, its handle's index),
+//                the parent's entry (-1: a prompt) and its
+//                tail_maybe_shared before the fork
+//   removed      entry, its pages: pages[offset, offset + count)
+//   appended     entry, count: tokens written into the partial page, and
+//                nothing else changed
+//   appended_run runs[offset, offset + count): AppendMany's decode run, one
+//                8-byte {entry, count} note per sequence instead of a record
+//   filled       entry, the chain hash before: hashes[index]; one token
+//                filled the partial page (and registered it)
+//   new_page     entry, tail_maybe_shared before, and the last full page's
+//                tokens tokens[offset, offset + page_size) when this
+//                transaction filled that page (offset -1: not saved, not
+//                needed); one token went into a newly allocated page
+//   changed      entry, tail_maybe_shared, num_tokens and num_pages
+//                before, the last page before, the chain hash before
+//                (hashes[index]), the partial tokens before when saved
+//                (tokens[offset, offset + n), n = num_tokens % page_size, a
+//                page when that is 0; offset -1: not saved)
+//   drafted      entry, its drafts, num_pages, last page and
+//                tail_maybe_shared before, and the pages it released:
+//                pages[offset, offset + count) (count 0: it kept or added
+//                pages, or copied its partial page); written when a
+//                sequence's drafts change, before the records of the same
+//                change
+//   draft_step   entry, its num_tokens, num_pages and drafts before, and
+//                when a page filled the chain hash (hashes[index]) and the
+//                partial tokens (tokens[offset, offset + n), n = num_tokens
+//                % page_size) before (-1: none): a speculative step past a
+//                page edge (BlockManager::AppendDraftStep)
+//
+// The payloads point into four arenas (pages, tokens, hashes, runs), so a
+// record has a fixed size and is written in place (a record built on the
+// stack and copied out stalls on store forwarding). A Mark is the size of
+// the records and of each arena when a transaction began; a rollback to it
+// truncates all five.
+//
+// Capacity: reserved at construction for a step of every reserved sequence,
+// so steady-state transactions allocate nothing.
+//
+// Thread safety: thread-compatible, owned by one BlockManager.
+#ifndef KVBLOCK_LIB_MANAGER_STEP_JOURNAL_H_
+#define KVBLOCK_LIB_MANAGER_STEP_JOURNAL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/types/span.h"
+#include "kvblock/block_hash.h"
+#include "kvblock/types.h"
+
+namespace kvblock::internal {
+
+// One entry of an appended_run record: `count` tokens appended in place to
+// the sequence at `entry`, which held `drafts` draft slots before.
+struct InPlaceAppend {
+  int32_t entry;
+  int32_t count;
+  int32_t drafts;
+};
+
+struct JournalRecord {
+  enum class Kind : uint8_t {
+    kCreated,
+    kRemoved,
+    kAppended,
+    kAppendedRun,
+    kFilled,
+    kNewPage,
+    kChanged,
+    kDrafted,
+    kDraftStep,
+  };
+  struct Created {
+    int32_t entry;
+    int32_t parent;  // -1 for a prompt.
+    bool parent_tail_maybe_shared;
+  };
+  struct Removed {
+    int32_t entry;
+    int32_t pages_offset;
+    int32_t num_pages;
+  };
+  struct Appended {
+    int32_t entry;
+    int32_t count;
+  };
+  struct AppendedRun {
+    int32_t runs_offset;
+    int32_t count;
+  };
+  struct Filled {
+    int32_t entry;
+    int32_t hash_index;
+  };
+  struct NewPage {
+    int32_t entry;
+    int32_t tokens_offset;  // -1: not saved.
+    bool tail_maybe_shared;
+  };
+  struct Changed {
+    int32_t entry;
+    int32_t num_pages;
+    int64_t num_tokens;
+    PageId last_page;
+    int32_t hash_index;
+    // The partial tokens before, when saved (else -1): num_tokens %
+    // page_size of them, or a whole page at offset 0.
+    int32_t tokens_offset;
+    bool tail_maybe_shared;
+  };
+
+  struct Drafted {
+    int32_t entry;
+    int32_t drafts;
+    int32_t num_pages;
+    PageId last_page;
+    int32_t pages_offset;
+    int32_t num_released;
+    bool tail_maybe_shared;
+  };
+  struct DraftStep {
+    int32_t entry;
+    int32_t num_pages;
+    int64_t num_tokens;
+    int32_t drafts;
+    // -1 when no page filled.
+    int32_t hash_index;
+    int32_t tokens_offset;
+  };
+
+  // Written in place, field by field: no zeroing first.
+  JournalRecord() {}
+
+  Kind kind;
+  union {
+    Created created;
+    Removed removed;
+    Appended appended;
+    AppendedRun appended_run;
+    Filled filled;
+    NewPage new_page;
+    Changed changed;
+    Drafted drafted;
+    DraftStep draft_step;
+  };
+};
+
+// One record per running sequence a step: keep it small.
+static_assert(sizeof(JournalRecord) == 40);
+
+class StepJournal {
+ public:
+  // Where a transaction began: the sizes of the records and the arenas.
+  struct Mark {
+    size_t records = 0;
+    size_t runs = 0;
+    size_t tokens = 0;
+    size_t pages = 0;
+    size_t hashes = 0;
+  };
+
+  // Room for a step of `sequences` sequences of pages of `page_size`
+  // tokens, removing at most `pages` pages.
+  StepJournal(size_t sequences, int32_t page_size, size_t pages);
+
+  // Opens a transaction (nested in the open one, if any).
+  Mark Begin() {
+    if (depth_++ == 0) ++serial_;
+    return {records_.size(), runs_size_, tokens_.size(), pages_.size(),
+            hashes_.size()};
+  }
+  // Closes the innermost transaction, keeping its records for the
+  // transaction around it; returns true when it was the outermost, and then
+  // forgets every record.
+  bool Commit() {
+    if (--depth_ > 0) return false;
+    records_.clear();
+    runs_size_ = 0;
+    tokens_.clear();
+    pages_.clear();
+    hashes_.clear();
+    return true;
+  }
+  // Calls `undo(record)` for every record since `mark`, newest first, drops
+  // them, and closes the innermost transaction. REQUIRES: `mark` is that
+  // transaction's.
+  template <typename Undo>
+  void Rollback(const Mark& mark, Undo&& undo) {
+    while (records_.size() > mark.records) {
+      undo(records_.back());
+      records_.pop_back();
+    }
+    runs_size_ = mark.runs;
+    tokens_.resize(mark.tokens);
+    pages_.resize(mark.pages);
+    hashes_.resize(mark.hashes);
+    --depth_;
+  }
+
+  // Open transactions, and the serial number of the outermost one (counting
+  // from 1; the last one's while none is open).
+  int32_t depth() const { return depth_; }
+  uint64_t serial() const { return serial_; }
+  bool empty() const { return records_.empty(); }
+
+  // The writers, one per kind.
+  void Created(int32_t entry, int32_t parent, bool parent_tail_maybe_shared) {
+    JournalRecord& record = Add(JournalRecord::Kind::kCreated);
+    record.created = {entry, parent, parent_tail_maybe_shared};
+  }
+  void Removed(int32_t entry, absl::Span<const PageId> pages) {
+    JournalRecord& record = Add(JournalRecord::Kind::kRemoved);
+    record.removed = {entry, static_cast<int32_t>(pages_.size()),
+                      static_cast<int32_t>(pages.size())};
+    pages_.insert(pages_.end(), pages.begin(), pages.end());
+  }
+  void Appended(int32_t entry, int32_t count) {
+    JournalRecord& record = Add(JournalRecord::Kind::kAppended);
+    record.appended = {entry, count};
+  }
+  void Filled(int32_t entry, const BlockHash& chain_before) {
+    JournalRecord& record = Add(JournalRecord::Kind::kFilled);
+    record.filled = {entry, static_cast<int32_t>(hashes_.size())};
+    hashes_.push_back(chain_before);
+  }
+  // `full_page` is the last full page's tokens, or empty when not needed.
+  void NewPage(int32_t entry, bool tail_maybe_shared,
+               absl::Span<const TokenId> full_page) {
+    JournalRecord& record = Add(JournalRecord::Kind::kNewPage);
+    record.new_page = {entry, -1, tail_maybe_shared};
+    if (!full_page.empty()) {
+      record.new_page.tokens_offset = static_cast<int32_t>(tokens_.size());
+      tokens_.insert(tokens_.end(), full_page.begin(), full_page.end());
+    }
+  }
+  // `partial` are the tokens to restore (num_tokens % page_size of them, a
+  // page at 0), or empty when none need restoring.
+  // `chain_before`: null when no page fills (the chain stays).
+  void Changed(int32_t entry, bool tail_maybe_shared, int64_t num_tokens,
+               int32_t num_pages, PageId last_page,
+               const BlockHash* chain_before,
+               absl::Span<const TokenId> partial) {
+    JournalRecord& record = Add(JournalRecord::Kind::kChanged);
+    record.changed = {
+        .entry = entry,
+        .num_pages = num_pages,
+        .num_tokens = num_tokens,
+        .last_page = last_page,
+        .hash_index =
+            chain_before == nullptr ? -1 : static_cast<int32_t>(hashes_.size()),
+        .tokens_offset =
+            partial.empty() ? -1 : static_cast<int32_t>(tokens_.size()),
+        .tail_maybe_shared = tail_maybe_shared};
+    if (chain_before != nullptr) hashes_.push_back(*chain_before);
+    tokens_.insert(tokens_.end(), partial.begin(), partial.end());
+  }
+
+  // `released` are the pages a change of drafts released (last first), or
+  // empty.
+  void Drafted(int32_t entry, int32_t drafts, int32_t num_pages,
+               PageId last_page, bool tail_maybe_shared,
+               absl::Span<const PageId> released) {
+    JournalRecord& record = Add(JournalRecord::Kind::kDrafted);
+    record.drafted = {.entry = entry,
+                      .drafts = drafts,
+                      .num_pages = num_pages,
+                      .last_page = last_page,
+                      .pages_offset = static_cast<int32_t>(pages_.size()),
+                      .num_released = static_cast<int32_t>(released.size()),
+                      .tail_maybe_shared = tail_maybe_shared};
+    pages_.insert(pages_.end(), released.begin(), released.end());
+  }
+
+  // `chain_before` and `partial`: null and empty when no page fills.
+  void DraftStep(int32_t entry, int64_t num_tokens, int32_t num_pages,
+                 int32_t drafts, const BlockHash* chain_before,
+                 absl::Span<const TokenId> partial) {
+    JournalRecord& record = Add(JournalRecord::Kind::kDraftStep);
+    record.draft_step = {.entry = entry,
+                         .num_pages = num_pages,
+                         .num_tokens = num_tokens,
+                         .drafts = drafts,
+                         .hash_index = -1,
+                         .tokens_offset = -1};
+    if (chain_before == nullptr) return;
+    record.draft_step.hash_index = static_cast<int32_t>(hashes_.size());
+    record.draft_step.tokens_offset = static_cast<int32_t>(tokens_.size());
+    hashes_.push_back(*chain_before);
+    tokens_.insert(tokens_.end(), partial.begin(), partial.end());
+  }
+  // Decode runs (AppendMany): RunSpace(n) makes room for n entries at the
+  // end of the runs arena and returns it; Run records entries [begin, end)
+  // written there as one appended_run record (nothing for an empty run);
+  // EndRuns drops the room left unused past `end`. One RunSpace per call of
+  // AppendMany, for every run it makes.
+  InPlaceAppend* RunSpace(size_t n) {
+    if (runs_size_ + n > runs_capacity_) GrowRuns(runs_size_ + n);
+    InPlaceAppend* const space = runs_.get() + runs_size_;
+    runs_size_ += n;  // not initialized: each entry is written before use.
+    return space;
+  }
+  void Run(const InPlaceAppend* begin, const InPlaceAppend* end) {
+    if (begin == end) return;
+    JournalRecord& record = Add(JournalRecord::Kind::kAppendedRun);
+    record.appended_run = {static_cast<int32_t>(begin - runs_.get()),
+                           static_cast<int32_t>(end - begin)};
+  }
+  void EndRuns(const InPlaceAppend* end) {
+    runs_size_ = static_cast<size_t>(end - runs_.get());
+  }
+
+  // The arenas' parts a record names.
+  absl::Span<const PageId> pages(const JournalRecord::Removed& r) const {
+    return absl::MakeConstSpan(pages_).subspan(r.pages_offset, r.num_pages);
+  }
+  absl::Span<const PageId> pages(const JournalRecord::Drafted& r) const {
+    return absl::MakeConstSpan(pages_).subspan(r.pages_offset, r.num_released);
+  }
+  absl::Span<const InPlaceAppend> runs(
+      const JournalRecord::AppendedRun& r) const {
+    return absl::MakeConstSpan(runs_.get() + r.runs_offset, r.count);
+  }
+  const BlockHash& hash(int32_t index) const { return hashes_[index]; }
+  const TokenId* tokens(int32_t offset) const {
+    return tokens_.data() + offset;
+  }
+
+ private:
+  JournalRecord& Add(JournalRecord::Kind kind) {
+    JournalRecord& record = records_.emplace_back();
+    record.kind = kind;
+    return record;
+  }
+
+  // Keeps the first `size` entries of the runs arena in a new buffer of at
+  // least `capacity` entries.
+  void GrowRuns(size_t capacity);
+
+  std::vector<JournalRecord> records_;
+  // The runs arena: a buffer whose entries RunSpace hands out unwritten
+  // (a vector would zero each one first).
+  std::unique_ptr<InPlaceAppend[]> runs_;
+  size_t runs_size_ = 0;
+  size_t runs_capacity_ = 0;
+  std::vector<TokenId> tokens_;
+  std::vector<PageId> pages_;
+  std::vector<BlockHash> hashes_;
+  int32_t depth_ = 0;
+  uint64_t serial_ = 0;
+};
+
+}  // namespace kvblock::internal
+
+#endif  // KVBLOCK_LIB_MANAGER_STEP_JOURNAL_H_

@@ -1,0 +1,78 @@
+// Copyright 2026 The kvblock Authors.
+#include "sequence/sequence_slab.h"
+
+namespace kvblock::internal {
+
+SequenceSlab::SequenceSlab(int32_t reserved, int32_t max_pages_per_seq,
+                           int32_t page_size)
+    : max_pages_per_seq_(max_pages_per_seq), page_size_(page_size) {
+  hot_.reserve(reserved);
+  cold_.reserve(reserved);
+  for (int32_t entry = 0; entry < reserved; ++entry) {
+    hot_.emplace_back(max_pages_per_seq);
+  }
+  cold_.resize(reserved);
+  partial_.resize(static_cast<size_t>(reserved) * page_size);
+  free_.reserve(reserved);
+  removed_.reserve(reserved);
+  handle_of_.reserve(reserved);
+  // LIFO: entry 0 is handed out first.
+  for (int32_t entry = reserved - 1; entry >= 0; --entry) {
+    free_.push_back(entry);
+  }
+}
+
+int32_t SequenceSlab::Create(SequenceId id) {
+  if (free_.empty()) {
+    // Grown entries join the free list, so that an undone Create leaves the
+    // next one to take the same entry.
+    free_.push_back(static_cast<int32_t>(hot_.size()));
+    hot_.emplace_back(max_pages_per_seq_);
+    cold_.emplace_back();
+    partial_.resize(partial_.size() + page_size_);
+  }
+  const int32_t entry = free_.back();
+  free_.pop_back();
+  SequenceHot& hot = hot_[entry];
+  hot.num_tokens = 0;
+  hot.offset = 0;
+  hot.drafts = 0;
+  hot.prompt_end = 0;
+  hot.tail_maybe_shared = false;
+  hot.live = true;
+  hot.run_by_commit = false;
+  ++hot.generation;
+  SequenceCold& cold = cold_[entry];
+  cold.id = id;
+  cold.last_full_hash = BlockHash{};
+  cold.cache_salt.clear();
+  cold.adapter_id = 0;
+  cold.reserves = false;
+  handle_of_.emplace(id, entry);
+  return entry;
+}
+
+void SequenceSlab::UndoCreate(int32_t entry) {
+  SequenceHot& hot = hot_[entry];
+  // The pool's rollback takes back the references the table held.
+  hot.table.ForgetFrom(0);
+  hot.live = false;
+  --hot.generation;
+  handle_of_.erase(cold_[entry].id);
+  cold_[entry].id = kNoSequence;
+  free_.push_back(entry);
+}
+
+void SequenceSlab::Remove(int32_t entry) {
+  handle_of_.erase(cold_[entry].id);
+  hot_[entry].live = false;
+  removed_.push_back(entry);
+}
+
+void SequenceSlab::UndoRemove(int32_t entry) {
+  handle_of_[cold_[entry].id] = entry;
+  hot_[entry].live = true;
+  removed_.pop_back();
+}
+
+}  // namespace kvblock::internal
