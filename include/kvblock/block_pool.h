@@ -71,6 +71,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kvblock/block_hash.h"
+#include "kvblock/kv_events.h"
 #include "kvblock/types.h"
 
 namespace kvblock {
@@ -170,10 +171,7 @@ class BlockPool {
     int32_t depth = 0;
     size_t journal_size = 0;
     BlockPoolStats stats;
-    // The event log's size (see set_event_log).
-    size_t event_records = 0;
-    size_t event_runs = 0;
-    size_t event_hashes = 0;
+    internal::CacheEventLogMark events;  // see set_event_log.
   };
 
   // A pool of `num_pages` free pages. InvalidArgument when `num_pages` is not

@@ -12,6 +12,7 @@
 #ifndef KVBLOCK_KV_EVENTS_H_
 #define KVBLOCK_KV_EVENTS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -25,6 +26,13 @@ namespace kvblock {
 
 namespace internal {
 class CacheEventLog;
+// A place in a CacheEventLog (its sizes), what BlockPool::Savepoint keeps to
+// truncate the log to.
+struct CacheEventLogMark {
+  size_t records = 0;
+  size_t runs = 0;
+  size_t hashes = 0;
+};
 }  // namespace internal
 struct KvEventPublisherOptions;
 class KvEventBatch;

@@ -466,14 +466,9 @@ absl::Status BlockPool::ResetPrefixCache() {
 
 BlockPool::Savepoint BlockPool::BeginTransaction() {
   ++depth_;
-  Savepoint savepoint{depth_, journal_.size(), stats_};
-  if (events_ != nullptr) {
-    const internal::CacheEventLog::Mark mark = events_->mark();
-    savepoint.event_records = mark.records;
-    savepoint.event_runs = mark.runs;
-    savepoint.event_hashes = mark.hashes;
-  }
-  return savepoint;
+  return Savepoint{
+      depth_, journal_.size(), stats_,
+      events_ != nullptr ? events_->mark() : internal::CacheEventLogMark{}};
 }
 
 absl::Status BlockPool::CommitTransaction(const Savepoint& savepoint) {
@@ -497,10 +492,7 @@ absl::Status BlockPool::RollbackTransaction(const Savepoint& savepoint) {
     journal_.pop_back();
   }
   stats_ = savepoint.stats;
-  if (events_ != nullptr) {
-    events_->Truncate({savepoint.event_records, savepoint.event_runs,
-                       savepoint.event_hashes});
-  }
+  if (events_ != nullptr) events_->Truncate(savepoint.events);
   --depth_;
   return absl::OkStatus();
 }

@@ -28,12 +28,8 @@ namespace kvblock::internal {
 
 class CacheEventLog {
  public:
-  // The log's size at a savepoint.
-  struct Mark {
-    size_t records = 0;
-    size_t runs = 0;
-    size_t hashes = 0;
-  };
+  // The log's size at a savepoint (BlockPool::Savepoint keeps one).
+  using Mark = CacheEventLogMark;
 
   Mark mark() const { return {records_.size(), runs_.size(), hashes_.size()}; }
   // Drops what came after `mark`, and closes an open run.
