@@ -21,6 +21,7 @@ PUBLIC = {
     "block_hash.h": "cache", "block_pool.h": "cache", "kv_events.h": "cache",
     "sequence_table.h": "sequence",
     "admission.h": "manager", "block_manager.h": "manager",
+    "block_manager_options.h": "manager", "block_manager_snapshot.h": "manager",
     "device.h": "device", "kernels.h": "device",
     "batch_commit.h": "commit", "identity.h": "commit",
     "page_table.h": "commit",

@@ -209,82 +209,20 @@ class BatchCommit {
 
   // Turns timing of Commit's parts on or off (off at creation): eight clock
   // reads a step while on.
-  void set_time_phases(bool on) { time_phases_ = on; }
-  bool time_phases() const { return time_phases_; }
-  const CommitPhaseTimes& phase_times() const { return phase_times_; }
+  void set_time_phases(bool on);
+  bool time_phases() const;
+  const CommitPhaseTimes& phase_times() const;
 
   // Internal when the slot map and the manager or the table disagree: every
   // slot's row equals its sequence's pages, rows past the batch are empty.
   absl::Status CheckInvariants() const;
 
  private:
-  BatchCommit(BlockManager& manager, KVPageTable& table);
+  // Its state and the step's parts (lib/commit/batch_commit.cc).
+  class Impl;
+  explicit BatchCommit(std::unique_ptr<Impl> impl);
 
-  // Checks everything that can be checked before changing anything; marks the
-  // leaving slots.
-  absl::Status Validate(const StepPlan& plan);
-  // Runs the step inside an open manager step, up to and including the page
-  // table's edit; the slot arrays change only in Adopt, once it succeeded
-  // (and the leaving slots' handles, blanked for AppendMany, are restored).
-  absl::Status Apply(const StepPlan& plan);
-  // Makes the committed step's slots the running ones.
-  void Adopt(const StepPlan& plan);
-  // Undoes what Apply did to handles_ (the leaving slots it blanked).
-  void RestoreHandles();
-  // Returns old_to_new_ to its resting state for batch_: identity below it,
-  // -1 past it.
-  void ResetSlotMap();
-  // The slot of running sequence `id`, or kNoSlot.
-  SlotId RunningSlot(SequenceId id) const;
-  // Now, in nanoseconds of the steady clock, while phase timing is on; 0
-  // (with no clock read) otherwise.
-  int64_t PhaseClock() const;
-  // Queues slot `slot`'s row update: `pages` (a sequence's), rewritten from
-  // page `first` on (the row holds the ones before).
-  absl::Status AddRow(SlotId slot, absl::Span<const PageId> pages,
-                      int32_t first);
-
-  BlockManager& manager_;
-  KVPageTable& table_;
-  // Running sequences by slot (the first batch_ entries of max_batch): ids
-  // and manager handles; and by manager handle index, the slot of the
-  // sequence that holds it (or kNoSlot): a lookup by id is a hash lookup in
-  // the manager and two loads.
-  int32_t batch_ = 0;
-  std::vector<SequenceId> slots_;
-  std::vector<SequenceHandle> handles_;
-  std::vector<SlotId> slot_of_handle_;
-
-  // Step scratch, sized max_batch at construction.
-  std::vector<uint8_t> leaving_;       // by old slot.
-  std::vector<SlotId> leaving_slots_;  // sorted by Apply.
-  int32_t survivors_ = 0;
-  std::vector<KVPageTableRowMove> moves_;  // {mover's slot, hole}.
-  // What the leaving slots held (by leaving_slots_ entry), while handles_
-  // holds empty handles there (handles_blanked_).
-  std::vector<SequenceHandle> leaving_handles_;
-  bool handles_blanked_ = false;
-  std::vector<SequenceHandle> joined_handles_;  // by join.
-  // The slot map, at rest identity in [0, batch_) and -1 past it; a step
-  // marks its leaving and moving slots, listed in map_marks_, and the next
-  // step puts them back (with the slots between the two batch sizes).
-  std::vector<SlotId> old_to_new_;
-  std::vector<SlotId> map_marks_;
-  int32_t map_batch_ = 0;
-  std::vector<int32_t> zero_counts_;  // max_batch zeros: no appends.
-  std::vector<uint8_t> chunked_;      // by old slot: has a prompt chunk.
-  std::vector<SlotId> chunked_slots_;
-  AppendManyResult appended_;
-  std::vector<SlotId> changed_slots_;
-  std::vector<PageCopy> copies_;
-  std::vector<KVPageTableRowUpdate> rows_;
-  absl::flat_hash_set<SequenceId> joining_;
-  std::vector<SequenceId> joined_ids_;  // what joining_ holds.
-  int32_t new_pages_ = 0;
-  int32_t draft_copies_ = 0;
-
-  bool time_phases_ = false;
-  CommitPhaseTimes phase_times_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace kvblock

@@ -25,6 +25,7 @@
 namespace kvblock {
 
 namespace internal {
+class BlockManagerImpl;
 class CacheEventLog;
 // A place in a CacheEventLog (its sizes), what BlockPool::Savepoint keeps to
 // truncate the log to.
@@ -78,7 +79,7 @@ class KvEventBatch {
   void Clear();
 
  private:
-  friend class BlockManager;
+  friend class internal::BlockManagerImpl;
   friend class KvEventPublisher;
   friend std::string EncodeKvEventBatch(double ts, const KvEventBatch& batch,
                                         const KvEventPublisherOptions& options);

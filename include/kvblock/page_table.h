@@ -224,155 +224,21 @@ class KVPageTable {
   // True only while the rows were last set by SetIdentity(): any later
   // successful SetRow, SetRows, Apply or CompactRows clears it, even one that
   // changes nothing or happens to describe the identity.
-  bool is_identity() const { return is_identity_; }
+  bool is_identity() const;
 
-  int32_t max_batch() const { return max_batch_; }
-  int32_t max_pages_per_seq() const { return max_pages_per_seq_; }
-  int32_t num_pages() const { return num_pages_; }
-  int64_t staging_bytes() const { return staging_bytes_; }
-  const KVPageTableUploadStats& upload_stats() const { return upload_stats_; }
+  int32_t max_batch() const;
+  int32_t max_pages_per_seq() const;
+  int32_t num_pages() const;
+  int64_t staging_bytes() const;
+  const KVPageTableUploadStats& upload_stats() const;
 
  private:
-  // A validation scratch entry: `owner` is valid while `stamp` equals the
-  // stamp of the current call, so clearing the scratch costs nothing.
-  struct Mark {
-    uint64_t stamp = 0;
-    int32_t owner = 0;
-  };
-  // Claims `mark` for `owner` in the call of `stamp`; false, with the
-  // owner that claimed it first in `earlier`, when it already is.
-  static bool Claim(Mark& mark, uint64_t stamp, int32_t owner,
-                    int32_t& earlier) {
-    if (mark.stamp == stamp) {
-      earlier = mark.owner;
-      return false;
-    }
-    mark = {stamp, owner};
-    return true;
-  }
+  // Its rows, change record, scratch and device buffers, and Upload's
+  // parts (lib/commit/page_table.cc).
+  class Impl;
+  explicit KVPageTable(std::unique_ptr<Impl> impl);
 
-  KVPageTable(int32_t max_batch, int32_t max_pages_per_seq, int32_t num_pages,
-              Device& device, int64_t staging_bytes);
-
-  // Offset of row buffer `index` in rows_.
-  int64_t RowOffset(int32_t index) const {
-    return int64_t{index} * max_pages_per_seq_;
-  }
-  // The host K row of `slot` and its live length, through its buffer.
-  PageId* Row(SlotId slot) {
-    return rows_.data() + RowOffset(buffer_of_[slot]);
-  }
-  const PageId* Row(SlotId slot) const {
-    return rows_.data() + RowOffset(buffer_of_[slot]);
-  }
-  int32_t Length(SlotId slot) const { return lengths_[buffer_of_[slot]]; }
-
-  // Checks `edit` whole under a fresh stamp, leaving the move marks for
-  // ApplyChecked. InvalidArgument naming the first bad move or update.
-  absl::Status Check(const KVPageTableEdit& edit);
-  // Applies an edit that Check has just passed.
-  void ApplyChecked(const KVPageTableEdit& edit);
-  // Slot `slot`'s live ids once the moves Check marked are done.
-  int32_t LengthAfterMoves(SlotId slot,
-                           absl::Span<const KVPageTableRowMove> moves) const;
-  // OK when `slot`, whose row has `length` live ids, may be written with
-  // `k_page_ids[first, count)`, keeping its first `first` ids; otherwise
-  // InvalidArgument naming the slot and the bad value.
-  absl::Status ValidateRow(SlotId slot, const PageId* k_page_ids, int64_t count,
-                           int64_t first, int32_t length) const;
-  // Writes a validated row from its `first` id on.
-  void WriteRow(SlotId slot, const PageId* k_page_ids, int32_t count,
-                int32_t first);
-  // Empties the row buffer `buffer`.
-  void ClearBuffer(int32_t buffer);
-  // Notes that `slot`'s row changed from entry `first` on.
-  void MarkWritten(SlotId slot, int32_t first) {
-    if (changed_[slot] == 0) {
-      changed_[slot] = 1;
-      changed_rows_.push_back(slot);
-      written_from_[slot] = first;
-    } else if (first < written_from_[slot]) {
-      written_from_[slot] = first;
-    }
-  }
-  // Forgets the changes, once they are on the device.
-  void ForgetChanges();
-
-  // Upload's parts. PlanPatch lists the ranges of the changed rows (of every
-  // row, when `whole`) in ranges_ and returns how many ids they carry.
-  // StagePatch packs ranges_[begin, end) into staging slot `slot` (the ids,
-  // checked when `check_ids`, then the ranges) and returns the ranges'
-  // offset; EnqueuePatch copies that patch to the slot's device twin and
-  // applies it. CheckPatchIds checks every id of ranges_.
-  int64_t PlanPatch(bool whole);
-  absl::StatusOr<int64_t> StagePatch(int slot, size_t begin, size_t end,
-                                     bool check_ids);
-  absl::Status EnqueuePatch(int slot, int64_t ranges_offset, int32_t num_ranges,
-                            Stream stream);
-  absl::Status CheckPatchIds() const;
-  // Internal naming the bad id of `range` (one that CheckPatchIds or
-  // StagePatch found).
-  absl::Status BadIdError(const PageTablePatchRange& range) const;
-  // The host ids a range sends.
-  const PageId* RangeIds(const PageTablePatchRange& range) const {
-    return Row(range.entry / max_pages_per_seq_) +
-           range.entry % max_pages_per_seq_;
-  }
-  // A staging slot no patch reads any more; waits (and says so) when every
-  // slot is in flight.
-  absl::StatusOr<int> AcquireStaging(bool& waited);
-
-  const int32_t max_batch_;
-  const int32_t max_pages_per_seq_;
-  const int32_t num_pages_;
-  const int64_t staging_bytes_;
-  Device& device_;
-
-  // Host truth: max_batch row buffers of max_pages_per_seq K ids; buffer `r`
-  // holds `lengths_[r]` live ids in [0, num_pages_), then kNoPage. Slot `b`
-  // reads buffer `buffer_of_[b]` (a permutation of [0, max_batch)), so that
-  // a row moves by its buffer number, not its page ids.
-  std::vector<PageId> rows_;
-  std::vector<int32_t> lengths_;
-  std::vector<int32_t> buffer_of_;
-  // Set only by SetIdentity; then rows_ is the identity layout.
-  bool is_identity_ = false;
-
-  // The change record since the last successful Upload, by slot: the slots
-  // in changed_rows_, each once (changed_[b] != 0 exactly for them), changed
-  // from entry written_from_[b] on (entries before it hold what the device
-  // holds). device_lengths_[b]: the live ids the device holds in row b
-  // (meaningful once uploaded_once_; every entry after them is kNoPage
-  // there).
-  std::vector<uint8_t> changed_;
-  std::vector<SlotId> changed_rows_;
-  std::vector<int32_t> written_from_;
-  std::vector<int32_t> device_lengths_;
-  bool uploaded_once_ = false;
-
-  // Scratch, sized at Create: Check's marks by slot (updates, move sources,
-  // move destinations), the buffers moves carry and free, CompactRows' edit,
-  // and Upload's ranges.
-  std::vector<Mark> update_marks_;
-  std::vector<Mark> source_marks_;
-  std::vector<Mark> destination_marks_;
-  uint64_t stamp_ = 0;
-  std::vector<int32_t> moved_buffers_;
-  std::vector<int32_t> freed_buffers_;
-  std::vector<KVPageTableRowMove> compaction_moves_;
-  std::vector<KVPageTableRowUpdate> compaction_clears_;
-  std::vector<PageTablePatchRange> ranges_;
-
-  DeviceBuffer mirror_;
-  // staging_[i] is packed by StagePatch and copied to patches_[i], which the
-  // device applies; staging_done_[i] completes when that patch has been
-  // applied, so both may be rewritten.
-  std::array<PinnedBuffer, kStagingSlots> staging_;
-  std::array<DeviceBuffer, kStagingSlots> patches_;
-  std::array<DeviceEvent, kStagingSlots> staging_done_;
-  int next_staging_ = 0;
-
-  KVPageTableUploadStats upload_stats_;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace kvblock

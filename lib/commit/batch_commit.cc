@@ -11,8 +11,99 @@
 #include "absl/strings/str_cat.h"
 #include "base/fault_injection.h"
 #include "kvblock/status_macros.h"
+#include "manager/block_manager_impl.h"
 
 namespace kvblock {
+
+// The commit's state: the running batch by slot and the step's scratch,
+// and the step's parts.
+class BatchCommit::Impl {
+ public:
+  Impl(internal::BlockManagerImpl& manager, KVPageTable& table);
+  ~Impl();
+
+  // BatchCommit's calls, as documented there.
+  absl::StatusOr<StepResult> Commit(const StepPlan& plan);
+  absl::StatusOr<int64_t> AppendPages(
+      absl::Span<const int32_t> append_counts,
+      absl::Span<const int32_t> draft_counts) const;
+  absl::Span<const SequenceId> slots() const {
+    return absl::MakeConstSpan(slots_).first(batch_);
+  }
+  absl::StatusOr<SlotId> SlotOf(SequenceId id) const;
+  int32_t batch() const { return batch_; }
+  void set_time_phases(bool on) { time_phases_ = on; }
+  bool time_phases() const { return time_phases_; }
+  const CommitPhaseTimes& phase_times() const { return phase_times_; }
+  absl::Status CheckInvariants() const;
+
+ private:
+  // Checks everything that can be checked before changing anything; marks the
+  // leaving slots.
+  absl::Status Validate(const StepPlan& plan);
+  // Runs the step inside an open manager step, up to and including the page
+  // table's edit; the slot arrays change only in Adopt, once it succeeded
+  // (and the leaving slots' handles, blanked for AppendMany, are restored).
+  absl::Status Apply(const StepPlan& plan);
+  // Makes the committed step's slots the running ones.
+  void Adopt(const StepPlan& plan);
+  // Undoes what Apply did to handles_ (the leaving slots it blanked).
+  void RestoreHandles();
+  // Returns old_to_new_ to its resting state for batch_: identity below it,
+  // -1 past it.
+  void ResetSlotMap();
+  // The slot of running sequence `id`, or kNoSlot.
+  SlotId RunningSlot(SequenceId id) const;
+  // Now, in nanoseconds of the steady clock, while phase timing is on; 0
+  // (with no clock read) otherwise.
+  int64_t PhaseClock() const;
+  // Queues slot `slot`'s row update: `pages` (a sequence's), rewritten from
+  // page `first` on (the row holds the ones before).
+  absl::Status AddRow(SlotId slot, absl::Span<const PageId> pages,
+                      int32_t first);
+
+  internal::BlockManagerImpl& manager_;
+  KVPageTable& table_;
+  // Running sequences by slot (the first batch_ entries of max_batch): ids
+  // and manager handles; and by manager handle index, the slot of the
+  // sequence that holds it (or kNoSlot): a lookup by id is a hash lookup in
+  // the manager and two loads.
+  int32_t batch_ = 0;
+  std::vector<SequenceId> slots_;
+  std::vector<SequenceHandle> handles_;
+  std::vector<SlotId> slot_of_handle_;
+
+  // Step scratch, sized max_batch at construction.
+  std::vector<uint8_t> leaving_;       // by old slot.
+  std::vector<SlotId> leaving_slots_;  // sorted by Apply.
+  int32_t survivors_ = 0;
+  std::vector<KVPageTableRowMove> moves_;  // {mover's slot, hole}.
+  // What the leaving slots held (by leaving_slots_ entry), while handles_
+  // holds empty handles there (handles_blanked_).
+  std::vector<SequenceHandle> leaving_handles_;
+  bool handles_blanked_ = false;
+  std::vector<SequenceHandle> joined_handles_;  // by join.
+  // The slot map, at rest identity in [0, batch_) and -1 past it; a step
+  // marks its leaving and moving slots, listed in map_marks_, and the next
+  // step puts them back (with the slots between the two batch sizes).
+  std::vector<SlotId> old_to_new_;
+  std::vector<SlotId> map_marks_;
+  int32_t map_batch_ = 0;
+  std::vector<int32_t> zero_counts_;  // max_batch zeros: no appends.
+  std::vector<uint8_t> chunked_;      // by old slot: has a prompt chunk.
+  std::vector<SlotId> chunked_slots_;
+  internal::AppendManyResult appended_;
+  std::vector<SlotId> changed_slots_;
+  std::vector<PageCopy> copies_;
+  std::vector<KVPageTableRowUpdate> rows_;
+  absl::flat_hash_set<SequenceId> joining_;
+  std::vector<SequenceId> joined_ids_;  // what joining_ holds.
+  int32_t new_pages_ = 0;
+  int32_t draft_copies_ = 0;
+
+  bool time_phases_ = false;
+  CommitPhaseTimes phase_times_;
+};
 
 absl::StatusOr<std::unique_ptr<BatchCommit>> BatchCommit::Create(
     BlockManager& manager, KVPageTable& table) {
@@ -27,17 +118,18 @@ absl::StatusOr<std::unique_ptr<BatchCommit>> BatchCommit::Create(
         config.max_batch, ", ", config.max_pages_per_seq, ", ",
         config.num_pages, ")"));
   }
-  return std::unique_ptr<BatchCommit>(new BatchCommit(manager, table));
+  return std::unique_ptr<BatchCommit>(new BatchCommit(
+      std::make_unique<Impl>(internal::BlockManagerImpl::Of(manager), table)));
 }
 
-BatchCommit::~BatchCommit() {
+BatchCommit::Impl::~Impl() {
   // The manager outlives the commit: its sequences are the caller's again.
   for (SlotId slot = 0; slot < batch_; ++slot) {
     manager_.SetRunByCommit(handles_[slot], false);
   }
 }
 
-BatchCommit::BatchCommit(BlockManager& manager, KVPageTable& table)
+BatchCommit::Impl::Impl(internal::BlockManagerImpl& manager, KVPageTable& table)
     : manager_(manager), table_(table) {
   const size_t max_batch = static_cast<size_t>(table.max_batch());
   slots_.resize(max_batch, kNoSequence);
@@ -64,21 +156,21 @@ BatchCommit::BatchCommit(BlockManager& manager, KVPageTable& table)
   joined_ids_.reserve(max_batch);
 }
 
-int64_t BatchCommit::PhaseClock() const {
+int64_t BatchCommit::Impl::PhaseClock() const {
   if (!time_phases_) return 0;
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
-absl::StatusOr<StepResult> BatchCommit::Commit(const StepPlan& plan) {
+absl::StatusOr<StepResult> BatchCommit::Impl::Commit(const StepPlan& plan) {
   const int64_t start = PhaseClock();
   absl::Cleanup timed = [&] { phase_times_.total_ns += PhaseClock() - start; };
   KVBLOCK_RETURN_IF_ERROR(Validate(plan));
   KVBLOCK_RETURN_IF_ERROR(manager_.BeginStep());
-  manager_.commit_applying_ = true;
+  manager_.set_commit_applying(true);
   absl::Status applied = Apply(plan);
-  manager_.commit_applying_ = false;
+  manager_.set_commit_applying(false);
   if (absl::Status status = std::move(applied); !status.ok()) {
     RestoreHandles();
     KVBLOCK_RETURN_IF_ERROR(manager_.RollbackStep());
@@ -97,7 +189,7 @@ absl::StatusOr<StepResult> BatchCommit::Commit(const StepPlan& plan) {
   };
 }
 
-absl::Status BatchCommit::Validate(const StepPlan& plan) {
+absl::Status BatchCommit::Impl::Validate(const StepPlan& plan) {
   const SlotId batch = batch_;
   for (const SlotId slot : leaving_slots_) leaving_[slot] = 0;
   leaving_slots_.clear();
@@ -247,7 +339,7 @@ absl::Status BatchCommit::Validate(const StepPlan& plan) {
   return absl::OkStatus();
 }
 
-SlotId BatchCommit::RunningSlot(SequenceId id) const {
+SlotId BatchCommit::Impl::RunningSlot(SequenceId id) const {
   const absl::StatusOr<SequenceHandle> handle = manager_.HandleOf(id);
   if (!handle.ok() ||
       static_cast<size_t>(handle->index) >= slot_of_handle_.size()) {
@@ -260,8 +352,9 @@ SlotId BatchCommit::RunningSlot(SequenceId id) const {
   return slot;
 }
 
-absl::Status BatchCommit::AddRow(SlotId slot, absl::Span<const PageId> pages,
-                                 int32_t first) {
+absl::Status BatchCommit::Impl::AddRow(SlotId slot,
+                                       absl::Span<const PageId> pages,
+                                       int32_t first) {
   if (internal::FaultInjection::ShouldFail()) {
     return absl::InternalError(
         absl::StrCat("batch commit: injected fault at the row of slot ", slot));
@@ -276,7 +369,7 @@ absl::Status BatchCommit::AddRow(SlotId slot, absl::Span<const PageId> pages,
   return absl::OkStatus();
 }
 
-void BatchCommit::ResetSlotMap() {
+void BatchCommit::Impl::ResetSlotMap() {
   for (const SlotId slot : map_marks_) {
     old_to_new_[slot] = slot < batch_ ? slot : kNoSlot;
   }
@@ -288,7 +381,7 @@ void BatchCommit::ResetSlotMap() {
   map_batch_ = batch_;
 }
 
-absl::Status BatchCommit::Apply(const StepPlan& plan) {
+absl::Status BatchCommit::Impl::Apply(const StepPlan& plan) {
   copies_.clear();
   rows_.clear();
   changed_slots_.clear();
@@ -308,10 +401,10 @@ absl::Status BatchCommit::Apply(const StepPlan& plan) {
   };
   absl::Cleanup frees_timed = [&] { lap(phase_times_.frees_ns); };
   for (const SequenceId id : plan.finished) {
-    KVBLOCK_RETURN_IF_ERROR(manager_.Free(id));
+    KVBLOCK_RETURN_IF_ERROR(manager_.Remove(id, /*preempted=*/false));
   }
   for (const SequenceId id : plan.preempted) {
-    KVBLOCK_RETURN_IF_ERROR(manager_.Preempt(id));
+    KVBLOCK_RETURN_IF_ERROR(manager_.Remove(id, /*preempted=*/true));
   }
   std::move(frees_timed).Invoke();
   absl::Cleanup admissions_timed = [&] { lap(phase_times_.admissions_ns); };
@@ -417,7 +510,7 @@ absl::Status BatchCommit::Apply(const StepPlan& plan) {
   return edited;
 }
 
-void BatchCommit::RestoreHandles() {
+void BatchCommit::Impl::RestoreHandles() {
   if (!handles_blanked_) return;
   for (size_t i = 0; i < leaving_handles_.size(); ++i) {
     handles_[leaving_slots_[i]] = leaving_handles_[i];
@@ -425,7 +518,7 @@ void BatchCommit::RestoreHandles() {
   handles_blanked_ = false;
 }
 
-void BatchCommit::Adopt(const StepPlan& plan) {
+void BatchCommit::Impl::Adopt(const StepPlan& plan) {
   handles_blanked_ = false;
   // Leaving sequences first: their handle indexes may come back.
   for (const SequenceHandle& left : leaving_handles_) {
@@ -454,7 +547,7 @@ void BatchCommit::Adopt(const StepPlan& plan) {
   batch_ = survivors_ + static_cast<int32_t>(plan.joins.size());
 }
 
-absl::StatusOr<int64_t> BatchCommit::AppendPages(
+absl::StatusOr<int64_t> BatchCommit::Impl::AppendPages(
     absl::Span<const int32_t> append_counts,
     absl::Span<const int32_t> draft_counts) const {
   if (append_counts.size() != static_cast<size_t>(batch_) ||
@@ -476,11 +569,7 @@ absl::StatusOr<int64_t> BatchCommit::AppendPages(
   return pages;
 }
 
-absl::Span<const SequenceId> BatchCommit::slots() const {
-  return absl::MakeConstSpan(slots_).first(batch_);
-}
-
-absl::StatusOr<SlotId> BatchCommit::SlotOf(SequenceId id) const {
+absl::StatusOr<SlotId> BatchCommit::Impl::SlotOf(SequenceId id) const {
   const SlotId slot = RunningSlot(id);
   if (slot == kNoSlot) {
     return absl::NotFoundError(
@@ -489,9 +578,7 @@ absl::StatusOr<SlotId> BatchCommit::SlotOf(SequenceId id) const {
   return slot;
 }
 
-int32_t BatchCommit::batch() const { return batch_; }
-
-absl::Status BatchCommit::CheckInvariants() const {
+absl::Status BatchCommit::Impl::CheckInvariants() const {
   KVBLOCK_RETURN_IF_ERROR(manager_.CheckInvariants());
   KVBLOCK_RETURN_IF_ERROR(table_.CheckInvariants());
   for (SlotId slot = 0; slot < table_.max_batch(); ++slot) {
@@ -518,6 +605,42 @@ absl::Status BatchCommit::CheckInvariants() const {
     }
   }
   return absl::OkStatus();
+}
+
+BatchCommit::BatchCommit(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+BatchCommit::~BatchCommit() = default;
+
+absl::StatusOr<StepResult> BatchCommit::Commit(const StepPlan& plan) {
+  return impl_->Commit(plan);
+}
+
+absl::StatusOr<int64_t> BatchCommit::AppendPages(
+    absl::Span<const int32_t> append_counts,
+    absl::Span<const int32_t> draft_counts) const {
+  return impl_->AppendPages(append_counts, draft_counts);
+}
+
+absl::Span<const SequenceId> BatchCommit::slots() const {
+  return impl_->slots();
+}
+
+absl::StatusOr<SlotId> BatchCommit::SlotOf(SequenceId id) const {
+  return impl_->SlotOf(id);
+}
+
+int32_t BatchCommit::batch() const { return impl_->batch(); }
+
+void BatchCommit::set_time_phases(bool on) { impl_->set_time_phases(on); }
+
+bool BatchCommit::time_phases() const { return impl_->time_phases(); }
+
+const CommitPhaseTimes& BatchCommit::phase_times() const {
+  return impl_->phase_times();
+}
+
+absl::Status BatchCommit::CheckInvariants() const {
+  return impl_->CheckInvariants();
 }
 
 }  // namespace kvblock

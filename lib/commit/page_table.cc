@@ -42,6 +42,178 @@ int64_t PatchBytes(int64_t ids, int64_t ranges) {
 
 }  // namespace
 
+// The table's state and its parts.
+class KVPageTable::Impl {
+ public:
+  // As KVPageTable::Create, whose checks `staging_bytes` passed.
+  static absl::StatusOr<std::unique_ptr<Impl>> Create(int32_t max_batch,
+                                                      int32_t max_pages_per_seq,
+                                                      int32_t num_pages,
+                                                      Device& device,
+                                                      int64_t staging_bytes);
+  Impl(int32_t max_batch, int32_t max_pages_per_seq, int32_t num_pages,
+       Device& device, int64_t staging_bytes);
+  ~Impl();
+
+  // KVPageTable's calls, as documented there.
+  absl::Status SetIdentity();
+  absl::Status SetRow(SlotId slot, absl::Span<const PageId> k_page_ids);
+  absl::Status SetRows(absl::Span<const KVPageTableRowUpdate> updates);
+  absl::Status Apply(const KVPageTableEdit& edit);
+  absl::Status CompactRows(absl::Span<const SlotId> old_to_new,
+                           int32_t new_batch);
+  absl::Status CheckInvariants() const;
+  absl::StatusOr<bool> Upload(Stream stream);
+  absl::StatusOr<absl::Span<const PageId>> HostRow(SlotId slot) const;
+  DeviceTensor kernel_view() const;
+  bool is_identity() const { return is_identity_; }
+
+  int32_t max_batch() const { return max_batch_; }
+  int32_t max_pages_per_seq() const { return max_pages_per_seq_; }
+  int32_t num_pages() const { return num_pages_; }
+  int64_t staging_bytes() const { return staging_bytes_; }
+  const KVPageTableUploadStats& upload_stats() const { return upload_stats_; }
+
+ private:
+  // A validation scratch entry: `owner` is valid while `stamp` equals the
+  // stamp of the current call, so clearing the scratch costs nothing.
+  struct Mark {
+    uint64_t stamp = 0;
+    int32_t owner = 0;
+  };
+  // Claims `mark` for `owner` in the call of `stamp`; false, with the
+  // owner that claimed it first in `earlier`, when it already is.
+  static bool Claim(Mark& mark, uint64_t stamp, int32_t owner,
+                    int32_t& earlier) {
+    if (mark.stamp == stamp) {
+      earlier = mark.owner;
+      return false;
+    }
+    mark = {stamp, owner};
+    return true;
+  }
+
+  // Offset of row buffer `index` in rows_.
+  int64_t RowOffset(int32_t index) const {
+    return int64_t{index} * max_pages_per_seq_;
+  }
+  // The host K row of `slot` and its live length, through its buffer.
+  PageId* Row(SlotId slot) {
+    return rows_.data() + RowOffset(buffer_of_[slot]);
+  }
+  const PageId* Row(SlotId slot) const {
+    return rows_.data() + RowOffset(buffer_of_[slot]);
+  }
+  int32_t Length(SlotId slot) const { return lengths_[buffer_of_[slot]]; }
+
+  // Checks `edit` whole under a fresh stamp, leaving the move marks for
+  // ApplyChecked. InvalidArgument naming the first bad move or update.
+  absl::Status Check(const KVPageTableEdit& edit);
+  // Applies an edit that Check has just passed.
+  void ApplyChecked(const KVPageTableEdit& edit);
+  // Slot `slot`'s live ids once the moves Check marked are done.
+  int32_t LengthAfterMoves(SlotId slot,
+                           absl::Span<const KVPageTableRowMove> moves) const;
+  // OK when `slot`, whose row has `length` live ids, may be written with
+  // `k_page_ids[first, count)`, keeping its first `first` ids; otherwise
+  // InvalidArgument naming the slot and the bad value.
+  absl::Status ValidateRow(SlotId slot, const PageId* k_page_ids, int64_t count,
+                           int64_t first, int32_t length) const;
+  // Writes a validated row from its `first` id on.
+  void WriteRow(SlotId slot, const PageId* k_page_ids, int32_t count,
+                int32_t first);
+  // Empties the row buffer `buffer`.
+  void ClearBuffer(int32_t buffer);
+  // Notes that `slot`'s row changed from entry `first` on.
+  void MarkWritten(SlotId slot, int32_t first) {
+    if (changed_[slot] == 0) {
+      changed_[slot] = 1;
+      changed_rows_.push_back(slot);
+      written_from_[slot] = first;
+    } else if (first < written_from_[slot]) {
+      written_from_[slot] = first;
+    }
+  }
+  // Forgets the changes, once they are on the device.
+  void ForgetChanges();
+
+  // Upload's parts. PlanPatch lists the ranges of the changed rows (of every
+  // row, when `whole`) in ranges_ and returns how many ids they carry.
+  // StagePatch packs ranges_[begin, end) into staging slot `slot` (the ids,
+  // checked when `check_ids`, then the ranges) and returns the ranges'
+  // offset; EnqueuePatch copies that patch to the slot's device twin and
+  // applies it. CheckPatchIds checks every id of ranges_.
+  int64_t PlanPatch(bool whole);
+  absl::StatusOr<int64_t> StagePatch(int slot, size_t begin, size_t end,
+                                     bool check_ids);
+  absl::Status EnqueuePatch(int slot, int64_t ranges_offset, int32_t num_ranges,
+                            Stream stream);
+  absl::Status CheckPatchIds() const;
+  // Internal naming the bad id of `range` (one that CheckPatchIds or
+  // StagePatch found).
+  absl::Status BadIdError(const PageTablePatchRange& range) const;
+  // The host ids a range sends.
+  const PageId* RangeIds(const PageTablePatchRange& range) const {
+    return Row(range.entry / max_pages_per_seq_) +
+           range.entry % max_pages_per_seq_;
+  }
+  // A staging slot no patch reads any more; waits (and says so) when every
+  // slot is in flight.
+  absl::StatusOr<int> AcquireStaging(bool& waited);
+
+  const int32_t max_batch_;
+  const int32_t max_pages_per_seq_;
+  const int32_t num_pages_;
+  const int64_t staging_bytes_;
+  Device& device_;
+
+  // Host truth: max_batch row buffers of max_pages_per_seq K ids; buffer `r`
+  // holds `lengths_[r]` live ids in [0, num_pages_), then kNoPage. Slot `b`
+  // reads buffer `buffer_of_[b]` (a permutation of [0, max_batch)), so that
+  // a row moves by its buffer number, not its page ids.
+  std::vector<PageId> rows_;
+  std::vector<int32_t> lengths_;
+  std::vector<int32_t> buffer_of_;
+  // Set only by SetIdentity; then rows_ is the identity layout.
+  bool is_identity_ = false;
+
+  // The change record since the last successful Upload, by slot: the slots
+  // in changed_rows_, each once (changed_[b] != 0 exactly for them), changed
+  // from entry written_from_[b] on (entries before it hold what the device
+  // holds). device_lengths_[b]: the live ids the device holds in row b
+  // (meaningful once uploaded_once_; every entry after them is kNoPage
+  // there).
+  std::vector<uint8_t> changed_;
+  std::vector<SlotId> changed_rows_;
+  std::vector<int32_t> written_from_;
+  std::vector<int32_t> device_lengths_;
+  bool uploaded_once_ = false;
+
+  // Scratch, sized at Create: Check's marks by slot (updates, move sources,
+  // move destinations), the buffers moves carry and free, CompactRows' edit,
+  // and Upload's ranges.
+  std::vector<Mark> update_marks_;
+  std::vector<Mark> source_marks_;
+  std::vector<Mark> destination_marks_;
+  uint64_t stamp_ = 0;
+  std::vector<int32_t> moved_buffers_;
+  std::vector<int32_t> freed_buffers_;
+  std::vector<KVPageTableRowMove> compaction_moves_;
+  std::vector<KVPageTableRowUpdate> compaction_clears_;
+  std::vector<PageTablePatchRange> ranges_;
+
+  DeviceBuffer mirror_;
+  // staging_[i] is packed by StagePatch and copied to patches_[i], which the
+  // device applies; staging_done_[i] completes when that patch has been
+  // applied, so both may be rewritten.
+  std::array<PinnedBuffer, kStagingSlots> staging_;
+  std::array<DeviceBuffer, kStagingSlots> patches_;
+  std::array<DeviceEvent, kStagingSlots> staging_done_;
+  int next_staging_ = 0;
+
+  KVPageTableUploadStats upload_stats_;
+};
+
 absl::StatusOr<std::unique_ptr<KVPageTable>> KVPageTable::Create(
     int32_t max_batch, int32_t max_pages_per_seq, int32_t num_pages,
     Device& device, const KVPageTableOptions& options) {
@@ -72,15 +244,25 @@ absl::StatusOr<std::unique_ptr<KVPageTable>> KVPageTable::Create(
         "page table: staging_bytes ", staging_bytes, " is below ", min_staging,
         ", one row of max_pages_per_seq ", max_pages_per_seq, " ids"));
   }
-  std::unique_ptr<KVPageTable> table;
+  KVBLOCK_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl,
+                           Impl::Create(max_batch, max_pages_per_seq, num_pages,
+                                        device, staging_bytes));
+  return std::unique_ptr<KVPageTable>(new KVPageTable(std::move(impl)));
+}
+
+absl::StatusOr<std::unique_ptr<KVPageTable::Impl>> KVPageTable::Impl::Create(
+    int32_t max_batch, int32_t max_pages_per_seq, int32_t num_pages,
+    Device& device, int64_t staging_bytes) {
+  std::unique_ptr<Impl> table;
   try {
-    table.reset(new KVPageTable(max_batch, max_pages_per_seq, num_pages, device,
-                                staging_bytes));
+    table = std::make_unique<Impl>(max_batch, max_pages_per_seq, num_pages,
+                                   device, staging_bytes);
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
         absl::StrCat("page table: out of host memory for ", max_batch,
                      " rows of ", max_pages_per_seq, " pages"));
   }
+  const int64_t entries = int64_t{max_batch} * 2 * max_pages_per_seq;
   KVBLOCK_ASSIGN_OR_RETURN(
       table->mirror_,
       device.Allocate(static_cast<size_t>(entries) * sizeof(int32_t)));
@@ -93,9 +275,9 @@ absl::StatusOr<std::unique_ptr<KVPageTable>> KVPageTable::Create(
   return table;
 }
 
-KVPageTable::KVPageTable(int32_t max_batch, int32_t max_pages_per_seq,
-                         int32_t num_pages, Device& device,
-                         int64_t staging_bytes)
+KVPageTable::Impl::Impl(int32_t max_batch, int32_t max_pages_per_seq,
+                        int32_t num_pages, Device& device,
+                        int64_t staging_bytes)
     : max_batch_(max_batch),
       max_pages_per_seq_(max_pages_per_seq),
       num_pages_(num_pages),
@@ -119,7 +301,7 @@ KVPageTable::KVPageTable(int32_t max_batch, int32_t max_pages_per_seq,
   ranges_.reserve(max_batch);
 }
 
-KVPageTable::~KVPageTable() {
+KVPageTable::Impl::~Impl() {
   for (const DeviceEvent& done : staging_done_) {
     // Nothing to report to from a destructor; a failed wait means a failed
     // device, whose patches read nothing more.
@@ -127,7 +309,7 @@ KVPageTable::~KVPageTable() {
   }
 }
 
-absl::Status KVPageTable::SetIdentity() {
+absl::Status KVPageTable::Impl::SetIdentity() {
   const int64_t needed = int64_t{max_batch_} * max_pages_per_seq_;
   if (needed > num_pages_) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -149,7 +331,7 @@ absl::Status KVPageTable::SetIdentity() {
 
 // Inlined into SetRow(s) and Apply: a valid row costs its comparisons only,
 // not a call returning a Status.
-ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status KVPageTable::ValidateRow(
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status KVPageTable::Impl::ValidateRow(
     SlotId slot, const PageId* k_page_ids, int64_t count, int64_t first,
     int32_t length) const {
   if (count < 0 || count > max_pages_per_seq_) {
@@ -176,8 +358,8 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status KVPageTable::ValidateRow(
   return absl::OkStatus();
 }
 
-absl::Status KVPageTable::SetRow(SlotId slot,
-                                 absl::Span<const PageId> k_page_ids) {
+absl::Status KVPageTable::Impl::SetRow(SlotId slot,
+                                       absl::Span<const PageId> k_page_ids) {
   if (slot < 0 || slot >= max_batch_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "page table: slot ", slot, " is outside [0, ", max_batch_, ")"));
@@ -194,19 +376,19 @@ absl::Status KVPageTable::SetRow(SlotId slot,
   return absl::OkStatus();
 }
 
-absl::Status KVPageTable::SetRows(
+absl::Status KVPageTable::Impl::SetRows(
     absl::Span<const KVPageTableRowUpdate> updates) {
   return Apply({.rows = updates});
 }
 
-absl::Status KVPageTable::Apply(const KVPageTableEdit& edit) {
+absl::Status KVPageTable::Impl::Apply(const KVPageTableEdit& edit) {
   KVBLOCK_RETURN_IF_ERROR(Check(edit));
   ApplyChecked(edit);
   is_identity_ = false;
   return absl::OkStatus();
 }
 
-absl::Status KVPageTable::Check(const KVPageTableEdit& edit) {
+absl::Status KVPageTable::Impl::Check(const KVPageTableEdit& edit) {
   const uint64_t stamp = ++stamp_;
   for (size_t i = 0; i < edit.moves.size(); ++i) {
     const KVPageTableRowMove& move = edit.moves[i];
@@ -257,7 +439,7 @@ absl::Status KVPageTable::Check(const KVPageTableEdit& edit) {
   return absl::OkStatus();
 }
 
-int32_t KVPageTable::LengthAfterMoves(
+int32_t KVPageTable::Impl::LengthAfterMoves(
     SlotId slot, absl::Span<const KVPageTableRowMove> moves) const {
   if (moves.empty()) return Length(slot);
   const Mark& destination = destination_marks_[slot];
@@ -267,7 +449,7 @@ int32_t KVPageTable::LengthAfterMoves(
   return source_marks_[slot].stamp == stamp_ ? 0 : Length(slot);
 }
 
-void KVPageTable::ApplyChecked(const KVPageTableEdit& edit) {
+void KVPageTable::Impl::ApplyChecked(const KVPageTableEdit& edit) {
   if (!edit.moves.empty()) {
     // Every destination takes its source's buffer; the buffers of
     // destinations that are no source are freed, and go, emptied, to the
@@ -300,8 +482,8 @@ void KVPageTable::ApplyChecked(const KVPageTableEdit& edit) {
   }
 }
 
-absl::Status KVPageTable::CompactRows(absl::Span<const SlotId> old_to_new,
-                                      int32_t new_batch) {
+absl::Status KVPageTable::Impl::CompactRows(absl::Span<const SlotId> old_to_new,
+                                            int32_t new_batch) {
   if (old_to_new.size() != static_cast<size_t>(max_batch_)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "page table: compact rows: old_to_new has ", old_to_new.size(),
@@ -364,7 +546,7 @@ absl::Status KVPageTable::CompactRows(absl::Span<const SlotId> old_to_new,
   return absl::OkStatus();
 }
 
-absl::Status KVPageTable::CheckInvariants() const {
+absl::Status KVPageTable::Impl::CheckInvariants() const {
   std::vector<uint8_t> seen(max_batch_, 0);
   for (SlotId slot = 0; slot < max_batch_; ++slot) {
     const int32_t buffer = buffer_of_[slot];
@@ -433,7 +615,7 @@ absl::Status KVPageTable::CheckInvariants() const {
   return absl::OkStatus();
 }
 
-int64_t KVPageTable::PlanPatch(bool whole) {
+int64_t KVPageTable::Impl::PlanPatch(bool whole) {
   ranges_.clear();
   int64_t ids = 0;
   // Row `slot` changed from entry `from` on, and the device holds
@@ -466,7 +648,8 @@ int64_t KVPageTable::PlanPatch(bool whole) {
   return ids;
 }
 
-absl::Status KVPageTable::BadIdError(const PageTablePatchRange& range) const {
+absl::Status KVPageTable::Impl::BadIdError(
+    const PageTablePatchRange& range) const {
   const SlotId slot = range.entry / max_pages_per_seq_;
   const int32_t first = range.entry % max_pages_per_seq_;
   const PageId* row = Row(slot);
@@ -481,7 +664,7 @@ absl::Status KVPageTable::BadIdError(const PageTablePatchRange& range) const {
       absl::StrCat("page table: row ", slot, ": a bad id vanished"));
 }
 
-absl::Status KVPageTable::CheckPatchIds() const {
+absl::Status KVPageTable::Impl::CheckPatchIds() const {
   for (const PageTablePatchRange& range : ranges_) {
     const PageId* const ids = RangeIds(range);
     uint32_t bad = 0;
@@ -493,8 +676,9 @@ absl::Status KVPageTable::CheckPatchIds() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<int64_t> KVPageTable::StagePatch(int slot, size_t begin,
-                                                size_t end, bool check_ids) {
+absl::StatusOr<int64_t> KVPageTable::Impl::StagePatch(int slot, size_t begin,
+                                                      size_t end,
+                                                      bool check_ids) {
   char* const staging = static_cast<char*>(staging_[slot].data());
   PageId* const ids_out = reinterpret_cast<PageId*>(staging);
   const int32_t base = ranges_[begin].ids_offset;
@@ -523,8 +707,9 @@ absl::StatusOr<int64_t> KVPageTable::StagePatch(int slot, size_t begin,
   return ranges_offset;
 }
 
-absl::Status KVPageTable::EnqueuePatch(int slot, int64_t ranges_offset,
-                                       int32_t num_ranges, Stream stream) {
+absl::Status KVPageTable::Impl::EnqueuePatch(int slot, int64_t ranges_offset,
+                                             int32_t num_ranges,
+                                             Stream stream) {
   const int64_t bytes = ranges_offset + int64_t{num_ranges} * kRangeBytes;
   char* const patch = static_cast<char*>(patches_[slot].data());
   absl::Status status = device_.CopyToDevice(
@@ -547,7 +732,7 @@ absl::Status KVPageTable::EnqueuePatch(int slot, int64_t ranges_offset,
   return status.ok() ? recorded : status;
 }
 
-absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
+absl::StatusOr<bool> KVPageTable::Impl::Upload(Stream stream) {
   const bool whole = !uploaded_once_;
   const int64_t ids = PlanPatch(whole);
   if (ranges_.empty()) {
@@ -618,7 +803,7 @@ absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
   return true;
 }
 
-absl::StatusOr<absl::Span<const PageId>> KVPageTable::HostRow(
+absl::StatusOr<absl::Span<const PageId>> KVPageTable::Impl::HostRow(
     SlotId slot) const {
   if (slot < 0 || slot >= max_batch_) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -627,13 +812,13 @@ absl::StatusOr<absl::Span<const PageId>> KVPageTable::HostRow(
   return absl::Span<const PageId>(Row(slot), max_pages_per_seq_);
 }
 
-DeviceTensor KVPageTable::kernel_view() const {
+DeviceTensor KVPageTable::Impl::kernel_view() const {
   return DeviceTensor(static_cast<int32_t*>(mirror_.data()),
                       {max_batch_, 2, max_pages_per_seq_});
 }
 
-void KVPageTable::WriteRow(SlotId slot, const PageId* k_page_ids, int32_t count,
-                           int32_t first) {
+void KVPageTable::Impl::WriteRow(SlotId slot, const PageId* k_page_ids,
+                                 int32_t count, int32_t first) {
   int32_t& length = lengths_[buffer_of_[slot]];
   const int32_t old_count = length;
   if (count == 0 && old_count == 0) return;  // stays empty: no change.
@@ -648,18 +833,18 @@ void KVPageTable::WriteRow(SlotId slot, const PageId* k_page_ids, int32_t count,
   MarkWritten(slot, first);
 }
 
-void KVPageTable::ClearBuffer(int32_t buffer) {
+void KVPageTable::Impl::ClearBuffer(int32_t buffer) {
   int32_t& length = lengths_[buffer];
   std::fill_n(rows_.data() + RowOffset(buffer), length, kNoPage);
   length = 0;
 }
 
-void KVPageTable::ForgetChanges() {
+void KVPageTable::Impl::ForgetChanges() {
   for (SlotId slot : changed_rows_) changed_[slot] = 0;
   changed_rows_.clear();
 }
 
-absl::StatusOr<int> KVPageTable::AcquireStaging(bool& waited) {
+absl::StatusOr<int> KVPageTable::Impl::AcquireStaging(bool& waited) {
   for (int i = 0; i < kStagingSlots; ++i) {
     const int slot = (next_staging_ + i) % kStagingSlots;
     KVBLOCK_ASSIGN_OR_RETURN(const bool done,
@@ -674,6 +859,62 @@ absl::StatusOr<int> KVPageTable::AcquireStaging(bool& waited) {
   KVBLOCK_RETURN_IF_ERROR(device_.WaitEvent(staging_done_[next_staging_]));
   waited = true;
   return next_staging_;
+}
+
+KVPageTable::KVPageTable(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+KVPageTable::~KVPageTable() = default;
+
+absl::Status KVPageTable::SetIdentity() { return impl_->SetIdentity(); }
+
+absl::Status KVPageTable::SetRow(SlotId slot,
+                                 absl::Span<const PageId> k_page_ids) {
+  return impl_->SetRow(slot, k_page_ids);
+}
+
+absl::Status KVPageTable::SetRows(
+    absl::Span<const KVPageTableRowUpdate> updates) {
+  return impl_->SetRows(updates);
+}
+
+absl::Status KVPageTable::Apply(const KVPageTableEdit& edit) {
+  return impl_->Apply(edit);
+}
+
+absl::Status KVPageTable::CompactRows(absl::Span<const SlotId> old_to_new,
+                                      int32_t new_batch) {
+  return impl_->CompactRows(old_to_new, new_batch);
+}
+
+absl::Status KVPageTable::CheckInvariants() const {
+  return impl_->CheckInvariants();
+}
+
+absl::StatusOr<bool> KVPageTable::Upload(Stream stream) {
+  return impl_->Upload(stream);
+}
+
+absl::StatusOr<absl::Span<const PageId>> KVPageTable::HostRow(
+    SlotId slot) const {
+  return impl_->HostRow(slot);
+}
+
+DeviceTensor KVPageTable::kernel_view() const { return impl_->kernel_view(); }
+
+bool KVPageTable::is_identity() const { return impl_->is_identity(); }
+
+int32_t KVPageTable::max_batch() const { return impl_->max_batch(); }
+
+int32_t KVPageTable::max_pages_per_seq() const {
+  return impl_->max_pages_per_seq();
+}
+
+int32_t KVPageTable::num_pages() const { return impl_->num_pages(); }
+
+int64_t KVPageTable::staging_bytes() const { return impl_->staging_bytes(); }
+
+const KVPageTableUploadStats& KVPageTable::upload_stats() const {
+  return impl_->upload_stats();
 }
 
 }  // namespace kvblock

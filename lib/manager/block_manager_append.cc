@@ -19,17 +19,13 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "cache/cache_event_log.h"
-#include "kvblock/block_manager.h"
 #include "kvblock/status_macros.h"
-#include "manager/block_manager_transact.h"
+#include "manager/block_manager_impl.h"
 #include "manager/step_journal.h"
 #include "sequence/sequence_slab.h"
 
-namespace kvblock {
+namespace kvblock::internal {
 namespace {
-
-using internal::InPlaceAppend;
-using internal::SequenceHot;
 
 // True when `count` tokens, 0 < count < page_size, go into the partial page
 // of `hot`, held by it alone, without filling it: no page fills, is
@@ -67,28 +63,28 @@ absl::Status CheckPromptDone(const SequenceHot& hot, SequenceId id) {
 
 }  // namespace
 
-inline bool BlockManager::AppendInPlace(int32_t entry,
-                                        absl::Span<const TokenId> tokens) {
+inline bool BlockManagerImpl::AppendInPlace(int32_t entry,
+                                            absl::Span<const TokenId> tokens) {
   if (tokens.empty()) return true;
   if (tokens.size() >= static_cast<size_t>(config_.page_size)) return false;
   const int32_t count = static_cast<int32_t>(tokens.size());
-  SequenceHot& hot = slab_->hot(entry);
+  SequenceHot& hot = slab_.hot(entry);
   if (!StaysInPartialPage(hot, count, config_.page_size)) return false;
-  TokenId* const partial = slab_->partial(entry) + hot.offset;
+  TokenId* const partial = slab_.partial(entry) + hot.offset;
   if (count == 1) {
     *partial = tokens[0];  // decode: no call into memmove for one token.
   } else {
     std::copy(tokens.begin(), tokens.end(), partial);
   }
-  journal_->Appended(entry, count);
+  journal_.Appended(entry, count);
   hot.num_tokens += count;
   hot.offset += count;
   return true;
 }
 
-absl::StatusOr<AppendResult> BlockManager::Append(
+absl::StatusOr<AppendResult> BlockManagerImpl::Append(
     SequenceId id, absl::Span<const TokenId> tokens) {
-  const int32_t entry = slab_->Find(id);
+  const int32_t entry = slab_.Find(id);
   if (entry < 0) {
     return absl::NotFoundError(
         absl::StrCat("block manager: sequence ", id, " is not live"));
@@ -97,7 +93,7 @@ absl::StatusOr<AppendResult> BlockManager::Append(
   AppendResult result;
   KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
     if (!AppendInPlace(entry, tokens)) {
-      KVBLOCK_RETURN_IF_ERROR(CheckPromptDone(slab_->hot(entry), id));
+      KVBLOCK_RETURN_IF_ERROR(CheckPromptDone(slab_.hot(entry), id));
       KVBLOCK_RETURN_IF_ERROR(AppendSlow(entry, tokens, result));
     }
     stats_.appended_tokens += static_cast<int64_t>(tokens.size());
@@ -106,17 +102,17 @@ absl::StatusOr<AppendResult> BlockManager::Append(
   return result;
 }
 
-absl::StatusOr<AppendResult> BlockManager::AppendPrompt(
+absl::StatusOr<AppendResult> BlockManagerImpl::AppendPrompt(
     SequenceId id, absl::Span<const TokenId> tokens,
     absl::Span<const BlockHash> prompt_hashes) {
-  const int32_t entry = slab_->Find(id);
+  const int32_t entry = slab_.Find(id);
   if (entry < 0) {
     return absl::NotFoundError(
         absl::StrCat("block manager: sequence ", id, " is not live"));
   }
   KVBLOCK_RETURN_IF_ERROR(CheckNotRunByCommit(entry, id));
-  const SequenceHot& hot = slab_->hot(entry);
-  const internal::SequenceCold& cold = slab_->cold(entry);
+  const SequenceHot& hot = slab_.hot(entry);
+  const internal::SequenceCold& cold = slab_.cold(entry);
   const int64_t left = std::max<int64_t>(0, hot.prompt_end - hot.num_tokens);
   if (tokens.empty() || static_cast<int64_t>(tokens.size()) > left) {
     return absl::InvalidArgumentError(
@@ -148,9 +144,9 @@ absl::StatusOr<AppendResult> BlockManager::AppendPrompt(
   return result;
 }
 
-absl::StatusOr<AppendResult> BlockManager::SetDrafts(SequenceId id,
-                                                     int32_t count) {
-  const int32_t entry = slab_->Find(id);
+absl::StatusOr<AppendResult> BlockManagerImpl::SetDrafts(SequenceId id,
+                                                         int32_t count) {
+  const int32_t entry = slab_.Find(id);
   if (entry < 0) {
     return absl::NotFoundError(
         absl::StrCat("block manager: sequence ", id, " is not live"));
@@ -162,10 +158,10 @@ absl::StatusOr<AppendResult> BlockManager::SetDrafts(SequenceId id,
   return result;
 }
 
-absl::Status BlockManager::SetDraftsAt(int32_t entry, int32_t count,
-                                       AppendResult& result) {
-  SequenceHot& hot = slab_->hot(entry);
-  const internal::SequenceCold& cold = slab_->cold(entry);
+absl::Status BlockManagerImpl::SetDraftsAt(int32_t entry, int32_t count,
+                                           AppendResult& result) {
+  SequenceHot& hot = slab_.hot(entry);
+  const internal::SequenceCold& cold = slab_.cold(entry);
   if (count < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "block manager: sequence ", cold.id, " given ", count, " drafts"));
@@ -205,8 +201,8 @@ absl::Status BlockManager::SetDraftsAt(int32_t entry, int32_t count,
   for (size_t i = 0; i < released.size(); ++i) {
     released[i] = *table.Get(old_pages - 1 - static_cast<int32_t>(i));
   }
-  journal_->Drafted(entry, hot.drafts, old_pages, last_page,
-                    hot.tail_maybe_shared, released);
+  journal_.Drafted(entry, hot.drafts, old_pages, last_page,
+                   hot.tail_maybe_shared, released);
   if (!released.empty()) {
     table.ForgetFrom(static_cast<int32_t>(pages));
     for (const PageId page : released) {
@@ -295,17 +291,15 @@ size_t DecodeRun(absl::Span<const SequenceHandle> handles,
 
 }  // namespace
 
-size_t BlockManager::AppendDecodeRun(absl::Span<const SequenceHandle> handles,
-                                     absl::Span<const int32_t> counts,
-                                     absl::Span<const TokenId> tokens,
-                                     absl::Span<const int32_t> draft_counts,
-                                     size_t i, size_t& next,
-                                     InPlaceAppend*& notes) {
+size_t BlockManagerImpl::AppendDecodeRun(
+    absl::Span<const SequenceHandle> handles, absl::Span<const int32_t> counts,
+    absl::Span<const TokenId> tokens, absl::Span<const int32_t> draft_counts,
+    size_t i, size_t& next, InPlaceAppend*& notes) {
   size_t token = next;
   int64_t draft_slots = 0;
-  SequenceHot* const slab = slab_->hot_data();
-  const size_t slab_size = static_cast<size_t>(slab_->limit());
-  TokenId* const partial = slab_->partial_data();
+  SequenceHot* const slab = slab_.hot_data();
+  const size_t slab_size = static_cast<size_t>(slab_.limit());
+  TokenId* const partial = slab_.partial_data();
   const int32_t page_size = config_.page_size;
   i = draft_counts.empty()
           ? DecodeRun<false>(handles, counts.data(), tokens, nullptr, i, token,
@@ -320,11 +314,10 @@ size_t BlockManager::AppendDecodeRun(absl::Span<const SequenceHandle> handles,
   return i;
 }
 
-absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
-                                      absl::Span<const int32_t> counts,
-                                      absl::Span<const TokenId> tokens,
-                                      AppendManyResult& result,
-                                      absl::Span<const int32_t> draft_counts) {
+absl::Status BlockManagerImpl::AppendMany(
+    absl::Span<const SequenceHandle> handles, absl::Span<const int32_t> counts,
+    absl::Span<const TokenId> tokens, AppendManyResult& result,
+    absl::Span<const int32_t> draft_counts) {
   const auto clear_result = [&result] {
     result.changed.clear();
     result.pages.clear();
@@ -343,23 +336,23 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
   if (!commit_applying_) {
     // The commit's own appends skip this pass: its Validate stands for it.
     for (const SequenceHandle& handle : handles) {
-      if (!slab_->IsLive(handle)) continue;  // refused below, in order.
+      if (!slab_.IsLive(handle)) continue;  // refused below, in order.
       KVBLOCK_RETURN_IF_ERROR(
-          CheckNotRunByCommit(handle.index, slab_->cold(handle.index).id));
+          CheckNotRunByCommit(handle.index, slab_.cold(handle.index).id));
     }
   }
   const bool drafting = !draft_counts.empty();
   const absl::Status status = Transact([&]() -> absl::Status {
     // Room for a decode note per entry, made once (within the journal's
     // reserve: no allocation in steady state).
-    InPlaceAppend* notes = journal_->RunSpace(handles.size());
-    absl::Cleanup end_runs = [&] { journal_->EndRuns(notes); };
+    InPlaceAppend* notes = journal_.RunSpace(handles.size());
+    absl::Cleanup end_runs = [&] { journal_.EndRuns(notes); };
     size_t next = 0;
     for (size_t i = 0; i < handles.size(); ++i) {
       InPlaceAppend* const run = notes;
       i = AppendDecodeRun(handles, counts, tokens, draft_counts, i, next,
                           notes);
-      journal_->Run(run, notes);
+      journal_.Run(run, notes);
       if (i == handles.size()) break;
       const int32_t count = counts[i];
       if (drafting && count >= 0 &&
@@ -382,7 +375,7 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
           (!drafting || draft_counts[i] == 0)) {
         continue;  // a gap.
       }
-      if (!slab_->IsLive(handles[i])) {
+      if (!slab_.IsLive(handles[i])) {
         return absl::InvalidArgumentError(absl::StrCat(
             "block manager: append many handles[", i, "] = (", handles[i].index,
             ", generation ", handles[i].generation, ") is not live"));
@@ -394,15 +387,15 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
       stats_.appended_tokens += count;
       const bool in_place = AppendInPlace(entry, entry_tokens);
       if (in_place && !drafting) continue;
-      const SequenceBlockTable& table = slab_->hot(entry).table;
+      const SequenceBlockTable& table = slab_.hot(entry).table;
       const int32_t pages_before = table.num_pages();
       AppendResult one;
       // With drafts whose end does not fall back (the common speculative
       // step), the append sets them too.
       bool drafts_set = false;
       if (!in_place) {
-        const SequenceHot& hot = slab_->hot(entry);
-        KVBLOCK_RETURN_IF_ERROR(CheckPromptDone(hot, slab_->cold(entry).id));
+        const SequenceHot& hot = slab_.hot(entry);
+        KVBLOCK_RETURN_IF_ERROR(CheckPromptDone(hot, slab_.cold(entry).id));
         drafts_set = drafting && draft_counts[i] >= 0 &&
                      hot.num_tokens + count + draft_counts[i] >
                          int64_t{pages_before - 1} * config_.page_size;
@@ -446,24 +439,24 @@ absl::Status BlockManager::AppendMany(absl::Span<const SequenceHandle> handles,
   return status;
 }
 
-absl::Status BlockManager::AppendDraftStep(SequenceHandle handle, size_t i,
-                                           absl::Span<const TokenId> tokens,
-                                           int32_t drafts,
-                                           AppendManyResult& result,
-                                           bool& taken) {
+absl::Status BlockManagerImpl::AppendDraftStep(SequenceHandle handle, size_t i,
+                                               absl::Span<const TokenId> tokens,
+                                               int32_t drafts,
+                                               AppendManyResult& result,
+                                               bool& taken) {
   taken = false;
   const int32_t page_size = config_.page_size;
   const int32_t count = static_cast<int32_t>(tokens.size());
-  if (count < 1 || count >= page_size || drafts < 0 || !slab_->IsLive(handle)) {
+  if (count < 1 || count >= page_size || drafts < 0 || !slab_.IsLive(handle)) {
     return absl::OkStatus();
   }
   const int32_t entry = handle.index;
-  SequenceHot& hot = slab_->hot(entry);
+  SequenceHot& hot = slab_.hot(entry);
   const int32_t offset = hot.offset;
   // At offset 0 the partial page holds the last full page's tokens, which
   // an undone fill of this transaction would need back.
   if (hot.tail_maybe_shared || hot.num_tokens < hot.prompt_end ||
-      (offset == 0 && hot.filled_in_transaction == journal_->serial())) {
+      (offset == 0 && hot.filled_in_transaction == journal_.serial())) {
     return absl::OkStatus();
   }
   SequenceBlockTable& table = hot.table;
@@ -479,11 +472,11 @@ absl::Status BlockManager::AppendDraftStep(SequenceHandle handle, size_t i,
   const bool fills = offset + count >= page_size;
   const int32_t into_partial = fills ? page_size - offset : count;
   const int32_t past = count - into_partial;
-  internal::SequenceCold& cold = slab_->cold(entry);
-  TokenId* const partial = slab_->partial(entry);
+  internal::SequenceCold& cold = slab_.cold(entry);
+  TokenId* const partial = slab_.partial(entry);
   // A fill overwrites the partial tokens, and later appends of this
   // transaction may overwrite what the tokens past the page leave.
-  journal_->DraftStep(
+  journal_.DraftStep(
       entry, hot.num_tokens, held, hot.drafts,
       fills ? &cold.last_full_hash : nullptr,
       absl::MakeConstSpan(partial, fills ? static_cast<size_t>(offset) : 0));
@@ -502,7 +495,7 @@ absl::Status BlockManager::AppendDraftStep(SequenceHandle handle, size_t i,
           absl::MakeConstSpan(partial, page_size)));
     }
     std::copy_n(tokens.begin() + into_partial, past, partial);
-    hot.filled_in_transaction = journal_->serial();
+    hot.filled_in_transaction = journal_.serial();
   }
   hot.num_tokens += count;
   hot.offset = fills ? past : offset + count;
@@ -519,16 +512,14 @@ absl::Status BlockManager::AppendDraftStep(SequenceHandle handle, size_t i,
   return absl::OkStatus();
 }
 
-absl::Status BlockManager::AppendSlow(int32_t entry,
-                                      absl::Span<const TokenId> tokens,
-                                      AppendResult& result,
-                                      absl::Span<const BlockHash> prompt_hashes,
-                                      int32_t drafts_after) {
+absl::Status BlockManagerImpl::AppendSlow(
+    int32_t entry, absl::Span<const TokenId> tokens, AppendResult& result,
+    absl::Span<const BlockHash> prompt_hashes, int32_t drafts_after) {
   const int32_t page_size = config_.page_size;
-  SequenceHot& hot = slab_->hot(entry);
-  internal::SequenceCold& cold = slab_->cold(entry);
+  SequenceHot& hot = slab_.hot(entry);
+  internal::SequenceCold& cold = slab_.cold(entry);
   SequenceBlockTable& table = hot.table;
-  TokenId* const partial = slab_->partial(entry);
+  TokenId* const partial = slab_.partial(entry);
 
   // Decode, one token: it fills the partial page held here alone, or
   // starts a page. (With one-token pages every page fills at once, and with
@@ -543,10 +534,10 @@ absl::Status BlockManager::AppendSlow(int32_t entry,
             entry, static_cast<int32_t>(hot.num_tokens / page_size), nullptr,
             absl::MakeConstSpan(partial, page_size)));
       }
-      journal_->Filled(entry, chain_before);
+      journal_.Filled(entry, chain_before);
       ++hot.num_tokens;
       hot.offset = 0;
-      hot.filled_in_transaction = journal_->serial();
+      hot.filled_in_transaction = journal_.serial();
       return absl::OkStatus();
     }
     if (hot.offset == 0 && table.num_pages() < config_.max_pages_per_seq) {
@@ -562,10 +553,10 @@ absl::Status BlockManager::AppendSlow(int32_t entry,
       // The last full page's tokens: a rollback that also undoes its fill
       // needs them back. Decode fills a page and starts the next one in two
       // steps, two transactions, so this is rare.
-      const bool filled_here = hot.filled_in_transaction == journal_->serial();
-      journal_->NewPage(entry, hot.tail_maybe_shared,
-                        filled_here ? absl::MakeConstSpan(partial, page_size)
-                                    : absl::Span<const TokenId>());
+      const bool filled_here = hot.filled_in_transaction == journal_.serial();
+      journal_.NewPage(entry, hot.tail_maybe_shared,
+                       filled_here ? absl::MakeConstSpan(partial, page_size)
+                                   : absl::Span<const TokenId>());
       partial[0] = tokens[0];
       ++hot.num_tokens;
       hot.offset = 1;
@@ -613,8 +604,8 @@ absl::Status BlockManager::AppendSlow(int32_t entry,
   }
   if (hot.drafts > 0 || new_drafts > 0) {
     // The tokens take the draft slots first.
-    journal_->Drafted(entry, hot.drafts, old_pages, last_page,
-                      hot.tail_maybe_shared, {});
+    journal_.Drafted(entry, hot.drafts, old_pages, last_page,
+                     hot.tail_maybe_shared, {});
     // As SetDraftsAt counts a change of drafts.
     if (drafts_after >= 0 &&
         new_drafts != std::max<int64_t>(0, int64_t{hot.drafts} - count)) {
@@ -628,11 +619,11 @@ absl::Status BlockManager::AppendSlow(int32_t entry,
   // needs back.
   const bool fills = offset + count >= page_size;
   const bool save_tokens = offset == 0 || fills;
-  journal_->Changed(entry, hot.tail_maybe_shared, hot.num_tokens, old_pages,
-                    last_page, fills ? &cold.last_full_hash : nullptr,
-                    save_tokens ? absl::MakeConstSpan(
-                                      partial, offset == 0 ? page_size : offset)
-                                : absl::Span<const TokenId>());
+  journal_.Changed(entry, hot.tail_maybe_shared, hot.num_tokens, old_pages,
+                   last_page, fills ? &cold.last_full_hash : nullptr,
+                   save_tokens ? absl::MakeConstSpan(
+                                     partial, offset == 0 ? page_size : offset)
+                               : absl::Span<const TokenId>());
   if (copy) {
     KVBLOCK_ASSIGN_OR_RETURN(const CopyOnWrite cow,
                              table.EnsureWritable(old_pages - 1, *pool_));
@@ -717,7 +708,7 @@ absl::Status BlockManager::AppendSlow(int32_t entry,
   return absl::OkStatus();
 }
 
-absl::Span<const BlockHash> BlockManager::HashPages(
+absl::Span<const BlockHash> BlockManagerImpl::HashPages(
     BlockHash parent, absl::Span<const TokenId> tokens) {
   const size_t page_size = static_cast<size_t>(config_.page_size);
   const absl::Span<BlockHash> hashes =
@@ -729,23 +720,23 @@ absl::Span<const BlockHash> BlockManager::HashPages(
   return hashes;
 }
 
-bool BlockManager::ParentCached(PageId parent_page,
-                                const BlockHash& parent) const {
+bool BlockManagerImpl::ParentCached(PageId parent_page,
+                                    const BlockHash& parent) const {
   const std::optional<BlockHash> held = pool_->CachedHash(parent_page);
   return (held && *held == parent) || pool_->Lookup(parent).has_value();
 }
 
-absl::Status BlockManager::RegisterPages(int32_t entry, int32_t first,
-                                         const BlockHash& parent,
-                                         absl::Span<const BlockHash> hashes,
-                                         absl::Span<const TokenId> tokens) {
-  const absl::Span<const PageId> entries = slab_->hot(entry).table.entries();
+absl::Status BlockManagerImpl::RegisterPages(int32_t entry, int32_t first,
+                                             const BlockHash& parent,
+                                             absl::Span<const BlockHash> hashes,
+                                             absl::Span<const TokenId> tokens) {
+  const absl::Span<const PageId> entries = slab_.hot(entry).table.entries();
   if (first > 0 && !ParentCached(entries[first - 1], parent)) {
     return absl::OkStatus();
   }
   const absl::Span<const PageId> pages = entries.subspan(first, hashes.size());
   if (events_ != nullptr) {
-    const internal::SequenceCold& cold = slab_->cold(entry);
+    const internal::SequenceCold& cold = slab_.cold(entry);
     events_->BeginRun(first, parent, hashes, tokens, cold.cache_salt,
                       cold.adapter_id);
   }
@@ -757,11 +748,11 @@ absl::Status BlockManager::RegisterPages(int32_t entry, int32_t first,
   return absl::OkStatus();
 }
 
-absl::Status BlockManager::RegisterFullPage(
+absl::Status BlockManagerImpl::RegisterFullPage(
     int32_t entry, int32_t page, const BlockHash* hash,
     absl::Span<const TokenId> page_tokens) {
-  const SequenceBlockTable& table = slab_->hot(entry).table;
-  internal::SequenceCold& cold = slab_->cold(entry);
+  const SequenceBlockTable& table = slab_.hot(entry).table;
+  internal::SequenceCold& cold = slab_.cold(entry);
   const BlockHash full =
       hash != nullptr ? *hash
                       : hasher_.HashPage(cold.last_full_hash, page_tokens);
@@ -779,6 +770,29 @@ absl::Status BlockManager::RegisterFullPage(
   if (events_ != nullptr) events_->EndRun();
   cold.last_full_hash = full;
   return absl::OkStatus();
+}
+
+}  // namespace kvblock::internal
+
+namespace kvblock {
+
+// The public calls, beside their implementations so that each inlines into
+// its forwarder.
+
+absl::StatusOr<AppendResult> BlockManager::Append(
+    SequenceId id, absl::Span<const TokenId> tokens) {
+  return impl_->Append(id, tokens);
+}
+
+absl::StatusOr<AppendResult> BlockManager::AppendPrompt(
+    SequenceId id, absl::Span<const TokenId> tokens,
+    absl::Span<const BlockHash> prompt_hashes) {
+  return impl_->AppendPrompt(id, tokens, prompt_hashes);
+}
+
+absl::StatusOr<AppendResult> BlockManager::SetDrafts(SequenceId id,
+                                                     int32_t count) {
+  return impl_->SetDrafts(id, count);
 }
 
 }  // namespace kvblock

@@ -6,7 +6,8 @@
 
 namespace kvblock::internal {
 
-StepJournal::StepJournal(size_t sequences, int32_t page_size, size_t pages) {
+StepJournal::StepJournal(size_t sequences, int32_t page_size, size_t pages)
+    : page_size_(page_size) {
   // A step journals about one record per running sequence, and saves at
   // most a page of tokens and a hash for each.
   records_.reserve(2 * sequences);
@@ -14,6 +15,51 @@ StepJournal::StepJournal(size_t sequences, int32_t page_size, size_t pages) {
   tokens_.reserve(sequences * static_cast<size_t>(page_size));
   pages_.reserve(pages);
   hashes_.reserve(sequences);
+}
+
+void StepJournal::Rollback(const Mark& mark, SequenceSlab& slab) {
+  while (records_.size() > mark.records) {
+    Undo(records_.back(), slab);
+    records_.pop_back();
+  }
+  runs_size_ = mark.runs;
+  tokens_.resize(mark.tokens);
+  pages_.resize(mark.pages);
+  hashes_.resize(mark.hashes);
+  --depth_;
+}
+
+void StepJournal::Undo(const JournalRecord& record, SequenceSlab& slab) const {
+  switch (record.kind) {
+    case JournalRecord::Kind::kCreated:
+      return Undo(record.created, slab);
+    case JournalRecord::Kind::kRemoved:
+      return Undo(record.removed, slab);
+    case JournalRecord::Kind::kAppended:
+      return Undo(record.appended, slab);
+    case JournalRecord::Kind::kAppendedRun:
+      return Undo(record.appended_run, slab);
+    case JournalRecord::Kind::kFilled:
+      return Undo(record.filled, slab);
+    case JournalRecord::Kind::kNewPage:
+      return Undo(record.new_page, slab);
+    case JournalRecord::Kind::kChanged:
+      return Undo(record.changed, slab);
+    case JournalRecord::Kind::kDrafted:
+      return Undo(record.drafted, slab);
+    case JournalRecord::Kind::kDraftStep:
+      return Undo(record.draft_step, slab);
+  }
+}
+
+void StepJournal::RestorePages(SequenceBlockTable& table, int32_t num_pages,
+                               PageId last_page) {
+  int32_t keep = num_pages;
+  if (keep > 0 && table.Get(keep - 1) != last_page) --keep;
+  table.ForgetFrom(keep);
+  if (keep < num_pages) {
+    (void)table.AdoptPages(absl::MakeConstSpan(&last_page, 1));
+  }
 }
 
 void StepJournal::GrowRuns(size_t capacity) {

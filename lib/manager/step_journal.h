@@ -1,10 +1,13 @@
 // Copyright 2026 The kvblock Authors.
 //
 // Internal: StepJournal, BlockManager's undo log. Every change a transaction
-// makes to the manager's sequences is recorded as its inverse, in order; a
-// rollback undoes the records newest first, a commit of the outermost
-// transaction forgets them. (The pool journals its own changes; see
-// BlockPool's transactions.)
+// makes to the manager's sequences (in the SequenceSlab) is recorded as its
+// inverse, in order; a rollback undoes the records newest first, a commit of
+// the outermost transaction forgets them. (The pool journals its own changes;
+// see BlockPool's transactions: it takes back pages allocated and restores
+// references, so an inverse here only restores the sequence's own fields and
+// table ids.) Each kind's writer and its inverse (Undo) are side by side
+// below.
 //
 // Log format. A transaction's journal is a sequence of records, oldest
 // first. Each record is a kind and its own payload:
@@ -53,6 +56,7 @@
 #ifndef KVBLOCK_LIB_MANAGER_STEP_JOURNAL_H_
 #define KVBLOCK_LIB_MANAGER_STEP_JOURNAL_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -60,7 +64,9 @@
 
 #include "absl/types/span.h"
 #include "kvblock/block_hash.h"
+#include "kvblock/sequence_table.h"
 #include "kvblock/types.h"
+#include "sequence/sequence_slab.h"
 
 namespace kvblock::internal {
 
@@ -195,21 +201,10 @@ class StepJournal {
     hashes_.clear();
     return true;
   }
-  // Calls `undo(record)` for every record since `mark`, newest first, drops
-  // them, and closes the innermost transaction. REQUIRES: `mark` is that
-  // transaction's.
-  template <typename Undo>
-  void Rollback(const Mark& mark, Undo&& undo) {
-    while (records_.size() > mark.records) {
-      undo(records_.back());
-      records_.pop_back();
-    }
-    runs_size_ = mark.runs;
-    tokens_.resize(mark.tokens);
-    pages_.resize(mark.pages);
-    hashes_.resize(mark.hashes);
-    --depth_;
-  }
+  // Undoes every record since `mark` in `slab`, newest first, drops them,
+  // and closes the innermost transaction. REQUIRES: `mark` is that
+  // transaction's, and the pool is rolled back after this.
+  void Rollback(const Mark& mark, SequenceSlab& slab);
 
   // Open transactions, and the serial number of the outermost one (counting
   // from 1; the last one's while none is open).
@@ -217,26 +212,82 @@ class StepJournal {
   uint64_t serial() const { return serial_; }
   bool empty() const { return records_.empty(); }
 
-  // The writers, one per kind.
+  // The writers, one per kind, each followed by its inverse.
+
   void Created(int32_t entry, int32_t parent, bool parent_tail_maybe_shared) {
     JournalRecord& record = Add(JournalRecord::Kind::kCreated);
     record.created = {entry, parent, parent_tail_maybe_shared};
   }
+  static void Undo(const JournalRecord::Created& r, SequenceSlab& slab) {
+    if (r.parent >= 0) {
+      slab.hot(r.parent).tail_maybe_shared = r.parent_tail_maybe_shared;
+    }
+    slab.UndoCreate(r.entry);
+  }
+
   void Removed(int32_t entry, absl::Span<const PageId> pages) {
     JournalRecord& record = Add(JournalRecord::Kind::kRemoved);
     record.removed = {entry, static_cast<int32_t>(pages_.size()),
                       static_cast<int32_t>(pages.size())};
     pages_.insert(pages_.end(), pages.begin(), pages.end());
   }
+  void Undo(const JournalRecord::Removed& r, SequenceSlab& slab) const {
+    (void)slab.hot(r.entry).table.AdoptPages(pages(r));
+    slab.UndoRemove(r.entry);
+  }
+
   void Appended(int32_t entry, int32_t count) {
     JournalRecord& record = Add(JournalRecord::Kind::kAppended);
     record.appended = {entry, count};
   }
+  static void Undo(const JournalRecord::Appended& r, SequenceSlab& slab) {
+    SequenceHot& hot = slab.hot(r.entry);
+    hot.num_tokens -= r.count;
+    hot.offset -= r.count;
+  }
+
+  // Decode runs (AppendMany): RunSpace(n) makes room for n entries at the
+  // end of the runs arena and returns it; Run records entries [begin, end)
+  // written there as one appended_run record (nothing for an empty run);
+  // EndRuns drops the room left unused past `end`. One RunSpace per call of
+  // AppendMany, for every run it makes.
+  InPlaceAppend* RunSpace(size_t n) {
+    if (runs_size_ + n > runs_capacity_) GrowRuns(runs_size_ + n);
+    InPlaceAppend* const space = runs_.get() + runs_size_;
+    runs_size_ += n;  // not initialized: each entry is written before use.
+    return space;
+  }
+  void Run(const InPlaceAppend* begin, const InPlaceAppend* end) {
+    if (begin == end) return;
+    JournalRecord& record = Add(JournalRecord::Kind::kAppendedRun);
+    record.appended_run = {static_cast<int32_t>(begin - runs_.get()),
+                           static_cast<int32_t>(end - begin)};
+  }
+  void EndRuns(const InPlaceAppend* end) {
+    runs_size_ = static_cast<size_t>(end - runs_.get());
+  }
+  void Undo(const JournalRecord::AppendedRun& r, SequenceSlab& slab) const {
+    const absl::Span<const InPlaceAppend> run = runs(r);
+    for (auto it = run.rbegin(); it != run.rend(); ++it) {
+      SequenceHot& hot = slab.hot(it->entry);
+      hot.num_tokens -= it->count;
+      hot.offset -= it->count;
+      hot.drafts = it->drafts;
+    }
+  }
+
   void Filled(int32_t entry, const BlockHash& chain_before) {
     JournalRecord& record = Add(JournalRecord::Kind::kFilled);
     record.filled = {entry, static_cast<int32_t>(hashes_.size())};
     hashes_.push_back(chain_before);
   }
+  void Undo(const JournalRecord::Filled& r, SequenceSlab& slab) const {
+    SequenceHot& hot = slab.hot(r.entry);
+    --hot.num_tokens;
+    hot.offset = page_size_ - 1;
+    slab.cold(r.entry).last_full_hash = hashes_[r.hash_index];
+  }
+
   // `full_page` is the last full page's tokens, or empty when not needed.
   void NewPage(int32_t entry, bool tail_maybe_shared,
                absl::Span<const TokenId> full_page) {
@@ -247,6 +298,16 @@ class StepJournal {
       tokens_.insert(tokens_.end(), full_page.begin(), full_page.end());
     }
   }
+  void Undo(const JournalRecord::NewPage& r, SequenceSlab& slab) const {
+    SequenceHot& hot = slab.hot(r.entry);
+    hot.table.ForgetFrom(hot.table.num_pages() - 1);
+    --hot.num_tokens;
+    hot.offset = 0;
+    hot.tail_maybe_shared = r.tail_maybe_shared;
+    if (r.tokens_offset >= 0)
+      RestoreTokens(r.tokens_offset, page_size_, slab.partial(r.entry));
+  }
+
   // `partial` are the tokens to restore (num_tokens % page_size of them, a
   // page at 0), or empty when none need restoring.
   // `chain_before`: null when no page fills (the chain stays).
@@ -268,6 +329,20 @@ class StepJournal {
     if (chain_before != nullptr) hashes_.push_back(*chain_before);
     tokens_.insert(tokens_.end(), partial.begin(), partial.end());
   }
+  void Undo(const JournalRecord::Changed& r, SequenceSlab& slab) const {
+    SequenceHot& hot = slab.hot(r.entry);
+    RestorePages(hot.table, r.num_pages, r.last_page);
+    hot.num_tokens = r.num_tokens;
+    hot.offset = static_cast<int32_t>(r.num_tokens % page_size_);
+    hot.tail_maybe_shared = r.tail_maybe_shared;
+    if (r.hash_index >= 0) {
+      slab.cold(r.entry).last_full_hash = hashes_[r.hash_index];
+    }
+    if (r.tokens_offset >= 0) {
+      RestoreTokens(r.tokens_offset, hot.offset == 0 ? page_size_ : hot.offset,
+                    slab.partial(r.entry));
+    }
+  }
 
   // `released` are the pages a change of drafts released (last first), or
   // empty.
@@ -283,6 +358,17 @@ class StepJournal {
                       .num_released = static_cast<int32_t>(released.size()),
                       .tail_maybe_shared = tail_maybe_shared};
     pages_.insert(pages_.end(), released.begin(), released.end());
+  }
+  void Undo(const JournalRecord::Drafted& r, SequenceSlab& slab) const {
+    SequenceHot& hot = slab.hot(r.entry);
+    // The released pages, last first, come back in table order.
+    const absl::Span<const PageId> released = pages(r);
+    for (auto it = released.rbegin(); it != released.rend(); ++it) {
+      (void)hot.table.AdoptPages(absl::MakeConstSpan(&*it, 1));
+    }
+    RestorePages(hot.table, r.num_pages, r.last_page);
+    hot.drafts = r.drafts;
+    hot.tail_maybe_shared = r.tail_maybe_shared;
   }
 
   // `chain_before` and `partial`: null and empty when no page fills.
@@ -302,25 +388,30 @@ class StepJournal {
     hashes_.push_back(*chain_before);
     tokens_.insert(tokens_.end(), partial.begin(), partial.end());
   }
-  // Decode runs (AppendMany): RunSpace(n) makes room for n entries at the
-  // end of the runs arena and returns it; Run records entries [begin, end)
-  // written there as one appended_run record (nothing for an empty run);
-  // EndRuns drops the room left unused past `end`. One RunSpace per call of
-  // AppendMany, for every run it makes.
-  InPlaceAppend* RunSpace(size_t n) {
-    if (runs_size_ + n > runs_capacity_) GrowRuns(runs_size_ + n);
-    InPlaceAppend* const space = runs_.get() + runs_size_;
-    runs_size_ += n;  // not initialized: each entry is written before use.
-    return space;
+  void Undo(const JournalRecord::DraftStep& r, SequenceSlab& slab) const {
+    SequenceHot& hot = slab.hot(r.entry);
+    hot.table.ForgetFrom(r.num_pages);
+    hot.num_tokens = r.num_tokens;
+    hot.offset = static_cast<int32_t>(r.num_tokens % page_size_);
+    hot.drafts = r.drafts;
+    if (r.hash_index >= 0) {
+      slab.cold(r.entry).last_full_hash = hashes_[r.hash_index];
+      RestoreTokens(r.tokens_offset, hot.offset, slab.partial(r.entry));
+    }
   }
-  void Run(const InPlaceAppend* begin, const InPlaceAppend* end) {
-    if (begin == end) return;
-    JournalRecord& record = Add(JournalRecord::Kind::kAppendedRun);
-    record.appended_run = {static_cast<int32_t>(begin - runs_.get()),
-                           static_cast<int32_t>(end - begin)};
-  }
-  void EndRuns(const InPlaceAppend* end) {
-    runs_size_ = static_cast<size_t>(end - runs_.get());
+
+ private:
+  // Undoes `record`, by its kind.
+  void Undo(const JournalRecord& record, SequenceSlab& slab) const;
+
+  // Undoes appends and copies on write to `table`, which held `num_pages`
+  // pages, the last one `last_page`: drops the pages added since, then puts
+  // the last page back if a copy replaced it.
+  static void RestorePages(SequenceBlockTable& table, int32_t num_pages,
+                           PageId last_page);
+  // Copies `count` saved tokens from tokens_[offset] to `partial`.
+  void RestoreTokens(int32_t offset, int32_t count, TokenId* partial) const {
+    std::copy_n(tokens_.data() + offset, count, partial);
   }
 
   // The arenas' parts a record names.
@@ -334,12 +425,7 @@ class StepJournal {
       const JournalRecord::AppendedRun& r) const {
     return absl::MakeConstSpan(runs_.get() + r.runs_offset, r.count);
   }
-  const BlockHash& hash(int32_t index) const { return hashes_[index]; }
-  const TokenId* tokens(int32_t offset) const {
-    return tokens_.data() + offset;
-  }
 
- private:
   JournalRecord& Add(JournalRecord::Kind kind) {
     JournalRecord& record = records_.emplace_back();
     record.kind = kind;
@@ -361,6 +447,7 @@ class StepJournal {
   std::vector<BlockHash> hashes_;
   int32_t depth_ = 0;
   uint64_t serial_ = 0;
+  const int32_t page_size_;
 };
 
 }  // namespace kvblock::internal

@@ -17,6 +17,7 @@
 #include "kvblock/block_hash.h"
 #include "kvblock/block_manager.h"
 #include "kvblock/kv_events.h"
+#include "manager/block_manager_test_util.h"
 #include "test_util.h"
 
 namespace kvblock {
@@ -185,21 +186,21 @@ TEST_CASE("after a reset a page is stored only once its parent is") {
 
 TEST_CASE("a rolled-back step leaves no event, a committed one its own") {
   auto manager = MakeManager(16);
-  REQUIRE_OK(manager->BeginStep());
+  REQUIRE_OK(Impl(*manager).BeginStep());
   REQUIRE_OK(manager->Admit(1, TokenRange(100, 8)));
   std::vector<KvCacheEvent> early;
   REQUIRE_STATUS_IS(manager->TakeKvEvents(early), kFailedPrecondition);
   REQUIRE(early.empty());
-  REQUIRE_OK(manager->RollbackStep());
+  REQUIRE_OK(Impl(*manager).RollbackStep());
   REQUIRE(Take(*manager).empty());
 
   // Refused inside a step, the step's events stay for after its commit.
-  REQUIRE_OK(manager->BeginStep());
+  REQUIRE_OK(Impl(*manager).BeginStep());
   REQUIRE_OK(manager->Admit(1, TokenRange(100, 8)));
   KvEventBatch batch;
   REQUIRE_STATUS_IS(manager->TakeKvEvents(batch), kFailedPrecondition);
   REQUIRE(batch.empty());
-  REQUIRE_OK(manager->CommitStep());
+  REQUIRE_OK(Impl(*manager).CommitStep());
   REQUIRE(Take(*manager).size() == 1);
 
   // A call that fails changes nothing, events included.
@@ -251,7 +252,7 @@ TEST_CASE("the cached set rebuilt from the events is the pool's") {
       INFO("op " << op);
       const bool step = uniform(0, 3) == 0;
       const std::vector<SequenceId> live_before = live;
-      if (step) REQUIRE_OK(manager->BeginStep());
+      if (step) REQUIRE_OK(Impl(*manager).BeginStep());
       for (int n = step ? uniform(1, 4) : 1; n > 0; --n) {
         const int dice = uniform(0, 99);
         if (dice < 30 || live.empty()) {
@@ -280,10 +281,10 @@ TEST_CASE("the cached set rebuilt from the events is the pool's") {
       const bool rollback = step && uniform(0, 2) == 0;
       if (rollback) {
         // The step's admissions, forks and frees are undone.
-        REQUIRE_OK(manager->RollbackStep());
+        REQUIRE_OK(Impl(*manager).RollbackStep());
         live = live_before;
       } else if (step) {
-        REQUIRE_OK(manager->CommitStep());
+        REQUIRE_OK(Impl(*manager).CommitStep());
       }
       // Taken after most ops, or left pending over several, as a
       // scheduler that hands them over at a publisher's looks does.

@@ -8,6 +8,7 @@
 
 #include "base/fault_injection.h"
 #include "commit/batch_commit_test_util.h"
+#include "manager/block_manager_test_util.h"
 #include "test_util.h"
 
 namespace kvblock {
@@ -303,7 +304,7 @@ TEST_CASE("a sequence the commit runs changes only through the commit") {
   const std::vector<TokenId> q = {50, 51};
   const JoinRequest joins[] = {{.id = 1, .tokens = p}, {.id = 2, .tokens = q}};
   REQUIRE_OK(f.commit->Commit({.joins = joins}));
-  const SequenceHandle one = *f.manager->HandleOf(1);
+  const SequenceHandle one = *Impl(*f.manager).HandleOf(1);
   const CommitState before = f.Capture();
   const auto refused = [&](const absl::Status& status) {
     REQUIRE_STATUS_IS(status, kFailedPrecondition);
@@ -318,8 +319,8 @@ TEST_CASE("a sequence the commit runs changes only through the commit") {
   refused(f.manager->SetDrafts(1, 2).status());
   refused(f.manager->Free(1));
   refused(f.manager->Preempt(1));
-  AppendManyResult many;
-  refused(f.manager->AppendMany({one}, {1}, {token}, many));
+  internal::AppendManyResult many;
+  refused(Impl(*f.manager).AppendMany({one}, {1}, {token}, many));
 
   // Reading and forking stay open; the child is the caller's.
   REQUIRE_OK(f.manager->Fork(1, 7));

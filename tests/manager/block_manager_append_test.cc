@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kvblock/block_manager.h"
+#include "manager/block_manager_test_util.h"
 #include "test_util.h"
 
 namespace kvblock {
@@ -232,16 +233,16 @@ TEST_CASE("drafts across a page, all rejected, then new drafts") {
   REQUIRE_OK(manager->Admit(1, TokenRange(100, 6)));
   DraftsOk(*manager, 1, 5);
   REQUIRE(PagesOf(*manager, 1) == Pages{0, 1, 2});
-  const SequenceHandle handle = *manager->HandleOf(1);
+  const SequenceHandle handle = *Impl(*manager).HandleOf(1);
 
   // Every draft rejected: one token (the target model's) and no new drafts.
   // Page 2 held only draft slots: released, never cached.
-  AppendManyResult result;
+  internal::AppendManyResult result;
   const std::vector<int32_t> counts = {1};
   const std::vector<int32_t> no_drafts = {0};
   const std::vector<int32_t> tokens = {300};
-  REQUIRE_OK(
-      manager->AppendMany({&handle, 1}, counts, tokens, result, no_drafts));
+  REQUIRE_OK(Impl(*manager).AppendMany({&handle, 1}, counts, tokens, result,
+                                       no_drafts));
   REQUIRE(PagesOf(*manager, 1) == Pages{0, 1});
   REQUIRE(result.changed == std::vector<int32_t>{0});
   REQUIRE(result.first_changed_page == std::vector<int32_t>{2});
@@ -259,7 +260,7 @@ TEST_CASE("a speculative step past a page edge fills, adds and rolls back") {
   REQUIRE_OK(
       manager->Admit(1, TokenRange(100, 6)));  // pages 0, 1; 2 in page 1.
   DraftsOk(*manager, 1, 1);                    // page 1's third slot.
-  const SequenceHandle handle = *manager->HandleOf(1);
+  const SequenceHandle handle = *Impl(*manager).HandleOf(1);
   const BlockManagerSnapshot before = manager->Snapshot();
 
   // The draft accepted, and two more tokens: page 1 fills (cached) and
@@ -267,9 +268,10 @@ TEST_CASE("a speculative step past a page edge fills, adds and rolls back") {
   const std::vector<int32_t> counts = {3};
   const std::vector<int32_t> drafts = {3};
   const Tokens tokens = TokenRange(200, 3);
-  REQUIRE_OK(manager->BeginStep());
-  AppendManyResult result;
-  REQUIRE_OK(manager->AppendMany({&handle, 1}, counts, tokens, result, drafts));
+  REQUIRE_OK(Impl(*manager).BeginStep());
+  internal::AppendManyResult result;
+  REQUIRE_OK(
+      Impl(*manager).AppendMany({&handle, 1}, counts, tokens, result, drafts));
   REQUIRE(PagesOf(*manager, 1) == Pages{0, 1, 2});
   REQUIRE(result.changed == std::vector<int32_t>{0});
   REQUIRE(result.first_changed_page == std::vector<int32_t>{2});
@@ -282,18 +284,19 @@ TEST_CASE("a speculative step past a page edge fills, adds and rolls back") {
 
   // Undone: page 2 back, page 1 uncached, the partial tokens and drafts
   // as they were.
-  REQUIRE_OK(manager->RollbackStep());
+  REQUIRE_OK(Impl(*manager).RollbackStep());
   REQUIRE(manager->Snapshot() == before);
   REQUIRE(manager->pool().NumCached() == 1);
   REQUIRE_OK(manager->CheckInvariants());
 
   // Again, committed; then three tokens end on page 2's edge (cached) and
   // two drafts need page 3.
-  REQUIRE_OK(manager->AppendMany({&handle, 1}, counts, tokens, result, drafts));
+  REQUIRE_OK(
+      Impl(*manager).AppendMany({&handle, 1}, counts, tokens, result, drafts));
   const std::vector<int32_t> three = {3};
   const std::vector<int32_t> two_drafts = {2};
-  REQUIRE_OK(manager->AppendMany({&handle, 1}, three, TokenRange(300, 3),
-                                 result, two_drafts));
+  REQUIRE_OK(Impl(*manager).AppendMany({&handle, 1}, three, TokenRange(300, 3),
+                                       result, two_drafts));
   REQUIRE(PagesOf(*manager, 1) == Pages{0, 1, 2, 3});
   REQUIRE(result.first_changed_page == std::vector<int32_t>{3});
   REQUIRE(*manager->NumTokens(1) == 12);
@@ -381,13 +384,13 @@ TEST_CASE("a rolled-back step restores drafts, chunks and reserves") {
   DraftsOk(*manager, 2, 3);
   const BlockManagerSnapshot before = manager->Snapshot();
   const int32_t reserved = manager->reserved_pages();
-  REQUIRE_OK(manager->BeginStep());
+  REQUIRE_OK(Impl(*manager).BeginStep());
   PromptOk(*manager, 1, Slice(prompt, 3, 9));
   REQUIRE_OK(manager->Append(2, TokenRange(600, 2)));
   DraftsOk(*manager, 2, 0);
   DraftsOk(*manager, 2, 7);
   REQUIRE_OK(manager->Preempt(1));
-  REQUIRE_OK(manager->RollbackStep());
+  REQUIRE_OK(Impl(*manager).RollbackStep());
   REQUIRE(manager->Snapshot() == before);
   REQUIRE(manager->reserved_pages() == reserved);
   REQUIRE_OK(manager->CheckInvariants());

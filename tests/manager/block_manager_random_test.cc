@@ -38,6 +38,7 @@
 #include "kvblock/block_hash.h"
 #include "kvblock/block_manager.h"
 #include "kvblock/config.h"
+#include "manager/block_manager_test_util.h"
 #include "pool_test_util.h"
 #include "test_util.h"
 
@@ -747,7 +748,7 @@ class RandomRun {
     Call("begin_step", [&] {
       step_model_ = model_;
       step_snapshot_ = manager_->Snapshot();
-      REQUIRE_OK(manager_->BeginStep());
+      REQUIRE_OK(Impl(*manager_).BeginStep());
       in_step_ = true;
       return Code::kOk;
     });
@@ -763,7 +764,7 @@ class RandomRun {
     }
     if (Chance(50)) {
       Call("rollback_step", [&] {
-        REQUIRE_OK(manager_->RollbackStep());
+        REQUIRE_OK(Impl(*manager_).RollbackStep());
         in_step_ = false;
         model_ = step_model_;
         REQUIRE(manager_->Snapshot() == step_snapshot_);
@@ -771,7 +772,7 @@ class RandomRun {
       });
     } else {
       Call("commit_step", [&] {
-        REQUIRE_OK(manager_->CommitStep());
+        REQUIRE_OK(Impl(*manager_).CommitStep());
         in_step_ = false;
         return Code::kOk;
       });
@@ -937,19 +938,20 @@ class RandomRun {
     std::vector<int32_t> drafts;
     const bool drafting = Chance(40);
     Model trial = model_;
-    AppendManyResult expected;
+    internal::AppendManyResult expected;
     Code code = Code::kOk;
     int64_t draft_steps = 0;
     for (int n = Uniform(1, 4); n > 0; --n) {
       const SequenceId id = LiveId();
-      const absl::StatusOr<SequenceHandle> handle = manager_->HandleOf(id);
+      const absl::StatusOr<SequenceHandle> handle =
+          Impl(*manager_).HandleOf(id);
       const bool live = handle.ok() && !Chance(3);
       if (live) {
         handles.push_back(*handle);
       } else if (handle.ok() && Chance(50)) {  // a stale generation.
         handles.push_back({handle->index, handle->generation - 1});
       } else {
-        handles.push_back({manager_->handle_limit(), 0});
+        handles.push_back({Impl(*manager_).handle_limit(), 0});
       }
       const std::vector<TokenId> more =
           Chance(5) ? std::vector<TokenId>{} : Generated(id);
@@ -1002,10 +1004,10 @@ class RandomRun {
     }
     INFO("append many: " << handles.size() << " entries, " << tokens.size()
                          << " tokens" << (drafting ? ", drafting" : ""));
-    AppendManyResult result;
-    REQUIRE(
-        manager_->AppendMany(handles, counts, tokens, result, drafts).code() ==
-        code);
+    internal::AppendManyResult result;
+    REQUIRE(Impl(*manager_)
+                .AppendMany(handles, counts, tokens, result, drafts)
+                .code() == code);
     if (drafting && code == Code::kOk) {
       ++(*counts_)["append many drafting"];
       (*counts_)["append many drafts past a page edge"] += draft_steps;
@@ -1053,9 +1055,10 @@ class RandomRun {
   Code StepMisuse() {
     absl::Status status;
     if (in_step_) {
-      status = manager_->BeginStep();
+      status = Impl(*manager_).BeginStep();
     } else {
-      status = Chance(50) ? manager_->CommitStep() : manager_->RollbackStep();
+      status = Chance(50) ? Impl(*manager_).CommitStep()
+                          : Impl(*manager_).RollbackStep();
     }
     REQUIRE(status.code() == Code::kFailedPrecondition);
     return status.code();
@@ -1063,7 +1066,7 @@ class RandomRun {
 
   void Verify() {
     REQUIRE_OK(manager_->CheckInvariants());
-    REQUIRE(manager_->in_step() == in_step_);
+    REQUIRE(Impl(*manager_).in_step() == in_step_);
     const BlockManagerSnapshot actual = manager_->Snapshot();
     const BlockManagerSnapshot expected = model_.Snapshot();
     REQUIRE(actual.stats == expected.stats);

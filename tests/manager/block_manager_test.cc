@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "manager/block_manager_test_util.h"
 #include "test_util.h"
 
 namespace kvblock {
@@ -136,20 +137,20 @@ TEST_CASE("a rolled-back step replays to the same results, handles included") {
     REQUIRE_OK(manager->Free(2));
     REQUIRE_OK(manager->Admit(5, TokenRange(90, 3)).status());
     for (const SequenceId id : {1, 3, 4, 5}) {
-      r.handles.push_back(*manager->HandleOf(id));
+      r.handles.push_back(*Impl(*manager).HandleOf(id));
     }
     r.snapshot = manager->Snapshot();
     return r;
   };
-  REQUIRE_OK(manager->BeginStep());
+  REQUIRE_OK(Impl(*manager).BeginStep());
   const Results first = step();
-  REQUIRE(manager->handle_limit() > 2);
-  REQUIRE_OK(manager->RollbackStep());
+  REQUIRE(Impl(*manager).handle_limit() > 2);
+  REQUIRE_OK(Impl(*manager).RollbackStep());
   REQUIRE(manager->Snapshot() == before);
   REQUIRE_OK(manager->CheckInvariants());
-  REQUIRE_OK(manager->BeginStep());
+  REQUIRE_OK(Impl(*manager).BeginStep());
   REQUIRE(step() == first);
-  REQUIRE_OK(manager->CommitStep());
+  REQUIRE_OK(Impl(*manager).CommitStep());
   REQUIRE_OK(manager->CheckInvariants());
   // The parent's shared tail came back with the rollback: 1's next append
   // after the replayed fork copies, as it did the first time.
@@ -160,27 +161,27 @@ TEST_CASE("pages for an append count new pages and the copy of a shared tail") {
   auto manager = MakeManager(Config(16));  // 4 tokens a page.
   REQUIRE_OK(
       manager->Admit(1, TokenRange(0, 6)).status());  // 2 pages, 2 spare.
-  const SequenceHandle one = *manager->HandleOf(1);
-  REQUIRE(*manager->PagesForAppend(one, 0) == 0);
-  REQUIRE(*manager->PagesForAppend(one, 2) == 0);
-  REQUIRE(*manager->PagesForAppend(one, 3) == 1);
-  REQUIRE(*manager->PagesForAppend(one, 11) == 3);
+  const SequenceHandle one = *Impl(*manager).HandleOf(1);
+  REQUIRE(*Impl(*manager).PagesForAppend(one, 0) == 0);
+  REQUIRE(*Impl(*manager).PagesForAppend(one, 2) == 0);
+  REQUIRE(*Impl(*manager).PagesForAppend(one, 3) == 1);
+  REQUIRE(*Impl(*manager).PagesForAppend(one, 11) == 3);
   // A fork shares the partial page: either side's first append copies it.
   REQUIRE_OK(manager->Fork(1, 2));
-  REQUIRE(*manager->PagesForAppend(one, 1) == 1);
-  REQUIRE(*manager->PagesForAppend(one, 3) == 2);
+  REQUIRE(*Impl(*manager).PagesForAppend(one, 1) == 1);
+  REQUIRE(*Impl(*manager).PagesForAppend(one, 3) == 2);
   const auto appended = manager->Append(1, TokenRange(50, 3));
   REQUIRE_OK(appended);
   REQUIRE(appended->new_pages + (appended->copy.has_value() ? 1 : 0) == 2);
   // The copy ended the sharing: the other side appends in place.
-  REQUIRE(*manager->PagesForAppend(*manager->HandleOf(2), 1) == 0);
+  REQUIRE(*Impl(*manager).PagesForAppend(*Impl(*manager).HandleOf(2), 1) == 0);
   const BlockManagerSnapshot before = manager->Snapshot();
-  REQUIRE_STATUS_IS(manager->PagesForAppend(one, -1), kInvalidArgument);
-  REQUIRE_STATUS_IS(manager->PagesForAppend(SequenceHandle{}, 1),
+  REQUIRE_STATUS_IS(Impl(*manager).PagesForAppend(one, -1), kInvalidArgument);
+  REQUIRE_STATUS_IS(Impl(*manager).PagesForAppend(SequenceHandle{}, 1),
                     kInvalidArgument);
   REQUIRE(manager->Snapshot() == before);
   REQUIRE_OK(manager->Free(1));
-  const auto stale = manager->PagesForAppend(one, 1);
+  const auto stale = Impl(*manager).PagesForAppend(one, 1);
   REQUIRE_STATUS_IS(stale, kInvalidArgument);
   REQUIRE(stale.status().message().find("pages for appending 1 tokens") !=
           absl::string_view::npos);
@@ -354,7 +355,7 @@ TEST_CASE("admission plans and the watermark") {
 }
 
 SequenceHandle HandleOk(const BlockManager& manager, SequenceId id) {
-  auto handle = manager.HandleOf(id);
+  auto handle = Impl(manager).HandleOf(id);
   REQUIRE_OK(handle);
   return *handle;
 }
@@ -369,12 +370,13 @@ TEST_CASE("append many appends in entry order and reports changed entries") {
       HandleOk(*manager, 1)};
   for (const SequenceHandle handle : handles) {
     REQUIRE(handle.index >= 0);
-    REQUIRE(handle.index < manager->handle_limit());
+    REQUIRE(handle.index < Impl(*manager).handle_limit());
   }
-  AppendManyResult result;
+  internal::AppendManyResult result;
   // 1 copies its shared partial page; 2 opens a page; 3 then holds page 1
   // alone and writes in place; 1 appends again, filling its copy.
-  REQUIRE_OK(manager->AppendMany(handles, {1, 1, 1, 1}, {7, 51, 9, 8}, result));
+  REQUIRE_OK(
+      Impl(*manager).AppendMany(handles, {1, 1, 1, 1}, {7, 51, 9, 8}, result));
   REQUIRE_OK(manager->CheckInvariants());
   REQUIRE(result.changed == std::vector<int32_t>{0, 1});
   // 1 rewrote its page 1 (the copy), 2 added its page 1.
@@ -386,7 +388,7 @@ TEST_CASE("append many appends in entry order and reports changed entries") {
   REQUIRE(PagesOf(*manager, 3) == Pages{0, 1});
   REQUIRE(*manager->NumTokens(1) == 8);
   REQUIRE(*manager->NumTokens(3) == 7);
-  auto pages = manager->PagesAt(handles[1]);
+  auto pages = Impl(*manager).PagesAt(handles[1]);
   REQUIRE_OK(pages);
   REQUIRE(Pages(pages->begin(), pages->end()) == Pages{2, 4});
 
@@ -409,61 +411,64 @@ TEST_CASE("append many fails as a whole") {
   const SequenceHandle one = HandleOk(*manager, 1);
   const SequenceHandle two = HandleOk(*manager, 2);
   const BlockManagerSnapshot before = manager->Snapshot();
-  AppendManyResult result;
+  internal::AppendManyResult result;
   result.changed = {5};
   result.first_changed_page = {2};
 
   SECTION("bad arguments") {
-    REQUIRE_STATUS_IS(manager->AppendMany({one}, {1, 1}, {7, 8}, result),
-                      kInvalidArgument);
-    REQUIRE_STATUS_IS(manager->AppendMany({one, two}, {1, -1}, {7}, result),
-                      kInvalidArgument);
-    REQUIRE_STATUS_IS(manager->AppendMany({one, two}, {1, 2}, {7, 8}, result),
-                      kInvalidArgument);
-    REQUIRE_STATUS_IS(manager->AppendMany({one}, {1}, {7, 8}, result),
+    REQUIRE_STATUS_IS(Impl(*manager).AppendMany({one}, {1, 1}, {7, 8}, result),
                       kInvalidArgument);
     REQUIRE_STATUS_IS(
-        manager->AppendMany({one, {99, 0}}, {1, 1}, {7, 8}, result),
+        Impl(*manager).AppendMany({one, two}, {1, -1}, {7}, result),
         kInvalidArgument);
-    REQUIRE_STATUS_IS(manager->AppendMany({{-1, 0}}, {1}, {7}, result),
+    REQUIRE_STATUS_IS(
+        Impl(*manager).AppendMany({one, two}, {1, 2}, {7, 8}, result),
+        kInvalidArgument);
+    REQUIRE_STATUS_IS(Impl(*manager).AppendMany({one}, {1}, {7, 8}, result),
+                      kInvalidArgument);
+    REQUIRE_STATUS_IS(
+        Impl(*manager).AppendMany({one, {99, 0}}, {1, 1}, {7, 8}, result),
+        kInvalidArgument);
+    REQUIRE_STATUS_IS(Impl(*manager).AppendMany({{-1, 0}}, {1}, {7}, result),
                       kInvalidArgument);
     const SequenceHandle stale = {one.index, one.generation + 1};
-    REQUIRE_STATUS_IS(manager->AppendMany({stale}, {1}, {7}, result),
+    REQUIRE_STATUS_IS(Impl(*manager).AppendMany({stale}, {1}, {7}, result),
                       kInvalidArgument);
   }
   SECTION("a later entry runs out of pages") {
     // Entry 0 takes the free page; entry 1 then needs another.
-    REQUIRE_STATUS_IS(
-        manager->AppendMany({two, one}, {2, 3}, {21, 22, 7, 8, 9}, result),
-        kResourceExhausted);
+    REQUIRE_STATUS_IS(Impl(*manager).AppendMany({two, one}, {2, 3},
+                                                {21, 22, 7, 8, 9}, result),
+                      kResourceExhausted);
   }
   SECTION("a one-token start finds no page after fills and a start") {
     // Sequence 2 fills its page and starts the free one; sequence 1 fills
     // its page and then needs a page that is not there.
     REQUIRE_STATUS_IS(
-        manager->AppendMany({two, two, one, one, one}, {1, 1, 1, 1, 1},
-                            {21, 22, 7, 8, 9}, result),
+        Impl(*manager).AppendMany({two, two, one, one, one}, {1, 1, 1, 1, 1},
+                                  {21, 22, 7, 8, 9}, result),
         kResourceExhausted);
   }
   SECTION("a later entry passes max_pages_per_seq") {
-    REQUIRE_STATUS_IS(
-        manager->AppendMany({two, one}, {1, 11}, TokenRange(21, 12), result),
-        kOutOfRange);
+    REQUIRE_STATUS_IS(Impl(*manager).AppendMany({two, one}, {1, 11},
+                                                TokenRange(21, 12), result),
+                      kOutOfRange);
   }
   SECTION("a handle whose sequence left, even once its entry is reused") {
     REQUIRE_OK(manager->Free(2));
     const BlockManagerSnapshot freed = manager->Snapshot();
-    REQUIRE_STATUS_IS(manager->AppendMany({one, two}, {1, 1}, {7, 8}, result),
-                      kInvalidArgument);
-    REQUIRE_STATUS_IS(manager->PagesAt(two), kInvalidArgument);
-    REQUIRE_STATUS_IS(manager->HandleOf(2), kNotFound);
+    REQUIRE_STATUS_IS(
+        Impl(*manager).AppendMany({one, two}, {1, 1}, {7, 8}, result),
+        kInvalidArgument);
+    REQUIRE_STATUS_IS(Impl(*manager).PagesAt(two), kInvalidArgument);
+    REQUIRE_STATUS_IS(Impl(*manager).HandleOf(2), kNotFound);
     REQUIRE(manager->Snapshot() == freed);
     AdmitOk(*manager, 3, TokenRange(40, 2));
     const SequenceHandle three = HandleOk(*manager, 3);
     REQUIRE(three.index == two.index);  // LIFO reuse of the entry.
     REQUIRE_FALSE(three == two);
     const BlockManagerSnapshot reused = manager->Snapshot();
-    REQUIRE_STATUS_IS(manager->AppendMany({two}, {1}, {7}, result),
+    REQUIRE_STATUS_IS(Impl(*manager).AppendMany({two}, {1}, {7}, result),
                       kInvalidArgument);
     REQUIRE(manager->Snapshot() == reused);
     return;
@@ -481,9 +486,9 @@ TEST_CASE("a rolled-back fork keeps copy on write exact") {
   // shared; its next append must still write in place.
   auto manager = MakeManager(Config(16));
   AdmitOk(*manager, 1, TokenRange(1, 6));
-  REQUIRE_OK(manager->BeginStep());
+  REQUIRE_OK(Impl(*manager).BeginStep());
   REQUIRE_OK(manager->Fork(1, 2));
-  REQUIRE_OK(manager->RollbackStep());
+  REQUIRE_OK(Impl(*manager).RollbackStep());
   REQUIRE_FALSE(AppendOk(*manager, 1, {7}).copy.has_value());
   REQUIRE(PagesOf(*manager, 1) == Pages{0, 1});
 }
@@ -595,12 +600,12 @@ TEST_CASE("failing calls change nothing") {
     REQUIRE_STATUS_IS(manager->NumTokens(9), kNotFound);
   }
   SECTION("steps out of order") {
-    REQUIRE_STATUS_IS(manager->CommitStep(), kFailedPrecondition);
-    REQUIRE_STATUS_IS(manager->RollbackStep(), kFailedPrecondition);
-    REQUIRE_OK(manager->BeginStep());
-    REQUIRE_STATUS_IS(manager->BeginStep(), kFailedPrecondition);
+    REQUIRE_STATUS_IS(Impl(*manager).CommitStep(), kFailedPrecondition);
+    REQUIRE_STATUS_IS(Impl(*manager).RollbackStep(), kFailedPrecondition);
+    REQUIRE_OK(Impl(*manager).BeginStep());
+    REQUIRE_STATUS_IS(Impl(*manager).BeginStep(), kFailedPrecondition);
     REQUIRE_STATUS_IS(manager->ResetPrefixCache(), kFailedPrecondition);
-    REQUIRE_OK(manager->RollbackStep());
+    REQUIRE_OK(Impl(*manager).RollbackStep());
   }
   REQUIRE(manager->Snapshot() == before);
   REQUIRE_OK(manager->CheckInvariants());
@@ -614,8 +619,8 @@ TEST_CASE("a rolled-back step restores the exact state") {
   REQUIRE_OK(manager->Free(2));
   const BlockManagerSnapshot before = manager->Snapshot();
 
-  REQUIRE_OK(manager->BeginStep());
-  REQUIRE(manager->in_step());
+  REQUIRE_OK(Impl(*manager).BeginStep());
+  REQUIRE(Impl(*manager).in_step());
   REQUIRE_OK(manager->Fork(1, 3));
   AppendOk(*manager, 1, TokenRange(10, 7));
   AppendOk(*manager, 3, {42});
@@ -625,17 +630,17 @@ TEST_CASE("a rolled-back step restores the exact state") {
   REQUIRE_STATUS_IS(manager->Admit(6, TokenRange(400, 32)), kResourceExhausted);
   REQUIRE_OK(manager->Preempt(4));
   REQUIRE(manager->Snapshot() != before);
-  REQUIRE_OK(manager->RollbackStep());
-  REQUIRE_FALSE(manager->in_step());
+  REQUIRE_OK(Impl(*manager).RollbackStep());
+  REQUIRE_FALSE(Impl(*manager).in_step());
 
   REQUIRE(manager->Snapshot() == before);
   REQUIRE_OK(manager->CheckInvariants());
 
   SECTION("and the manager keeps working after it") {
     AppendOk(*manager, 1, TokenRange(10, 7));
-    REQUIRE_OK(manager->BeginStep());
+    REQUIRE_OK(Impl(*manager).BeginStep());
     AdmitOk(*manager, 7, TokenRange(1, 5));
-    REQUIRE_OK(manager->CommitStep());
+    REQUIRE_OK(Impl(*manager).CommitStep());
     REQUIRE(manager->Contains(7));
     REQUIRE_OK(manager->CheckInvariants());
   }
@@ -654,12 +659,12 @@ TEST_CASE("appends across page boundaries in one step roll back exactly") {
   using Script = std::vector<std::vector<TokenId>>;
   const Script script = GENERATE(Script{{50}, {51}, {52}, {53}, {54}, {55}},
                                  Script{{50}, {51, 52}, {53}, {54}, {55}});
-  REQUIRE_OK(manager->BeginStep());
+  REQUIRE_OK(Impl(*manager).BeginStep());
   for (const std::vector<TokenId>& tokens : script) {
     AppendOk(*manager, 1, tokens);
   }
   REQUIRE(PagesOf(*manager, 1).size() == 3);
-  REQUIRE_OK(manager->RollbackStep());
+  REQUIRE_OK(Impl(*manager).RollbackStep());
   REQUIRE(manager->Snapshot() == before);
   REQUIRE_OK(manager->CheckInvariants());
 

@@ -656,30 +656,6 @@ void BindManager(py::module_& m) {
           },
           "The KV cache events since the last call, in order (with "
           "BlockManagerOptions.enable_kv_events; between steps).")
-      .def("begin_step",
-           [](PyBlockManager& self) {
-             const ObjectLock lock(self.mutex, "BlockManager");
-             BlockManager& bm = *self.manager;
-             ThrowIfError(bm.BeginStep());
-           })
-      .def("commit_step",
-           [](PyBlockManager& self) {
-             const ObjectLock lock(self.mutex, "BlockManager");
-             BlockManager& bm = *self.manager;
-             ThrowIfError(bm.CommitStep());
-           })
-      .def("rollback_step",
-           [](PyBlockManager& self) {
-             const ObjectLock lock(self.mutex, "BlockManager");
-             BlockManager& bm = *self.manager;
-             ThrowIfError(bm.RollbackStep());
-           })
-      .def_property_readonly("in_step",
-                             [](PyBlockManager& self) {
-                               const ObjectLock lock(self.mutex,
-                                                     "BlockManager");
-                               return self.manager->in_step();
-                             })
       .def("check_invariants", [](PyBlockManager& self) {
         const ObjectLock lock(self.mutex, "BlockManager");
         const BlockManager& bm = *self.manager;

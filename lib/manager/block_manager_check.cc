@@ -1,0 +1,107 @@
+// Copyright 2026 The kvblock Authors.
+//
+// BlockManagerImpl's checks: CheckInvariants (every invariant of
+// kvblock/block_manager.h's header comment) and Snapshot, its exact
+// observable state. For tests and debugging.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kvblock/status_macros.h"
+#include "manager/block_manager_impl.h"
+
+namespace kvblock::internal {
+
+absl::Status BlockManagerImpl::CheckInvariants() const {
+  KVBLOCK_RETURN_IF_ERROR(pool_->CheckInvariants());
+  std::vector<int32_t> references(config_.num_pages, 0);
+  int64_t reserved = 0;
+  for (const auto& [id, entry] : slab_.live()) {
+    const SequenceHot& hot = slab_.hot(entry);
+    const SequenceBlockTable& table = hot.table;
+    if (slab_.cold(entry).id != id || !hot.live) {
+      return absl::InternalError(
+          absl::StrCat("block manager: entry ", entry, " holds sequence ",
+                       slab_.cold(entry).id, (hot.live ? "" : " (not live)"),
+                       ", indexed as ", id));
+    }
+    if (hot.offset != hot.num_tokens % config_.page_size) {
+      return absl::InternalError(
+          absl::StrCat("block manager: sequence ", id, " has offset ",
+                       hot.offset, " with ", hot.num_tokens, " tokens"));
+    }
+    const int32_t partial_page =
+        static_cast<int32_t>(hot.num_tokens / config_.page_size);
+    if (!hot.tail_maybe_shared && hot.offset != 0 &&
+        pool_->RefCount(*table.Get(partial_page)) != 1) {
+      return absl::InternalError(
+          absl::StrCat("block manager: sequence ", id,
+                       "'s partial page is shared but not flagged"));
+    }
+    if (hot.drafts < 0 ||
+        (hot.drafts > 0 &&
+         (hot.tail_maybe_shared || hot.num_tokens < hot.prompt_end))) {
+      return absl::InternalError(absl::StrCat(
+          "block manager: sequence ", id, " holds ", hot.drafts,
+          " drafts with ", hot.prompt_end - hot.num_tokens,
+          " prompt tokens left", (hot.tail_maybe_shared ? ", shared" : "")));
+    }
+    const int64_t pages =
+        (hot.num_tokens + hot.drafts + config_.page_size - 1) /
+        config_.page_size;
+    if (table.num_pages() != pages) {
+      return absl::InternalError(absl::StrCat(
+          "block manager: sequence ", id, " holds ", hot.num_tokens,
+          " tokens and ", hot.drafts, " drafts in ", table.num_pages(),
+          " pages, expected ", pages));
+    }
+    reserved += ReservationOf(entry);
+    for (const PageId page : table.entries().first(pages)) ++references[page];
+  }
+  for (PageId page = 0; page < config_.num_pages; ++page) {
+    if (pool_->RefCount(page) != references[page]) {
+      return absl::InternalError(absl::StrCat(
+          "block manager: page ", page, " has refcount ", pool_->RefCount(page),
+          " but ", references[page], " sequence references"));
+    }
+  }
+  if (reserved != reserved_pages_ || reserved_pages_ > pool_->NumFree()) {
+    return absl::InternalError(absl::StrCat("block manager: ", reserved_pages_,
+                                            " pages reserved, the sequences' "
+                                            "reservations add up to ",
+                                            reserved, ", ", pool_->NumFree(),
+                                            " are allocatable"));
+  }
+  if (journal_.depth() == 0 && !journal_.empty()) {
+    return absl::InternalError("block manager: journal outside a transaction");
+  }
+  return absl::OkStatus();
+}
+
+BlockManagerSnapshot BlockManagerImpl::Snapshot() const {
+  BlockManagerSnapshot snapshot;
+  snapshot.pool = pool_->Snapshot();
+  for (const auto& [id, entry] : slab_.live()) {
+    const SequenceHot& hot = slab_.hot(entry);
+    const SequenceCold& cold = slab_.cold(entry);
+    const auto pages = hot.table.entries().first(hot.table.num_pages());
+    const TokenId* const partial = slab_.partial(entry);
+    snapshot.sequences.push_back(BlockManagerSnapshot::SequenceState{
+        .id = id,
+        .pages = {pages.begin(), pages.end()},
+        .num_tokens = hot.num_tokens,
+        .last_full_hash = cold.last_full_hash,
+        .partial_tokens = {partial, partial + hot.offset},
+        .cache_salt = cold.cache_salt,
+        .adapter_id = cold.adapter_id,
+        .prompt_tokens = hot.prompt_end,
+        .drafts = hot.drafts});
+  }
+  std::sort(snapshot.sequences.begin(), snapshot.sequences.end(),
+            [](const auto& a, const auto& b) { return a.id < b.id; });
+  snapshot.stats = stats();
+  return snapshot;
+}
+
+}  // namespace kvblock::internal
