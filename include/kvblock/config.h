@@ -57,6 +57,12 @@ struct PagedKvConfig {
   // `max_pages_per_seq * page_size`.
   int64_t MaxTokensPerSeq() const;
 
+  // The pages that hold `tokens` tokens (>= 0): the one place the ceiling
+  // is taken. Inline: appends ask it for every sequence of a step.
+  int64_t PagesFor(int64_t tokens) const {
+    return (tokens + page_size - 1) / page_size;
+  }
+
   // Elements of one page: `page_size * num_kv_heads * head_dim`.
   int64_t PageElements() const;
 

@@ -342,8 +342,7 @@ absl::Status ToCsrReference(const PagedKvConfig& config, const KvBatch& batch,
   csr.kv_indptr[0] = 0;
   for (int32_t slot = 0; slot < batch.batch; ++slot) {
     const int32_t len = batch.seq_lens[slot];
-    const auto pages = static_cast<int32_t>(
-        (int64_t{len} + config.page_size - 1) / config.page_size);
+    const auto pages = static_cast<int32_t>(config.PagesFor(len));
     const int32_t begin = csr.kv_indptr[slot];
     for (int32_t i = 0; i < pages; ++i) {
       csr.kv_indices[begin + i] = TablePages(batch.page_table, slot, i).k;

@@ -36,7 +36,7 @@ absl::StatusOr<AdmissionPlan> AdmissionPlanner::Plan(
   }
   const int64_t page_size = config_.page_size;
   const int64_t size = static_cast<int64_t>(prompt.size());
-  const int64_t pages = (size + page_size - 1) / page_size;
+  const int64_t pages = config_.PagesFor(size);
   if (pages > config_.max_pages_per_seq) {
     return absl::OutOfRangeError(absl::StrCat(
         "block manager: a prompt of ", size, " tokens needs ", pages,
@@ -77,7 +77,7 @@ absl::StatusOr<AdmissionPlan> AdmissionPlanner::Plan(
   plan.hit_tokens = int64_t{plan.hit_pages} * page_size;
   plan.computed_tokens = std::min(admit.prefill_tokens, size - plan.hit_tokens);
   const int64_t end = plan.hit_tokens + plan.computed_tokens;
-  const int64_t end_pages = (end + page_size - 1) / page_size;
+  const int64_t end_pages = config_.PagesFor(end);
   plan.new_pages = static_cast<int32_t>(end_pages) - plan.hit_pages;
   if (reserve_prompt_pages_) {
     plan.reserved_pages = static_cast<int32_t>(pages - end_pages);

@@ -185,9 +185,7 @@ absl::StatusOr<int64_t> BlockManagerImpl::PagesForAppend(SequenceHandle handle,
   }
   const SequenceHot& hot = slab_.hot(handle.index);
   if (count == 0 && drafts == hot.drafts) return 0;
-  const int64_t page_size = config_.page_size;
-  const int64_t pages =
-      (hot.num_tokens + count + drafts + page_size - 1) / page_size;
+  const int64_t pages = config_.PagesFor(hot.num_tokens + count + drafts);
   // Only a sequence without drafts shares its partial (last) page.
   const bool copy =
       hot.offset != 0 && hot.tail_maybe_shared &&
@@ -209,8 +207,7 @@ int64_t BlockManagerImpl::AllocatableFor(int32_t entry) const {
 int32_t BlockManagerImpl::ReservationOf(int32_t entry) const {
   if (!slab_.cold(entry).reserves) return 0;
   const SequenceHot& hot = slab_.hot(entry);
-  const int64_t page_size = config_.page_size;
-  const int64_t prompt_pages = (hot.prompt_end + page_size - 1) / page_size;
+  const int64_t prompt_pages = config_.PagesFor(hot.prompt_end);
   return static_cast<int32_t>(
       std::max<int64_t>(0, prompt_pages - hot.table.num_pages()));
 }
@@ -219,8 +216,7 @@ void BlockManagerImpl::DrawReservation(int32_t entry, int32_t pages) {
   if (reserved_pages_ == 0 || pages == 0) return;
   if (!slab_.cold(entry).reserves) return;
   const SequenceHot& hot = slab_.hot(entry);
-  const int64_t page_size = config_.page_size;
-  const int64_t prompt_pages = (hot.prompt_end + page_size - 1) / page_size;
+  const int64_t prompt_pages = config_.PagesFor(hot.prompt_end);
   const int64_t after = hot.table.num_pages();
   const int64_t drawn = std::max<int64_t>(0, prompt_pages - (after - pages)) -
                         std::max<int64_t>(0, prompt_pages - after);

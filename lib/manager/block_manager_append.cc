@@ -172,8 +172,7 @@ absl::Status BlockManagerImpl::SetDraftsAt(int32_t entry, int32_t count,
         "block manager: sequence ", cold.id, " given ", count, " drafts with ",
         hot.prompt_end - hot.num_tokens, " prompt tokens left"));
   }
-  const int64_t page_size = config_.page_size;
-  const int64_t pages = (hot.num_tokens + count + page_size - 1) / page_size;
+  const int64_t pages = config_.PagesFor(hot.num_tokens + count);
   if (pages > config_.max_pages_per_seq) {
     return absl::OutOfRangeError(absl::StrCat(
         "block manager: sequence ", cold.id, " would hold ", hot.num_tokens,
@@ -461,8 +460,7 @@ absl::Status BlockManagerImpl::AppendDraftStep(SequenceHandle handle, size_t i,
   }
   SequenceBlockTable& table = hot.table;
   const int32_t held = table.num_pages();
-  const int64_t pages =
-      (hot.num_tokens + count + drafts + page_size - 1) / page_size;
+  const int64_t pages = config_.PagesFor(hot.num_tokens + count + drafts);
   if (pages < held || pages > held + 1 || pages > config_.max_pages_per_seq) {
     return absl::OkStatus();
   }
@@ -580,10 +578,10 @@ absl::Status BlockManagerImpl::AppendSlow(
                     pool_->RefCount(last_page) > 1;
   // The tokens' pages, then with the new drafts (as SetDraftsAt would check
   // them after the append).
-  const int64_t token_pages = (new_tokens + page_size - 1) / page_size;
-  const int64_t pages =
-      drafts_after > 0 ? (new_tokens + drafts_after + page_size - 1) / page_size
-                       : token_pages;
+  const int64_t token_pages = config_.PagesFor(new_tokens);
+  const int64_t pages = drafts_after > 0
+                            ? config_.PagesFor(new_tokens + drafts_after)
+                            : token_pages;
   const int64_t allocatable = AllocatableFor(entry);
   for (const int64_t end : {token_pages, pages}) {
     const int64_t drafts = end == token_pages ? 0 : drafts_after;

@@ -47,9 +47,7 @@ absl::Status BlockManagerImpl::CheckInvariants() const {
           " drafts with ", hot.prompt_end - hot.num_tokens,
           " prompt tokens left", (hot.tail_maybe_shared ? ", shared" : "")));
     }
-    const int64_t pages =
-        (hot.num_tokens + hot.drafts + config_.page_size - 1) /
-        config_.page_size;
+    const int64_t pages = config_.PagesFor(hot.num_tokens + hot.drafts);
     if (table.num_pages() != pages) {
       return absl::InternalError(absl::StrCat(
           "block manager: sequence ", id, " holds ", hot.num_tokens,
