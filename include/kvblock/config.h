@@ -31,6 +31,13 @@ int64_t DTypeSize(DType dtype);
 // "f16", "bf16" or "f32".
 absl::string_view DTypeName(DType dtype);
 
+// The pages of `page_size` tokens that hold `tokens` tokens (>= 0): the one
+// place the ceiling is taken. Inline: appends ask it for every sequence of a
+// step.
+inline int64_t PagesForTokens(int64_t tokens, int32_t page_size) {
+  return (tokens + page_size - 1) / page_size;
+}
+
 struct PagedKvConfig {
   // Counts a caller must choose: 0 is invalid on purpose.
   int32_t num_pages = 0;          // K pages per layer (V pages: as many more).
@@ -57,10 +64,9 @@ struct PagedKvConfig {
   // `max_pages_per_seq * page_size`.
   int64_t MaxTokensPerSeq() const;
 
-  // The pages that hold `tokens` tokens (>= 0): the one place the ceiling
-  // is taken. Inline: appends ask it for every sequence of a step.
+  // The pages that hold `tokens` tokens (PagesForTokens).
   int64_t PagesFor(int64_t tokens) const {
-    return (tokens + page_size - 1) / page_size;
+    return PagesForTokens(tokens, page_size);
   }
 
   // Elements of one page: `page_size * num_kv_heads * head_dim`.

@@ -159,7 +159,7 @@ absl::StatusOr<absl::Span<const PageId>> BlockManagerImpl::Pages(
     return absl::NotFoundError(
         absl::StrCat("block manager: sequence ", id, " is not live"));
   }
-  const SequenceBlockTable& table = slab_.hot(entry).table;
+  const SequenceBlockTable& table = slab_.sequence(entry).table();
   return table.entries().first(table.num_pages());
 }
 
@@ -170,7 +170,7 @@ absl::StatusOr<absl::Span<const PageId>> BlockManagerImpl::PagesAt(
         absl::StrCat("block manager: handle (", handle.index, ", generation ",
                      handle.generation, ") is not live"));
   }
-  const SequenceBlockTable& table = slab_.hot(handle.index).table;
+  const SequenceBlockTable& table = slab_.sequence(handle.index).table();
   return table.entries().first(table.num_pages());
 }
 
@@ -183,14 +183,14 @@ absl::StatusOr<int64_t> BlockManagerImpl::PagesForAppend(SequenceHandle handle,
                      " tokens and ", drafts, " drafts to handle (",
                      handle.index, ", generation ", handle.generation, ")"));
   }
-  const SequenceHot& hot = slab_.hot(handle.index);
-  if (count == 0 && drafts == hot.drafts) return 0;
-  const int64_t pages = config_.PagesFor(hot.num_tokens + count + drafts);
+  const Sequence& seq = slab_.sequence(handle.index);
+  if (count == 0 && drafts == seq.drafts()) return 0;
+  const int64_t pages = config_.PagesFor(seq.num_tokens() + count + drafts);
   // Only a sequence without drafts shares its partial (last) page.
   const bool copy =
-      hot.offset != 0 && hot.tail_maybe_shared &&
-      pool_->RefCount(*hot.table.Get(hot.table.num_pages() - 1)) > 1;
-  const int64_t more = std::max<int64_t>(0, pages - hot.table.num_pages());
+      seq.offset() != 0 && seq.tail_maybe_shared() &&
+      pool_->RefCount(*seq.table().Get(seq.table().num_pages() - 1)) > 1;
+  const int64_t more = std::max<int64_t>(0, pages - seq.table().num_pages());
   return std::max<int64_t>(0, more - ReservationOf(handle.index)) +
          (copy ? 1 : 0);
 }
@@ -206,18 +206,18 @@ int64_t BlockManagerImpl::AllocatableFor(int32_t entry) const {
 
 int32_t BlockManagerImpl::ReservationOf(int32_t entry) const {
   if (!slab_.cold(entry).reserves) return 0;
-  const SequenceHot& hot = slab_.hot(entry);
-  const int64_t prompt_pages = config_.PagesFor(hot.prompt_end);
+  const Sequence& seq = slab_.sequence(entry);
+  const int64_t prompt_pages = config_.PagesFor(seq.prompt_end());
   return static_cast<int32_t>(
-      std::max<int64_t>(0, prompt_pages - hot.table.num_pages()));
+      std::max<int64_t>(0, prompt_pages - seq.table().num_pages()));
 }
 
 void BlockManagerImpl::DrawReservation(int32_t entry, int32_t pages) {
   if (reserved_pages_ == 0 || pages == 0) return;
   if (!slab_.cold(entry).reserves) return;
-  const SequenceHot& hot = slab_.hot(entry);
-  const int64_t prompt_pages = config_.PagesFor(hot.prompt_end);
-  const int64_t after = hot.table.num_pages();
+  const Sequence& seq = slab_.sequence(entry);
+  const int64_t prompt_pages = config_.PagesFor(seq.prompt_end());
+  const int64_t after = seq.table().num_pages();
   const int64_t drawn = std::max<int64_t>(0, prompt_pages - (after - pages)) -
                         std::max<int64_t>(0, prompt_pages - after);
   reserved_pages_ -= static_cast<int32_t>(drawn);
@@ -229,7 +229,7 @@ absl::StatusOr<int64_t> BlockManagerImpl::NumTokens(SequenceId id) const {
     return absl::NotFoundError(
         absl::StrCat("block manager: sequence ", id, " is not live"));
   }
-  return slab_.hot(entry).num_tokens;
+  return slab_.sequence(entry).num_tokens();
 }
 
 absl::StatusOr<int64_t> BlockManagerImpl::PromptTokensLeft(
@@ -239,8 +239,8 @@ absl::StatusOr<int64_t> BlockManagerImpl::PromptTokensLeft(
     return absl::NotFoundError(
         absl::StrCat("block manager: sequence ", id, " is not live"));
   }
-  return std::max<int64_t>(
-      0, slab_.hot(entry).prompt_end - slab_.hot(entry).num_tokens);
+  return std::max<int64_t>(0, slab_.sequence(entry).prompt_end() -
+                                  slab_.sequence(entry).num_tokens());
 }
 
 absl::StatusOr<int32_t> BlockManagerImpl::NumDrafts(SequenceId id) const {
@@ -249,7 +249,7 @@ absl::StatusOr<int32_t> BlockManagerImpl::NumDrafts(SequenceId id) const {
     return absl::NotFoundError(
         absl::StrCat("block manager: sequence ", id, " is not live"));
   }
-  return slab_.hot(entry).drafts;
+  return slab_.sequence(entry).drafts();
 }
 
 absl::StatusOr<SequenceHandle> BlockManagerImpl::HandleOf(SequenceId id) const {
@@ -276,8 +276,8 @@ BlockManagerStats BlockManagerImpl::stats() const {
 namespace kvblock {
 
 using internal::BlockManagerImpl;
+using internal::Sequence;
 using internal::SequenceCold;
-using internal::SequenceHot;
 
 absl::StatusOr<std::unique_ptr<BlockManager>> BlockManager::Create(
     const PagedKvConfig& config, const BlockManagerOptions& options) {
@@ -310,7 +310,7 @@ absl::StatusOr<std::unique_ptr<BlockManager>> BlockManager::Create(
   const int64_t page_size = config.page_size;
   const int64_t width = config.max_pages_per_seq;
   internal::Reservation reservation("block manager");
-  reservation.Add(sequences, sizeof(SequenceHot) + sizeof(SequenceCold));
+  reservation.Add(sequences, sizeof(Sequence) + sizeof(SequenceCold));
   reservation.Add(sequences, width * int64_t{sizeof(PageId)});  // tables.
   reservation.Add(sequences, 2 * page_size * int64_t{sizeof(TokenId)});
   reservation.Add(sequences, 2 * int64_t{sizeof(internal::JournalRecord)} +

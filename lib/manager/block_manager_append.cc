@@ -28,37 +28,36 @@ namespace kvblock::internal {
 namespace {
 
 // True when `count` tokens, 0 < count < page_size, go into the partial page
-// of `hot`, held by it alone, without filling it: no page fills, is
+// of `seq`, held by it alone, without filling it: no page fills, is
 // allocated or is copied, and no draft slot is taken.
-inline bool StaysInPartialPage(const SequenceHot& hot, int32_t count,
+inline bool StaysInPartialPage(const Sequence& seq, int32_t count,
                                int32_t page_size) {
-  return hot.offset != 0 && !hot.tail_maybe_shared && hot.drafts == 0 &&
-         hot.num_tokens >= hot.prompt_end && hot.offset + count < page_size;
+  return seq.offset() != 0 && !seq.tail_maybe_shared() && seq.drafts() == 0 &&
+         seq.prompt_done() && seq.offset() + count < page_size;
 }
 
 // Speculative decoding's common step: as StaysInPartialPage, but whatever
 // drafts the sequence holds, and then `drafts` new ones that end on the pages
 // it holds: no page is allocated, released, copied or filled.
-inline bool RedraftsInPlace(const SequenceHot& hot, int32_t count,
-                            int32_t drafts, int32_t page_size) {
-  if (hot.offset == 0 || hot.tail_maybe_shared || drafts < 0 ||
-      hot.num_tokens < hot.prompt_end || hot.offset + count >= page_size) {
+inline bool RedraftsInPlace(const Sequence& seq, int32_t count, int32_t drafts,
+                            int32_t page_size) {
+  if (seq.offset() == 0 || seq.tail_maybe_shared() || drafts < 0 ||
+      !seq.prompt_done() || seq.offset() + count >= page_size) {
     return false;
   }
   // The pages held are those of num_tokens + drafts (an invariant): no
   // need to read the table's line of the entry.
-  const int64_t held = hot.num_tokens + hot.drafts + page_size - 1;
-  const int64_t end = hot.num_tokens + count + drafts + page_size - 1;
-  return end / page_size == held / page_size;
+  return PagesForTokens(seq.num_tokens() + count + drafts, page_size) ==
+         PagesForTokens(seq.num_tokens() + seq.drafts(), page_size);
 }
 
-// FailedPrecondition when the sequence at `hot` still has prompt tokens to
-// compute: its next tokens are those, through AppendPrompt.
-absl::Status CheckPromptDone(const SequenceHot& hot, SequenceId id) {
-  if (hot.num_tokens >= hot.prompt_end) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "block manager: sequence ", id, " has ", hot.prompt_end - hot.num_tokens,
-      " prompt tokens left: append them with AppendPrompt first"));
+// FailedPrecondition when `seq` still has prompt tokens to compute: its next
+// tokens are those, through AppendPrompt.
+absl::Status CheckPromptDone(const Sequence& seq, SequenceId id) {
+  if (seq.prompt_done()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("block manager: sequence ", id, " has ", seq.prompt_left(),
+                   " prompt tokens left: append them with AppendPrompt first"));
 }
 
 }  // namespace
@@ -68,17 +67,16 @@ inline bool BlockManagerImpl::AppendInPlace(int32_t entry,
   if (tokens.empty()) return true;
   if (tokens.size() >= static_cast<size_t>(config_.page_size)) return false;
   const int32_t count = static_cast<int32_t>(tokens.size());
-  SequenceHot& hot = slab_.hot(entry);
-  if (!StaysInPartialPage(hot, count, config_.page_size)) return false;
-  TokenId* const partial = slab_.partial(entry) + hot.offset;
+  Sequence& seq = slab_.sequence(entry);
+  if (!StaysInPartialPage(seq, count, config_.page_size)) return false;
+  TokenId* const partial = slab_.partial(entry) + seq.offset();
   if (count == 1) {
     *partial = tokens[0];  // decode: no call into memmove for one token.
   } else {
     std::copy(tokens.begin(), tokens.end(), partial);
   }
   journal_.Appended(entry, count);
-  hot.num_tokens += count;
-  hot.offset += count;
+  seq.AppendInPlace(count, 0);
   return true;
 }
 
@@ -93,7 +91,7 @@ absl::StatusOr<AppendResult> BlockManagerImpl::Append(
   AppendResult result;
   KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
     if (!AppendInPlace(entry, tokens)) {
-      KVBLOCK_RETURN_IF_ERROR(CheckPromptDone(slab_.hot(entry), id));
+      KVBLOCK_RETURN_IF_ERROR(CheckPromptDone(slab_.sequence(entry), id));
       KVBLOCK_RETURN_IF_ERROR(AppendSlow(entry, tokens, result));
     }
     stats_.appended_tokens += static_cast<int64_t>(tokens.size());
@@ -111,9 +109,10 @@ absl::StatusOr<AppendResult> BlockManagerImpl::AppendPrompt(
         absl::StrCat("block manager: sequence ", id, " is not live"));
   }
   KVBLOCK_RETURN_IF_ERROR(CheckNotRunByCommit(entry, id));
-  const SequenceHot& hot = slab_.hot(entry);
+  const Sequence& seq = slab_.sequence(entry);
   const internal::SequenceCold& cold = slab_.cold(entry);
-  const int64_t left = std::max<int64_t>(0, hot.prompt_end - hot.num_tokens);
+  const int64_t left =
+      std::max<int64_t>(0, seq.prompt_end() - seq.num_tokens());
   if (tokens.empty() || static_cast<int64_t>(tokens.size()) > left) {
     return absl::InvalidArgumentError(
         absl::StrCat("block manager: a prompt chunk of ", tokens.size(),
@@ -122,8 +121,8 @@ absl::StatusOr<AppendResult> BlockManagerImpl::AppendPrompt(
   }
   if (!options_.enable_prefix_caching) prompt_hashes = {};
   if (!prompt_hashes.empty()) {
-    const int64_t full_pages = hot.prompt_end / config_.page_size;
-    const int64_t page = hot.num_tokens / config_.page_size;
+    const int64_t full_pages = seq.prompt_end() / config_.page_size;
+    const int64_t page = seq.num_tokens() / config_.page_size;
     if (static_cast<int64_t>(prompt_hashes.size()) != full_pages ||
         (page > 0 && prompt_hashes[page - 1] != cold.last_full_hash)) {
       return absl::InvalidArgumentError(
@@ -160,32 +159,30 @@ absl::StatusOr<AppendResult> BlockManagerImpl::SetDrafts(SequenceId id,
 
 absl::Status BlockManagerImpl::SetDraftsAt(int32_t entry, int32_t count,
                                            AppendResult& result) {
-  SequenceHot& hot = slab_.hot(entry);
+  Sequence& seq = slab_.sequence(entry);
   const internal::SequenceCold& cold = slab_.cold(entry);
   if (count < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "block manager: sequence ", cold.id, " given ", count, " drafts"));
   }
-  if (count == hot.drafts) return absl::OkStatus();
-  if (count > 0 && hot.num_tokens < hot.prompt_end) {
+  if (count == seq.drafts()) return absl::OkStatus();
+  if (count > 0 && !seq.prompt_done()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "block manager: sequence ", cold.id, " given ", count, " drafts with ",
-        hot.prompt_end - hot.num_tokens, " prompt tokens left"));
+        seq.prompt_left(), " prompt tokens left"));
   }
-  const int64_t pages = config_.PagesFor(hot.num_tokens + count);
+  const int64_t pages = config_.PagesFor(seq.num_tokens() + count);
   if (pages > config_.max_pages_per_seq) {
     return absl::OutOfRangeError(absl::StrCat(
-        "block manager: sequence ", cold.id, " would hold ", hot.num_tokens,
+        "block manager: sequence ", cold.id, " would hold ", seq.num_tokens(),
         " tokens and ", count, " drafts in ", pages,
         " pages, more than max_pages_per_seq = ", config_.max_pages_per_seq));
   }
-  SequenceBlockTable& table = hot.table;
-  const int32_t old_pages = table.num_pages();
-  const PageId last_page = old_pages > 0 ? *table.Get(old_pages - 1) : kNoPage;
+  const int32_t old_pages = seq.num_pages();
+  const PageId last_page = seq.last_page();
   // Drafts write KV into the partial page: a shared one is copied first.
   // (With drafts held it is never shared: no fork, copied when they came.)
-  const bool copy = count > 0 && hot.drafts == 0 && hot.offset != 0 &&
-                    hot.tail_maybe_shared && pool_->RefCount(last_page) > 1;
+  const bool copy = count > 0 && seq.drafts() == 0 && seq.TailNeedsCopy(*pool_);
   const int64_t needed =
       std::max<int64_t>(0, pages - old_pages) + (copy ? 1 : 0);
   if (needed > AllocatableFor(entry)) {
@@ -198,29 +195,31 @@ absl::Status BlockManagerImpl::SetDraftsAt(int32_t entry, int32_t count,
       absl::MakeSpan(page_scratch_)
           .first(static_cast<size_t>(std::max<int64_t>(0, old_pages - pages)));
   for (size_t i = 0; i < released.size(); ++i) {
-    released[i] = *table.Get(old_pages - 1 - static_cast<int32_t>(i));
+    released[i] = seq.pages()[old_pages - 1 - i];
   }
-  journal_.Drafted(entry, hot.drafts, old_pages, last_page,
-                   hot.tail_maybe_shared, released);
+  journal_.Drafted(entry, seq.drafts(), old_pages, last_page,
+                   seq.tail_maybe_shared(), released);
   if (!released.empty()) {
-    table.ForgetFrom(static_cast<int32_t>(pages));
+    seq.ShrinkDrafts(count);
     for (const PageId page : released) {
       KVBLOCK_RETURN_IF_ERROR(pool_->Release(page));
     }
     result.released_pages += static_cast<int32_t>(released.size());
   }
   if (copy) {
-    KVBLOCK_ASSIGN_OR_RETURN(const CopyOnWrite cow,
-                             table.EnsureWritable(old_pages - 1, *pool_));
+    KVBLOCK_ASSIGN_OR_RETURN(const CopyOnWrite cow, seq.CopyTail(*pool_));
     result.copy = PageCopy{cow.source, cow.page};
   }
-  if (count > 0) hot.tail_maybe_shared = false;
-  for (int64_t page = old_pages; page < pages; ++page) {
-    KVBLOCK_ASSIGN_OR_RETURN(const PageId fresh, pool_->Allocate());
-    KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(absl::MakeConstSpan(&fresh, 1)));
-    ++result.new_pages;
+  if (count > 0) seq.OwnTail();
+  if (released.empty()) {
+    const absl::Span<PageId> fresh =
+        absl::MakeSpan(page_scratch_)
+            .first(
+                static_cast<size_t>(std::max<int64_t>(0, pages - old_pages)));
+    KVBLOCK_RETURN_IF_ERROR(pool_->AllocateN(fresh));
+    KVBLOCK_RETURN_IF_ERROR(seq.Grow(fresh, seq.num_tokens(), count));
+    result.new_pages += static_cast<int32_t>(fresh.size());
   }
-  hot.drafts = count;
   stats_.draft_slots += count;
   return absl::OkStatus();
 }
@@ -235,7 +234,7 @@ template <bool kDrafting>
 size_t DecodeRun(absl::Span<const SequenceHandle> handles,
                  const int32_t* count_of, absl::Span<const TokenId> tokens,
                  const int32_t* draft_of, size_t i, size_t& next,
-                 InPlaceAppend*& notes, SequenceHot* slab, size_t slab_size,
+                 InPlaceAppend*& notes, Sequence* slab, size_t slab_size,
                  TokenId* partial_tokens, int32_t page_size,
                  int64_t& draft_slots) {
   const TokenId* const token_of = tokens.data();
@@ -255,31 +254,30 @@ size_t DecodeRun(absl::Span<const SequenceHandle> handles,
     } else if (count_of[i] != 1 || token == tokens.size()) {
       break;
     }
-    SequenceHot& hot = slab[handle.index];
-    if (!hot.live || hot.generation != handle.generation) break;
+    Sequence& seq = slab[handle.index];
+    if (!seq.live() || seq.generation() != handle.generation) break;
     if constexpr (kDrafting) {
-      if (!RedraftsInPlace(hot, count, draft_of[i], page_size)) break;
-    } else if (!StaysInPartialPage(hot, 1, page_size)) {
+      if (!RedraftsInPlace(seq, count, draft_of[i], page_size)) break;
+    } else if (!StaysInPartialPage(seq, 1, page_size)) {
       break;
     }
-    // Read once: the token stores below may alias it.
-    const int32_t offset = hot.offset;
-    TokenId* const partial =
-        partial_tokens + static_cast<size_t>(handle.index) * page_size + offset;
+    TokenId* const partial = partial_tokens +
+                             static_cast<size_t>(handle.index) * page_size +
+                             seq.offset();
     if constexpr (kDrafting) {
       std::copy_n(token_of + token, count, partial);
     } else {
       *partial = token_of[token];  // no call into memmove for one token.
     }
     token += static_cast<size_t>(count);
-    *note++ = {handle.index, count, hot.drafts};
-    hot.num_tokens += count;
-    hot.offset = offset + count;
+    *note++ = {handle.index, count, seq.drafts()};
     if constexpr (kDrafting) {
       // Counted as the append and SetDraftsAt would count them.
       const int32_t drafts = draft_of[i];
-      if (drafts != std::max(0, hot.drafts - count)) slots += drafts;
-      hot.drafts = drafts;
+      if (drafts != std::max(0, seq.drafts() - count)) slots += drafts;
+      seq.AppendInPlace(count, drafts);
+    } else {
+      seq.AppendInPlace(1, 0);
     }
   }
   next = token;
@@ -296,7 +294,7 @@ size_t BlockManagerImpl::AppendDecodeRun(
     size_t i, size_t& next, InPlaceAppend*& notes) {
   size_t token = next;
   int64_t draft_slots = 0;
-  SequenceHot* const slab = slab_.hot_data();
+  Sequence* const slab = slab_.sequence_data();
   const size_t slab_size = static_cast<size_t>(slab_.limit());
   TokenId* const partial = slab_.partial_data();
   const int32_t page_size = config_.page_size;
@@ -386,17 +384,17 @@ absl::Status BlockManagerImpl::AppendMany(
       stats_.appended_tokens += count;
       const bool in_place = AppendInPlace(entry, entry_tokens);
       if (in_place && !drafting) continue;
-      const SequenceBlockTable& table = slab_.hot(entry).table;
+      const SequenceBlockTable& table = slab_.sequence(entry).table();
       const int32_t pages_before = table.num_pages();
       AppendResult one;
       // With drafts whose end does not fall back (the common speculative
       // step), the append sets them too.
       bool drafts_set = false;
       if (!in_place) {
-        const SequenceHot& hot = slab_.hot(entry);
-        KVBLOCK_RETURN_IF_ERROR(CheckPromptDone(hot, slab_.cold(entry).id));
+        const Sequence& seq = slab_.sequence(entry);
+        KVBLOCK_RETURN_IF_ERROR(CheckPromptDone(seq, slab_.cold(entry).id));
         drafts_set = drafting && draft_counts[i] >= 0 &&
-                     hot.num_tokens + count + draft_counts[i] >
+                     seq.num_tokens() + count + draft_counts[i] >
                          int64_t{pages_before - 1} * config_.page_size;
         KVBLOCK_RETURN_IF_ERROR(AppendSlow(entry, entry_tokens, one, {},
                                            drafts_set ? draft_counts[i] : -1));
@@ -450,17 +448,16 @@ absl::Status BlockManagerImpl::AppendDraftStep(SequenceHandle handle, size_t i,
     return absl::OkStatus();
   }
   const int32_t entry = handle.index;
-  SequenceHot& hot = slab_.hot(entry);
-  const int32_t offset = hot.offset;
+  Sequence& seq = slab_.sequence(entry);
+  const int32_t offset = seq.offset();
   // At offset 0 the partial page holds the last full page's tokens, which
   // an undone fill of this transaction would need back.
-  if (hot.tail_maybe_shared || hot.num_tokens < hot.prompt_end ||
-      (offset == 0 && hot.filled_in_transaction == journal_.serial())) {
+  if (seq.tail_maybe_shared() || !seq.prompt_done() ||
+      (offset == 0 && seq.filled_in_transaction() == journal_.serial())) {
     return absl::OkStatus();
   }
-  SequenceBlockTable& table = hot.table;
-  const int32_t held = table.num_pages();
-  const int64_t pages = config_.PagesFor(hot.num_tokens + count + drafts);
+  const int32_t held = seq.num_pages();
+  const int64_t pages = config_.PagesFor(seq.num_tokens() + count + drafts);
   if (pages < held || pages > held + 1 || pages > config_.max_pages_per_seq) {
     return absl::OkStatus();
   }
@@ -475,35 +472,36 @@ absl::Status BlockManagerImpl::AppendDraftStep(SequenceHandle handle, size_t i,
   // A fill overwrites the partial tokens, and later appends of this
   // transaction may overwrite what the tokens past the page leave.
   journal_.DraftStep(
-      entry, hot.num_tokens, held, hot.drafts,
+      entry, seq.num_tokens(), held, seq.drafts(),
       fills ? &cold.last_full_hash : nullptr,
       absl::MakeConstSpan(partial, fills ? static_cast<size_t>(offset) : 0));
   taken = true;
+  const int32_t filled_page =
+      static_cast<int32_t>(seq.num_tokens() / page_size);
+  // Counted as the append and SetDraftsAt would count them.
+  if (drafts != std::max(0, seq.drafts() - count)) stats_.draft_slots += drafts;
+  PageId page = kNoPage;
   if (adds) {
-    KVBLOCK_ASSIGN_OR_RETURN(const PageId page, pool_->Allocate());
-    // Cannot fail: pages <= max_pages_per_seq. With the prompt done no
-    // reservation is left to draw from.
-    KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(absl::MakeConstSpan(&page, 1)));
+    KVBLOCK_ASSIGN_OR_RETURN(page, pool_->Allocate());
   }
+  // Cannot fail: pages <= max_pages_per_seq. With the prompt done no
+  // reservation is left to draw from.
+  KVBLOCK_RETURN_IF_ERROR(seq.Grow(absl::MakeConstSpan(&page, adds ? 1 : 0),
+                                   seq.num_tokens() + count, drafts,
+                                   fills ? journal_.serial() : 0));
   std::copy_n(tokens.begin(), into_partial, partial + offset);
   if (fills) {
     if (options_.enable_prefix_caching) {
-      KVBLOCK_RETURN_IF_ERROR(RegisterFullPage(
-          entry, static_cast<int32_t>(hot.num_tokens / page_size), nullptr,
-          absl::MakeConstSpan(partial, page_size)));
+      KVBLOCK_RETURN_IF_ERROR(
+          RegisterFullPage(entry, filled_page, nullptr,
+                           absl::MakeConstSpan(partial, page_size)));
     }
     std::copy_n(tokens.begin() + into_partial, past, partial);
-    hot.filled_in_transaction = journal_.serial();
   }
-  hot.num_tokens += count;
-  hot.offset = fills ? past : offset + count;
-  // Counted as the append and SetDraftsAt would count them.
-  if (drafts != std::max(0, hot.drafts - count)) stats_.draft_slots += drafts;
-  hot.drafts = drafts;
   stats_.appended_tokens += count;
   if (adds) {
     result.changed.push_back(static_cast<int32_t>(i));
-    result.pages.push_back(table.entries().first(table.num_pages()));
+    result.pages.push_back(seq.pages());
     result.first_changed_page.push_back(held);
     ++result.new_pages;
   }
@@ -513,82 +511,79 @@ absl::Status BlockManagerImpl::AppendDraftStep(SequenceHandle handle, size_t i,
 absl::Status BlockManagerImpl::AppendSlow(
     int32_t entry, absl::Span<const TokenId> tokens, AppendResult& result,
     absl::Span<const BlockHash> prompt_hashes, int32_t drafts_after) {
-  const int32_t page_size = config_.page_size;
-  SequenceHot& hot = slab_.hot(entry);
-  internal::SequenceCold& cold = slab_.cold(entry);
-  SequenceBlockTable& table = hot.table;
-  TokenId* const partial = slab_.partial(entry);
-
+  const Sequence& seq = slab_.sequence(entry);
   // Decode, one token: it fills the partial page held here alone, or
   // starts a page. (With one-token pages every page fills at once, and with
   // drafts or a prompt's hashes: the general case.)
-  if (tokens.size() == 1 && page_size > 1 && hot.drafts == 0 &&
+  if (tokens.size() == 1 && config_.page_size > 1 && seq.drafts() == 0 &&
       drafts_after <= 0 && prompt_hashes.empty()) {
-    if (hot.offset == page_size - 1 && !hot.tail_maybe_shared) {
-      partial[page_size - 1] = tokens[0];  // past the page until it counts.
-      const BlockHash chain_before = cold.last_full_hash;
-      if (options_.enable_prefix_caching) {
-        KVBLOCK_RETURN_IF_ERROR(RegisterFullPage(
-            entry, static_cast<int32_t>(hot.num_tokens / page_size), nullptr,
-            absl::MakeConstSpan(partial, page_size)));
-      }
-      journal_.Filled(entry, chain_before);
-      ++hot.num_tokens;
-      hot.offset = 0;
-      hot.filled_in_transaction = journal_.serial();
-      return absl::OkStatus();
-    }
-    if (hot.offset == 0 && table.num_pages() < config_.max_pages_per_seq) {
-      if (AllocatableFor(entry) <= 0) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("block manager: sequence ", cold.id,
-                         " needs 1 page, 0 are allocatable"));
-      }
-      KVBLOCK_ASSIGN_OR_RETURN(const PageId page, pool_->Allocate());
-      // Cannot fail: the capacity was checked above.
-      KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(absl::MakeConstSpan(&page, 1)));
-      DrawReservation(entry, 1);
-      // The last full page's tokens: a rollback that also undoes its fill
-      // needs them back. Decode fills a page and starts the next one in two
-      // steps, two transactions, so this is rare.
-      const bool filled_here = hot.filled_in_transaction == journal_.serial();
-      journal_.NewPage(entry, hot.tail_maybe_shared,
-                       filled_here ? absl::MakeConstSpan(partial, page_size)
-                                   : absl::Span<const TokenId>());
-      partial[0] = tokens[0];
-      ++hot.num_tokens;
-      hot.offset = 1;
-      hot.tail_maybe_shared = false;
-      result.new_pages = 1;
-      return absl::OkStatus();
-    }
+    bool taken = false;
+    KVBLOCK_RETURN_IF_ERROR(AppendAtPageEdge(entry, tokens[0], result, taken));
+    if (taken) return absl::OkStatus();
   }
+  return AppendGeneral(entry, tokens, result, prompt_hashes, drafts_after);
+}
 
-  // The general case: any number of tokens, across pages (draft slots'
-  // pages first), copying a shared partial page first; then the new drafts.
-  const int64_t count = static_cast<int64_t>(tokens.size());
-  const int64_t new_tokens = hot.num_tokens + count;
-  const int32_t old_pages = table.num_pages();
-  const int64_t new_drafts =
-      drafts_after >= 0 ? drafts_after
-                        : std::max<int64_t>(0, int64_t{hot.drafts} - count);
-  const PageId last_page = old_pages > 0 ? *table.Get(old_pages - 1) : kNoPage;
-  // With drafts the partial page is held here alone: never copied.
-  const bool copy = hot.offset != 0 && hot.tail_maybe_shared &&
-                    pool_->RefCount(last_page) > 1;
+absl::Status BlockManagerImpl::AppendAtPageEdge(int32_t entry, TokenId token,
+                                                AppendResult& result,
+                                                bool& taken) {
+  const int32_t page_size = config_.page_size;
+  Sequence& seq = slab_.sequence(entry);
+  internal::SequenceCold& cold = slab_.cold(entry);
+  TokenId* const partial = slab_.partial(entry);
+  taken = true;
+  if (seq.offset() == page_size - 1 && !seq.tail_maybe_shared()) {
+    partial[page_size - 1] = token;  // past the page until it counts.
+    const BlockHash chain_before = cold.last_full_hash;
+    if (options_.enable_prefix_caching) {
+      KVBLOCK_RETURN_IF_ERROR(RegisterFullPage(
+          entry, static_cast<int32_t>(seq.num_tokens() / page_size), nullptr,
+          absl::MakeConstSpan(partial, page_size)));
+    }
+    journal_.Filled(entry, chain_before);
+    return seq.Grow({}, seq.num_tokens() + 1, 0, journal_.serial());
+  }
+  if (seq.offset() == 0 && seq.num_pages() < config_.max_pages_per_seq) {
+    if (AllocatableFor(entry) <= 0) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("block manager: sequence ", cold.id,
+                       " needs 1 page, 0 are allocatable"));
+    }
+    KVBLOCK_ASSIGN_OR_RETURN(const PageId page, pool_->Allocate());
+    // The last full page's tokens: a rollback that also undoes its fill
+    // needs them back. Decode fills a page and starts the next one in two
+    // steps, two transactions, so this is rare.
+    const bool filled_here = seq.filled_in_transaction() == journal_.serial();
+    journal_.NewPage(entry, seq.tail_maybe_shared(),
+                     filled_here ? absl::MakeConstSpan(partial, page_size)
+                                 : absl::Span<const TokenId>());
+    // Cannot fail: the capacity was checked above.
+    KVBLOCK_RETURN_IF_ERROR(
+        seq.Grow(absl::MakeConstSpan(&page, 1), seq.num_tokens() + 1, 0));
+    seq.OwnTail();
+    DrawReservation(entry, 1);
+    partial[0] = token;
+    result.new_pages = 1;
+    return absl::OkStatus();
+  }
+  taken = false;
+  return absl::OkStatus();
+}
+
+absl::Status BlockManagerImpl::CheckGrowth(int32_t entry, int64_t new_tokens,
+                                           int64_t drafts, bool copy) const {
+  const SequenceCold& cold = slab_.cold(entry);
+  const int64_t old_pages = slab_.sequence(entry).num_pages();
+  const int64_t allocatable = AllocatableFor(entry);
   // The tokens' pages, then with the new drafts (as SetDraftsAt would check
   // them after the append).
-  const int64_t token_pages = config_.PagesFor(new_tokens);
-  const int64_t pages = drafts_after > 0
-                            ? config_.PagesFor(new_tokens + drafts_after)
-                            : token_pages;
-  const int64_t allocatable = AllocatableFor(entry);
-  for (const int64_t end : {token_pages, pages}) {
-    const int64_t drafts = end == token_pages ? 0 : drafts_after;
+  const int64_t held[] = {0, drafts};
+  for (const int64_t slots : absl::MakeConstSpan(held, drafts > 0 ? 2 : 1)) {
+    const int64_t end = config_.PagesFor(new_tokens + slots);
     if (end > config_.max_pages_per_seq) {
       return absl::OutOfRangeError(absl::StrCat(
           "block manager: sequence ", cold.id, " would hold ", new_tokens,
-          " tokens and ", drafts, " drafts in ", end,
+          " tokens and ", slots, " drafts in ", end,
           " pages, more than max_pages_per_seq = ", config_.max_pages_per_seq));
     }
     const int64_t needed =
@@ -596,60 +591,91 @@ absl::Status BlockManagerImpl::AppendSlow(
     if (needed > allocatable) {
       return absl::ResourceExhaustedError(
           absl::StrCat("block manager: sequence ", cold.id, " needs ", needed,
-                       " pages for its tokens and ", drafts, " drafts, ",
+                       " pages for its tokens and ", slots, " drafts, ",
                        allocatable, " are allocatable"));
     }
   }
-  if (hot.drafts > 0 || new_drafts > 0) {
-    // The tokens take the draft slots first.
-    journal_.Drafted(entry, hot.drafts, old_pages, last_page,
-                     hot.tail_maybe_shared, {});
+  return absl::OkStatus();
+}
+
+absl::Status BlockManagerImpl::AppendGeneral(
+    int32_t entry, absl::Span<const TokenId> tokens, AppendResult& result,
+    absl::Span<const BlockHash> prompt_hashes, int32_t drafts_after) {
+  const int32_t page_size = config_.page_size;
+  Sequence& seq = slab_.sequence(entry);
+  internal::SequenceCold& cold = slab_.cold(entry);
+  TokenId* const partial = slab_.partial(entry);
+  const int64_t count = static_cast<int64_t>(tokens.size());
+  const int64_t old_tokens = seq.num_tokens();
+  const int32_t old_pages = seq.num_pages();
+  const PageId last_page = seq.last_page();
+  // The tokens take the draft slots first.
+  const int64_t left_drafts =
+      std::max<int64_t>(0, int64_t{seq.drafts()} - count);
+  const int64_t new_drafts = drafts_after >= 0 ? drafts_after : left_drafts;
+  // With drafts the partial page is held here alone: never copied.
+  const bool copy = seq.TailNeedsCopy(*pool_);
+  KVBLOCK_RETURN_IF_ERROR(
+      CheckGrowth(entry, old_tokens + count, std::max(0, drafts_after), copy));
+  if (seq.drafts() > 0 || new_drafts > 0) {
+    journal_.Drafted(entry, seq.drafts(), old_pages, last_page,
+                     seq.tail_maybe_shared(), {});
     // As SetDraftsAt counts a change of drafts.
-    if (drafts_after >= 0 &&
-        new_drafts != std::max<int64_t>(0, int64_t{hot.drafts} - count)) {
+    if (drafts_after >= 0 && new_drafts != left_drafts) {
       stats_.draft_slots += new_drafts;
     }
-    hot.drafts = static_cast<int32_t>(new_drafts);
   }
-  int32_t offset = hot.offset;
+  const int32_t offset = seq.offset();
   // The partial tokens are overwritten only when a page fills; at offset 0
   // they are the last full page's, which an undone fill of this transaction
   // needs back.
   const bool fills = offset + count >= page_size;
   const bool save_tokens = offset == 0 || fills;
-  journal_.Changed(entry, hot.tail_maybe_shared, hot.num_tokens, old_pages,
+  journal_.Changed(entry, seq.tail_maybe_shared(), old_tokens, old_pages,
                    last_page, fills ? &cold.last_full_hash : nullptr,
                    save_tokens ? absl::MakeConstSpan(
                                      partial, offset == 0 ? page_size : offset)
                                : absl::Span<const TokenId>());
   if (copy) {
-    KVBLOCK_ASSIGN_OR_RETURN(const CopyOnWrite cow,
-                             table.EnsureWritable(old_pages - 1, *pool_));
+    KVBLOCK_ASSIGN_OR_RETURN(const CopyOnWrite cow, seq.CopyTail(*pool_));
     result.copy = PageCopy{cow.source, cow.page};
   }
   // From here on the last page is fresh, copied or held here alone.
-  hot.tail_maybe_shared = false;
-  const int32_t pages_before = table.num_pages();
-  if (pages > pages_before) {
-    // Every new page at once, before any fills (a long prompt chunk spans
-    // many). The capacity was checked above.
-    const absl::Span<PageId> fresh =
-        absl::MakeSpan(page_scratch_).first(pages - pages_before);
-    KVBLOCK_RETURN_IF_ERROR(pool_->AllocateN(fresh));
-    KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(fresh));
-    result.new_pages += static_cast<int32_t>(fresh.size());
-  }
+  seq.OwnTail();
+  // Every new page at once, before any fills (a long prompt chunk spans
+  // many). The capacity was checked above.
+  const absl::Span<PageId> fresh =
+      absl::MakeSpan(page_scratch_)
+          .first(static_cast<size_t>(std::max<int64_t>(
+              0,
+              config_.PagesFor(old_tokens + count + new_drafts) - old_pages)));
+  KVBLOCK_RETURN_IF_ERROR(pool_->AllocateN(fresh));
+  KVBLOCK_RETURN_IF_ERROR(
+      seq.Grow(fresh, old_tokens + count, static_cast<int32_t>(new_drafts)));
+  result.new_pages += static_cast<int32_t>(fresh.size());
+  DrawReservation(entry, static_cast<int32_t>(fresh.size()));
+  return WriteTokens(entry, old_tokens, tokens, prompt_hashes);
+}
+
+absl::Status BlockManagerImpl::WriteTokens(
+    int32_t entry, int64_t old_tokens, absl::Span<const TokenId> tokens,
+    absl::Span<const BlockHash> prompt_hashes) {
+  const size_t page_size = static_cast<size_t>(config_.page_size);
+  internal::SequenceCold& cold = slab_.cold(entry);
+  TokenId* const partial = slab_.partial(entry);
+  int64_t written = old_tokens;  // the tokens in place so far.
+  size_t offset = static_cast<size_t>(old_tokens % config_.page_size);
   // The partial page first (its tokens are in `partial`), then whole pages
   // straight from `tokens` (a long prompt chunk spans many), then the tail.
   // Each page that fills is registered.
   absl::Span<const TokenId> rest = tokens;
   absl::Span<const TokenId> page_tokens;  // of the last page filled.
   while (!rest.empty()) {
-    const int64_t next_page = hot.num_tokens / page_size;
-    // Whole pages (a long prompt chunk spans many) in one run, registered
-    // as an admission registers them; page 0 of given hashes goes alone
-    // (hashed, it checks that they are this prompt's).
-    if (offset == 0 && rest.size() >= static_cast<size_t>(page_size) &&
+    const int64_t next_page = written / config_.page_size;
+    // Whole pages in one run, registered as an admission registers them;
+    // page 0 of given hashes goes alone (hashed, it checks that they are
+    // this prompt's).
+    if (offset == 0 && rest.size() >= page_size &&
         (next_page > 0 || prompt_hashes.empty())) {
       const size_t pages = rest.size() / page_size;
       const absl::Span<const TokenId> run = rest.first(pages * page_size);
@@ -665,26 +691,25 @@ absl::Status BlockManagerImpl::AppendSlow(
       }
       page_tokens = run.last(page_size);
       rest.remove_prefix(run.size());
-      hot.num_tokens += static_cast<int64_t>(run.size());
+      written += static_cast<int64_t>(run.size());
       continue;
     }
-    if (offset == 0 && rest.size() >= static_cast<size_t>(page_size)) {
+    if (offset == 0 && rest.size() >= page_size) {
       page_tokens = rest.first(page_size);
       rest.remove_prefix(page_size);
-      hot.num_tokens += page_size;
+      written += static_cast<int64_t>(page_size);
     } else {
-      const size_t take =
-          std::min(rest.size(), static_cast<size_t>(page_size - offset));
+      const size_t take = std::min(rest.size(), page_size - offset);
       std::copy_n(rest.begin(), take, partial + offset);
       rest.remove_prefix(take);
-      hot.num_tokens += static_cast<int64_t>(take);
-      offset += static_cast<int32_t>(take);
+      written += static_cast<int64_t>(take);
+      offset += take;
       if (offset < page_size) break;
       offset = 0;
       page_tokens = absl::MakeConstSpan(partial, page_size);
     }
     if (!options_.enable_prefix_caching) continue;
-    const int32_t page = static_cast<int32_t>(hot.num_tokens / page_size) - 1;
+    const int32_t page = static_cast<int32_t>(written / config_.page_size) - 1;
     // Page 0 is hashed: it checks that the hashes are this prompt's.
     const BlockHash* given =
         page > 0 && !prompt_hashes.empty() ? &prompt_hashes[page] : nullptr;
@@ -701,8 +726,6 @@ absl::Status BlockManagerImpl::AppendSlow(
   if (offset == 0 && !page_tokens.empty() && page_tokens.data() != partial) {
     std::copy(page_tokens.begin(), page_tokens.end(), partial);
   }
-  hot.offset = offset;
-  DrawReservation(entry, table.num_pages() - pages_before);
   return absl::OkStatus();
 }
 
@@ -728,7 +751,8 @@ absl::Status BlockManagerImpl::RegisterPages(int32_t entry, int32_t first,
                                              const BlockHash& parent,
                                              absl::Span<const BlockHash> hashes,
                                              absl::Span<const TokenId> tokens) {
-  const absl::Span<const PageId> entries = slab_.hot(entry).table.entries();
+  const absl::Span<const PageId> entries =
+      slab_.sequence(entry).table().entries();
   if (first > 0 && !ParentCached(entries[first - 1], parent)) {
     return absl::OkStatus();
   }
@@ -749,7 +773,7 @@ absl::Status BlockManagerImpl::RegisterPages(int32_t entry, int32_t first,
 absl::Status BlockManagerImpl::RegisterFullPage(
     int32_t entry, int32_t page, const BlockHash* hash,
     absl::Span<const TokenId> page_tokens) {
-  const SequenceBlockTable& table = slab_.hot(entry).table;
+  const SequenceBlockTable& table = slab_.sequence(entry).table();
   internal::SequenceCold& cold = slab_.cold(entry);
   const BlockHash full =
       hash != nullptr ? *hash

@@ -18,40 +18,40 @@ absl::Status BlockManagerImpl::CheckInvariants() const {
   std::vector<int32_t> references(config_.num_pages, 0);
   int64_t reserved = 0;
   for (const auto& [id, entry] : slab_.live()) {
-    const SequenceHot& hot = slab_.hot(entry);
-    const SequenceBlockTable& table = hot.table;
-    if (slab_.cold(entry).id != id || !hot.live) {
+    const Sequence& seq = slab_.sequence(entry);
+    const SequenceBlockTable& table = seq.table();
+    if (slab_.cold(entry).id != id || !seq.live()) {
       return absl::InternalError(
           absl::StrCat("block manager: entry ", entry, " holds sequence ",
-                       slab_.cold(entry).id, (hot.live ? "" : " (not live)"),
+                       slab_.cold(entry).id, (seq.live() ? "" : " (not live)"),
                        ", indexed as ", id));
     }
-    if (hot.offset != hot.num_tokens % config_.page_size) {
+    if (seq.offset() != seq.num_tokens() % config_.page_size) {
       return absl::InternalError(
           absl::StrCat("block manager: sequence ", id, " has offset ",
-                       hot.offset, " with ", hot.num_tokens, " tokens"));
+                       seq.offset(), " with ", seq.num_tokens(), " tokens"));
     }
     const int32_t partial_page =
-        static_cast<int32_t>(hot.num_tokens / config_.page_size);
-    if (!hot.tail_maybe_shared && hot.offset != 0 &&
+        static_cast<int32_t>(seq.num_tokens() / config_.page_size);
+    if (!seq.tail_maybe_shared() && seq.offset() != 0 &&
         pool_->RefCount(*table.Get(partial_page)) != 1) {
       return absl::InternalError(
           absl::StrCat("block manager: sequence ", id,
                        "'s partial page is shared but not flagged"));
     }
-    if (hot.drafts < 0 ||
-        (hot.drafts > 0 &&
-         (hot.tail_maybe_shared || hot.num_tokens < hot.prompt_end))) {
+    if (seq.drafts() < 0 ||
+        (seq.drafts() > 0 &&
+         (seq.tail_maybe_shared() || seq.num_tokens() < seq.prompt_end()))) {
       return absl::InternalError(absl::StrCat(
-          "block manager: sequence ", id, " holds ", hot.drafts,
-          " drafts with ", hot.prompt_end - hot.num_tokens,
-          " prompt tokens left", (hot.tail_maybe_shared ? ", shared" : "")));
+          "block manager: sequence ", id, " holds ", seq.drafts(),
+          " drafts with ", seq.prompt_end() - seq.num_tokens(),
+          " prompt tokens left", (seq.tail_maybe_shared() ? ", shared" : "")));
     }
-    const int64_t pages = config_.PagesFor(hot.num_tokens + hot.drafts);
+    const int64_t pages = config_.PagesFor(seq.num_tokens() + seq.drafts());
     if (table.num_pages() != pages) {
       return absl::InternalError(absl::StrCat(
-          "block manager: sequence ", id, " holds ", hot.num_tokens,
-          " tokens and ", hot.drafts, " drafts in ", table.num_pages(),
+          "block manager: sequence ", id, " holds ", seq.num_tokens(),
+          " tokens and ", seq.drafts(), " drafts in ", table.num_pages(),
           " pages, expected ", pages));
     }
     reserved += ReservationOf(entry);
@@ -81,20 +81,20 @@ BlockManagerSnapshot BlockManagerImpl::Snapshot() const {
   BlockManagerSnapshot snapshot;
   snapshot.pool = pool_->Snapshot();
   for (const auto& [id, entry] : slab_.live()) {
-    const SequenceHot& hot = slab_.hot(entry);
+    const Sequence& seq = slab_.sequence(entry);
     const SequenceCold& cold = slab_.cold(entry);
-    const auto pages = hot.table.entries().first(hot.table.num_pages());
+    const auto pages = seq.table().entries().first(seq.table().num_pages());
     const TokenId* const partial = slab_.partial(entry);
     snapshot.sequences.push_back(BlockManagerSnapshot::SequenceState{
         .id = id,
         .pages = {pages.begin(), pages.end()},
-        .num_tokens = hot.num_tokens,
+        .num_tokens = seq.num_tokens(),
         .last_full_hash = cold.last_full_hash,
-        .partial_tokens = {partial, partial + hot.offset},
+        .partial_tokens = {partial, partial + seq.offset()},
         .cache_salt = cold.cache_salt,
         .adapter_id = cold.adapter_id,
-        .prompt_tokens = hot.prompt_end,
-        .drafts = hot.drafts});
+        .prompt_tokens = seq.prompt_end(),
+        .drafts = seq.drafts()});
   }
   std::sort(snapshot.sequences.begin(), snapshot.sequences.end(),
             [](const auto& a, const auto& b) { return a.id < b.id; });

@@ -172,7 +172,7 @@ class BlockManagerImpl {
   // set_commit_applying opens the marked sequences while the commit applies
   // its step (its own checks keep it to its sequences).
   void SetRunByCommit(SequenceHandle handle, bool on) {
-    slab_.hot(handle.index).run_by_commit = on;
+    slab_.sequence(handle.index).set_run_by_commit(on);
   }
   void set_commit_applying(bool on) { commit_applying_ = on; }
 
@@ -228,6 +228,29 @@ class BlockManagerImpl {
                           AppendResult& result,
                           absl::Span<const BlockHash> prompt_hashes = {},
                           int32_t drafts_after = -1);
+  // AppendSlow's decode step past a page edge: one token that fills the
+  // partial page held here alone, or starts a page; sets `taken` when it
+  // was one (else changes nothing).
+  absl::Status AppendAtPageEdge(int32_t entry, TokenId token,
+                                AppendResult& result, bool& taken);
+  // The one general append: any number of tokens, across pages (draft
+  // slots' pages first), copying a shared partial page first; then the new
+  // drafts (`drafts_after` as for AppendSlow).
+  absl::Status AppendGeneral(int32_t entry, absl::Span<const TokenId> tokens,
+                             AppendResult& result,
+                             absl::Span<const BlockHash> prompt_hashes,
+                             int32_t drafts_after);
+  // OutOfRange or ResourceExhausted when the sequence at `entry` cannot hold
+  // `new_tokens` tokens, nor then `drafts` drafts, copying its partial page
+  // first when `copy`.
+  absl::Status CheckGrowth(int32_t entry, int64_t new_tokens, int64_t drafts,
+                           bool copy) const;
+  // Writes `tokens`, which the sequence at `entry` grew by from
+  // `old_tokens`, into its partial page, registering every page they fill
+  // (under `prompt_hashes` when given, else hashed) as its chain advances.
+  absl::Status WriteTokens(int32_t entry, int64_t old_tokens,
+                           absl::Span<const TokenId> tokens,
+                           absl::Span<const BlockHash> prompt_hashes);
   absl::Status SetDraftsAt(int32_t entry, int32_t count, AppendResult& result);
   // AppendMany's speculative step past a page edge, for the sequence of
   // `handle` at index `i`: sets `taken` when it was one (else changes

@@ -87,26 +87,23 @@ absl::StatusOr<AdmissionPlan> BlockManagerImpl::Admit(
   KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
     const int32_t entry = slab_.Create(id);
     journal_.Created(entry, -1, false);
-    SequenceHot& hot = slab_.hot(entry);
+    Sequence& seq = slab_.sequence(entry);
     SequenceCold& cold = slab_.cold(entry);
-    hot.num_tokens = end;
-    hot.offset = static_cast<int32_t>(end % config_.page_size);
     cold.cache_salt.assign(extra.cache_salt.data(), extra.cache_salt.size());
     cold.adapter_id = extra.adapter_id;
-    hot.prompt_end = static_cast<int64_t>(prompt.size());
+    seq.StartPrompt(static_cast<int64_t>(prompt.size()));
     cold.reserves = plan.reserved_pages > 0;
     reserved_pages_ += plan.reserved_pages;
-    SequenceBlockTable& table = hot.table;
     if (plan.hit_pages > 0) {
       // The pages the plan found: no second lookup.
       const absl::Span<const PageId> hits = planner_.hits(plan.hit_pages);
       KVBLOCK_RETURN_IF_ERROR(pool_->AcquireCached(hits));
-      KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(hits));
+      KVBLOCK_RETURN_IF_ERROR(seq.Grow(hits, plan.hit_tokens, 0));
     }
     const absl::Span<PageId> fresh =
         absl::MakeSpan(page_scratch_).first(plan.new_pages);
     KVBLOCK_RETURN_IF_ERROR(pool_->AllocateN(fresh));
-    KVBLOCK_RETURN_IF_ERROR(table.AdoptPages(fresh));
+    KVBLOCK_RETURN_IF_ERROR(seq.Grow(fresh, end, 0));
     if (options_.enable_prefix_caching) {
       const size_t first = static_cast<size_t>(plan.hit_pages);
       KVBLOCK_RETURN_IF_ERROR(RegisterPages(
@@ -119,10 +116,10 @@ absl::StatusOr<AdmissionPlan> BlockManagerImpl::Admit(
           full_pages > 0 ? hashes[full_pages - 1] : hasher_.RootHash(extra);
     }
     const auto tail = prompt.subspan(
-        static_cast<size_t>(full_pages) * config_.page_size, hot.offset);
+        static_cast<size_t>(full_pages) * config_.page_size, seq.offset());
     std::copy(tail.begin(), tail.end(), slab_.partial(entry));
     ++stats_.admitted;
-    stats_.prompt_tokens += hot.prompt_end;
+    stats_.prompt_tokens += seq.prompt_end();
     stats_.prefix_hit_tokens += plan.hit_tokens;
     return absl::OkStatus();
   }));
@@ -139,14 +136,13 @@ absl::Status BlockManagerImpl::Fork(SequenceId parent, SequenceId child) {
   KVBLOCK_RETURN_IF_ERROR(CheckNewId(child, "fork child"));
   {
     const int32_t source = slab_.Find(parent);
-    const int64_t prompt_left =
-        slab_.hot(source).prompt_end - slab_.hot(source).num_tokens;
-    if (prompt_left > 0 || slab_.hot(source).drafts > 0) {
+    const int64_t prompt_left = slab_.sequence(source).prompt_left();
+    if (prompt_left > 0 || slab_.sequence(source).drafts() > 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "block manager: fork parent ", parent, " still has ",
           prompt_left > 0
               ? absl::StrCat(prompt_left, " prompt tokens to compute")
-              : absl::StrCat(slab_.hot(source).drafts, " draft slots"),
+              : absl::StrCat(slab_.sequence(source).drafts(), " draft slots"),
           ": fork it after its prompt, without drafts"));
     }
   }
@@ -154,21 +150,15 @@ absl::Status BlockManagerImpl::Fork(SequenceId parent, SequenceId child) {
     const int32_t entry = slab_.Create(child);
     // After Create, which may grow the slab.
     const int32_t source = slab_.Find(parent);
-    SequenceHot& from = slab_.hot(source);
-    SequenceHot& to = slab_.hot(entry);
-    journal_.Created(entry, source, from.tail_maybe_shared);
-    KVBLOCK_RETURN_IF_ERROR(from.table.ForkInto(to.table, *pool_));
-    to.num_tokens = from.num_tokens;
-    to.offset = from.offset;
-    // Both now hold the partial page.
-    from.tail_maybe_shared = true;
-    to.tail_maybe_shared = true;
+    Sequence& from = slab_.sequence(source);
+    Sequence& to = slab_.sequence(entry);
+    journal_.Created(entry, source, from.tail_maybe_shared());
+    KVBLOCK_RETURN_IF_ERROR(to.ForkFrom(from, *pool_));
     std::copy_n(slab_.partial(source), config_.page_size, slab_.partial(entry));
     SequenceCold& cold = slab_.cold(entry);
     cold.last_full_hash = slab_.cold(source).last_full_hash;
     cold.cache_salt = slab_.cold(source).cache_salt;
     cold.adapter_id = slab_.cold(source).adapter_id;
-    to.prompt_end = from.prompt_end;
     ++stats_.forks;
     return absl::OkStatus();
   });
@@ -176,7 +166,7 @@ absl::Status BlockManagerImpl::Fork(SequenceId parent, SequenceId child) {
 
 absl::Status BlockManagerImpl::CheckNotRunByCommit(int32_t entry,
                                                    SequenceId id) const {
-  if (!slab_.hot(entry).run_by_commit || commit_applying_) {
+  if (!slab_.sequence(entry).run_by_commit() || commit_applying_) {
     return absl::OkStatus();
   }
   return absl::FailedPreconditionError(absl::StrCat(
@@ -193,14 +183,13 @@ absl::Status BlockManagerImpl::Remove(SequenceId id, bool preempted) {
   KVBLOCK_RETURN_IF_ERROR(CheckNotRunByCommit(entry, id));
   return Transact([&]() -> absl::Status {
     reserved_pages_ -= ReservationOf(entry);
-    SequenceBlockTable& table = slab_.hot(entry).table;
+    Sequence& seq = slab_.sequence(entry);
     // The pages, kept before the release empties the table, are journaled
     // once it succeeded.
     const absl::Span<PageId> pages =
-        absl::MakeSpan(page_scratch_).first(table.num_pages());
-    std::copy(table.entries().begin(), table.entries().begin() + pages.size(),
-              pages.begin());
-    KVBLOCK_RETURN_IF_ERROR(table.ReleaseAll(*pool_));
+        absl::MakeSpan(page_scratch_).first(seq.num_pages());
+    std::copy(seq.pages().begin(), seq.pages().end(), pages.begin());
+    KVBLOCK_RETURN_IF_ERROR(seq.ReleasePages(*pool_));
     journal_.Removed(entry, pages);
     slab_.Remove(entry);
     ++(preempted ? stats_.preemptions : stats_.freed);

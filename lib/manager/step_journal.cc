@@ -52,16 +52,6 @@ void StepJournal::Undo(const JournalRecord& record, SequenceSlab& slab) const {
   }
 }
 
-void StepJournal::RestorePages(SequenceBlockTable& table, int32_t num_pages,
-                               PageId last_page) {
-  int32_t keep = num_pages;
-  if (keep > 0 && table.Get(keep - 1) != last_page) --keep;
-  table.ForgetFrom(keep);
-  if (keep < num_pages) {
-    (void)table.AdoptPages(absl::MakeConstSpan(&last_page, 1));
-  }
-}
-
 void StepJournal::GrowRuns(size_t capacity) {
   capacity = std::max(capacity, 2 * runs_capacity_);
   std::unique_ptr<InPlaceAppend[]> runs(new InPlaceAppend[capacity]);

@@ -220,7 +220,7 @@ class StepJournal {
   }
   static void Undo(const JournalRecord::Created& r, SequenceSlab& slab) {
     if (r.parent >= 0) {
-      slab.hot(r.parent).tail_maybe_shared = r.parent_tail_maybe_shared;
+      slab.sequence(r.parent).RestoreTail(r.parent_tail_maybe_shared);
     }
     slab.UndoCreate(r.entry);
   }
@@ -232,7 +232,7 @@ class StepJournal {
     pages_.insert(pages_.end(), pages.begin(), pages.end());
   }
   void Undo(const JournalRecord::Removed& r, SequenceSlab& slab) const {
-    (void)slab.hot(r.entry).table.AdoptPages(pages(r));
+    slab.sequence(r.entry).RestoreDropped(pages(r));
     slab.UndoRemove(r.entry);
   }
 
@@ -241,9 +241,8 @@ class StepJournal {
     record.appended = {entry, count};
   }
   static void Undo(const JournalRecord::Appended& r, SequenceSlab& slab) {
-    SequenceHot& hot = slab.hot(r.entry);
-    hot.num_tokens -= r.count;
-    hot.offset -= r.count;
+    Sequence& seq = slab.sequence(r.entry);
+    seq.UndoAppendInPlace(r.count, seq.drafts());
   }
 
   // Decode runs (AppendMany): RunSpace(n) makes room for n entries at the
@@ -269,10 +268,7 @@ class StepJournal {
   void Undo(const JournalRecord::AppendedRun& r, SequenceSlab& slab) const {
     const absl::Span<const InPlaceAppend> run = runs(r);
     for (auto it = run.rbegin(); it != run.rend(); ++it) {
-      SequenceHot& hot = slab.hot(it->entry);
-      hot.num_tokens -= it->count;
-      hot.offset -= it->count;
-      hot.drafts = it->drafts;
+      slab.sequence(it->entry).UndoAppendInPlace(it->count, it->drafts);
     }
   }
 
@@ -282,9 +278,8 @@ class StepJournal {
     hashes_.push_back(chain_before);
   }
   void Undo(const JournalRecord::Filled& r, SequenceSlab& slab) const {
-    SequenceHot& hot = slab.hot(r.entry);
-    --hot.num_tokens;
-    hot.offset = page_size_ - 1;
+    Sequence& seq = slab.sequence(r.entry);
+    seq.RestoreLength(seq.num_tokens() - 1, 0);
     slab.cold(r.entry).last_full_hash = hashes_[r.hash_index];
   }
 
@@ -299,11 +294,10 @@ class StepJournal {
     }
   }
   void Undo(const JournalRecord::NewPage& r, SequenceSlab& slab) const {
-    SequenceHot& hot = slab.hot(r.entry);
-    hot.table.ForgetFrom(hot.table.num_pages() - 1);
-    --hot.num_tokens;
-    hot.offset = 0;
-    hot.tail_maybe_shared = r.tail_maybe_shared;
+    Sequence& seq = slab.sequence(r.entry);
+    seq.DropPagesFrom(seq.num_pages() - 1);
+    seq.RestoreLength(seq.num_tokens() - 1, 0);
+    seq.RestoreTail(r.tail_maybe_shared);
     if (r.tokens_offset >= 0)
       RestoreTokens(r.tokens_offset, page_size_, slab.partial(r.entry));
   }
@@ -330,16 +324,16 @@ class StepJournal {
     tokens_.insert(tokens_.end(), partial.begin(), partial.end());
   }
   void Undo(const JournalRecord::Changed& r, SequenceSlab& slab) const {
-    SequenceHot& hot = slab.hot(r.entry);
-    RestorePages(hot.table, r.num_pages, r.last_page);
-    hot.num_tokens = r.num_tokens;
-    hot.offset = static_cast<int32_t>(r.num_tokens % page_size_);
-    hot.tail_maybe_shared = r.tail_maybe_shared;
+    Sequence& seq = slab.sequence(r.entry);
+    seq.RestorePages(r.num_pages, r.last_page);
+    seq.RestoreLength(r.num_tokens, seq.drafts());
+    seq.RestoreTail(r.tail_maybe_shared);
     if (r.hash_index >= 0) {
       slab.cold(r.entry).last_full_hash = hashes_[r.hash_index];
     }
     if (r.tokens_offset >= 0) {
-      RestoreTokens(r.tokens_offset, hot.offset == 0 ? page_size_ : hot.offset,
+      RestoreTokens(r.tokens_offset,
+                    seq.offset() == 0 ? page_size_ : seq.offset(),
                     slab.partial(r.entry));
     }
   }
@@ -360,15 +354,15 @@ class StepJournal {
     pages_.insert(pages_.end(), released.begin(), released.end());
   }
   void Undo(const JournalRecord::Drafted& r, SequenceSlab& slab) const {
-    SequenceHot& hot = slab.hot(r.entry);
+    Sequence& seq = slab.sequence(r.entry);
     // The released pages, last first, come back in table order.
     const absl::Span<const PageId> released = pages(r);
     for (auto it = released.rbegin(); it != released.rend(); ++it) {
-      (void)hot.table.AdoptPages(absl::MakeConstSpan(&*it, 1));
+      seq.RestoreDropped(absl::MakeConstSpan(&*it, 1));
     }
-    RestorePages(hot.table, r.num_pages, r.last_page);
-    hot.drafts = r.drafts;
-    hot.tail_maybe_shared = r.tail_maybe_shared;
+    seq.RestorePages(r.num_pages, r.last_page);
+    seq.RestoreLength(seq.num_tokens(), r.drafts);
+    seq.RestoreTail(r.tail_maybe_shared);
   }
 
   // `chain_before` and `partial`: null and empty when no page fills.
@@ -389,14 +383,12 @@ class StepJournal {
     tokens_.insert(tokens_.end(), partial.begin(), partial.end());
   }
   void Undo(const JournalRecord::DraftStep& r, SequenceSlab& slab) const {
-    SequenceHot& hot = slab.hot(r.entry);
-    hot.table.ForgetFrom(r.num_pages);
-    hot.num_tokens = r.num_tokens;
-    hot.offset = static_cast<int32_t>(r.num_tokens % page_size_);
-    hot.drafts = r.drafts;
+    Sequence& seq = slab.sequence(r.entry);
+    seq.DropPagesFrom(r.num_pages);
+    seq.RestoreLength(r.num_tokens, r.drafts);
     if (r.hash_index >= 0) {
       slab.cold(r.entry).last_full_hash = hashes_[r.hash_index];
-      RestoreTokens(r.tokens_offset, hot.offset, slab.partial(r.entry));
+      RestoreTokens(r.tokens_offset, seq.offset(), slab.partial(r.entry));
     }
   }
 
@@ -404,11 +396,6 @@ class StepJournal {
   // Undoes `record`, by its kind.
   void Undo(const JournalRecord& record, SequenceSlab& slab) const;
 
-  // Undoes appends and copies on write to `table`, which held `num_pages`
-  // pages, the last one `last_page`: drops the pages added since, then puts
-  // the last page back if a copy replaced it.
-  static void RestorePages(SequenceBlockTable& table, int32_t num_pages,
-                           PageId last_page);
   // Copies `count` saved tokens from tokens_[offset] to `partial`.
   void RestoreTokens(int32_t offset, int32_t count, TokenId* partial) const {
     std::copy_n(tokens_.data() + offset, count, partial);

@@ -6,10 +6,10 @@ namespace kvblock::internal {
 SequenceSlab::SequenceSlab(int32_t reserved, int32_t max_pages_per_seq,
                            int32_t page_size)
     : max_pages_per_seq_(max_pages_per_seq), page_size_(page_size) {
-  hot_.reserve(reserved);
+  sequences_.reserve(reserved);
   cold_.reserve(reserved);
   for (int32_t entry = 0; entry < reserved; ++entry) {
-    hot_.emplace_back(max_pages_per_seq);
+    sequences_.emplace_back(max_pages_per_seq, page_size);
   }
   cold_.resize(reserved);
   partial_.resize(static_cast<size_t>(reserved) * page_size);
@@ -26,22 +26,22 @@ int32_t SequenceSlab::Create(SequenceId id) {
   if (free_.empty()) {
     // Grown entries join the free list, so that an undone Create leaves the
     // next one to take the same entry.
-    free_.push_back(static_cast<int32_t>(hot_.size()));
-    hot_.emplace_back(max_pages_per_seq_);
+    free_.push_back(static_cast<int32_t>(sequences_.size()));
+    sequences_.emplace_back(max_pages_per_seq_, page_size_);
     cold_.emplace_back();
     partial_.resize(partial_.size() + page_size_);
   }
   const int32_t entry = free_.back();
   free_.pop_back();
-  SequenceHot& hot = hot_[entry];
-  hot.num_tokens = 0;
-  hot.offset = 0;
-  hot.drafts = 0;
-  hot.prompt_end = 0;
-  hot.tail_maybe_shared = false;
-  hot.live = true;
-  hot.run_by_commit = false;
-  ++hot.generation;
+  Sequence& sequence = sequences_[entry];
+  sequence.num_tokens_ = 0;
+  sequence.offset_ = 0;
+  sequence.drafts_ = 0;
+  sequence.prompt_end_ = 0;
+  sequence.tail_maybe_shared_ = false;
+  sequence.live_ = true;
+  sequence.run_by_commit_ = false;
+  ++sequence.generation_;
   SequenceCold& cold = cold_[entry];
   cold.id = id;
   cold.last_full_hash = BlockHash{};
@@ -53,11 +53,11 @@ int32_t SequenceSlab::Create(SequenceId id) {
 }
 
 void SequenceSlab::UndoCreate(int32_t entry) {
-  SequenceHot& hot = hot_[entry];
+  Sequence& sequence = sequences_[entry];
   // The pool's rollback takes back the references the table held.
-  hot.table.ForgetFrom(0);
-  hot.live = false;
-  --hot.generation;
+  sequence.table_.ForgetFrom(0);
+  sequence.live_ = false;
+  --sequence.generation_;
   handle_of_.erase(cold_[entry].id);
   cold_[entry].id = kNoSequence;
   free_.push_back(entry);
@@ -65,13 +65,13 @@ void SequenceSlab::UndoCreate(int32_t entry) {
 
 void SequenceSlab::Remove(int32_t entry) {
   handle_of_.erase(cold_[entry].id);
-  hot_[entry].live = false;
+  sequences_[entry].live_ = false;
   removed_.push_back(entry);
 }
 
 void SequenceSlab::UndoRemove(int32_t entry) {
   handle_of_[cold_[entry].id] = entry;
-  hot_[entry].live = true;
+  sequences_[entry].live_ = true;
   removed_.pop_back();
 }
 

@@ -1,10 +1,10 @@
 // Copyright 2026 The kvblock Authors.
 //
 // Internal: SequenceSlab, BlockManager's live sequences. Each has an entry
-// (its handle's index) in flat arrays reserved up front: a hot record, what
-// every append reads (token count, partial-page offset, the shared-tail flag,
-// its page table), kept apart from a cold one (id, chain hash, cache salt,
-// adapter), and its partial page's tokens in one flat array. Ids map to
+// (its handle's index) in flat arrays reserved up front: its Sequence, what
+// every append reads (length, drafts, the shared-tail flag, its page table),
+// kept apart from a cold record (id, chain hash, cache salt, adapter), and
+// its partial page's tokens in one flat array. Ids map to
 // entries through one hash map.
 //
 // Entries are handed out LIFO from a free list; a removed entry waits
@@ -26,40 +26,12 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "kvblock/block_hash.h"
-#include "kvblock/sequence_table.h"
 #include "kvblock/types.h"
+#include "sequence/sequence.h"
 
 namespace kvblock::internal {
 
-// What every append reads.
-struct SequenceHot {
-  explicit SequenceHot(int32_t max_pages_per_seq) : table(max_pages_per_seq) {}
-
-  int64_t num_tokens = 0;
-  int32_t offset = 0;  // num_tokens % page_size: tokens of the partial page.
-  // Draft slots after num_tokens (speculative decoding): the table holds
-  // the pages of num_tokens + drafts. Appends with drafts take the slow
-  // path.
-  int32_t drafts = 0;
-  // The prompt's length: the tokens below it come from the admission and
-  // AppendPrompt (chunked prefill) only; appends wait until it is reached.
-  int64_t prompt_end = 0;
-  // False only while the partial last page is known to be held by this
-  // sequence alone; true sends the next append to check its refcount (a
-  // fork shares it; either side's copy on write may end the sharing).
-  bool tail_maybe_shared = false;
-  bool live = false;
-  // A BatchCommit runs it: only that commit's step may change it
-  // (BlockManager::SetRunByCommit).
-  bool run_by_commit = false;
-  uint32_t generation = 0;
-  // StepJournal::serial() of the transaction that last filled a page here
-  // (a new page saves that page's tokens only in the same transaction).
-  uint64_t filled_in_transaction = 0;
-  SequenceBlockTable table;
-};
-
-// The rest.
+// What appends read only when a page fills, and the ids.
 struct SequenceCold {
   SequenceId id = kNoSequence;
   // Prefix-cache chain: the hash of the last full page (the root hash of the
@@ -84,12 +56,12 @@ class SequenceSlab {
   }
   bool IsLive(SequenceHandle handle) const {
     return handle.index >= 0 &&
-           static_cast<size_t>(handle.index) < hot_.size() &&
-           hot_[handle.index].live &&
-           hot_[handle.index].generation == handle.generation;
+           static_cast<size_t>(handle.index) < sequences_.size() &&
+           sequences_[handle.index].live_ &&
+           sequences_[handle.index].generation_ == handle.generation;
   }
   SequenceHandle HandleAt(int32_t entry) const {
-    return {entry, hot_[entry].generation};
+    return {entry, sequences_[entry].generation_};
   }
 
   // A fresh entry for new sequence `id` (REQUIRES: not live): zeroed
@@ -108,8 +80,8 @@ class SequenceSlab {
     removed_.clear();
   }
 
-  SequenceHot& hot(int32_t entry) { return hot_[entry]; }
-  const SequenceHot& hot(int32_t entry) const { return hot_[entry]; }
+  Sequence& sequence(int32_t entry) { return sequences_[entry]; }
+  const Sequence& sequence(int32_t entry) const { return sequences_[entry]; }
   SequenceCold& cold(int32_t entry) { return cold_[entry]; }
   const SequenceCold& cold(int32_t entry) const { return cold_[entry]; }
   // The partial page's tokens of `entry` (page_size entries).
@@ -121,11 +93,11 @@ class SequenceSlab {
   }
   // For loops over many entries: the arrays themselves (valid until the
   // next Create, which may grow them).
-  SequenceHot* hot_data() { return hot_.data(); }
+  Sequence* sequence_data() { return sequences_.data(); }
   TokenId* partial_data() { return partial_.data(); }
 
   // Entries in use or not: every handle's index is below it.
-  int32_t limit() const { return static_cast<int32_t>(hot_.size()); }
+  int32_t limit() const { return static_cast<int32_t>(sequences_.size()); }
   int32_t num_live() const { return static_cast<int32_t>(handle_of_.size()); }
   // Live ids and their entries, in no particular order.
   const absl::flat_hash_map<SequenceId, int32_t>& live() const {
@@ -135,7 +107,7 @@ class SequenceSlab {
  private:
   const int32_t max_pages_per_seq_;
   const int32_t page_size_;
-  std::vector<SequenceHot> hot_;
+  std::vector<Sequence> sequences_;
   std::vector<SequenceCold> cold_;
   std::vector<TokenId> partial_;
   std::vector<int32_t> free_;     // LIFO: the next Create takes back().
