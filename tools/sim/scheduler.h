@@ -61,10 +61,21 @@
 // every entry, O(max_batch x max_pages_per_seq)); its time is
 // SimResult::table_setup_ns, apart from the steps'.
 //
-// Host time (SimResult::host_ns_total) is the wall time spent inside library
-// calls during the steps, by phase (SimResult::host_ns_by_phase, see
-// HostPhases): planning, the parts of each commit (BatchCommit times them),
-// uploads, copy launches and device waits.
+// Host time (SimResult::host_ns_total) is the wall time of the steps' host
+// work. Each step is timed once, as one stretch from its arrivals to the end
+// of its device work, read at the boundaries of its phases rather than
+// around each library call (SimResult::host_ns_by_phase, see HostPhases):
+// planning (the scheduler's own work with the library queries it makes),
+// the parts of each commit (BatchCommit times them), the KV events'
+// hand-off, the upload and the copy-on-write copies. The simulator's
+// reporting after a step (its counts, progress) and a feed's input between
+// steps are not in it.
+//
+// The loop's parts (tools/sim/): StepPlanner plans a step from the queue
+// and the running requests without changing either; StepExecutor commits
+// the plan, lets requests give way and runs the device work; RequestQueue
+// holds the requests and applies a committed step to them; RunMetrics
+// builds the SimResult from each step's StepResult and the library's stats.
 //
 // After a run every sequence has left: every page is free or evictable, and
 // the manager, commit layer and page table pass CheckInvariants (Run checks).
@@ -183,9 +194,13 @@ struct StepRecord {
   friend bool operator==(const StepRecord&, const StepRecord&) = default;
 };
 
-// Host time inside library calls, by phase, in nanoseconds.
+// Host time of the steps, by phase, in nanoseconds (see the file comment).
 struct HostPhases {
-  // Admission planning: hashing prompts on arrival, PlanAdmission, NumFree.
+  // The scheduler's part of a step: queueing the arrivals (hashing their
+  // prompts), planning (its own work and the library queries it makes:
+  // PlanAdmission, NumAllocatable, AppendPages), again after each give-way,
+  // and applying the committed step to the requests (PromptTokensLeft);
+  // the commits' time is not in it.
   int64_t planning_ns = 0;
   // The parts of BatchCommit::Commit (CommitPhaseTimes): frees, admissions
   // (hits, allocation, registering pages, the first-page hash check),
@@ -197,8 +212,8 @@ struct HostPhases {
   int64_t page_table_ns = 0;
   int64_t bookkeeping_ns = 0;
   int64_t upload_ns = 0;  // KVPageTable::Upload.
-  // Copy-on-write: staging the copy list, its copy, the copy kernel, and
-  // waiting for the device.
+  // Copy-on-write: waiting for the previous list, staging the copy list,
+  // its copy, the copy kernel; and the wait for the device at the end.
   int64_t copy_on_write_ns = 0;
   // Taking each step's KV cache events and handing them to the sink (the
   // publisher's queue; its thread's time is apart, in SimResult).
@@ -256,7 +271,7 @@ struct SimResult {
   int32_t num_pages = 0;
   int32_t peak_pages_used = 0;
   double mean_pages_used = 0;  // over committed steps.
-  int64_t host_ns_total = 0;   // inside library calls: the phases' sum.
+  int64_t host_ns_total = 0;   // the steps' host work: the phases' sum.
   HostPhases host_ns_by_phase;
   // Running sequences summed over committed steps (host time per running
   // sequence per step is host_ns_total / sequence_steps).
@@ -372,7 +387,7 @@ class RequestFeed {
       const FeedReport& report, std::deque<Request>& arrivals) = 0;
 };
 
-// The library objects a Scheduler owns (defined in scheduler.cc).
+// The library objects a Scheduler owns (defined in scheduler_state.h).
 struct SchedulerState;
 
 // The limits a trace must meet to run under `config`: a sequence of

@@ -1,0 +1,153 @@
+// Copyright 2026 The kvblock Authors.
+#include "sim/run_metrics.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <utility>
+
+#include "kvblock/block_hash.h"
+
+namespace kvblock::sim {
+
+void HostClock::Lap(int64_t HostPhases::*phase) {
+  const auto now = std::chrono::steady_clock::now();
+  phases_.*phase +=
+      std::chrono::duration_cast<std::chrono::nanoseconds>(now - last_).count();
+  last_ = now;
+}
+
+RunMetrics::RunMetrics(const SchedulerConfig& config, int64_t requests)
+    : config_(config) {
+  result_.requests = requests;
+  result_.num_pages = config.kv.num_pages;
+}
+
+void RunMetrics::Complete(const RequestState& r) {
+  ++result_.completed;
+  queue_waits_.Add(r.first_admitted - r.request->arrival);
+  first_token_waits_.Add(r.first_token - r.request->arrival + 1);
+  prompt_steps_.Add(r.prompt_steps);
+}
+
+void RunMetrics::Reject(const Request& request, RejectedRequest::Kind kind,
+                        std::string reason) {
+  if (result_.rejected.size() < kMaxListedRejections) {
+    result_.rejected.push_back(
+        {.id = request.id, .reason = std::move(reason), .kind = kind});
+  } else {
+    ++result_.unlisted_rejections[static_cast<size_t>(kind)];
+  }
+}
+
+void RunMetrics::AddKvEventBatch(const KvEventBatch& batch) {
+  ++result_.kv_events.batches;
+  result_.kv_events.changes += batch.num_changes();
+}
+
+void RunMetrics::AddStep(const StepResult& step,
+                         const BlockManagerStats& before,
+                         const BlockManagerStats& after,
+                         const StepSummary& summary) {
+  const StepRecord record{
+      .step = summary.step,
+      .batch = step.batch,
+      .pages_used = after.pages_in_use,
+      .hit_tokens = after.prefix_hit_tokens - before.prefix_hit_tokens,
+      .prompt_tokens = after.prompt_tokens - before.prompt_tokens,
+      .preemptions = summary.preemptions,
+      .cow_copies = static_cast<int32_t>(after.cow_copies - before.cow_copies),
+      .evictions = static_cast<int32_t>(after.evictions - before.evictions),
+      .waiting = summary.waiting,
+      .limit = summary.limit,
+  };
+  switch (record.limit) {
+    case StepLimit::kPages:
+      ++result_.steps_limited_by_pages;
+      break;
+    case StepLimit::kMaxBatch:
+      ++result_.steps_limited_by_max_batch;
+      break;
+    case StepLimit::kTokenBudget:
+      ++result_.steps_limited_by_token_budget;
+      break;
+    case StepLimit::kNone:
+      break;
+  }
+  result_.draft_copies += step.draft_copies;
+  result_.peak_draft_pages =
+      std::max(result_.peak_draft_pages, summary.draft_only_pages);
+  result_.peak_waiting =
+      std::max<int64_t>(result_.peak_waiting, summary.waiting);
+  if (config_.keep_timeline) result_.timeline.push_back(record);
+  ++result_.steps;
+  result_.sequence_steps += step.batch;
+  result_.preemptions += summary.preemptions;
+  pages_used_sum_ += record.pages_used;
+}
+
+SimResult RunMetrics::Finish(const SchedulerState& state, double wall_seconds,
+                             int64_t scheduler_thread_ns) {
+  const BlockManagerStats& stats = state.manager->stats();
+  result_.prompt_tokens = stats.prompt_tokens;
+  result_.prefix_hit_tokens = stats.prefix_hit_tokens;
+  result_.generated_tokens = stats.appended_tokens;
+  result_.cow_copies = stats.cow_copies;
+  result_.evictions = stats.evictions;
+  result_.peak_pages_used = stats.peak_pages_in_use;
+  result_.prompt_chunks = stats.prompt_chunks;
+  result_.mean_pages_used =
+      result_.steps > 0 ? pages_used_sum_ / static_cast<double>(result_.steps)
+                        : 0;
+  result_.queue_steps = queue_waits_.Stats();
+  result_.ttft_steps = first_token_waits_.Stats();
+  result_.prompt_steps = prompt_steps_.Stats();
+  FinishHostTime(state.commit->phase_times());
+  result_.kv_events.on = config_.kv_event_sink.on();
+  if (result_.kv_events.on) FinishKvEvents(*state.manager);
+  FinishUploads(state);
+  result_.scheduler_thread_ns = scheduler_thread_ns;
+  result_.wall_seconds = wall_seconds;
+  return std::move(result_);
+}
+
+void RunMetrics::FinishHostTime(const CommitPhaseTimes& commit) {
+  HostPhases phases = host_clock_.phases();
+  phases.frees_ns = commit.frees_ns;
+  phases.admissions_ns = commit.admissions_ns;
+  phases.appends_ns = commit.appends_ns;
+  phases.page_table_ns = commit.page_table_ns;
+  // The rest of each Commit call.
+  phases.bookkeeping_ns = commit.total_ns - commit.frees_ns -
+                          commit.admissions_ns - commit.appends_ns -
+                          commit.page_table_ns;
+  // Every Commit ran inside the planning phase, retries included.
+  phases.planning_ns -= commit.total_ns;
+  result_.host_ns_by_phase = phases;
+  result_.host_ns_total = phases.total_ns();
+}
+
+void RunMetrics::FinishKvEvents(const BlockManager& manager) {
+  // vLLM's integer form of each hash: its digest's low 64 bits.
+  const size_t digest =
+      static_cast<size_t>(DigestSize(config_.manager.hash_algorithm));
+  for (const auto& [page, hash] : manager.pool().Snapshot().cached) {
+    uint64_t low = 0;
+    for (size_t i = digest - 8; i < digest; ++i) {
+      low = low << 8 | hash.bytes[i];
+    }
+    result_.kv_events.cached_hash_xor ^= low;
+    ++result_.kv_events.cached_pages;
+  }
+}
+
+void RunMetrics::FinishUploads(const SchedulerState& state) {
+  const KVPageTableUploadStats& uploads = state.table->upload_stats();
+  const KVPageTableUploadStats& setup = state.setup_uploads;
+  result_.table_setup_ns = state.table_setup_ns;
+  result_.upload_copies = uploads.copies - setup.copies;
+  result_.upload_bytes = uploads.bytes - setup.bytes;
+  result_.upload_entries = uploads.entries - setup.entries;
+  result_.upload_ranges = uploads.ranges - setup.ranges;
+}
+
+}  // namespace kvblock::sim

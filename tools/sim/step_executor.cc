@@ -1,0 +1,121 @@
+// Copyright 2026 The kvblock Authors.
+#include "sim/step_executor.h"
+
+#include <cstddef>
+#include <limits>
+
+#include "absl/strings/str_format.h"
+#include "kvblock/kernels.h"
+#include "kvblock/status_macros.h"
+
+namespace kvblock::sim {
+
+StepExecutor::StepExecutor(SchedulerState& state, StepPlanner& planner,
+                           RequestQueue& requests, RunMetrics& metrics)
+    : state_(state),
+      planner_(planner),
+      requests_(requests),
+      metrics_(metrics),
+      plan_(state.config.kv.max_batch) {
+  gave_way_finished_.reserve(static_cast<size_t>(state.config.kv.max_batch));
+  gave_way_preempted_.reserve(static_cast<size_t>(state.config.kv.max_batch));
+}
+
+absl::StatusOr<std::optional<StepResult>> StepExecutor::Commit(int64_t clock) {
+  gave_way_finished_.clear();
+  gave_way_preempted_.clear();
+  preemptions_ = 0;
+  pages_ran_out_ = false;
+  int64_t admit_limit = std::numeric_limits<int64_t>::max();
+  for (;;) {
+    KVBLOCK_RETURN_IF_ERROR(
+        planner_.Plan({.running = requests_.running(),
+                       .waiting = &requests_.waiting(),
+                       .gave_way_finished = gave_way_finished_,
+                       .gave_way_preempted = gave_way_preempted_,
+                       .next_sequence_id = requests_.next_sequence_id(),
+                       .admit_limit = admit_limit},
+                      plan_));
+    requests_.RejectPlanned(plan_);
+    if (plan_.empty()) return std::nullopt;
+    absl::StatusOr<StepResult> step = state_.commit->Commit(plan_.step_plan());
+    if (step.ok()) return *step;
+    if (step.status().code() != absl::StatusCode::kResourceExhausted) {
+      return absl::InternalError(absl::StrFormat("step %d: commit: %s", clock,
+                                                 step.status().ToString()));
+    }
+    pages_ran_out_ = true;
+    const int64_t admitted = static_cast<int64_t>(plan_.admissions.size());
+    if (admitted > 0) {
+      admit_limit = admitted - 1;  // the latest admission waits.
+    } else {
+      KVBLOCK_RETURN_IF_ERROR(GiveWay(clock));
+      admit_limit = 0;
+    }
+  }
+}
+
+absl::Status StepExecutor::GiveWay(int64_t clock) {
+  if (requests_.running().empty()) {
+    return absl::InternalError(absl::StrFormat(
+        "step %d: out of pages with no request left to preempt", clock));
+  }
+  RequestState& victim = requests_.PopLatestRunning();
+  const bool alone = requests_.running().empty();
+  for (const Sequence& s : victim.sequences) {
+    (alone ? gave_way_finished_ : gave_way_preempted_).push_back(s.id);
+  }
+  const int64_t sequences = static_cast<int64_t>(victim.sequences.size());
+  victim.sequences.clear();
+  if (alone) {
+    requests_.Reject(
+        victim, RejectedRequest::Kind::kRanOutAlone,
+        absl::StrFormat("ran out of pages running alone (pool of %d pages)",
+                        state_.config.kv.num_pages));
+    return absl::OkStatus();
+  }
+  metrics_.AddRecomputedTokens(victim.generated * sequences);
+  victim.Restart();
+  requests_.Requeue(victim);
+  ++preemptions_;
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::RunDevice(absl::Span<const PageCopy> copies,
+                                     int64_t clock) {
+  HostClock& host_clock = metrics_.host_clock();
+  KVBLOCK_RETURN_IF_ERROR(state_.table->Upload(nullptr).status());
+  host_clock.Lap(&HostPhases::upload_ns);
+  if (copies.empty()) return absl::OkStatus();
+  KVBLOCK_RETURN_IF_ERROR(RunCopies(copies, clock));
+  host_clock.Lap(&HostPhases::copy_on_write_ns);
+  return absl::OkStatus();
+}
+
+absl::Status StepExecutor::RunCopies(absl::Span<const PageCopy> copies,
+                                     int64_t clock) {
+  const PagedKvConfig& kv = state_.config.kv;
+  if (copies.size() > static_cast<size_t>(kv.max_batch)) {
+    return absl::InternalError(
+        absl::StrFormat("step %d: %d copies exceed the %d the copy list holds",
+                        clock, copies.size(), kv.max_batch));
+  }
+  Device& device = state_.device;
+  // The previous step's list may still be in flight from the staging.
+  KVBLOCK_RETURN_IF_ERROR(device.WaitEvent(state_.copies_done));
+  auto* staging = static_cast<PageId*>(state_.copy_staging.data());
+  for (size_t i = 0; i < copies.size(); ++i) {
+    staging[2 * i] = copies[i].source;
+    staging[2 * i + 1] = copies[i].destination;
+  }
+  KVBLOCK_RETURN_IF_ERROR(
+      device.CopyToDevice(staging, state_.copy_list.data(),
+                          copies.size() * 2 * sizeof(PageId), nullptr));
+  KVBLOCK_RETURN_IF_ERROR(
+      CopyPages(device, KvPool{.config = kv, .data = state_.kv_pool.data()},
+                static_cast<const PageId*>(state_.copy_list.data()),
+                static_cast<int64_t>(copies.size()), nullptr));
+  return device.RecordEvent(state_.copies_done, nullptr);
+}
+
+}  // namespace kvblock::sim
