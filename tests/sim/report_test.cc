@@ -94,10 +94,10 @@ TEST_CASE("the readable report states every number") {
            "21\n",
            "batch limits      60 steps left requests waiting: 30 for pages, 20 "
            "for max_batch, 10 for the token budget\n",
-           "host time         5.00 ms in the library, 10.0 us per step, 50 ns "
+           "host time         5.00 ms in the steps, 10.0 us per step, 50 ns "
            "per running sequence per step\n",
-           "  planning          1.00 ms   20.0%  admission planning, prompt "
-           "hashing\n",
+           "  planning          1.00 ms   20.0%  the scheduler: arrivals, "
+           "planning, applying\n",
            "  admissions        1.50 ms   30.0%",
            "  frees            250.0 us    5.0%",
            "  page table       250.0 us    5.0%",

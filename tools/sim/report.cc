@@ -59,7 +59,7 @@ struct Phase {
 
 std::vector<Phase> PhasesOf(const HostPhases& p) {
   return {
-      {"planning", "planning", "admission planning, prompt hashing",
+      {"planning", "planning", "the scheduler: arrivals, planning, applying",
        p.planning_ns},
       {"admissions", "admissions", "prefix hits, allocation, registration",
        p.admissions_ns},
@@ -199,7 +199,7 @@ void PrintReport(const SimResult& result, const RunSetup& setup,
       result.steps_limited_by_pages, result.steps_limited_by_max_batch,
       result.steps_limited_by_token_budget);
   out << absl::StrFormat(
-      "host time         %s in the library, %s per step, %s per running "
+      "host time         %s in the steps, %s per step, %s per running "
       "sequence per step\n",
       FormatNanos(static_cast<double>(result.host_ns_total)),
       FormatNanos(rates.host_ns_per_step),
