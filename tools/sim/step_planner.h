@@ -103,12 +103,12 @@ struct PlannedStep {
 
 // What a plan is made from.
 struct PlanInput {
-  absl::Span<RequestState* const> running;             // in admission order.
+  absl::Span<RequestState* const> running = {};        // in admission order.
   const std::deque<RequestState*>* waiting = nullptr;  // FCFS.
   // The sequences of this step's requests that gave way while it was
   // committed (StepExecutor): they leave in every plan after that.
-  absl::Span<const SequenceId> gave_way_finished;
-  absl::Span<const SequenceId> gave_way_preempted;
+  absl::Span<const SequenceId> gave_way_finished = {};
+  absl::Span<const SequenceId> gave_way_preempted = {};
   SequenceId next_sequence_id = 0;  // the first id the step's joins take.
   // The most requests it admits.
   int64_t admit_limit = std::numeric_limits<int64_t>::max();
