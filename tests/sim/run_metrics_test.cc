@@ -10,6 +10,7 @@
 #include "kvblock/device.h"
 #include "kvblock/page_table.h"
 #include "sim/scheduler_state.h"
+#include "sim/small_scheduler_config.h"
 #include "test_util.h"
 
 namespace kvblock::sim {
@@ -21,13 +22,8 @@ using ::kvblock::testing::TokenRange;
 // Scheduler::Create makes them (without the device buffers).
 std::unique_ptr<SchedulerState> MakeState(Device& device) {
   auto state = std::make_unique<SchedulerState>(device);
-  SchedulerConfig& config = state->config;
-  config.kv.num_pages = 64;
-  config.kv.page_size = 4;
-  config.kv.max_batch = 8;
-  config.kv.max_pages_per_seq = 16;
-  config.kv.num_kv_heads = 1;
-  config.kv.head_dim = 8;
+  state->config = SmallConfig(64);
+  const SchedulerConfig& config = state->config;
   auto manager = BlockManager::Create(config.kv, config.manager);
   REQUIRE_OK(manager);
   state->manager = *std::move(manager);

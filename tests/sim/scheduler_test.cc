@@ -13,23 +13,12 @@
 #include "kvblock/device.h"
 #include "kvblock/kv_events.h"
 #include "sim/random.h"
+#include "sim/small_scheduler_config.h"
 #include "sim/workloads.h"
 #include "test_util.h"
 
 namespace kvblock::sim {
 namespace {
-
-SchedulerConfig SmallConfig(int32_t num_pages) {
-  SchedulerConfig config;
-  config.kv.num_pages = num_pages;
-  config.kv.page_size = 4;
-  config.kv.max_batch = 16;
-  config.kv.max_pages_per_seq = 32;
-  config.kv.num_kv_heads = 1;
-  config.kv.head_dim = 8;
-  config.max_tokens_per_step = 1024;
-  return config;
-}
 
 // Resources so ample that every request is admitted at its arrival step and
 // nothing is ever evicted or preempted.

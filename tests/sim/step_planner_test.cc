@@ -15,24 +15,13 @@
 #include "sim/random.h"
 #include "sim/request_state.h"
 #include "sim/scheduler.h"
+#include "sim/small_scheduler_config.h"
 #include "test_util.h"
 
 namespace kvblock::sim {
 namespace {
 
 using ::kvblock::testing::TokenRange;
-
-SchedulerConfig SmallConfig(int32_t num_pages) {
-  SchedulerConfig config;
-  config.kv.num_pages = num_pages;
-  config.kv.page_size = 4;
-  config.kv.max_batch = 16;
-  config.kv.max_pages_per_seq = 32;
-  config.kv.num_kv_heads = 1;
-  config.kv.head_dim = 8;
-  config.max_tokens_per_step = 1024;
-  return config;
-}
 
 // The library objects a plan is made against, on a host device.
 struct Library {
