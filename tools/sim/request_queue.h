@@ -71,7 +71,8 @@ class RequestQueue {
   RequestState& PopLatestRunning();
   // Back at the front of the queue (a preempted request).
   void Requeue(RequestState& request) { waiting_.push_front(&request); }
-  // `request` (queued or taken out of the batch) can never run.
+  // Records that `request` can never run and marks it done; the caller
+  // takes it out of the queue or the batch.
   void Reject(RequestState& request, RejectedRequest::Kind kind,
               std::string reason);
   // Frees what the run holds of the requests done since the last call.

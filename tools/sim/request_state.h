@@ -5,9 +5,9 @@
 // how much of its prompt is done (chunked prefill), the draft slots each
 // holds (speculative decoding), and the steps that first admitted it and
 // first completed its prompt. What a step is to do with it lives in the
-// step's plan (step_planner.h), never here: the planner only reads it, and
-// it changes when a committed step is applied (RequestQueue::ApplyStep) or
-// when the request gives way (StepExecutor).
+// step's plan (step_planner.h), never here: the planner only reads it. It
+// changes on arrival (its prompt's hashes), when a committed step is applied
+// (RequestQueue::ApplyStep) and when the request gives way (StepExecutor).
 //
 // Thread safety: plain data.
 #ifndef KVBLOCK_TOOLS_SIM_REQUEST_STATE_H_
@@ -22,6 +22,7 @@
 
 namespace kvblock::sim {
 
+// a / b rounded up, for a >= 0 and b > 0: pages for a tokens.
 inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // One running sample or beam of a request.

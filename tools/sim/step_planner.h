@@ -38,10 +38,10 @@ namespace kvblock::sim {
 
 // What a running request does in a planned step.
 struct RunningPlan {
-  bool finishing = false;  // it has generated max_tokens: every sequence
-                           // leaves.
-  int32_t drop = -1;       // the index of the beam it drops (-1: none).
-  int32_t fork = -1;       // the index of the beam it forks (-1: none).
+  // It has generated max_tokens: every sequence leaves.
+  bool finishing = false;
+  int32_t drop = -1;  // the index of the beam it drops (-1: none).
+  int32_t fork = -1;  // the index of the beam it forks (-1: none).
   // Its prompt is done: the other samples fork now, each with its first
   // token.
   bool samples_fork = false;
