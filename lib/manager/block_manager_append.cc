@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "absl/base/attributes.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "cache/cache_event_log.h"
@@ -382,48 +383,9 @@ absl::Status BlockManagerImpl::AppendMany(
           tokens.subspan(next, count);
       next += count;
       stats_.appended_tokens += count;
-      const bool in_place = AppendInPlace(entry, entry_tokens);
-      if (in_place && !drafting) continue;
-      const SequenceBlockTable& table = slab_.sequence(entry).table();
-      const int32_t pages_before = table.num_pages();
-      AppendResult one;
-      // With drafts whose end does not fall back (the common speculative
-      // step), the append sets them too.
-      bool drafts_set = false;
-      if (!in_place) {
-        const Sequence& seq = slab_.sequence(entry);
-        KVBLOCK_RETURN_IF_ERROR(CheckPromptDone(seq, slab_.cold(entry).id));
-        drafts_set = drafting && draft_counts[i] >= 0 &&
-                     seq.num_tokens() + count + draft_counts[i] >
-                         int64_t{pages_before - 1} * config_.page_size;
-        KVBLOCK_RETURN_IF_ERROR(AppendSlow(entry, entry_tokens, one, {},
-                                           drafts_set ? draft_counts[i] : -1));
-      }
-      // A copy on write replaces the last page held before.
-      int32_t first_changed = pages_before - (one.copy.has_value() ? 1 : 0);
-      if (drafting && !drafts_set) {
-        const int32_t pages_between = table.num_pages();
-        AppendResult drafted;
-        KVBLOCK_RETURN_IF_ERROR(SetDraftsAt(entry, draft_counts[i], drafted));
-        first_changed = std::min(
-            {first_changed, pages_between - (drafted.copy.has_value() ? 1 : 0),
-             table.num_pages()});
-        if (drafted.copy.has_value()) {
-          one.copy = drafted.copy;
-          ++result.draft_copies;
-        }
-        one.new_pages += drafted.new_pages;
-        one.released_pages = drafted.released_pages;
-      }
-      if (one.new_pages == 0 && !one.copy.has_value() &&
-          one.released_pages == 0) {
-        continue;
-      }
-      result.changed.push_back(static_cast<int32_t>(i));
-      result.pages.push_back(table.entries().first(table.num_pages()));
-      result.first_changed_page.push_back(first_changed);
-      if (one.copy.has_value()) result.copies.push_back(*one.copy);
-      result.new_pages += one.new_pages;
+      KVBLOCK_RETURN_IF_ERROR(AppendEntry(i, entry, entry_tokens,
+                                          drafting ? &draft_counts[i] : nullptr,
+                                          result));
     }
     if (next != tokens.size()) {
       return absl::InvalidArgumentError(
@@ -434,6 +396,53 @@ absl::Status BlockManagerImpl::AppendMany(
   });
   if (!status.ok()) clear_result();
   return status;
+}
+
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status BlockManagerImpl::AppendEntry(
+    size_t i, int32_t entry, absl::Span<const TokenId> tokens,
+    const int32_t* drafts, AppendManyResult& result) {
+  const bool in_place = AppendInPlace(entry, tokens);
+  if (in_place && drafts == nullptr) return absl::OkStatus();
+  const Sequence& seq = slab_.sequence(entry);
+  const int32_t pages_before = seq.num_pages();
+  AppendResult one;
+  // With drafts whose end does not fall back (the common speculative
+  // step), the append sets them too.
+  bool drafts_set = false;
+  if (!in_place) {
+    KVBLOCK_RETURN_IF_ERROR(CheckPromptDone(seq, slab_.cold(entry).id));
+    drafts_set =
+        drafts != nullptr && *drafts >= 0 &&
+        seq.num_tokens() + static_cast<int64_t>(tokens.size()) + *drafts >
+            int64_t{pages_before - 1} * config_.page_size;
+    KVBLOCK_RETURN_IF_ERROR(
+        AppendSlow(entry, tokens, one, {}, drafts_set ? *drafts : -1));
+  }
+  // A copy on write replaces the last page held before.
+  int32_t first_changed = pages_before - (one.copy.has_value() ? 1 : 0);
+  if (drafts != nullptr && !drafts_set) {
+    const int32_t pages_between = seq.num_pages();
+    AppendResult drafted;
+    KVBLOCK_RETURN_IF_ERROR(SetDraftsAt(entry, *drafts, drafted));
+    first_changed = std::min(
+        {first_changed, pages_between - (drafted.copy.has_value() ? 1 : 0),
+         seq.num_pages()});
+    if (drafted.copy.has_value()) {
+      one.copy = drafted.copy;
+      ++result.draft_copies;
+    }
+    one.new_pages += drafted.new_pages;
+    one.released_pages = drafted.released_pages;
+  }
+  if (one.new_pages == 0 && !one.copy.has_value() && one.released_pages == 0) {
+    return absl::OkStatus();
+  }
+  result.changed.push_back(static_cast<int32_t>(i));
+  result.pages.push_back(seq.pages());
+  result.first_changed_page.push_back(first_changed);
+  if (one.copy.has_value()) result.copies.push_back(*one.copy);
+  result.new_pages += one.new_pages;
+  return absl::OkStatus();
 }
 
 absl::Status BlockManagerImpl::AppendDraftStep(SequenceHandle handle, size_t i,
@@ -508,7 +517,7 @@ absl::Status BlockManagerImpl::AppendDraftStep(SequenceHandle handle, size_t i,
   return absl::OkStatus();
 }
 
-absl::Status BlockManagerImpl::AppendSlow(
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status BlockManagerImpl::AppendSlow(
     int32_t entry, absl::Span<const TokenId> tokens, AppendResult& result,
     absl::Span<const BlockHash> prompt_hashes, int32_t drafts_after) {
   const Sequence& seq = slab_.sequence(entry);
@@ -524,9 +533,9 @@ absl::Status BlockManagerImpl::AppendSlow(
   return AppendGeneral(entry, tokens, result, prompt_hashes, drafts_after);
 }
 
-absl::Status BlockManagerImpl::AppendAtPageEdge(int32_t entry, TokenId token,
-                                                AppendResult& result,
-                                                bool& taken) {
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status
+BlockManagerImpl::AppendAtPageEdge(int32_t entry, TokenId token,
+                                   AppendResult& result, bool& taken) {
   const int32_t page_size = config_.page_size;
   Sequence& seq = slab_.sequence(entry);
   internal::SequenceCold& cold = slab_.cold(entry);

@@ -252,6 +252,12 @@ class BlockManagerImpl {
                            absl::Span<const TokenId> tokens,
                            absl::Span<const BlockHash> prompt_hashes);
   absl::Status SetDraftsAt(int32_t entry, int32_t count, AppendResult& result);
+  // AppendMany's entry `i` past the decode runs: `tokens` for the sequence
+  // at `entry`, then `*drafts` draft slots unless null; records a changed
+  // table in `result`.
+  absl::Status AppendEntry(size_t i, int32_t entry,
+                           absl::Span<const TokenId> tokens,
+                           const int32_t* drafts, AppendManyResult& result);
   // AppendMany's speculative step past a page edge, for the sequence of
   // `handle` at index `i`: sets `taken` when it was one (else changes
   // nothing), and records a changed table in `result`.

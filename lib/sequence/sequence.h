@@ -104,10 +104,12 @@ class Sequence {
   // past the table's capacity, changing nothing.
   absl::Status Grow(absl::Span<const PageId> pages, int64_t num_tokens,
                     int32_t drafts, uint64_t serial = 0) {
-    if (absl::Status status = table_.AdoptPages(pages); !status.ok()) {
-      return status;
+    if (!pages.empty()) {
+      if (absl::Status status = table_.AdoptPages(pages); !status.ok()) {
+        return status;
+      }
     }
-    if (num_tokens / page_size_ > num_tokens_ / page_size_ && serial != 0) {
+    if (serial != 0 && num_tokens / page_size_ > num_tokens_ / page_size_) {
       filled_in_transaction_ = serial;
     }
     num_tokens_ = num_tokens;
