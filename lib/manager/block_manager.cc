@@ -199,11 +199,6 @@ int32_t BlockManagerImpl::NumAllocatable() const {
   return pool_->NumFree() - reserved_pages_;
 }
 
-int64_t BlockManagerImpl::AllocatableFor(int32_t entry) const {
-  if (reserved_pages_ == 0) return pool_->NumFree();
-  return int64_t{pool_->NumFree()} - reserved_pages_ + ReservationOf(entry);
-}
-
 int32_t BlockManagerImpl::ReservationOf(int32_t entry) const {
   if (!slab_.cold(entry).reserves) return 0;
   const Sequence& seq = slab_.sequence(entry);

@@ -1,22 +1,26 @@
 // Copyright 2026 The kvblock Authors.
 //
-// BlockManager's append paths. Every append first asks one question, inline:
-// do the tokens stay in a partial page this sequence holds alone, without
-// filling it (StaysInPartialPage; with drafts, RedraftsInPlace: and the new
-// drafts end on the pages held)? Then they are written in place with a
-// 12-byte undo note: Append's one sequence (AppendInPlace), or AppendMany's
-// run of decoding sequences (AppendDecodeRun). A speculative step that
-// crosses a page edge (a page fills, or the drafts need one more page: a
-// third of the batch at 4 drafts) takes AppendDraftStep, with one short
-// record. Everything else takes the one slow path, AppendSlow: a token that
-// fills the partial page or starts a new one (the decode cases, with short
-// records), or the general case (several tokens, a shared partial page to
-// copy, drafts that shrink, the errors).
+// BlockManager's append paths, three tiers of one append, each a Sequence
+// change that keeps its invariant:
+//   in place  tokens that stay in a partial page this sequence holds alone
+//             without filling it, and drafts that end on the pages held
+//             (StaysInPartialPage, RedraftsInPlace): written with a 12-byte
+//             undo note, for Append's one sequence (AppendInPlace) or
+//             AppendMany's run of them (AppendDecodeRun), the decode step's
+//             common case;
+//   edge step fewer than a page of tokens past at most one page edge, into
+//             at most one new page (AppendEdgeStep): a decode token that
+//             fills or starts a page, a speculative step that crosses one,
+//             with one short record;
+//   general   everything else (AppendGeneral): many tokens, a shared partial
+//             page to copy, prompt chunks, drafts that shrink (SetDraftsAt),
+//             and every error.
 #include <algorithm>
 #include <cstdint>
 #include <optional>
 
 #include "absl/base/attributes.h"
+#include "absl/base/optimization.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "cache/cache_event_log.h"
@@ -54,8 +58,8 @@ inline bool RedraftsInPlace(const Sequence& seq, int32_t count, int32_t drafts,
 
 // FailedPrecondition when `seq` still has prompt tokens to compute: its next
 // tokens are those, through AppendPrompt.
-absl::Status CheckPromptDone(const Sequence& seq, SequenceId id) {
-  if (seq.prompt_done()) return absl::OkStatus();
+inline absl::Status CheckPromptDone(const Sequence& seq, SequenceId id) {
+  if (ABSL_PREDICT_TRUE(seq.prompt_done())) return absl::OkStatus();
   return absl::FailedPreconditionError(
       absl::StrCat("block manager: sequence ", id, " has ", seq.prompt_left(),
                    " prompt tokens left: append them with AppendPrompt first"));
@@ -77,7 +81,7 @@ inline bool BlockManagerImpl::AppendInPlace(int32_t entry,
     std::copy(tokens.begin(), tokens.end(), partial);
   }
   journal_.Appended(entry, count);
-  seq.AppendInPlace(count, 0);
+  seq.AppendInPlace(count);
   return true;
 }
 
@@ -158,27 +162,35 @@ absl::StatusOr<AppendResult> BlockManagerImpl::SetDrafts(SequenceId id,
   return result;
 }
 
-absl::Status BlockManagerImpl::SetDraftsAt(int32_t entry, int32_t count,
-                                           AppendResult& result) {
-  Sequence& seq = slab_.sequence(entry);
-  const internal::SequenceCold& cold = slab_.cold(entry);
+absl::Status BlockManagerImpl::CheckDrafts(const Sequence& seq, SequenceId id,
+                                           int32_t count) const {
   if (count < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "block manager: sequence ", cold.id, " given ", count, " drafts"));
+        "block manager: sequence ", id, " given ", count, " drafts"));
   }
   if (count == seq.drafts()) return absl::OkStatus();
   if (count > 0 && !seq.prompt_done()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "block manager: sequence ", cold.id, " given ", count, " drafts with ",
+        "block manager: sequence ", id, " given ", count, " drafts with ",
         seq.prompt_left(), " prompt tokens left"));
   }
   const int64_t pages = config_.PagesFor(seq.num_tokens() + count);
   if (pages > config_.max_pages_per_seq) {
     return absl::OutOfRangeError(absl::StrCat(
-        "block manager: sequence ", cold.id, " would hold ", seq.num_tokens(),
+        "block manager: sequence ", id, " would hold ", seq.num_tokens(),
         " tokens and ", count, " drafts in ", pages,
         " pages, more than max_pages_per_seq = ", config_.max_pages_per_seq));
   }
+  return absl::OkStatus();
+}
+
+absl::Status BlockManagerImpl::SetDraftsAt(int32_t entry, int32_t count,
+                                           AppendResult& result) {
+  Sequence& seq = slab_.sequence(entry);
+  const internal::SequenceCold& cold = slab_.cold(entry);
+  KVBLOCK_RETURN_IF_ERROR(CheckDrafts(seq, cold.id, count));
+  if (count == seq.drafts()) return absl::OkStatus();
+  const int64_t pages = config_.PagesFor(seq.num_tokens() + count);
   const int32_t old_pages = seq.num_pages();
   const PageId last_page = seq.last_page();
   // Drafts write KV into the partial page: a shared one is copied first.
@@ -278,7 +290,7 @@ size_t DecodeRun(absl::Span<const SequenceHandle> handles,
       if (drafts != std::max(0, seq.drafts() - count)) slots += drafts;
       seq.AppendInPlace(count, drafts);
     } else {
-      seq.AppendInPlace(1, 0);
+      seq.AppendInPlace(1);
     }
   }
   next = token;
@@ -316,29 +328,8 @@ absl::Status BlockManagerImpl::AppendMany(
     absl::Span<const SequenceHandle> handles, absl::Span<const int32_t> counts,
     absl::Span<const TokenId> tokens, AppendManyResult& result,
     absl::Span<const int32_t> draft_counts) {
-  const auto clear_result = [&result] {
-    result.changed.clear();
-    result.pages.clear();
-    result.first_changed_page.clear();
-    result.copies.clear();
-    result.new_pages = 0;
-    result.draft_copies = 0;
-  };
-  clear_result();
-  if (handles.size() != counts.size() ||
-      (!draft_counts.empty() && draft_counts.size() != handles.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "block manager: append many got ", handles.size(), " handles, ",
-        counts.size(), " counts and ", draft_counts.size(), " draft counts"));
-  }
-  if (!commit_applying_) {
-    // The commit's own appends skip this pass: its Validate stands for it.
-    for (const SequenceHandle& handle : handles) {
-      if (!slab_.IsLive(handle)) continue;  // refused below, in order.
-      KVBLOCK_RETURN_IF_ERROR(
-          CheckNotRunByCommit(handle.index, slab_.cold(handle.index).id));
-    }
-  }
+  result.Clear();
+  KVBLOCK_RETURN_IF_ERROR(CheckAppendMany(handles, counts, draft_counts));
   const bool drafting = !draft_counts.empty();
   const absl::Status status = Transact([&]() -> absl::Status {
     // Room for a decode note per entry, made once (within the journal's
@@ -353,17 +344,6 @@ absl::Status BlockManagerImpl::AppendMany(
       journal_.Run(run, notes);
       if (i == handles.size()) break;
       const int32_t count = counts[i];
-      if (drafting && count >= 0 &&
-          static_cast<size_t>(count) <= tokens.size() - next) {
-        bool taken = false;
-        KVBLOCK_RETURN_IF_ERROR(
-            AppendDraftStep(handles[i], i, tokens.subspan(next, count),
-                            draft_counts[i], result, taken));
-        if (taken) {
-          next += count;
-          continue;
-        }
-      }
       if (count < 0 || static_cast<size_t>(count) > tokens.size() - next) {
         return absl::InvalidArgumentError(absl::StrCat(
             "block manager: append many counts[", i, "] is ", count, " with ",
@@ -394,22 +374,42 @@ absl::Status BlockManagerImpl::AppendMany(
     }
     return absl::OkStatus();
   });
-  if (!status.ok()) clear_result();
+  if (!status.ok()) result.Clear();
   return status;
+}
+
+absl::Status BlockManagerImpl::CheckAppendMany(
+    absl::Span<const SequenceHandle> handles, absl::Span<const int32_t> counts,
+    absl::Span<const int32_t> draft_counts) const {
+  if (handles.size() != counts.size() ||
+      (!draft_counts.empty() && draft_counts.size() != handles.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block manager: append many got ", handles.size(), " handles, ",
+        counts.size(), " counts and ", draft_counts.size(), " draft counts"));
+  }
+  if (commit_applying_) return absl::OkStatus();  // its Validate stands for it.
+  for (const SequenceHandle& handle : handles) {
+    if (!slab_.IsLive(handle)) continue;  // refused in the append, in order.
+    KVBLOCK_RETURN_IF_ERROR(
+        CheckNotRunByCommit(handle.index, slab_.cold(handle.index).id));
+  }
+  return absl::OkStatus();
 }
 
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status BlockManagerImpl::AppendEntry(
     size_t i, int32_t entry, absl::Span<const TokenId> tokens,
     const int32_t* drafts, AppendManyResult& result) {
-  const bool in_place = AppendInPlace(entry, tokens);
-  if (in_place && drafts == nullptr) return absl::OkStatus();
+  // With drafts, tokens that stay in place go with them (AppendSlow's edge
+  // step, or SetDraftsAt).
+  const bool in_place = drafts == nullptr && AppendInPlace(entry, tokens);
+  if (in_place) return absl::OkStatus();
   const Sequence& seq = slab_.sequence(entry);
   const int32_t pages_before = seq.num_pages();
   AppendResult one;
   // With drafts whose end does not fall back (the common speculative
   // step), the append sets them too.
   bool drafts_set = false;
-  if (!in_place) {
+  if (!tokens.empty()) {
     KVBLOCK_RETURN_IF_ERROR(CheckPromptDone(seq, slab_.cold(entry).id));
     drafts_set =
         drafts != nullptr && *drafts >= 0 &&
@@ -445,29 +445,38 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status BlockManagerImpl::AppendEntry(
   return absl::OkStatus();
 }
 
-absl::Status BlockManagerImpl::AppendDraftStep(SequenceHandle handle, size_t i,
-                                               absl::Span<const TokenId> tokens,
-                                               int32_t drafts,
-                                               AppendManyResult& result,
-                                               bool& taken) {
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status BlockManagerImpl::AppendSlow(
+    int32_t entry, absl::Span<const TokenId> tokens, AppendResult& result,
+    absl::Span<const BlockHash> prompt_hashes, int32_t drafts_after) {
+  if (prompt_hashes.empty()) {
+    bool taken = false;
+    KVBLOCK_RETURN_IF_ERROR(
+        AppendEdgeStep(entry, tokens, drafts_after, result, taken));
+    if (taken) return absl::OkStatus();
+  }
+  return AppendGeneral(entry, tokens, result, prompt_hashes, drafts_after);
+}
+
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status
+BlockManagerImpl::AppendEdgeStep(int32_t entry,
+                                 absl::Span<const TokenId> tokens,
+                                 int32_t drafts_after, AppendResult& result,
+                                 bool& taken) {
   taken = false;
   const int32_t page_size = config_.page_size;
-  const int32_t count = static_cast<int32_t>(tokens.size());
-  if (count < 1 || count >= page_size || drafts < 0 || !slab_.IsLive(handle)) {
+  if (tokens.empty() || tokens.size() >= static_cast<size_t>(page_size)) {
     return absl::OkStatus();
   }
-  const int32_t entry = handle.index;
   Sequence& seq = slab_.sequence(entry);
+  const int32_t count = static_cast<int32_t>(tokens.size());
   const int32_t offset = seq.offset();
-  // At offset 0 the partial page holds the last full page's tokens, which
-  // an undone fill of this transaction would need back.
-  if (seq.tail_maybe_shared() || !seq.prompt_done() ||
-      (offset == 0 && seq.filled_in_transaction() == journal_.serial())) {
-    return absl::OkStatus();
-  }
+  const int32_t left_drafts = std::max(0, seq.drafts() - count);
+  const int32_t drafts = drafts_after >= 0 ? drafts_after : left_drafts;
   const int32_t held = seq.num_pages();
   const int64_t pages = config_.PagesFor(seq.num_tokens() + count + drafts);
-  if (pages < held || pages > held + 1 || pages > config_.max_pages_per_seq) {
+  // The partial page is written (unless it is empty), so held here alone.
+  if (!seq.prompt_done() || (offset != 0 && seq.tail_maybe_shared()) ||
+      pages < held || pages > held + 1 || pages > config_.max_pages_per_seq) {
     return absl::OkStatus();
   }
   const bool adds = pages > held;
@@ -476,19 +485,24 @@ absl::Status BlockManagerImpl::AppendDraftStep(SequenceHandle handle, size_t i,
   const bool fills = offset + count >= page_size;
   const int32_t into_partial = fills ? page_size - offset : count;
   const int32_t past = count - into_partial;
-  internal::SequenceCold& cold = slab_.cold(entry);
+  SequenceCold& cold = slab_.cold(entry);
   TokenId* const partial = slab_.partial(entry);
-  // A fill overwrites the partial tokens, and later appends of this
-  // transaction may overwrite what the tokens past the page leave.
-  journal_.DraftStep(
-      entry, seq.num_tokens(), held, seq.drafts(),
-      fills ? &cold.last_full_hash : nullptr,
-      absl::MakeConstSpan(partial, fills ? static_cast<size_t>(offset) : 0));
+  // Saved: the partial tokens that tokens past a filled page overwrite; at
+  // offset 0 the last full page's, which an undone fill of this transaction
+  // needs back.
+  const bool refill =
+      offset == 0 && seq.filled_in_transaction() == journal_.serial();
+  journal_.EdgeStep(entry, seq.num_tokens(), held, seq.drafts(),
+                    seq.tail_maybe_shared(),
+                    fills ? &cold.last_full_hash : nullptr,
+                    absl::MakeConstSpan(partial, refill              ? page_size
+                                                 : fills && past > 0 ? offset
+                                                                     : 0));
   taken = true;
+  // Counted as SetDraftsAt would count them.
+  if (drafts != left_drafts) stats_.draft_slots += drafts;
   const int32_t filled_page =
       static_cast<int32_t>(seq.num_tokens() / page_size);
-  // Counted as the append and SetDraftsAt would count them.
-  if (drafts != std::max(0, seq.drafts() - count)) stats_.draft_slots += drafts;
   PageId page = kNoPage;
   if (adds) {
     KVBLOCK_ASSIGN_OR_RETURN(page, pool_->Allocate());
@@ -498,84 +512,22 @@ absl::Status BlockManagerImpl::AppendDraftStep(SequenceHandle handle, size_t i,
   KVBLOCK_RETURN_IF_ERROR(seq.Grow(absl::MakeConstSpan(&page, adds ? 1 : 0),
                                    seq.num_tokens() + count, drafts,
                                    fills ? journal_.serial() : 0));
-  std::copy_n(tokens.begin(), into_partial, partial + offset);
+  // The new partial page is fresh, a draft page, or the one held alone.
+  seq.OwnTail();
+  if (count == 1) {
+    partial[offset] = tokens[0];  // decode: no call into memmove.
+  } else {
+    std::copy_n(tokens.begin(), into_partial, partial + offset);
+  }
   if (fills) {
     if (options_.enable_prefix_caching) {
       KVBLOCK_RETURN_IF_ERROR(
           RegisterFullPage(entry, filled_page, nullptr,
                            absl::MakeConstSpan(partial, page_size)));
     }
-    std::copy_n(tokens.begin() + into_partial, past, partial);
+    if (past > 0) std::copy_n(tokens.begin() + into_partial, past, partial);
   }
-  stats_.appended_tokens += count;
-  if (adds) {
-    result.changed.push_back(static_cast<int32_t>(i));
-    result.pages.push_back(seq.pages());
-    result.first_changed_page.push_back(held);
-    ++result.new_pages;
-  }
-  return absl::OkStatus();
-}
-
-ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status BlockManagerImpl::AppendSlow(
-    int32_t entry, absl::Span<const TokenId> tokens, AppendResult& result,
-    absl::Span<const BlockHash> prompt_hashes, int32_t drafts_after) {
-  const Sequence& seq = slab_.sequence(entry);
-  // Decode, one token: it fills the partial page held here alone, or
-  // starts a page. (With one-token pages every page fills at once, and with
-  // drafts or a prompt's hashes: the general case.)
-  if (tokens.size() == 1 && config_.page_size > 1 && seq.drafts() == 0 &&
-      drafts_after <= 0 && prompt_hashes.empty()) {
-    bool taken = false;
-    KVBLOCK_RETURN_IF_ERROR(AppendAtPageEdge(entry, tokens[0], result, taken));
-    if (taken) return absl::OkStatus();
-  }
-  return AppendGeneral(entry, tokens, result, prompt_hashes, drafts_after);
-}
-
-ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status
-BlockManagerImpl::AppendAtPageEdge(int32_t entry, TokenId token,
-                                   AppendResult& result, bool& taken) {
-  const int32_t page_size = config_.page_size;
-  Sequence& seq = slab_.sequence(entry);
-  internal::SequenceCold& cold = slab_.cold(entry);
-  TokenId* const partial = slab_.partial(entry);
-  taken = true;
-  if (seq.offset() == page_size - 1 && !seq.tail_maybe_shared()) {
-    partial[page_size - 1] = token;  // past the page until it counts.
-    const BlockHash chain_before = cold.last_full_hash;
-    if (options_.enable_prefix_caching) {
-      KVBLOCK_RETURN_IF_ERROR(RegisterFullPage(
-          entry, static_cast<int32_t>(seq.num_tokens() / page_size), nullptr,
-          absl::MakeConstSpan(partial, page_size)));
-    }
-    journal_.Filled(entry, chain_before);
-    return seq.Grow({}, seq.num_tokens() + 1, 0, journal_.serial());
-  }
-  if (seq.offset() == 0 && seq.num_pages() < config_.max_pages_per_seq) {
-    if (AllocatableFor(entry) <= 0) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("block manager: sequence ", cold.id,
-                       " needs 1 page, 0 are allocatable"));
-    }
-    KVBLOCK_ASSIGN_OR_RETURN(const PageId page, pool_->Allocate());
-    // The last full page's tokens: a rollback that also undoes its fill
-    // needs them back. Decode fills a page and starts the next one in two
-    // steps, two transactions, so this is rare.
-    const bool filled_here = seq.filled_in_transaction() == journal_.serial();
-    journal_.NewPage(entry, seq.tail_maybe_shared(),
-                     filled_here ? absl::MakeConstSpan(partial, page_size)
-                                 : absl::Span<const TokenId>());
-    // Cannot fail: the capacity was checked above.
-    KVBLOCK_RETURN_IF_ERROR(
-        seq.Grow(absl::MakeConstSpan(&page, 1), seq.num_tokens() + 1, 0));
-    seq.OwnTail();
-    DrawReservation(entry, 1);
-    partial[0] = token;
-    result.new_pages = 1;
-    return absl::OkStatus();
-  }
-  taken = false;
+  result.new_pages += adds ? 1 : 0;
   return absl::OkStatus();
 }
 
@@ -717,23 +669,33 @@ absl::Status BlockManagerImpl::WriteTokens(
       offset = 0;
       page_tokens = absl::MakeConstSpan(partial, page_size);
     }
-    if (!options_.enable_prefix_caching) continue;
-    const int32_t page = static_cast<int32_t>(written / config_.page_size) - 1;
-    // Page 0 is hashed: it checks that the hashes are this prompt's.
-    const BlockHash* given =
-        page > 0 && !prompt_hashes.empty() ? &prompt_hashes[page] : nullptr;
-    KVBLOCK_RETURN_IF_ERROR(RegisterFullPage(entry, page, given, page_tokens));
-    if (page == 0 && !prompt_hashes.empty() &&
-        cold.last_full_hash != prompt_hashes[0]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "block manager: the prompt hashes of a chunk of sequence ", cold.id,
-          " do not start from its prompt and extra keys"));
+    if (options_.enable_prefix_caching) {
+      KVBLOCK_RETURN_IF_ERROR(RegisterChunkPage(
+          entry, static_cast<int32_t>(written / config_.page_size) - 1,
+          prompt_hashes, page_tokens));
     }
   }
   // At offset 0 `partial` holds the last full page's tokens (an undone fill
   // of this transaction needs them back).
   if (offset == 0 && !page_tokens.empty() && page_tokens.data() != partial) {
     std::copy(page_tokens.begin(), page_tokens.end(), partial);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BlockManagerImpl::RegisterChunkPage(
+    int32_t entry, int32_t page, absl::Span<const BlockHash> prompt_hashes,
+    absl::Span<const TokenId> page_tokens) {
+  // Page 0 is hashed: it checks that the hashes are this prompt's.
+  const BlockHash* given =
+      page > 0 && !prompt_hashes.empty() ? &prompt_hashes[page] : nullptr;
+  KVBLOCK_RETURN_IF_ERROR(RegisterFullPage(entry, page, given, page_tokens));
+  const SequenceCold& cold = slab_.cold(entry);
+  if (page == 0 && !prompt_hashes.empty() &&
+      cold.last_full_hash != prompt_hashes[0]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block manager: the prompt hashes of a chunk of sequence ",
+                     cold.id, " do not start from its prompt and extra keys"));
   }
   return absl::OkStatus();
 }

@@ -54,6 +54,16 @@ struct AppendManyResult {
   std::vector<PageCopy> copies;  // copies on write, in entry order.
   int32_t new_pages = 0;         // pages allocated (for tokens or drafts).
   int32_t draft_copies = 0;      // of `copies`, those made for drafts.
+
+  // Empties it, keeping the vectors' capacity.
+  void Clear() {
+    changed.clear();
+    pages.clear();
+    first_changed_page.clear();
+    copies.clear();
+    new_pages = 0;
+    draft_copies = 0;
+  }
 };
 
 class BlockManagerImpl {
@@ -208,11 +218,9 @@ class BlockManagerImpl {
   // names it in the message.
   absl::Status CheckNewId(SequenceId id, absl::string_view what) const;
 
-  // The append paths (block_manager_append.cc): AppendInPlace takes the
-  // common case for Append and AppendDecodeRun for AppendMany (tokens that
-  // stay in a partial page held here alone, the one check both share);
-  // AppendDraftStep a speculative step past a page edge; AppendSlow the
-  // rest.
+  // The append paths (block_manager_append.cc, whose top says how they
+  // split): AppendInPlace and AppendDecodeRun in place; AppendSlow the rest,
+  // through AppendEdgeStep or AppendGeneral.
   bool AppendInPlace(int32_t entry, absl::Span<const TokenId> tokens);
   // `prompt_hashes`: the whole prompt's hashes for a prompt chunk (pages
   // that fill take theirs), else empty (they are hashed).
@@ -228,11 +236,14 @@ class BlockManagerImpl {
                           AppendResult& result,
                           absl::Span<const BlockHash> prompt_hashes = {},
                           int32_t drafts_after = -1);
-  // AppendSlow's decode step past a page edge: one token that fills the
-  // partial page held here alone, or starts a page; sets `taken` when it
+  // AppendSlow's step past a page edge: fewer than page_size tokens (then
+  // `drafts_after` drafts, as for AppendSlow) that fill at most the partial
+  // page, held here alone, and take at most one new page: a decode token
+  // that fills or starts a page, a speculative step. Sets `taken` when it
   // was one (else changes nothing).
-  absl::Status AppendAtPageEdge(int32_t entry, TokenId token,
-                                AppendResult& result, bool& taken);
+  absl::Status AppendEdgeStep(int32_t entry, absl::Span<const TokenId> tokens,
+                              int32_t drafts_after, AppendResult& result,
+                              bool& taken);
   // The one general append: any number of tokens, across pages (draft
   // slots' pages first), copying a shared partial page first; then the new
   // drafts (`drafts_after` as for AppendSlow).
@@ -251,19 +262,29 @@ class BlockManagerImpl {
   absl::Status WriteTokens(int32_t entry, int64_t old_tokens,
                            absl::Span<const TokenId> tokens,
                            absl::Span<const BlockHash> prompt_hashes);
+  // Registers the sequence's full page `page`, holding `page_tokens`, that
+  // WriteTokens filled: under prompt_hashes[page] when given (page 0 is
+  // hashed, and InvalidArgument when that is not prompt_hashes[0]), else
+  // hashed.
+  absl::Status RegisterChunkPage(int32_t entry, int32_t page,
+                                 absl::Span<const BlockHash> prompt_hashes,
+                                 absl::Span<const TokenId> page_tokens);
+  // SetDraftsAt's checks of `count` drafts for `seq` (sequence `id`): the
+  // errors SetDrafts documents but ResourceExhausted.
+  absl::Status CheckDrafts(const Sequence& seq, SequenceId id,
+                           int32_t count) const;
   absl::Status SetDraftsAt(int32_t entry, int32_t count, AppendResult& result);
+  // AppendMany's checks before any change: the spans' lengths, and (outside
+  // a commit's step) no sequence a BatchCommit runs.
+  absl::Status CheckAppendMany(absl::Span<const SequenceHandle> handles,
+                               absl::Span<const int32_t> counts,
+                               absl::Span<const int32_t> draft_counts) const;
   // AppendMany's entry `i` past the decode runs: `tokens` for the sequence
   // at `entry`, then `*drafts` draft slots unless null; records a changed
   // table in `result`.
   absl::Status AppendEntry(size_t i, int32_t entry,
                            absl::Span<const TokenId> tokens,
                            const int32_t* drafts, AppendManyResult& result);
-  // AppendMany's speculative step past a page edge, for the sequence of
-  // `handle` at index `i`: sets `taken` when it was one (else changes
-  // nothing), and records a changed table in `result`.
-  absl::Status AppendDraftStep(SequenceHandle handle, size_t i,
-                               absl::Span<const TokenId> tokens, int32_t drafts,
-                               AppendManyResult& result, bool& taken);
   // The chain hashes of `tokens`' whole pages after `parent`, in
   // hash_scratch_.
   absl::Span<const BlockHash> HashPages(BlockHash parent,
@@ -292,7 +313,10 @@ class BlockManagerImpl {
                                 absl::Span<const TokenId> page_tokens);
   // What allocations for the sequence at `entry` may take now: free +
   // evictable, less the other sequences' reservations.
-  int64_t AllocatableFor(int32_t entry) const;
+  int64_t AllocatableFor(int32_t entry) const {
+    if (reserved_pages_ == 0) return pool_->NumFree();  // inline: appends ask.
+    return int64_t{pool_->NumFree()} - reserved_pages_ + ReservationOf(entry);
+  }
   // The pages the sequence at `entry` still has reserved.
   int32_t ReservationOf(int32_t entry) const;
   // Takes `pages` just allocated for `entry` out of its reservation.

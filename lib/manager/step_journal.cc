@@ -39,16 +39,12 @@ void StepJournal::Undo(const JournalRecord& record, SequenceSlab& slab) const {
       return Undo(record.appended, slab);
     case JournalRecord::Kind::kAppendedRun:
       return Undo(record.appended_run, slab);
-    case JournalRecord::Kind::kFilled:
-      return Undo(record.filled, slab);
-    case JournalRecord::Kind::kNewPage:
-      return Undo(record.new_page, slab);
     case JournalRecord::Kind::kChanged:
       return Undo(record.changed, slab);
     case JournalRecord::Kind::kDrafted:
       return Undo(record.drafted, slab);
-    case JournalRecord::Kind::kDraftStep:
-      return Undo(record.draft_step, slab);
+    case JournalRecord::Kind::kEdgeStep:
+      return Undo(record.edge_step, slab);
   }
 }
 

@@ -20,12 +20,6 @@
 //                nothing else changed
 //   appended_run runs[offset, offset + count): AppendMany's decode run, one
 //                8-byte {entry, count} note per sequence instead of a record
-//   filled       entry, the chain hash before: hashes[index]; one token
-//                filled the partial page (and registered it)
-//   new_page     entry, tail_maybe_shared before, and the last full page's
-//                tokens tokens[offset, offset + page_size) when this
-//                transaction filled that page (offset -1: not saved, not
-//                needed); one token went into a newly allocated page
 //   changed      entry, tail_maybe_shared, num_tokens and num_pages
 //                before, the last page before, the chain hash before
 //                (hashes[index]), the partial tokens before when saved
@@ -37,11 +31,13 @@
 //                pages, or copied its partial page); written when a
 //                sequence's drafts change, before the records of the same
 //                change
-//   draft_step   entry, its num_tokens, num_pages and drafts before, and
-//                when a page filled the chain hash (hashes[index]) and the
-//                partial tokens (tokens[offset, offset + n), n = num_tokens
-//                % page_size) before (-1: none): a speculative step past a
-//                page edge (BlockManager::AppendDraftStep)
+//   edge_step    entry, its num_tokens, num_pages, drafts and
+//                tail_maybe_shared before, the chain hash before when a page
+//                filled (hashes[index], else -1), and the partial tokens it
+//                overwrote when saved (tokens[offset, offset + n), n =
+//                num_tokens % page_size, a page when that is 0; -1: none): an
+//                append past a page edge that took at most one page
+//                (BlockManagerImpl::AppendEdgeStep)
 //
 // The payloads point into four arenas (pages, tokens, hashes, runs), so a
 // record has a fixed size and is written in place (a record built on the
@@ -62,6 +58,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/base/attributes.h"
 #include "absl/types/span.h"
 #include "kvblock/block_hash.h"
 #include "kvblock/sequence_table.h"
@@ -84,11 +81,9 @@ struct JournalRecord {
     kRemoved,
     kAppended,
     kAppendedRun,
-    kFilled,
-    kNewPage,
     kChanged,
     kDrafted,
-    kDraftStep,
+    kEdgeStep,
   };
   struct Created {
     int32_t entry;
@@ -107,15 +102,6 @@ struct JournalRecord {
   struct AppendedRun {
     int32_t runs_offset;
     int32_t count;
-  };
-  struct Filled {
-    int32_t entry;
-    int32_t hash_index;
-  };
-  struct NewPage {
-    int32_t entry;
-    int32_t tokens_offset;  // -1: not saved.
-    bool tail_maybe_shared;
   };
   struct Changed {
     int32_t entry;
@@ -138,14 +124,15 @@ struct JournalRecord {
     int32_t num_released;
     bool tail_maybe_shared;
   };
-  struct DraftStep {
+  struct EdgeStep {
     int32_t entry;
     int32_t num_pages;
     int64_t num_tokens;
     int32_t drafts;
     // -1 when no page filled.
     int32_t hash_index;
-    int32_t tokens_offset;
+    int32_t tokens_offset;  // -1: none saved.
+    bool tail_maybe_shared;
   };
 
   // Written in place, field by field: no zeroing first.
@@ -157,11 +144,9 @@ struct JournalRecord {
     Removed removed;
     Appended appended;
     AppendedRun appended_run;
-    Filled filled;
-    NewPage new_page;
     Changed changed;
     Drafted drafted;
-    DraftStep draft_step;
+    EdgeStep edge_step;
   };
 };
 
@@ -272,36 +257,6 @@ class StepJournal {
     }
   }
 
-  void Filled(int32_t entry, const BlockHash& chain_before) {
-    JournalRecord& record = Add(JournalRecord::Kind::kFilled);
-    record.filled = {entry, static_cast<int32_t>(hashes_.size())};
-    hashes_.push_back(chain_before);
-  }
-  void Undo(const JournalRecord::Filled& r, SequenceSlab& slab) const {
-    Sequence& seq = slab.sequence(r.entry);
-    seq.RestoreLength(seq.num_tokens() - 1, 0);
-    slab.cold(r.entry).last_full_hash = hashes_[r.hash_index];
-  }
-
-  // `full_page` is the last full page's tokens, or empty when not needed.
-  void NewPage(int32_t entry, bool tail_maybe_shared,
-               absl::Span<const TokenId> full_page) {
-    JournalRecord& record = Add(JournalRecord::Kind::kNewPage);
-    record.new_page = {entry, -1, tail_maybe_shared};
-    if (!full_page.empty()) {
-      record.new_page.tokens_offset = static_cast<int32_t>(tokens_.size());
-      tokens_.insert(tokens_.end(), full_page.begin(), full_page.end());
-    }
-  }
-  void Undo(const JournalRecord::NewPage& r, SequenceSlab& slab) const {
-    Sequence& seq = slab.sequence(r.entry);
-    seq.DropPagesFrom(seq.num_pages() - 1);
-    seq.RestoreLength(seq.num_tokens() - 1, 0);
-    seq.RestoreTail(r.tail_maybe_shared);
-    if (r.tokens_offset >= 0)
-      RestoreTokens(r.tokens_offset, page_size_, slab.partial(r.entry));
-  }
-
   // `partial` are the tokens to restore (num_tokens % page_size of them, a
   // page at 0), or empty when none need restoring.
   // `chain_before`: null when no page fills (the chain stays).
@@ -365,30 +320,42 @@ class StepJournal {
     seq.RestoreTail(r.tail_maybe_shared);
   }
 
-  // `chain_before` and `partial`: null and empty when no page fills.
-  void DraftStep(int32_t entry, int64_t num_tokens, int32_t num_pages,
-                 int32_t drafts, const BlockHash* chain_before,
-                 absl::Span<const TokenId> partial) {
-    JournalRecord& record = Add(JournalRecord::Kind::kDraftStep);
-    record.draft_step = {.entry = entry,
-                         .num_pages = num_pages,
-                         .num_tokens = num_tokens,
-                         .drafts = drafts,
-                         .hash_index = -1,
-                         .tokens_offset = -1};
-    if (chain_before == nullptr) return;
-    record.draft_step.hash_index = static_cast<int32_t>(hashes_.size());
-    record.draft_step.tokens_offset = static_cast<int32_t>(tokens_.size());
-    hashes_.push_back(*chain_before);
-    tokens_.insert(tokens_.end(), partial.begin(), partial.end());
+  // `chain_before`: null when no page fills; `partial`: the tokens to
+  // restore (as for Changed), or empty.
+  ABSL_ATTRIBUTE_ALWAYS_INLINE void EdgeStep(
+      int32_t entry, int64_t num_tokens, int32_t num_pages, int32_t drafts,
+      bool tail_maybe_shared, const BlockHash* chain_before,
+      absl::Span<const TokenId> partial) {
+    JournalRecord& record = Add(JournalRecord::Kind::kEdgeStep);
+    JournalRecord::EdgeStep& r = record.edge_step;
+    r.entry = entry;
+    r.num_pages = num_pages;
+    r.num_tokens = num_tokens;
+    r.drafts = drafts;
+    r.hash_index = -1;
+    r.tokens_offset = -1;
+    r.tail_maybe_shared = tail_maybe_shared;
+    if (chain_before != nullptr) {
+      r.hash_index = static_cast<int32_t>(hashes_.size());
+      hashes_.push_back(*chain_before);
+    }
+    if (!partial.empty()) {  // rare: no call into the insert otherwise.
+      r.tokens_offset = static_cast<int32_t>(tokens_.size());
+      tokens_.insert(tokens_.end(), partial.begin(), partial.end());
+    }
   }
-  void Undo(const JournalRecord::DraftStep& r, SequenceSlab& slab) const {
+  void Undo(const JournalRecord::EdgeStep& r, SequenceSlab& slab) const {
     Sequence& seq = slab.sequence(r.entry);
     seq.DropPagesFrom(r.num_pages);
     seq.RestoreLength(r.num_tokens, r.drafts);
+    seq.RestoreTail(r.tail_maybe_shared);
     if (r.hash_index >= 0) {
       slab.cold(r.entry).last_full_hash = hashes_[r.hash_index];
-      RestoreTokens(r.tokens_offset, seq.offset(), slab.partial(r.entry));
+    }
+    if (r.tokens_offset >= 0) {
+      RestoreTokens(r.tokens_offset,
+                    seq.offset() == 0 ? page_size_ : seq.offset(),
+                    slab.partial(r.entry));
     }
   }
 

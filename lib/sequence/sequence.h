@@ -25,6 +25,7 @@
 #include <cassert>
 #include <cstdint>
 
+#include "absl/base/attributes.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -92,26 +93,30 @@ class Sequence {
   // they stay in the partial page (offset + count < page_size) and end on
   // the pages held.
   void AppendInPlace(int32_t count, int32_t drafts) {
+    drafts_ = drafts;
+    AppendInPlace(count);
+  }
+  // The same, holding no drafts before or after (decode).
+  void AppendInPlace(int32_t count) {
     num_tokens_ += count;
     offset_ += count;
-    drafts_ = drafts;
     AssertInvariant();
   }
 
   // Takes `pages` (the caller's references) after the pages held and grows
-  // to `num_tokens` tokens and `drafts` drafts, which they complete; `serial`
-  // is the transaction's when a page fills (else 0: unchanged). OutOfRange
-  // past the table's capacity, changing nothing.
-  absl::Status Grow(absl::Span<const PageId> pages, int64_t num_tokens,
-                    int32_t drafts, uint64_t serial = 0) {
+  // to `num_tokens` tokens and `drafts` drafts, which they complete;
+  // `serial`, when not 0, is the transaction's that filled a page here.
+  // OutOfRange past the table's capacity, changing nothing.
+  ABSL_ATTRIBUTE_ALWAYS_INLINE absl::Status Grow(absl::Span<const PageId> pages,
+                                                 int64_t num_tokens,
+                                                 int32_t drafts,
+                                                 uint64_t serial = 0) {
     if (!pages.empty()) {
       if (absl::Status status = table_.AdoptPages(pages); !status.ok()) {
         return status;
       }
     }
-    if (serial != 0 && num_tokens / page_size_ > num_tokens_ / page_size_) {
-      filled_in_transaction_ = serial;
-    }
+    if (serial != 0) filled_in_transaction_ = serial;
     num_tokens_ = num_tokens;
     offset_ = static_cast<int32_t>(num_tokens % page_size_);
     drafts_ = drafts;
