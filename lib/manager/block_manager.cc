@@ -152,15 +152,19 @@ int64_t BlockManagerImpl::pending_kv_changes() const {
   return events_ == nullptr ? 0 : events_->num_records();
 }
 
-absl::StatusOr<absl::Span<const PageId>> BlockManagerImpl::Pages(
-    SequenceId id) const {
+absl::StatusOr<int32_t> BlockManagerImpl::LiveEntry(SequenceId id) const {
   const int32_t entry = slab_.Find(id);
   if (entry < 0) {
     return absl::NotFoundError(
         absl::StrCat("block manager: sequence ", id, " is not live"));
   }
-  const SequenceBlockTable& table = slab_.sequence(entry).table();
-  return table.entries().first(table.num_pages());
+  return entry;
+}
+
+absl::StatusOr<absl::Span<const PageId>> BlockManagerImpl::Pages(
+    SequenceId id) const {
+  KVBLOCK_ASSIGN_OR_RETURN(const int32_t entry, LiveEntry(id));
+  return slab_.sequence(entry).pages();
 }
 
 absl::StatusOr<absl::Span<const PageId>> BlockManagerImpl::PagesAt(
@@ -219,40 +223,23 @@ void BlockManagerImpl::DrawReservation(int32_t entry, int32_t pages) {
 }
 
 absl::StatusOr<int64_t> BlockManagerImpl::NumTokens(SequenceId id) const {
-  const int32_t entry = slab_.Find(id);
-  if (entry < 0) {
-    return absl::NotFoundError(
-        absl::StrCat("block manager: sequence ", id, " is not live"));
-  }
+  KVBLOCK_ASSIGN_OR_RETURN(const int32_t entry, LiveEntry(id));
   return slab_.sequence(entry).num_tokens();
 }
 
 absl::StatusOr<int64_t> BlockManagerImpl::PromptTokensLeft(
     SequenceId id) const {
-  const int32_t entry = slab_.Find(id);
-  if (entry < 0) {
-    return absl::NotFoundError(
-        absl::StrCat("block manager: sequence ", id, " is not live"));
-  }
-  return std::max<int64_t>(0, slab_.sequence(entry).prompt_end() -
-                                  slab_.sequence(entry).num_tokens());
+  KVBLOCK_ASSIGN_OR_RETURN(const int32_t entry, LiveEntry(id));
+  return slab_.sequence(entry).prompt_left();
 }
 
 absl::StatusOr<int32_t> BlockManagerImpl::NumDrafts(SequenceId id) const {
-  const int32_t entry = slab_.Find(id);
-  if (entry < 0) {
-    return absl::NotFoundError(
-        absl::StrCat("block manager: sequence ", id, " is not live"));
-  }
+  KVBLOCK_ASSIGN_OR_RETURN(const int32_t entry, LiveEntry(id));
   return slab_.sequence(entry).drafts();
 }
 
 absl::StatusOr<SequenceHandle> BlockManagerImpl::HandleOf(SequenceId id) const {
-  const int32_t entry = slab_.Find(id);
-  if (entry < 0) {
-    return absl::NotFoundError(
-        absl::StrCat("block manager: sequence ", id, " is not live"));
-  }
+  KVBLOCK_ASSIGN_OR_RETURN(const int32_t entry, LiveEntry(id));
   return slab_.HandleAt(entry);
 }
 

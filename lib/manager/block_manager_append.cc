@@ -87,12 +87,7 @@ inline bool BlockManagerImpl::AppendInPlace(int32_t entry,
 
 absl::StatusOr<AppendResult> BlockManagerImpl::Append(
     SequenceId id, absl::Span<const TokenId> tokens) {
-  const int32_t entry = slab_.Find(id);
-  if (entry < 0) {
-    return absl::NotFoundError(
-        absl::StrCat("block manager: sequence ", id, " is not live"));
-  }
-  KVBLOCK_RETURN_IF_ERROR(CheckNotRunByCommit(entry, id));
+  KVBLOCK_ASSIGN_OR_RETURN(const int32_t entry, EntryToChange(id));
   AppendResult result;
   KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
     if (!AppendInPlace(entry, tokens)) {
@@ -108,12 +103,7 @@ absl::StatusOr<AppendResult> BlockManagerImpl::Append(
 absl::StatusOr<AppendResult> BlockManagerImpl::AppendPrompt(
     SequenceId id, absl::Span<const TokenId> tokens,
     absl::Span<const BlockHash> prompt_hashes) {
-  const int32_t entry = slab_.Find(id);
-  if (entry < 0) {
-    return absl::NotFoundError(
-        absl::StrCat("block manager: sequence ", id, " is not live"));
-  }
-  KVBLOCK_RETURN_IF_ERROR(CheckNotRunByCommit(entry, id));
+  KVBLOCK_ASSIGN_OR_RETURN(const int32_t entry, EntryToChange(id));
   const Sequence& seq = slab_.sequence(entry);
   const internal::SequenceCold& cold = slab_.cold(entry);
   const int64_t left =
@@ -150,12 +140,7 @@ absl::StatusOr<AppendResult> BlockManagerImpl::AppendPrompt(
 
 absl::StatusOr<AppendResult> BlockManagerImpl::SetDrafts(SequenceId id,
                                                          int32_t count) {
-  const int32_t entry = slab_.Find(id);
-  if (entry < 0) {
-    return absl::NotFoundError(
-        absl::StrCat("block manager: sequence ", id, " is not live"));
-  }
-  KVBLOCK_RETURN_IF_ERROR(CheckNotRunByCommit(entry, id));
+  KVBLOCK_ASSIGN_OR_RETURN(const int32_t entry, EntryToChange(id));
   AppendResult result;
   KVBLOCK_RETURN_IF_ERROR(
       Transact([&] { return SetDraftsAt(entry, count, result); }));

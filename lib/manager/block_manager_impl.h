@@ -321,6 +321,11 @@ class BlockManagerImpl {
   int32_t ReservationOf(int32_t entry) const;
   // Takes `pages` just allocated for `entry` out of its reservation.
   void DrawReservation(int32_t entry, int32_t pages);
+  // The entry of live sequence `id`; NotFound when it is not live.
+  absl::StatusOr<int32_t> LiveEntry(SequenceId id) const;
+  // The entry of live sequence `id`, for a call that changes it: NotFound
+  // when it is not live, CheckNotRunByCommit's error.
+  absl::StatusOr<int32_t> EntryToChange(SequenceId id) const;
   // FailedPrecondition when sequence `id` at `entry` is run by a BatchCommit
   // and that commit is not applying its step.
   absl::Status CheckNotRunByCommit(int32_t entry, SequenceId id) const;

@@ -265,32 +265,20 @@ class StepJournal {
                const BlockHash* chain_before,
                absl::Span<const TokenId> partial) {
     JournalRecord& record = Add(JournalRecord::Kind::kChanged);
-    record.changed = {
-        .entry = entry,
-        .num_pages = num_pages,
-        .num_tokens = num_tokens,
-        .last_page = last_page,
-        .hash_index =
-            chain_before == nullptr ? -1 : static_cast<int32_t>(hashes_.size()),
-        .tokens_offset =
-            partial.empty() ? -1 : static_cast<int32_t>(tokens_.size()),
-        .tail_maybe_shared = tail_maybe_shared};
-    if (chain_before != nullptr) hashes_.push_back(*chain_before);
-    tokens_.insert(tokens_.end(), partial.begin(), partial.end());
+    record.changed = {.entry = entry,
+                      .num_pages = num_pages,
+                      .num_tokens = num_tokens,
+                      .last_page = last_page,
+                      .hash_index = SaveHash(chain_before),
+                      .tokens_offset = SaveTokens(partial),
+                      .tail_maybe_shared = tail_maybe_shared};
   }
   void Undo(const JournalRecord::Changed& r, SequenceSlab& slab) const {
     Sequence& seq = slab.sequence(r.entry);
     seq.RestorePages(r.num_pages, r.last_page);
     seq.RestoreLength(r.num_tokens, seq.drafts());
     seq.RestoreTail(r.tail_maybe_shared);
-    if (r.hash_index >= 0) {
-      slab.cold(r.entry).last_full_hash = hashes_[r.hash_index];
-    }
-    if (r.tokens_offset >= 0) {
-      RestoreTokens(r.tokens_offset,
-                    seq.offset() == 0 ? page_size_ : seq.offset(),
-                    slab.partial(r.entry));
-    }
+    RestoreSaved(r.entry, r.hash_index, r.tokens_offset, slab);
   }
 
   // `released` are the pages a change of drafts released (last first), or
@@ -332,40 +320,45 @@ class StepJournal {
     r.num_pages = num_pages;
     r.num_tokens = num_tokens;
     r.drafts = drafts;
-    r.hash_index = -1;
-    r.tokens_offset = -1;
+    r.hash_index = SaveHash(chain_before);
+    r.tokens_offset = SaveTokens(partial);
     r.tail_maybe_shared = tail_maybe_shared;
-    if (chain_before != nullptr) {
-      r.hash_index = static_cast<int32_t>(hashes_.size());
-      hashes_.push_back(*chain_before);
-    }
-    if (!partial.empty()) {  // rare: no call into the insert otherwise.
-      r.tokens_offset = static_cast<int32_t>(tokens_.size());
-      tokens_.insert(tokens_.end(), partial.begin(), partial.end());
-    }
   }
   void Undo(const JournalRecord::EdgeStep& r, SequenceSlab& slab) const {
     Sequence& seq = slab.sequence(r.entry);
     seq.DropPagesFrom(r.num_pages);
     seq.RestoreLength(r.num_tokens, r.drafts);
     seq.RestoreTail(r.tail_maybe_shared);
-    if (r.hash_index >= 0) {
-      slab.cold(r.entry).last_full_hash = hashes_[r.hash_index];
-    }
-    if (r.tokens_offset >= 0) {
-      RestoreTokens(r.tokens_offset,
-                    seq.offset() == 0 ? page_size_ : seq.offset(),
-                    slab.partial(r.entry));
-    }
+    RestoreSaved(r.entry, r.hash_index, r.tokens_offset, slab);
   }
 
  private:
   // Undoes `record`, by its kind.
   void Undo(const JournalRecord& record, SequenceSlab& slab) const;
 
-  // Copies `count` saved tokens from tokens_[offset] to `partial`.
-  void RestoreTokens(int32_t offset, int32_t count, TokenId* partial) const {
-    std::copy_n(tokens_.data() + offset, count, partial);
+  // Save a chain hash (null: none) or partial tokens (empty: none) for a
+  // record: their index in the arena, or -1.
+  int32_t SaveHash(const BlockHash* hash) {
+    if (hash == nullptr) return -1;
+    hashes_.push_back(*hash);
+    return static_cast<int32_t>(hashes_.size() - 1);
+  }
+  int32_t SaveTokens(absl::Span<const TokenId> tokens) {
+    if (tokens.empty()) return -1;  // no call into the insert.
+    const auto offset = static_cast<int32_t>(tokens_.size());
+    tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+    return offset;
+  }
+  // Puts back what SaveHash and SaveTokens saved for the sequence at
+  // `entry`, once its length is restored: its chain hash, and its partial
+  // tokens (num_tokens % page_size of them, a page at 0).
+  void RestoreSaved(int32_t entry, int32_t hash_index, int32_t tokens_offset,
+                    SequenceSlab& slab) const {
+    if (hash_index >= 0) slab.cold(entry).last_full_hash = hashes_[hash_index];
+    if (tokens_offset < 0) return;
+    const int32_t offset = slab.sequence(entry).offset();
+    std::copy_n(tokens_.data() + tokens_offset,
+                offset == 0 ? page_size_ : offset, slab.partial(entry));
   }
 
   // The arenas' parts a record names.
