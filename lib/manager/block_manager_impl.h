@@ -9,9 +9,11 @@
 // LevelDB's WriteBatchInternal reaches a WriteBatch.
 //
 // Its sources: block_manager.cc (creation, the public class's forwarding,
-// admission, fork, removal, observers), block_manager_append.cc (the append
-// paths), block_manager_check.cc (CheckInvariants, Snapshot); the undo of
-// every change is in step_journal.h.
+// transactions, events, observers), block_manager_lifecycle.cc (admission,
+// fork, removal), block_manager_append.cc (the append paths),
+// block_manager_check.cc (CheckInvariants, Snapshot); the undo of every
+// change is in step_journal.h, a sequence's own fields in
+// sequence/sequence.h.
 //
 // Thread safety: as BlockManager.
 #ifndef KVBLOCK_LIB_MANAGER_BLOCK_MANAGER_IMPL_H_
