@@ -17,13 +17,11 @@
 #include <vector>
 
 #include "kvblock/block_hash.h"
+#include "kvblock/config.h"
 #include "kvblock/types.h"
 #include "sim/trace.h"
 
 namespace kvblock::sim {
-
-// a / b rounded up, for a >= 0 and b > 0: pages for a tokens.
-inline int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // One running sample or beam of a request.
 struct Sequence {
@@ -65,7 +63,8 @@ struct RequestState {
     const int64_t tokens =
         static_cast<int64_t>(request->prompt.size()) + generated;
     return static_cast<int64_t>(sequences.size()) *
-           (CeilDiv(tokens + drafts, page_size) - CeilDiv(tokens, page_size));
+           (PagesForTokens(tokens + drafts, page_size) -
+            PagesForTokens(tokens, page_size));
   }
 
   // Recompute after a preemption: the request restarts from its prompt.

@@ -54,7 +54,7 @@ std::optional<PlannedRejection> RejectionOf(const SchedulerConfig& config,
   const PagedKvConfig& kv = config.kv;
   const int32_t watermark = config.manager.watermark_pages;
   const int64_t prompt_pages =
-      CeilDiv(static_cast<int64_t>(request.prompt.size()), kv.page_size);
+      kv.PagesFor(static_cast<int64_t>(request.prompt.size()));
   if (prompt_pages > kv.num_pages - watermark) {
     return PlannedRejection{
         .waiting_index = waiting_index,
