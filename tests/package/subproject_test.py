@@ -53,7 +53,7 @@ with tempfile.TemporaryDirectory() as tmp:
     asked = targets(tmp, "asked",
                     ", default_options: ['tests=enabled', 'tools=enabled']")
     print(f"with tests=enabled tools=enabled: {len(asked)} targets")
-    for name in ("block_pool_test", "kvblock-sim"):
+    for name in ("unit_tests", "kvblock-sim"):
         if asked and name not in asked:
             failures.append("asked")
             print(f"FAIL: tests=enabled tools=enabled lacks {name}")
