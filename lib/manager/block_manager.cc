@@ -152,13 +152,9 @@ int64_t BlockManagerImpl::pending_kv_changes() const {
   return events_ == nullptr ? 0 : events_->num_records();
 }
 
-absl::StatusOr<int32_t> BlockManagerImpl::LiveEntry(SequenceId id) const {
-  const int32_t entry = slab_.Find(id);
-  if (entry < 0) {
-    return absl::NotFoundError(
-        absl::StrCat("block manager: sequence ", id, " is not live"));
-  }
-  return entry;
+absl::Status BlockManagerImpl::NotLiveError(SequenceId id) {
+  return absl::NotFoundError(
+      absl::StrCat("block manager: sequence ", id, " is not live"));
 }
 
 absl::StatusOr<absl::Span<const PageId>> BlockManagerImpl::Pages(

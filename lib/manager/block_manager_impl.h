@@ -23,6 +23,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/base/optimization.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -33,6 +34,7 @@
 #include "kvblock/block_pool.h"
 #include "kvblock/config.h"
 #include "kvblock/kv_events.h"
+#include "kvblock/status_macros.h"
 #include "kvblock/types.h"
 #include "manager/admission_planner.h"
 #include "manager/step_journal.h"
@@ -324,10 +326,24 @@ class BlockManagerImpl {
   // Takes `pages` just allocated for `entry` out of its reservation.
   void DrawReservation(int32_t entry, int32_t pages);
   // The entry of live sequence `id`; NotFound when it is not live.
-  absl::StatusOr<int32_t> LiveEntry(SequenceId id) const;
+  absl::StatusOr<int32_t> LiveEntry(SequenceId id) const {
+    const int32_t entry = slab_.Find(id);
+    if (ABSL_PREDICT_FALSE(entry < 0)) return NotLiveError(id);
+    return entry;
+  }
+  // NotFound naming `id`.
+  static absl::Status NotLiveError(SequenceId id);
   // The entry of live sequence `id`, for a call that changes it: NotFound
   // when it is not live, CheckNotRunByCommit's error.
-  absl::StatusOr<int32_t> EntryToChange(SequenceId id) const;
+  // Inline, with the errors out of line: Append asks it every call.
+  absl::StatusOr<int32_t> EntryToChange(SequenceId id) const {
+    const int32_t entry = slab_.Find(id);
+    if (ABSL_PREDICT_FALSE(entry < 0)) return NotLiveError(id);
+    if (ABSL_PREDICT_FALSE(slab_.sequence(entry).run_by_commit())) {
+      KVBLOCK_RETURN_IF_ERROR(CheckNotRunByCommit(entry, id));
+    }
+    return entry;
+  }
   // FailedPrecondition when sequence `id` at `entry` is run by a BatchCommit
   // and that commit is not applying its step.
   absl::Status CheckNotRunByCommit(int32_t entry, SequenceId id) const;

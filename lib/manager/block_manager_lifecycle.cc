@@ -174,12 +174,6 @@ absl::Status BlockManagerImpl::CheckNotRunByCommit(int32_t entry,
       " runs in a BatchCommit; it changes only through BatchCommit::Commit"));
 }
 
-absl::StatusOr<int32_t> BlockManagerImpl::EntryToChange(SequenceId id) const {
-  KVBLOCK_ASSIGN_OR_RETURN(const int32_t entry, LiveEntry(id));
-  KVBLOCK_RETURN_IF_ERROR(CheckNotRunByCommit(entry, id));
-  return entry;
-}
-
 absl::Status BlockManagerImpl::Remove(SequenceId id, bool preempted) {
   KVBLOCK_ASSIGN_OR_RETURN(const int32_t entry, EntryToChange(id));
   return Transact([&]() -> absl::Status {

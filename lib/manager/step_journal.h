@@ -338,12 +338,13 @@ class StepJournal {
 
   // Save a chain hash (null: none) or partial tokens (empty: none) for a
   // record: their index in the arena, or -1.
-  int32_t SaveHash(const BlockHash* hash) {
+  ABSL_ATTRIBUTE_ALWAYS_INLINE int32_t SaveHash(const BlockHash* hash) {
     if (hash == nullptr) return -1;
     hashes_.push_back(*hash);
     return static_cast<int32_t>(hashes_.size() - 1);
   }
-  int32_t SaveTokens(absl::Span<const TokenId> tokens) {
+  ABSL_ATTRIBUTE_ALWAYS_INLINE int32_t
+  SaveTokens(absl::Span<const TokenId> tokens) {
     if (tokens.empty()) return -1;  // no call into the insert.
     const auto offset = static_cast<int32_t>(tokens_.size());
     tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
