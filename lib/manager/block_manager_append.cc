@@ -1,20 +1,19 @@
 // Copyright 2026 The kvblock Authors.
 //
-// BlockManager's append paths, three tiers of one append, each a Sequence
-// change that keeps its invariant:
-//   in place  tokens that stay in a partial page this sequence holds alone
-//             without filling it, and drafts that end on the pages held
-//             (StaysInPartialPage, RedraftsInPlace): written with a 12-byte
-//             undo note, for Append's one sequence (AppendInPlace) or
-//             AppendMany's run of them (AppendDecodeRun), the decode step's
-//             common case;
-//   edge step fewer than a page of tokens past at most one page edge, into
-//             at most one new page (AppendEdgeStep): a decode token that
-//             fills or starts a page, a speculative step that crosses one,
-//             with one short record;
+// BlockManager's append: one guarded decode fast path and one general path,
+// each a Sequence change that keeps its invariant.
+//   decode    fewer than a page of tokens, past the prompt, that write only
+//             a partial page held here alone and take at most one new page
+//             (AppendDecodeStep; its guard is StaysInPlace, then the checks
+//             at the top of StepPastEdge). In place, when no page fills or is
+//             added, it writes a 12-byte undo note: for Append's one sequence,
+//             or for AppendMany's run of them in one loop (AppendDecodeRun),
+//             the decode step's common case. Past a page edge (StepPastEdge) it
+//             writes one short record: a token that fills or starts a page,
+//             a speculative step that crosses one;
 //   general   everything else (AppendGeneral): many tokens, a shared partial
-//             page to copy, prompt chunks, drafts that shrink (SetDraftsAt),
-//             and every error.
+//             page to copy, prompt chunks, and every error. Drafts alone
+//             change through SetDraftsAt.
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -32,24 +31,18 @@
 namespace kvblock::internal {
 namespace {
 
-// True when `count` tokens, 0 < count < page_size, go into the partial page
-// of `seq`, held by it alone, without filling it: no page fills, is
-// allocated or is copied, and no draft slot is taken.
-inline bool StaysInPartialPage(const Sequence& seq, int32_t count,
-                               int32_t page_size) {
-  return seq.offset() != 0 && !seq.tail_maybe_shared() && seq.drafts() == 0 &&
-         seq.prompt_done() && seq.offset() + count < page_size;
-}
-
-// Speculative decoding's common step: as StaysInPartialPage, but whatever
-// drafts the sequence holds, and then `drafts` new ones that end on the pages
-// it holds: no page is allocated, released, copied or filled.
-inline bool RedraftsInPlace(const Sequence& seq, int32_t count, int32_t drafts,
-                            int32_t page_size) {
-  if (seq.offset() == 0 || seq.tail_maybe_shared() || drafts < 0 ||
-      !seq.prompt_done() || seq.offset() + count >= page_size) {
+// The decode fast path's in-place case: `count` tokens, 0 < count <
+// page_size, go into the partial page of `seq`, held by it alone, without
+// filling it, and then `drafts` drafts end on the pages it holds: no page is
+// allocated, released, copied or filled. `drafts` < 0: plain decode, which
+// holds no drafts before or after.
+inline bool StaysInPlace(const Sequence& seq, int32_t count, int32_t drafts,
+                         int32_t page_size) {
+  if (seq.offset() == 0 || seq.tail_maybe_shared() || !seq.prompt_done() ||
+      seq.offset() + count >= page_size) {
     return false;
   }
+  if (drafts < 0) return seq.drafts() == 0;
   // The pages held are those of num_tokens + drafts (an invariant): no
   // need to read the table's line of the entry.
   return PagesForTokens(seq.num_tokens() + count + drafts, page_size) ==
@@ -67,32 +60,16 @@ inline absl::Status CheckPromptDone(const Sequence& seq, SequenceId id) {
 
 }  // namespace
 
-inline bool BlockManagerImpl::AppendInPlace(int32_t entry,
-                                            absl::Span<const TokenId> tokens) {
-  if (tokens.empty()) return true;
-  if (tokens.size() >= static_cast<size_t>(config_.page_size)) return false;
-  const int32_t count = static_cast<int32_t>(tokens.size());
-  Sequence& seq = slab_.sequence(entry);
-  if (!StaysInPartialPage(seq, count, config_.page_size)) return false;
-  TokenId* const partial = slab_.partial(entry) + seq.offset();
-  if (count == 1) {
-    *partial = tokens[0];  // decode: no call into memmove for one token.
-  } else {
-    std::copy(tokens.begin(), tokens.end(), partial);
-  }
-  journal_.Appended(entry, count);
-  seq.AppendInPlace(count);
-  return true;
-}
-
 absl::StatusOr<AppendResult> BlockManagerImpl::Append(
     SequenceId id, absl::Span<const TokenId> tokens) {
   KVBLOCK_ASSIGN_OR_RETURN(const int32_t entry, EntryToChange(id));
   AppendResult result;
   KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
-    if (!AppendInPlace(entry, tokens)) {
+    bool taken = false;
+    KVBLOCK_RETURN_IF_ERROR(AppendDecodeStep(entry, tokens, -1, result, taken));
+    if (!taken) {
       KVBLOCK_RETURN_IF_ERROR(CheckPromptDone(slab_.sequence(entry), id));
-      KVBLOCK_RETURN_IF_ERROR(AppendSlow(entry, tokens, result));
+      KVBLOCK_RETURN_IF_ERROR(AppendGeneral(entry, tokens, result, {}, -1));
     }
     stats_.appended_tokens += static_cast<int64_t>(tokens.size());
     return absl::OkStatus();
@@ -128,10 +105,10 @@ absl::StatusOr<AppendResult> BlockManagerImpl::AppendPrompt(
     }
   }
   AppendResult result;
+  // Prompt tokens never take the decode fast path.
   KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
-    if (!AppendInPlace(entry, tokens)) {
-      KVBLOCK_RETURN_IF_ERROR(AppendSlow(entry, tokens, result, prompt_hashes));
-    }
+    KVBLOCK_RETURN_IF_ERROR(
+        AppendGeneral(entry, tokens, result, prompt_hashes, -1));
     ++stats_.prompt_chunks;
     return absl::OkStatus();
   }));
@@ -225,8 +202,8 @@ absl::Status BlockManagerImpl::SetDraftsAt(int32_t entry, int32_t count,
 namespace {
 
 // AppendDecodeRun's loop, one instantiation for plain decode (one token a
-// sequence, StaysInPartialPage) and one for speculative steps (several
-// tokens, RedraftsInPlace, the new drafts in `draft_of`). Returns the index
+// sequence) and one for speculative steps (several tokens, the new drafts in
+// `draft_of`), each taking the sequences that StaysInPlace. Returns the index
 // of the first sequence it did not take; advances `token` and `note`.
 template <bool kDrafting>
 size_t DecodeRun(absl::Span<const SequenceHandle> handles,
@@ -245,7 +222,8 @@ size_t DecodeRun(absl::Span<const SequenceHandle> handles,
     const int32_t count = kDrafting ? count_of[i] : 1;
     if (static_cast<size_t>(handle.index) >= slab_size) break;
     if constexpr (kDrafting) {
-      if (count < 1 || count >= page_size ||
+      // Negative drafts are refused by SetDraftsAt, past the run.
+      if (count < 1 || count >= page_size || draft_of[i] < 0 ||
           static_cast<size_t>(count) > tokens.size() - token) {
         break;
       }
@@ -254,9 +232,7 @@ size_t DecodeRun(absl::Span<const SequenceHandle> handles,
     }
     Sequence& seq = slab[handle.index];
     if (!seq.live() || seq.generation() != handle.generation) break;
-    if constexpr (kDrafting) {
-      if (!RedraftsInPlace(seq, count, draft_of[i], page_size)) break;
-    } else if (!StaysInPartialPage(seq, 1, page_size)) {
+    if (!StaysInPlace(seq, count, kDrafting ? draft_of[i] : -1, page_size)) {
       break;
     }
     TokenId* const partial = partial_tokens +
@@ -384,10 +360,6 @@ absl::Status BlockManagerImpl::CheckAppendMany(
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status BlockManagerImpl::AppendEntry(
     size_t i, int32_t entry, absl::Span<const TokenId> tokens,
     const int32_t* drafts, AppendManyResult& result) {
-  // With drafts, tokens that stay in place go with them (AppendSlow's edge
-  // step, or SetDraftsAt).
-  const bool in_place = drafts == nullptr && AppendInPlace(entry, tokens);
-  if (in_place) return absl::OkStatus();
   const Sequence& seq = slab_.sequence(entry);
   const int32_t pages_before = seq.num_pages();
   AppendResult one;
@@ -395,13 +367,19 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status BlockManagerImpl::AppendEntry(
   // step), the append sets them too.
   bool drafts_set = false;
   if (!tokens.empty()) {
-    KVBLOCK_RETURN_IF_ERROR(CheckPromptDone(seq, slab_.cold(entry).id));
     drafts_set =
         drafts != nullptr && *drafts >= 0 &&
         seq.num_tokens() + static_cast<int64_t>(tokens.size()) + *drafts >
             int64_t{pages_before - 1} * config_.page_size;
+    const int32_t drafts_after = drafts_set ? *drafts : -1;
+    bool taken = false;
     KVBLOCK_RETURN_IF_ERROR(
-        AppendSlow(entry, tokens, one, {}, drafts_set ? *drafts : -1));
+        AppendDecodeStep(entry, tokens, drafts_after, one, taken));
+    if (!taken) {
+      KVBLOCK_RETURN_IF_ERROR(CheckPromptDone(seq, slab_.cold(entry).id));
+      KVBLOCK_RETURN_IF_ERROR(
+          AppendGeneral(entry, tokens, one, {}, drafts_after));
+    }
   }
   // A copy on write replaces the last page held before.
   int32_t first_changed = pages_before - (one.copy.has_value() ? 1 : 0);
@@ -430,28 +408,45 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status BlockManagerImpl::AppendEntry(
   return absl::OkStatus();
 }
 
-ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status BlockManagerImpl::AppendSlow(
-    int32_t entry, absl::Span<const TokenId> tokens, AppendResult& result,
-    absl::Span<const BlockHash> prompt_hashes, int32_t drafts_after) {
-  if (prompt_hashes.empty()) {
-    bool taken = false;
-    KVBLOCK_RETURN_IF_ERROR(
-        AppendEdgeStep(entry, tokens, drafts_after, result, taken));
-    if (taken) return absl::OkStatus();
-  }
-  return AppendGeneral(entry, tokens, result, prompt_hashes, drafts_after);
-}
-
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status
-BlockManagerImpl::AppendEdgeStep(int32_t entry,
-                                 absl::Span<const TokenId> tokens,
-                                 int32_t drafts_after, AppendResult& result,
-                                 bool& taken) {
-  taken = false;
+BlockManagerImpl::AppendDecodeStep(int32_t entry,
+                                   absl::Span<const TokenId> tokens,
+                                   int32_t drafts_after, AppendResult& result,
+                                   bool& taken) {
   const int32_t page_size = config_.page_size;
+  taken = tokens.empty() && drafts_after < 0;  // nothing to do.
   if (tokens.empty() || tokens.size() >= static_cast<size_t>(page_size)) {
     return absl::OkStatus();
   }
+  Sequence& seq = slab_.sequence(entry);
+  const int32_t count = static_cast<int32_t>(tokens.size());
+  if (!StaysInPlace(seq, count, drafts_after, page_size)) {
+    return StepPastEdge(entry, tokens, drafts_after, result, taken);
+  }
+  TokenId* const partial = slab_.partial(entry) + seq.offset();
+  if (count == 1) {
+    *partial = tokens[0];  // decode: no call into memmove for one token.
+  } else {
+    std::copy(tokens.begin(), tokens.end(), partial);
+  }
+  journal_.Appended(entry, count, seq.drafts());
+  if (drafts_after < 0) {
+    seq.AppendInPlace(count);
+  } else {
+    // Counted as SetDraftsAt would count them.
+    if (drafts_after != std::max(0, seq.drafts() - count)) {
+      stats_.draft_slots += drafts_after;
+    }
+    seq.AppendInPlace(count, drafts_after);
+  }
+  taken = true;
+  return absl::OkStatus();
+}
+
+ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status BlockManagerImpl::StepPastEdge(
+    int32_t entry, absl::Span<const TokenId> tokens, int32_t drafts_after,
+    AppendResult& result, bool& taken) {
+  const int32_t page_size = config_.page_size;
   Sequence& seq = slab_.sequence(entry);
   const int32_t count = static_cast<int32_t>(tokens.size());
   const int32_t offset = seq.offset();

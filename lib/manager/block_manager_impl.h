@@ -223,34 +223,33 @@ class BlockManagerImpl {
   absl::Status CheckNewId(SequenceId id, absl::string_view what) const;
 
   // The append paths (block_manager_append.cc, whose top says how they
-  // split): AppendInPlace and AppendDecodeRun in place; AppendSlow the rest,
-  // through AppendEdgeStep or AppendGeneral.
-  bool AppendInPlace(int32_t entry, absl::Span<const TokenId> tokens);
-  // `prompt_hashes`: the whole prompt's hashes for a prompt chunk (pages
-  // that fill take theirs), else empty (they are hashed).
+  // split): the decode fast path, AppendDecodeStep for one sequence and
+  // AppendDecodeRun for AppendMany's runs of sequences in place; and
+  // AppendGeneral.
+  // `drafts_after`: the draft slots the sequence then holds, whose end must
+  // not fall short of the pages it holds (no page is released); -1: those
+  // left after the tokens take theirs. Sets `taken` when the step was one
+  // it takes (else changes nothing, and AppendGeneral does it).
+  absl::Status AppendDecodeStep(int32_t entry, absl::Span<const TokenId> tokens,
+                                int32_t drafts_after, AppendResult& result,
+                                bool& taken);
+  // AppendDecodeStep past a page edge: 0 < count < page_size tokens that
+  // fill at most the partial page, held here alone, and take at most one
+  // new page: a decode token that fills or starts a page, a speculative
+  // step.
+  absl::Status StepPastEdge(int32_t entry, absl::Span<const TokenId> tokens,
+                            int32_t drafts_after, AppendResult& result,
+                            bool& taken);
   size_t AppendDecodeRun(absl::Span<const SequenceHandle> handles,
                          absl::Span<const int32_t> counts,
                          absl::Span<const TokenId> tokens,
                          absl::Span<const int32_t> draft_counts, size_t i,
                          size_t& next, InPlaceAppend*& notes);
-  // `drafts_after`: the draft slots the sequence then holds, whose end must
-  // not fall short of the pages it holds (no page is released); -1: those
-  // left after the tokens take theirs.
-  absl::Status AppendSlow(int32_t entry, absl::Span<const TokenId> tokens,
-                          AppendResult& result,
-                          absl::Span<const BlockHash> prompt_hashes = {},
-                          int32_t drafts_after = -1);
-  // AppendSlow's step past a page edge: fewer than page_size tokens (then
-  // `drafts_after` drafts, as for AppendSlow) that fill at most the partial
-  // page, held here alone, and take at most one new page: a decode token
-  // that fills or starts a page, a speculative step. Sets `taken` when it
-  // was one (else changes nothing).
-  absl::Status AppendEdgeStep(int32_t entry, absl::Span<const TokenId> tokens,
-                              int32_t drafts_after, AppendResult& result,
-                              bool& taken);
   // The one general append: any number of tokens, across pages (draft
   // slots' pages first), copying a shared partial page first; then the new
-  // drafts (`drafts_after` as for AppendSlow).
+  // drafts (`drafts_after` as for AppendDecodeStep). `prompt_hashes`: the
+  // whole prompt's hashes for a prompt chunk (pages that fill take theirs),
+  // else empty (they are hashed).
   absl::Status AppendGeneral(int32_t entry, absl::Span<const TokenId> tokens,
                              AppendResult& result,
                              absl::Span<const BlockHash> prompt_hashes,

@@ -16,10 +16,11 @@
 //                the parent's entry (-1: a prompt) and its
 //                tail_maybe_shared before the fork
 //   removed      entry, its pages: pages[offset, offset + count)
-//   appended     entry, count: tokens written into the partial page, and
-//                nothing else changed
+//   appended     entry, count, drafts before: tokens written into the
+//                partial page, the drafts set, and nothing else changed
 //   appended_run runs[offset, offset + count): AppendMany's decode run, one
-//                8-byte {entry, count} note per sequence instead of a record
+//                12-byte {entry, count, drafts} note per sequence instead of
+//                a record
 //   changed      entry, tail_maybe_shared, num_tokens and num_pages
 //                before, the last page before, the chain hash before
 //                (hashes[index]), the partial tokens before when saved
@@ -37,7 +38,7 @@
 //                overwrote when saved (tokens[offset, offset + n), n =
 //                num_tokens % page_size, a page when that is 0; -1: none): an
 //                append past a page edge that took at most one page
-//                (BlockManagerImpl::AppendEdgeStep)
+//                (BlockManagerImpl::StepPastEdge)
 //
 // The payloads point into four arenas (pages, tokens, hashes, runs), so a
 // record has a fixed size and is written in place (a record built on the
@@ -98,6 +99,7 @@ struct JournalRecord {
   struct Appended {
     int32_t entry;
     int32_t count;
+    int32_t drafts;  // before.
   };
   struct AppendedRun {
     int32_t runs_offset;
@@ -221,13 +223,12 @@ class StepJournal {
     slab.UndoRemove(r.entry);
   }
 
-  void Appended(int32_t entry, int32_t count) {
+  void Appended(int32_t entry, int32_t count, int32_t drafts) {
     JournalRecord& record = Add(JournalRecord::Kind::kAppended);
-    record.appended = {entry, count};
+    record.appended = {entry, count, drafts};
   }
   static void Undo(const JournalRecord::Appended& r, SequenceSlab& slab) {
-    Sequence& seq = slab.sequence(r.entry);
-    seq.UndoAppendInPlace(r.count, seq.drafts());
+    slab.sequence(r.entry).UndoAppendInPlace(r.count, r.drafts);
   }
 
   // Decode runs (AppendMany): RunSpace(n) makes room for n entries at the

@@ -986,7 +986,7 @@ class RandomRun {
         if (drafted.copy.has_value()) one.copy = drafted.copy;
         one.new_pages += drafted.new_pages;
         one.released_pages = drafted.released_pages;
-        // AppendEdgeStep's kind: a page fills or one is added, and no more.
+        // StepPastEdge's kind: a page fills or one is added, and no more.
         if (!one.copy.has_value() && one.released_pages == 0 &&
             one.new_pages <= 1 && (fills || one.new_pages == 1) &&
             !more.empty() && more.size() < static_cast<size_t>(page_size)) {
