@@ -153,9 +153,10 @@ void StepPlanner::PlanRunning(const PlanInput& input, PlannedStep& plan) {
                   p.fork, p.drop);
       if (p.drop >= 0) plan.finished.push_back(r.sequences[p.drop].id);
     }
-    if (r.forks_pending && r.PromptLeft() > 0) {
-      held_seats_ += r.request->n - 1;
-    }
+    // Seats for samples yet to fork, whether they fork this step or after
+    // the prompt's last chunk: a beam's fork planned before them must not
+    // take theirs.
+    if (r.forks_pending) held_seats_ += r.request->n - 1;
   }
   const int64_t batch_after = BatchAfterLeaving(plan);
   for (size_t i = 0; i < input.running.size(); ++i) {
@@ -186,6 +187,7 @@ void StepPlanner::PlanDecode(const RequestState& r, int32_t index,
            .extra = {}});
     }
     forks_ += request.n - 1;
+    held_seats_ -= request.n - 1;  // the seats they held are now forks.
     budget_ -= request.n - 1;
     append_pages_ += request.n - 1;  // each fork's token: a page or a copy.
   }
