@@ -74,6 +74,11 @@ with tempfile.TemporaryDirectory() as tmp:
     run(["--trace=" + long, "--max_tokens_per_step=128",
          "--nochunked_prefill"], 0, "over_token_budget")
     run(["--spec_tokens=4", "--spec_acceptance=0.7"], 0, "accepted")
+    # A built-in workload too long for the geometry names the flag it needs.
+    run(["--workload=serving"], 2, "does not fit the flags: request "
+        "'req-1615' (#0): prompt: 1950 tokens exceed the 1024 tokens of a "
+        "sequence (max_pages_per_seq x page_size); it needs "
+        "--max_pages_per_seq=144 or more at --page_size=16")
     run(["--device=tpu"], 2, "--device must be auto, host or cuda")
     run(["--kv_events_replay=tcp://127.0.0.1:*"], 2,
         "--kv_events_replay needs a --kv_events endpoint")

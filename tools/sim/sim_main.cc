@@ -200,6 +200,19 @@ absl::StatusOr<SchedulerConfig> ConfigFromFlags() {
   return config;
 }
 
+// What a built-in workload needs of the geometry flags that `kv` lacks, as
+// a clause for the error that it does not fit; empty when it lacks none.
+std::string WorkloadNeeds(absl::string_view workload, const PagedKvConfig& kv) {
+  for (const WorkloadInfo& info : Workloads()) {
+    if (info.name != workload) continue;
+    const int64_t pages = PagesForTokens(info.max_tokens_per_seq, kv.page_size);
+    if (pages <= kv.max_pages_per_seq) return "";
+    return absl::StrCat("; it needs --max_pages_per_seq=", pages,
+                        " or more at --page_size=", kv.page_size);
+  }
+  return "";
+}
+
 // The requests the flags name, validated for `config`, and a description.
 absl::StatusOr<std::vector<Request>> RequestsFromFlags(
     const SchedulerConfig& config, std::string& source) {
@@ -229,7 +242,8 @@ absl::StatusOr<std::vector<Request>> RequestsFromFlags(
   if (absl::Status status = ValidateRequests(*requests, TraceLimitsFor(config));
       !status.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "workload ", workload, " does not fit the flags: ", status.message()));
+        "workload ", workload, " does not fit the flags: ", status.message(),
+        WorkloadNeeds(workload, config.kv)));
   }
   return requests;
 }
