@@ -7,6 +7,7 @@
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -102,6 +103,21 @@ with tempfile.TemporaryDirectory() as tmp:
     run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_max_queued_bytes=-1"],
         2, "max_queued_bytes -1 is less than 0")
     run(["--kv_events=discard"], 0, "kv events")
+    # A "*" port is said once bound, on stderr and in the report.
+    bound = subprocess.run(
+        [SIM, "--kv_events=tcp://127.0.0.1:*", "--json=" +
+         os.path.join(tmp, "bound.json")], capture_output=True, text=True,
+        timeout=120)
+    said = re.search(r"^kvblock-sim: kv events on (tcp://127\.0\.0\.1:\d+)$",
+                     bound.stderr, re.M)
+    with open(os.path.join(tmp, "bound.json")) as f:
+        reported = json.load(f)["kv_events"]
+    if (bound.returncode != 0 or not said or
+            reported["endpoint"] != said.group(1) or
+            reported["replay_endpoint"] != "" or
+            "; on " + said.group(1) not in bound.stdout):
+        failures.append(["bound endpoint"])
+        print(f"FAIL the bound endpoint: {bound.stderr[-500:]} {reported}")
     # --serve: a router's feed on stdin, the run's state on stdout.
     run(["--serve", "--workload=beam"], 2,
         "--serve excludes --trace, --workload and --write_trace")

@@ -196,6 +196,7 @@ TEST_CASE("the JSON report has the design's fields") {
   REQUIRE(phases["copy_on_write"] == 100'000);
   REQUIRE(phases["kv_events"] == 0);
   REQUIRE(report["kv_events"]["on"] == false);
+  REQUIRE(report["kv_events"]["endpoint"] == "");
   REQUIRE(report["device"] == "host");
   REQUIRE(report["config"]["num_pages"] == 256);
   REQUIRE(report["config"]["hash"] == "sha256");

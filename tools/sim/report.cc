@@ -166,10 +166,12 @@ void PrintReport(const SimResult& result, const RunSetup& setup,
     out << absl::StrFormat(
         "kv events         %d batches (%d cache changes) handed over; %d "
         "batches (%d events) published, %d dropped, %d unsent; publisher "
-        "thread %s\n",
+        "thread %s%s%s\n",
         kv.batches, kv.changes, kv.batches_published, kv.events_published,
         kv.batches_dropped, kv.batches_unsent,
-        FormatNanos(static_cast<double>(kv.publisher_thread_ns)));
+        FormatNanos(static_cast<double>(kv.publisher_thread_ns)),
+        kv.endpoint.empty() ? "" : "; on " + kv.endpoint,
+        kv.replay_endpoint.empty() ? "" : ", replay on " + kv.replay_endpoint);
   }
   out << absl::StrFormat("steps             %d\n", result.steps);
   out << absl::StrFormat("pages in use      peak %d, mean %.1f of %d\n",
@@ -309,6 +311,8 @@ void WriteJsonReport(const SimResult& result, const RunSetup& setup,
                          {"batches_dropped", kv.batches_dropped},
                          {"batches_unsent", kv.batches_unsent},
                          {"publisher_thread_ns", kv.publisher_thread_ns},
+                         {"endpoint", kv.endpoint},
+                         {"replay_endpoint", kv.replay_endpoint},
                          {"cached_pages", kv.cached_pages},
                          {"cached_hash_xor", kv.cached_hash_xor}};
   report["steps"] = result.steps;

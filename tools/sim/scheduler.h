@@ -327,6 +327,10 @@ struct SimResult {
     // not sent (ZeroMQ held --kv_events_max_queued_bytes).
     int64_t batches_unsent = 0;
     int64_t publisher_thread_ns = 0;
+    // The endpoints as bound (a "*" port resolved), set by the caller that
+    // made the publisher; the replay one empty when there is none.
+    std::string endpoint;
+    std::string replay_endpoint;
     // The prefix cache at the end: its pages, and the XOR of their hashes'
     // 64-bit forms (the low 64 bits, big-endian), for a subscriber that
     // rebuilt it from the events to compare with.

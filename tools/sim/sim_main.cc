@@ -371,6 +371,13 @@ int Main() {
           absl::InvalidArgumentError(absl::StrCat(
               "--kv_events_wait_ms must be in [0, 60000], got ", wait_ms)));
     }
+    // Said once bound, before the wait, so that subscribers of a "*" port
+    // know where to connect.
+    std::cerr << "kvblock-sim: kv events on " << (*publisher)->endpoint();
+    if (!(*publisher)->replay_endpoint().empty()) {
+      std::cerr << ", replay on " << (*publisher)->replay_endpoint();
+    }
+    std::cerr << std::endl;
     std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
   }
   // A record per step only for the outputs that draw it: a long --serve
@@ -426,6 +433,8 @@ int Main() {
     result->kv_events.batches_dropped = stats.batches_dropped;
     result->kv_events.batches_unsent = stats.batches_unsent;
     result->kv_events.publisher_thread_ns = stats.thread_cpu_ns;
+    result->kv_events.endpoint = (*publisher)->endpoint();
+    result->kv_events.replay_endpoint = (*publisher)->replay_endpoint();
   }
 
   const RunSetup setup{.source = source,
