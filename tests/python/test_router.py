@@ -161,3 +161,35 @@ def test_the_cli_reports_bad_flags_and_failing_replicas(tmp_path, capsys):
     summaries = json.loads(out.read_text())
     assert [s["policy"] for s in summaries] == ["prefix", "round_robin"]
     assert "prefix" in capsys.readouterr().out
+
+
+def test_bad_inputs_are_messages_with_exit_code_2(tmp_path, capsys):
+    def refused(argv, message):
+        with pytest.raises(SystemExit) as exit_info:
+            kv_router.main(argv)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err, err
+        assert "Traceback" not in err
+
+    refused(["--sim", str(tmp_path / "no-sim")],
+            f"--sim {tmp_path / 'no-sim'} is not an executable file")
+    refused(["--sim", "/bin/true", "--trace", str(tmp_path / "none.jsonl")],
+            f"--trace {tmp_path / 'none.jsonl'}: [Errno 2] No such file")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    refused(["--sim", "/bin/true", "--trace", str(bad)],
+            f"--trace {bad}: Expecting property name")
+    if SIM is not None:
+        refused(["--sim", SIM, "--workload", "nope"],
+                "--workload nope: kvblock-sim: unknown workload 'nope'")
+
+
+def test_the_script_runs_from_any_folder(tmp_path):
+    # Its default --sim is the build beside it, not one below the caller's
+    # folder.
+    shown = subprocess.run([str(ROUTER), "--help"], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    beside = ROUTER.parents[2] / "build" / "tools" / "sim" / "kvblock-sim"
+    assert str(beside) in " ".join(shown.stdout.split())

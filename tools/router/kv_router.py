@@ -26,8 +26,25 @@ import sys
 import tempfile
 import time
 
-import msgpack
-import zmq
+DEBIAN_PYTHON = "/usr/bin/python3"
+try:
+    import msgpack
+    import zmq
+except ImportError as missing:
+    # Run as a script by a python3 that lacks them (a pyenv or venv one):
+    # again with Debian's, where python3-msgpack and python3-zmq live.
+    if __name__ != "__main__":
+        raise
+    if os.path.realpath(sys.executable) != os.path.realpath(DEBIAN_PYTHON) \
+            and os.access(DEBIAN_PYTHON, os.X_OK):
+        os.execv(DEBIAN_PYTHON, [DEBIAN_PYTHON] + sys.argv)
+    sys.exit(f"kv_router: needs msgpack and zmq ({missing}; Debian: apt-get "
+             "install python3-msgpack python3-zmq)")
+
+# The simulator of the build beside this checkout, wherever it is run from.
+DEFAULT_SIM = os.path.normpath(os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "tools",
+    "sim", "kvblock-sim"))
 
 BLOCK_STORED_FIELDS = ["block_hashes", "parent_block_hash", "token_ids",
                        "block_size", "lora_id", "medium", "lora_name",
@@ -396,8 +413,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         epilog="Flags after -- go to every replica (e.g. -- --pages=512).")
-    parser.add_argument("--sim", default="build/tools/sim/kvblock-sim",
-                        help="the kvblock-sim binary (default: %(default)s)")
+    parser.add_argument("--sim", default=DEFAULT_SIM,
+                        help="the kvblock-sim binary (default: the build "
+                        "beside this script, %(default)s)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--trace", help="JSON Lines trace to route")
     source.add_argument("--workload", default="multiturn",
@@ -422,14 +440,24 @@ def main(argv=None):
     if args.page_size < 1:
         parser.error(f"--page_size must be at least 1, got {args.page_size}")
     sim_flags = [f"--page_size={args.page_size}"] + sim_flags
+    if not os.access(args.sim, os.X_OK):
+        parser.error(f"--sim {args.sim} is not an executable file (build it "
+                     "with tools/run sim, or name it with --sim)")
     if args.trace:
-        requests = read_trace(args.trace)
+        try:
+            requests = read_trace(args.trace)
+        except (OSError, ValueError) as error:
+            parser.error(f"--trace {args.trace}: {error}")
     else:
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "trace.jsonl")
-            subprocess.run([args.sim, f"--workload={args.workload}",
-                            f"--seed={args.seed}", f"--write_trace={path}"],
-                           check=True, stdout=subprocess.DEVNULL)
+            written = subprocess.run(
+                [args.sim, f"--workload={args.workload}",
+                 f"--seed={args.seed}", f"--write_trace={path}"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if written.returncode != 0:
+                parser.error(f"--workload {args.workload}: "
+                             f"{written.stderr.strip()}")
             requests = read_trace(path)
     policies = ["prefix", "round_robin"] if args.policy == "both" \
         else [args.policy]
