@@ -2,7 +2,11 @@
 # Copyright 2026 The kvblock Authors.
 """A continuous-batching loop on kvblock, in five minutes of reading.
 
-  PYTHONPATH=build/lib/python python3 tools/examples/continuous_batching.py
+  tools/examples/continuous_batching.py
+
+(from any folder: it finds the package of the build beside it, build/lib/python,
+when it is not installed or on PYTHONPATH; a python3 without numpy runs it
+again with Debian's /usr/bin/python3.)
 
 Each step the scheduler builds one plan for BatchCommit: finished sequences
 leave, running ones decode one token or take the next chunk of their prompt,
@@ -13,11 +17,24 @@ request is preempted and recomputed later. After the run it prints the
 prefix-cache hit rate.
 """
 import argparse
+import os
 import random
+import sys
 
-import numpy as np
+TOOLS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.append(os.path.join(TOOLS, "..", "build", "lib", "python"))
+try:
+    import numpy as np
 
-import kvblock
+    import kvblock
+except ImportError as missing:
+    if __name__ != "__main__":
+        raise
+    sys.path.insert(0, TOOLS)
+    from debian_python import rerun_or_exit
+    rerun_or_exit("continuous_batching", missing,
+                  "numpy: apt-get install python3-numpy; kvblock: tools/run "
+                  "sim builds it")
 
 PAGE = 16
 

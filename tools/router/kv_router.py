@@ -26,20 +26,16 @@ import sys
 import tempfile
 import time
 
-DEBIAN_PYTHON = "/usr/bin/python3"
 try:
     import msgpack
     import zmq
 except ImportError as missing:
-    # Run as a script by a python3 that lacks them (a pyenv or venv one):
-    # again with Debian's, where python3-msgpack and python3-zmq live.
     if __name__ != "__main__":
         raise
-    if os.path.realpath(sys.executable) != os.path.realpath(DEBIAN_PYTHON) \
-            and os.access(DEBIAN_PYTHON, os.X_OK):
-        os.execv(DEBIAN_PYTHON, [DEBIAN_PYTHON] + sys.argv)
-    sys.exit(f"kv_router: needs msgpack and zmq ({missing}; Debian: apt-get "
-             "install python3-msgpack python3-zmq)")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from debian_python import rerun_or_exit
+    rerun_or_exit("kv_router", missing,
+                  "Debian: apt-get install python3-msgpack python3-zmq")
 
 # The simulator of the build beside this checkout, wherever it is run from.
 DEFAULT_SIM = os.path.normpath(os.path.join(
