@@ -31,6 +31,21 @@ SchedulerConfig AmpleConfig(int32_t page_size) {
   return config;
 }
 
+// kvblock-sim's default geometry (384 pages of 16 tokens, a batch of 32, 64
+// pages a sequence, a 1% watermark, 2048 tokens a step), with a model of one
+// 8-wide KV head.
+SchedulerConfig SimDefaultConfig() {
+  SchedulerConfig config;
+  config.kv.num_pages = 384;
+  config.kv.max_batch = 32;
+  config.kv.max_pages_per_seq = 64;
+  config.kv.num_kv_heads = 1;
+  config.kv.head_dim = 8;
+  config.manager.watermark_pages = 3;
+  config.max_tokens_per_step = 2048;
+  return config;
+}
+
 // Runs `requests` on a fresh host scheduler and checks what must hold after
 // any run: every page is back (free or evictable), invariants hold, every
 // request completed or was rejected.
@@ -450,14 +465,7 @@ TEST_CASE("a beam's fork leaves the seats of samples that fork later on") {
   // kvblock-sim's defaults on its default workload, in chunks: beams fork
   // in steps where a chunked prompt's samples fork too (the batch once
   // came to 33 of 32 at step 76 with 64-token chunks, 192 with 128).
-  SchedulerConfig config;
-  config.kv.num_pages = 384;
-  config.kv.max_batch = 32;
-  config.kv.max_pages_per_seq = 64;
-  config.kv.num_kv_heads = 1;
-  config.kv.head_dim = 8;
-  config.manager.watermark_pages = 3;
-  config.max_tokens_per_step = 2048;
+  SchedulerConfig config = SimDefaultConfig();
   auto requests = MakeWorkload(kDefaultWorkload, 1);
   REQUIRE_OK(requests);
   for (const int64_t chunk : {64, 128, 256}) {
@@ -526,14 +534,8 @@ TEST_CASE("drafts change how fast requests run, never what they generate") {
 }
 
 TEST_CASE("every built-in workload runs to completion with its pages back") {
-  SchedulerConfig config;
-  config.kv.num_pages = 384;
-  config.kv.max_batch = 32;
-  config.kv.max_pages_per_seq = 64;
-  config.kv.num_kv_heads = 1;
-  config.kv.head_dim = 8;
+  SchedulerConfig config = SimDefaultConfig();
   config.manager.hash_algorithm = HashAlgorithm::kXxh3_128;
-  config.manager.watermark_pages = 3;
   for (const WorkloadInfo& workload : Workloads()) {
     if (workload.name == "serving") continue;  // its own test, below.
     INFO(workload.name);
