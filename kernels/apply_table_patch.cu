@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // The page-table patch kernel: KVPageTable::Upload copies one packed patch
 // (K ids and ranges) to the device per upload, and this kernel writes it into

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Batched page copy that executes copy-on-write: the K and V page of every
 // layer for every (source, destination) pair, in one launch.

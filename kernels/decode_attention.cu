@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Paged decode attention, flash-decoding style: one query token per slot,
 // grouped-query heads, the context split into partitions whose partial

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Paged decode attention on tensor cores (WMMA, 16x16x16 tiles, fp32
 // accumulation), for 16-bit KV with GQA groups of 2 to 16 and head_dim a

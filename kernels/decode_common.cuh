@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // What the two paged decode attention kernels share: their parameters, the
 // block's place in the grid (partition, KV head, slot), the row offsets of a

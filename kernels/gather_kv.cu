@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // KV gather: the pages of a batch of slots into dense, zero-padded K and V
 // tensors (the inverse of the KV write).

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Device helpers shared by kernels/*.cu: the vector type of a byte copy,
 // element conversions to and from float, and 16-byte vector loads. Included

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Host launchers of kvblock's CUDA kernels: the plain, Abseil-free interface
 // between lib/device/kernels.cc (which validates arguments and speaks

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Page table -> FlashInfer's CSR paged-KV layout (kv_indptr, kv_indices,
 // kv_last_page_len), on the device, so that a serving step needs no host

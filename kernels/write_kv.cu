@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // KV write: the K and V rows of new tokens into their pages, through the
 // batched page table.

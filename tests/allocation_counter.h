@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Heap allocations of a test binary: a binary that links
 // allocation_counter.cc has every non-aligned form of the global operator

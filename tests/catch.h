@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // The one way kvblock's tests include Catch2: v3 (catch_all.hpp) or v2's
 // single header (Debian 12 ships 2.13), as tests/meson.build found it

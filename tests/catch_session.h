@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // RunCatchSession: the Catch2 session every test main runs. Catch2 v2's
 // implementation is compiled once, in catch_session.cc, instead of once per

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 # Copyright 2026 The kvblock Authors.
+# SPDX-License-Identifier: Apache-2.0
 #
 # The layers of ARCHITECTURE.md hold in the sources: a file of lib/LAYER/
 # includes only its own layer's files and the layers above it, whether
@@ -18,6 +19,7 @@ LAYERS = ["base", "cache", "sequence", "manager", "device", "commit",
 # Each public header's layer.
 PUBLIC = {
     "config.h": "base", "status_macros.h": "base", "types.h": "base",
+    "version.h": "base",
     "block_hash.h": "cache", "block_pool.h": "cache", "kv_events.h": "cache",
     "sequence_table.h": "sequence",
     "admission.h": "manager", "block_manager.h": "manager",
@@ -48,8 +50,10 @@ def main():
     if not files:  # not a git checkout: walk the tree.
         files = [os.path.relpath(os.path.join(d, f), root)
                  for d, _, names in os.walk(root) for f in names]
-    headers = {f.rpartition("/")[2] for f in files
-               if f.startswith("include/kvblock/") and f.endswith(".h")}
+    # version.h is written by Meson from version.h.in.
+    headers = {f.rpartition("/")[2].removesuffix(".in") for f in files
+               if f.startswith("include/kvblock/") and
+               f.removesuffix(".in").endswith(".h")}
     missing = headers.symmetric_difference(PUBLIC)
     if missing:
         failures.append(f"public headers without a layer here, or gone: "

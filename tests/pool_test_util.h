@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Helpers for tests of the block pool and the layers above it: distinct
 // block hashes, a pool factory, and readable snapshots in Catch2 messages.

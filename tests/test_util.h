@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Status assertions for Catch2 that print the status on failure.
 #ifndef KVBLOCK_TESTS_TEST_UTIL_H_

@@ -1,4 +1,5 @@
 # Copyright 2026 The kvblock Authors.
+# SPDX-License-Identifier: Apache-2.0
 """For the Python scripts under tools/: when the python3 that runs one lacks a
 module it needs (a pyenv or venv interpreter), run it again with Debian's
 /usr/bin/python3, where tools/run installs python3-numpy, -msgpack, -zmq and

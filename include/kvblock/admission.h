@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // What admitting a prompt asks (AdmitOptions) and takes (AdmissionPlan):
 // the vocabulary BlockManager's PlanAdmission, CanAdmit and Admit share with

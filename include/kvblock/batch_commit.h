@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // BatchCommit: one scheduler step as a transaction over a BlockManager and the
 // batched KVPageTable, in the manner of LevelDB's WriteBatch: the step is

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Block hashes of the prefix cache: the hash of a full page of tokens chains
 // the hash of the page before it, so one 32-byte value names a whole prefix.

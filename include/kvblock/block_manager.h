@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // BlockManager: the sequence-level API a serving scheduler calls. It owns the
 // BlockPool (with its prefix cache) and one SequenceBlockTable per live

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // BlockManagerOptions: how a BlockManager (kvblock/block_manager.h) shares
 // pages, hashes them, admits and records cache events.

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // BlockManagerStats and BlockManagerSnapshot: a BlockManager's counters and
 // its exact observable state (BlockManager::stats, Snapshot).

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // BlockPool: the physical pages of the paged KV cache, their reference counts,
 // copy-on-write decisions, and the prefix cache (hash -> page) with LRU

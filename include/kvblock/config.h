@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // PagedKvConfig: the geometry of one model's paged KV cache.
 //

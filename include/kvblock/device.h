@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Device: where the KV pool and the batched page table live, and how bytes get
 // there. Two implementations share this interface:

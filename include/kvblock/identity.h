@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // The identity plan: the static block table of a single sequence of maximal
 // length that owns the whole pool, laid out flat as [layer][logical_page].

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Kernels over the paged KV pool: copy-on-write page copy, KV write, KV
 // gather, paged decode attention and export to FlashInfer's CSR layout. Each

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // KvEventPublisher: KV cache events (kvblock/kv_events.h) over ZeroMQ in
 // vLLM's wire format (vllm/distributed/kv_events.py), so that a fleet

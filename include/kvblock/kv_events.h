@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // KV cache events: what entered and left the prefix cache, in order, so a
 // fleet router can send each request to the replica that caches its prefix.

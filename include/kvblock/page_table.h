@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // KVPageTable: the batched page table of one model, with a host copy that is
 // the source of truth and a device mirror that the attention kernels read.

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // SequenceBlockTable: one sequence's map from logical page (position / page
 // size) to physical page of a BlockPool, with a capacity fixed at

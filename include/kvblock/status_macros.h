@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Status plumbing for kvblock and its users: Debian's Abseil 20220623 ships
 // no RETURN_IF_ERROR or ASSIGN_OR_RETURN, so kvblock defines its own, once,

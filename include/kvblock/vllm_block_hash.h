@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // vLLM's prefix-cache block hashes with its CBOR hash functions
 // (`vllm/v1/core/kv_cache_utils.py` hash_block_tokens and

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // VllmKvCacheManager: vLLM v1's KVCacheManager for one full-attention KV cache
 // group (`vllm/v1/core/kv_cache_manager.py` with `FullAttentionManager` and

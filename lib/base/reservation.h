@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Internal: the memory a factory reserves up front, summed without overflow
 // and checked before anything is allocated, so that a config that Validate()

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Internal: CacheEventLog, the prefix cache's changes in order, from which
 // BlockManager::TakeKvEvents builds KV cache events. BlockPool appends a

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 #include "cache/sha256_page_step.h"
 
 // OpenSSL 3 deprecates the low-level SHA256_* calls in favour of EVP, but its

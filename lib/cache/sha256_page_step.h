@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // The SHA-256 page step of the prefix-cache hash chain (internal; see
 // block_hash.h for the chain): the SHA-256 compression function, started

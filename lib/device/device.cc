@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // The device-independent half of Device (RAII handles, the accounting
 // wrappers) and the host emulation device.

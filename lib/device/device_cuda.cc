@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // CudaDevice: Device on the CUDA runtime. Device memory comes from cudaMalloc
 // (zero-filled with cudaMemset before it is handed out), staging from

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Internal: the CUDA implementation of Device and the one translation of
 // cudaError_t to absl::Status, compiled only when kvblock is built with CUDA

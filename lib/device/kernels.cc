@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // kvblock/kernels.h: argument validation, then dispatch to the CPU reference
 // (host device) or to the CUDA launcher of kernels/launchers.h (CUDA device).

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Internal: CPU references of the kernels of kvblock/kernels.h, which are
 // also the host device's implementation, plus the f16/bf16 conversions they

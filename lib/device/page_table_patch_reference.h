@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Internal: the reference of the page-table patch kernel, which is also the
 // host device's Device::ApplyPageTablePatch. Apart from the other kernels'

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Internal: AdmissionPlanner, how BlockManager plans the admission of a
 // prompt: its page hashes (the caller's, or hashed here page by page, as far

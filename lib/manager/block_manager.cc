@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // BlockManager: creation, the public calls (forwarded to BlockManagerImpl),
 // transactions, KV events and the observers. Admission, fork and removal are

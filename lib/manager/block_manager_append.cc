@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // BlockManager's append: one guarded decode fast path and one general path,
 // each a Sequence change that keeps its invariant.

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // BlockManagerImpl's checks: CheckInvariants (every invariant of
 // kvblock/block_manager.h's header comment) and Snapshot, its exact

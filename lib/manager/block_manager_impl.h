@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Internal: BlockManagerImpl, what a BlockManager is. The public class
 // (kvblock/block_manager.h) holds one and forwards its calls by sequence id;

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // BlockManagerImpl's sequence lifecycle: admission (planned first), fork and
 // removal (Free, Preempt).

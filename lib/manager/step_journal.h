@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Internal: StepJournal, BlockManager's undo log. Every change a transaction
 // makes to the manager's sequences (in the SequenceSlab) is recorded as its

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Internal: Sequence, one live sequence's length and pages: what every
 // append reads, kept in SequenceSlab's flat array (its cold fields and

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Internal: SequenceSlab, BlockManager's live sequences. Each has an entry
 // (its handle's index) in flat arrays reserved up front: its Sequence, what

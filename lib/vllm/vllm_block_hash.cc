@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 #include "kvblock/vllm_block_hash.h"
 
 // One-shot SHA-256 with OpenSSL's low-level call, which allocates nothing

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // A second, obviously correct implementation of the block hash format of
 // kvblock/block_hash.h, for the tests and the hash fuzzer: the messages

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Model-based randomized test of BlockPool and SequenceBlockTable: seeded
 // random operations run on the real pool and tables and on a trivially

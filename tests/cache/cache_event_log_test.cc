@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // KV cache events through BlockManager (BlockManagerOptions::
 // enable_kv_events): scripted registrations, evictions, a reset and

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Main of sha256_page_step_test: runs its Catch2 tests only on a CPU with
 // the SHA extensions, and otherwise exits 77, which Meson reports as SKIP

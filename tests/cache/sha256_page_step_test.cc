@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // The two SHA-256 page steps: FIPS 180-4's examples (a page step from the
 // initial hash value over a padded message's blocks is that message's

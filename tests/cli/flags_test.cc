@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 #include "cli/flags.h"
 
 #include <cstdint>
@@ -8,6 +9,8 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_format.h"
+#include "kvblock/version.h"
 #include "test_util.h"
 
 ABSL_FLAG(int32_t, cli_test_count, 3, "a count");
@@ -70,10 +73,23 @@ TEST_CASE("--help lists the tool's flags and only them") {
     REQUIRE(parsed.out.find(
                 "  --cli_test_verbose (default: false)\n      talk more\n") !=
             std::string::npos);
+    REQUIRE(parsed.out.find("  --version\n      print \"tool " KVBLOCK_VERSION
+                            "\" and exit\n") != std::string::npos);
     // Abseil's own flags (--flagfile, ...) are not the tool's.
     REQUIRE(parsed.out.find("flagfile") == std::string::npos);
     REQUIRE(parsed.err.empty());
   }
+}
+
+TEST_CASE("--version prints the tool and meson.build's version, exit code 0") {
+  const Parsed parsed = Parse({"--cli_test_count=5", "--version", "--nope"});
+  REQUIRE(parsed.exit_code == 0);
+  REQUIRE(parsed.out == "tool " KVBLOCK_VERSION "\n");
+  REQUIRE(parsed.err.empty());
+  // The version of the build: meson.build's, three numbers.
+  REQUIRE(std::string(KVBLOCK_VERSION) ==
+          absl::StrFormat("%d.%d.%d", KVBLOCK_VERSION_MAJOR,
+                          KVBLOCK_VERSION_MINOR, KVBLOCK_VERSION_PATCH));
 }
 
 TEST_CASE("bad arguments are errors that name them, with exit code 2") {

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Randomized runs of BatchCommit under a small continuous-batching scheduler:
 // random finishes, preemptions, joins (prompts from shared prefixes, so the

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // A BlockManager + KVPageTable (host device) + BatchCommit stack for tests,
 // with a canonical snapshot of everything a step may change.

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Checks of KVPageTable shared by the CPU tests (host and deferred devices)
 // and the gpu suite (a CUDA device): snapshots for the strong guarantee, the

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // A randomized run of KVPageTable against a trivially correct model, shared
 // by the CPU random tests (host and deferred devices) and the gpu suite:

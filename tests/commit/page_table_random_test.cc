@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Randomized runs of KVPageTable against a trivially correct model (see
 // page_table_random_run.h), on the host device and on a device whose copies

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // DeferredDevice: a host-memory Device for tests that behaves like a busy
 // GPU. A host-to-device copy or a page-table patch does not run when it is

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // The kernels of kvblock/kernels.h on the host device (their CPU references),
 // checked against each other, against hand-computed values and against a

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // KvEventPublisher on loopback, every wait bounded: the wire format of a
 // batch in both encodings and both hash forms, decoded with msgpack as a

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Fuzzes the block hash format: the input chooses an algorithm, a page size,
 // a cache salt (any bytes), an adapter id and tokens; BlockHasher's root,

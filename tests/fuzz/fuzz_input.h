@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // FuzzInput: reads a fuzzer's bytes as the choices of a test program (small
 // integers, booleans, byte strings), in the manner of LLVM's

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Fuzzes the library's calls: the input is a stream of operations on
 //   - a BatchCommit over a BlockManager and a KVPageTable (host device):

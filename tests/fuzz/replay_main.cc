@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Replays fuzz inputs through a fuzz target's LLVMFuzzerTestOneInput, for
 // builds without libFuzzer: each argument is a file, or a directory whose

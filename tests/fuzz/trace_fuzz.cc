@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Fuzzes kvblock-sim's trace parser with arbitrary bytes: it must return
 // requests or an InvalidArgument naming a line, never crash, hang or leak;

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Main of the gpu suite: runs the Catch2 tests only when a CUDA device is
 // usable, and otherwise exits 77, which Meson reports as SKIP (never as a

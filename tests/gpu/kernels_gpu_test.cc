@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Every CUDA kernel of kvblock/kernels.h against its CPU reference (the same
 // call on the host device) over a grid of shapes: all dtypes, odd page sizes

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // KVPageTable on a CUDA device: the upload checks of the CPU tests, and the
 // staging guard against a stream that is really busy.

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Scripted steps of BlockManager's append paths that chunked prefill and
 // speculative decoding add: prompt chunks ending inside and at the edge of a

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Model-based randomized test of BlockManager: seeded random scheduler calls
 // (admissions drawn from a few shared prompt prefixes, salts and adapters,

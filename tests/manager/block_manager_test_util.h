@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // For the tests of BlockManager's handle and step protocol, which only its
 // implementation speaks (BatchCommit's side of it).

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // A program outside the project, built only through `pkg-config --cflags
 // --libs kvblock` (tests/package/link_test.py): one scheduler step through

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 # Copyright 2026 The kvblock Authors.
+# SPDX-License-Identifier: Apache-2.0
 #
 # kvblock as a Meson subproject of another project: configured with the
 # parent's defaults it defines the library and nothing else (no tests,

@@ -1,4 +1,5 @@
 # Copyright 2026 The kvblock Authors.
+# SPDX-License-Identifier: Apache-2.0
 """kvblock's Python bindings: round trips through the C++ library, errors as
 exceptions that change nothing, and the zero-copy views of a step."""
 import ctypes

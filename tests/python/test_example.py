@@ -1,4 +1,5 @@
 # Copyright 2026 The kvblock Authors.
+# SPDX-License-Identifier: Apache-2.0
 """tools/examples/continuous_batching.py runs to the end: every request done,
 pages shared through the prefix cache, and preemption under a small pool."""
 import importlib.util

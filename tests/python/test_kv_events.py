@@ -1,4 +1,5 @@
 # Copyright 2026 The kvblock Authors.
+# SPDX-License-Identifier: Apache-2.0
 """A Python subscriber of kvblock-sim's KV events (pyzmq and msgpack, as a
 router would read vLLM's): every batch of a run, in order, decoded in both
 encodings; the prefix cache rebuilt from the events alone equals the pool's

@@ -1,4 +1,5 @@
 # Copyright 2026 The kvblock Authors.
+# SPDX-License-Identifier: Apache-2.0
 """tools/router/kv_router.py: its index rebuilt from events alone, and
 routing kvblock-sim replicas by their KV events (loopback, bounded)."""
 import importlib.util

@@ -1,4 +1,5 @@
 # Copyright 2026 The kvblock Authors.
+# SPDX-License-Identifier: Apache-2.0
 """kvblock.vllm.KVCacheManager against vLLM's contract.
 
 The cases of vLLM's tests/v1/core/test_prefix_caching.py that a

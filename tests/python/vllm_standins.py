@@ -1,4 +1,5 @@
 # Copyright 2026 The kvblock Authors.
+# SPDX-License-Identifier: Apache-2.0
 """vLLM-shaped stand-ins for the adapter's tests, written from vLLM's public
 classes (vllm-project/vllm 28be48fa944d8c58aeffd1ab1b56e27828c6b268):
 KVCacheConfig, KVCacheGroupSpec, FullAttentionSpec, SlidingWindowSpec,

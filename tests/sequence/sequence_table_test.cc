@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 #include "kvblock/sequence_table.h"
 
 #include <cstdint>

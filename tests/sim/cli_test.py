@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 # Copyright 2026 The kvblock Authors.
+# SPDX-License-Identifier: Apache-2.0
 #
 # kvblock-sim as a user runs it: exit codes and messages for input the tool
 # must refuse without crashing, and its outputs as tools/sim/README.md

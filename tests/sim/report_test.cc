@@ -1,9 +1,11 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 #include "sim/report.h"
 
 #include <sstream>
 #include <string>
 
+#include "kvblock/version.h"
 #include "nlohmann/json.hpp"
 #include "test_util.h"
 
@@ -198,6 +200,7 @@ TEST_CASE("the JSON report has the design's fields") {
   REQUIRE(report["kv_events"]["on"] == false);
   REQUIRE(report["kv_events"]["endpoint"] == "");
   REQUIRE(report["device"] == "host");
+  REQUIRE(report["version"] == KVBLOCK_VERSION);
   REQUIRE(report["config"]["num_pages"] == 256);
   REQUIRE(report["config"]["hash"] == "sha256");
   REQUIRE(report["config"]["prefix_caching"] == true);

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // The small scheduler geometry the simulator's tests run in: pages of 4
 // tokens, a batch of 16, 32 pages a sequence, a model of one 8-wide KV head.

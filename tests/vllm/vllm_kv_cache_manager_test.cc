@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // VllmKvCacheManager against vLLM v1's KVCacheManager contract (the cases of
 // vLLM's tests/v1/core/test_prefix_caching.py that the Python adapter's

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // BatchCommit benchmark: the host cost of one steady-state decode step. Every
 // running sequence appends one token (with page_size 16, one in 16 crosses

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // The device the benchmarks run on: CUDA device 0 when the build has CUDA
 // and a GPU is present, else the host device. Created on first use and never

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Block hashing: the cost of hashing one full page (the work done whenever a
 // page fills and is registered in the prefix cache), and of hashing a whole

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // BlockManager benchmarks: the scheduler's calls, each at pools of 1,000 and
 // 1,000,000 pages (first argument) in the same state, that of a busy server:

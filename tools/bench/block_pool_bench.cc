@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // BlockPool benchmarks, each at pools of 1,000 and 1,000,000 pages: the cost
 // per operation must not grow with the pool.

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Cold caches for benchmarks: in serving, the scheduler's own work and the
 // model's launch run between two steps, and a step finds the CPU's caches

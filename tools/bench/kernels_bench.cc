@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Kernels of kvblock/kernels.h: page copy, KV write, KV gather and paged
 // decode attention, plus a device-to-device memcpy as the bandwidth ceiling

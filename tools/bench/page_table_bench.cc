@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // KVPageTable benchmarks on the host device at max_batch 256 and 1024,
 // max_pages_per_seq 512 and 2048, with few (8) or many (all) rows changed per

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Prefill benchmarks: the host cost of getting one long prompt into the cache
 // through BatchCommit, whole or in chunks (chunked prefill), in steps of its

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 # Copyright 2026 The kvblock Authors.
+# SPDX-License-Identifier: Apache-2.0
 """kvblock from Python: what a scheduler pays per call.
 
   PYTHONPATH=build-release/lib/python python3 tools/bench/python_bench.py

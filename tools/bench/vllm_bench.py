@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 # Copyright 2026 The kvblock Authors.
+# SPDX-License-Identifier: Apache-2.0
 """kvblock.vllm.KVCacheManager in vLLM's scheduler loop, and against vLLM's
 own manager in the same loop.
 

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 #include "cli/flags.h"
 
 #include <algorithm>
@@ -11,13 +12,17 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "kvblock/version.h"
 
 namespace kvblock::cli {
 namespace {
 
 void PrintHelp(absl::string_view tool, absl::string_view usage,
                absl::string_view flags_file, std::ostream& out) {
-  out << tool << ": " << usage << "\n\nFlags:\n";
+  out << tool << ": " << usage << "\n\nFlags:\n"
+      << "  --help\n      print this and exit\n"
+      << "  --version\n      print \"" << tool << " " << KVBLOCK_VERSION
+      << "\" and exit\n";
   std::vector<std::pair<std::string, absl::CommandLineFlag*>> flags;
   for (const auto& [name, flag] : absl::GetAllFlags()) {
     if (absl::EndsWith(flag->Filename(), flags_file)) {
@@ -63,6 +68,10 @@ std::optional<int> ParseFlags(int argc, char** argv, absl::string_view tool,
     if (name == "help" || name == "h" || name == "helpfull" ||
         name == "helpshort") {
       PrintHelp(tool, usage, flags_file, out);
+      return kHelpExit;
+    }
+    if (name == "version") {
+      out << tool << " " << KVBLOCK_VERSION << "\n";
       return kHelpExit;
     }
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);

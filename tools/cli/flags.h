@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // ParseFlags: the command line of kvblock's tools, with their exit codes.
 // Abseil's ParseCommandLine exits 1 for an unknown flag, a value that does
@@ -23,9 +24,10 @@ namespace kvblock::cli {
 // run, or the exit code it should return at once: 0 after --help (or -h,
 // --helpfull, --helpshort), which prints `usage` and then every flag defined
 // in a file whose path ends with `flags_file` (the tool's main file) with its
-// default and help to `out`; 2 after a bad argument (an unknown flag, a
-// missing or unparsable value, a positional argument: the tools take flags
-// only), printed to `err` as "TOOL: message (see --help)".
+// default and help to `out`; 0 after --version, which prints "TOOL VERSION"
+// (meson.build's project version) to `out`; 2 after a bad argument (an unknown
+// flag, a missing or unparsable value, a positional argument: the tools take
+// flags only), printed to `err` as "TOOL: message (see --help)".
 std::optional<int> ParseFlags(int argc, char** argv, absl::string_view tool,
                               absl::string_view usage,
                               absl::string_view flags_file, std::ostream& out,

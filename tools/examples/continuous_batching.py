@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 # Copyright 2026 The kvblock Authors.
+# SPDX-License-Identifier: Apache-2.0
 """A continuous-batching loop on kvblock, in five minutes of reading.
 
   tools/examples/continuous_batching.py

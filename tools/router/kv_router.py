@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 # Copyright 2026 The kvblock Authors.
+# SPDX-License-Identifier: Apache-2.0
 """kv_router: a prefix-aware router over kvblock-sim replicas, fed by their KV
 events in vLLM's wire format (tools/router/README.md).
 

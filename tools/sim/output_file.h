@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // How kvblock-sim writes its output files (--json, --timeline, --plot,
 // --write_trace): CheckWritable before the run, so that a path that cannot be

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // ProgressLine: the one-line progress display kvblock-sim keeps on stderr
 // while it runs ("step 1200  running 30  waiting 4  done 120/300 (40%)"),

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Deterministic pseudo-random numbers for kvblock-sim: the built-in workloads,
 // the generated tokens and the beam-search rule all derive from these, so a

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 #include "sim/report.h"
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kvblock/block_hash.h"
+#include "kvblock/version.h"
 #include "nlohmann/json.hpp"
 
 namespace kvblock::sim {
@@ -269,6 +271,7 @@ void WriteJsonReport(const SimResult& result, const RunSetup& setup,
   const SchedulerConfig& config = setup.config;
   const Rates rates = RatesOf(result);
   nlohmann::ordered_json report;
+  report["version"] = KVBLOCK_VERSION;
   report["source"] = setup.source;
   report["device"] = setup.device;
   report["requests"] = result.requests;

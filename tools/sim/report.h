@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // The report of a kvblock-sim run: a readable summary for people (stdout) and
 // the same numbers as one JSON object for machines (--json).

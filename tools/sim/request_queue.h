@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // RequestQueue: the requests of a kvblock-sim run and where each one is: not
 // yet arrived (by arrival step, ties in trace order), waiting in the FCFS

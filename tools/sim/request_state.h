@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // RequestState: where one request of a kvblock-sim run stands between steps:
 // its running sequences (samples or beams), the tokens each has generated,

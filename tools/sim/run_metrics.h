@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // RunMetrics: the report of a kvblock-sim run (SimResult) built as the run
 // goes, as vLLM's SchedulerStats are fed from each step's output: every

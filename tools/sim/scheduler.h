@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Scheduler: the continuous-batching serving loop of kvblock-sim, driving the
 // real library (BlockManager + BatchCommit + KVPageTable + the copy kernel on

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // SchedulerState: the library objects and device buffers a Scheduler owns
 // (scheduler.h), made once by Scheduler::Create and used by the one Run or

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // kvblock-sim --serve: the RequestFeed a router drives over a pipe, so that
 // several simulator processes serve one trace as replicas behind it

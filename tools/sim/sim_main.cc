@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // kvblock-sim: replays a trace or a built-in workload through a simulated
 // continuous-batching scheduler that drives the kvblock library, and prints

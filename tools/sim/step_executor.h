@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // StepExecutor: runs a step of kvblock-sim's serving loop through the
 // library (scheduler.h, steps 4 and 5). Commit has the StepPlanner plan the

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // StepHistogram: the distribution of a count of steps (a request's queue
 // wait, time to first token, prompt steps) over the requests of a run, in

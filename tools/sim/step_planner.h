@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // StepPlanner: plans one step of kvblock-sim's serving loop (scheduler.h,
 // steps 2 and 3), as vLLM v1's Scheduler.schedule() builds a fresh

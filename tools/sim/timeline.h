@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // The per-step views of a kvblock-sim run: the --timeline CSV (one row per
 // committed step, for tools/plot and spreadsheets) and the --plot SVG, a small

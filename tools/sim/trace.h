@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Traces of kvblock-sim: the requests a simulated serving engine receives, read
 // from and written to JSON Lines (for users: tools/sim/README.md, "Trace

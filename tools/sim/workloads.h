@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // The built-in workloads of kvblock-sim: request streams that exercise each
 // behaviour of the block manager, generated from a seed.

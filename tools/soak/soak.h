@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Soak: random scheduler steps through the whole library (BlockManager,
 // BatchCommit, KVPageTable with its uploads, on the host device), for a

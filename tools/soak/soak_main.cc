@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // kvblock-soak: random scheduler steps through the whole library for a number
 // of operations or seconds, checking invariants after every step (see

@@ -1,4 +1,5 @@
 # Copyright 2026 The kvblock Authors.
+# SPDX-License-Identifier: Apache-2.0
 # Type stubs of kvblock._kvblock: module.cc's classes, and vllm_*.cc's.
 from typing import Any, Callable, Iterator, Optional, Sequence, TypedDict
 
@@ -6,6 +7,8 @@ import numpy as np
 import numpy.typing as npt
 
 IntArray = npt.ArrayLike
+
+__version__: str
 
 class Error(Exception): ...
 class InvalidArgumentError(Error, ValueError): ...

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // The DLPack export of the device page table (the __dlpack__ protocol): a
 // "dltensor" capsule over the table's int32 [max_batch, 2, max_pages_per_seq]

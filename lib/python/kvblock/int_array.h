@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Array<T>: a one-dimensional array of integers T that a binding takes from
 // Python, a numpy array or any sequence. A C-contiguous 1-D array of T is

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // kvblock._kvblock: the Python bindings (pybind11). Arrays in and out are
 // numpy: a step's counts and tokens are read in place when they are
@@ -31,6 +32,7 @@
 #include "kvblock/device.h"
 #include "kvblock/kv_events.h"
 #include "kvblock/page_table.h"
+#include "kvblock/version.h"
 #include "object_lock.h"
 #include "status_error.h"
 #include "vllm_bindings.h"
@@ -942,6 +944,7 @@ void BindCommit(py::module_& m) {
 
 PYBIND11_MODULE(_kvblock, m) {
   m.doc() = "kvblock: the KV-cache block manager of an LLM serving engine.";
+  m.attr("__version__") = KVBLOCK_VERSION;
   kvblock::python::RegisterErrors(m);
   kvblock::python::BindConfig(m);
   kvblock::python::BindPool(m);

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // ObjectLock: one Python thread at a time inside a bound object. The core is
 // thread-compatible, and the bindings release the GIL in calls whose work

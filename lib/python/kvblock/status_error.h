@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // absl::Status to Python exceptions: kvblock.Error and one subclass per status
 // code, each also derived from the matching built-in (InvalidArgumentError is

@@ -1,4 +1,5 @@
 # Copyright 2026 The kvblock Authors.
+# SPDX-License-Identifier: Apache-2.0
 """vLLM v1's KVCacheManager on kvblock: a drop-in for a vLLM engine.
 
 Swap it in where vLLM constructs its manager (`vllm/v1/core/sched/

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // The C++ side of kvblock.vllm: VllmKvCacheManager, called with vLLM's
 // Request objects as they are (vllm_request.h reads them).

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // kvblock.vllm's C++ side: the VllmKvCacheManager and BlockHashChain classes
 // (vllm_bindings.cc) and vLLM's block hasher (vllm_hasher.cc).

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // vLLM's request block hasher in C++ (kvblock/vllm_block_hash.h has the
 // bytes): kvblock.vllm.get_request_block_hasher's function is a CPython

@@ -1,4 +1,5 @@
 // Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
 //
 // Reading vLLM's Request objects from C++, for kvblock.vllm: their ids,
 // counts and block hashes. A request's `block_hashes` (a list of digests
