@@ -20,6 +20,22 @@ def test_version_is_meson_builds_and_the_libraries():
     assert "__version__" in kvblock.__all__
 
 
+TOOLS = pathlib.Path(__file__).resolve().parents[2] / "tools"
+
+
+def test_the_tools_report_the_same_version(tmp_path):
+    expected = os.environ["KVBLOCK_EXPECTED_VERSION"]
+    commands = [([str(TOOLS / "plot"), "--version"], "tools/plot")]
+    if "KVBLOCK_SIM" in os.environ:
+        commands.append(([os.environ["KVBLOCK_SIM"], "--version"],
+                         "kvblock-sim"))
+    for command, name in commands:
+        shown = subprocess.run(command, cwd=tmp_path, capture_output=True,
+                               text=True, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout == f"{name} {expected}\n"
+
+
 def test_a_module_that_does_not_load_names_both_interpreters(tmp_path):
     # The package's Python files beside an extension module that fails as
     # one built for another Python does (here: its numpy is missing).

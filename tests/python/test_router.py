@@ -194,3 +194,8 @@ def test_the_script_runs_from_any_folder(tmp_path):
     assert shown.returncode == 0, shown.stderr
     beside = ROUTER.parents[2] / "build" / "tools" / "sim" / "kvblock-sim"
     assert str(beside) in " ".join(shown.stdout.split())
+    version = subprocess.run([str(ROUTER), "--version"], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=60)
+    assert version.returncode == 0, version.stderr
+    expected = os.environ["KVBLOCK_EXPECTED_VERSION"]
+    assert version.stdout == f"kv_router {expected}\n"

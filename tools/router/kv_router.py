@@ -27,13 +27,17 @@ import sys
 import tempfile
 import time
 
+# The helpers beside tools/ (project_version, debian_python).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                ".."))
+from project_version import project_version  # noqa: E402
+
 try:
     import msgpack
     import zmq
 except ImportError as missing:
     if __name__ != "__main__":
         raise
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
     from debian_python import rerun_or_exit
     rerun_or_exit("kv_router", missing,
                   "Debian: apt-get install python3-msgpack python3-zmq")
@@ -410,6 +414,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         epilog="Flags after -- go to every replica (e.g. -- --pages=512).")
+    parser.add_argument("--version", action="version",
+                        version=f"kv_router {project_version()}")
     parser.add_argument("--sim", default=DEFAULT_SIM,
                         help="the kvblock-sim binary (default: the build "
                         "beside this script, %(default)s)")
