@@ -15,7 +15,7 @@ import subprocess
 import sys
 
 LAYERS = ["base", "cache", "sequence", "manager", "device", "commit",
-          "events", "vllm", "python"]
+          "events", "metrics", "vllm", "python"]
 # Each public header's layer.
 PUBLIC = {
     "config.h": "base", "status_macros.h": "base", "types.h": "base",
@@ -27,7 +27,7 @@ PUBLIC = {
     "device.h": "device", "kernels.h": "device",
     "batch_commit.h": "commit", "identity.h": "commit",
     "page_table.h": "commit",
-    "kv_event_publisher.h": "events",
+    "kv_event_publisher.h": "events", "metrics.h": "metrics",
     "vllm_block_hash.h": "vllm", "vllm_kv_cache_manager.h": "vllm",
 }
 INCLUDE = re.compile(r'^#include "([^"]+)"', re.M)
