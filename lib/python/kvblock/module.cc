@@ -31,6 +31,7 @@
 #include "kvblock/config.h"
 #include "kvblock/device.h"
 #include "kvblock/kv_events.h"
+#include "kvblock/metrics.h"
 #include "kvblock/page_table.h"
 #include "kvblock/version.h"
 #include "object_lock.h"
@@ -939,6 +940,34 @@ void BindCommit(py::module_& m) {
       });
 }
 
+// The metrics of a manager and (optionally) its page table, for
+// kvblock.metrics: (name, help, "counter" or "gauge", value) tuples, read
+// under the objects' locks in their order (the manager's first).
+void BindMetrics(py::module_& m) {
+  m.def(
+      "collect_metrics",
+      [](PyBlockManager& manager, PyTable* table) {
+        std::optional<ObjectLock> table_lock;
+        const ObjectLock manager_lock(manager.mutex, "BlockManager");
+        if (table != nullptr) table_lock.emplace(table->mutex, "KVPageTable");
+        std::vector<Metric> metrics = ValueOrThrow(CollectMetrics(
+            {.manager = manager.manager.get(),
+             .page_table = table != nullptr ? table->table.get() : nullptr}));
+        py::list out;
+        for (const Metric& metric : metrics) {
+          out.append(py::make_tuple(
+              std::string(metric.name), std::string(metric.help),
+              metric.type == Metric::Type::kCounter ? "counter" : "gauge",
+              metric.value));
+        }
+        return out;
+      },
+      "manager"_a, "page_table"_a = nullptr,
+      "The metrics of `manager` and, when given, `page_table` "
+      "(kvblock/metrics.h): a list of (name, help, kind, value), kind "
+      "\"counter\" or \"gauge\", a counter's name without _total.");
+}
+
 }  // namespace
 }  // namespace kvblock::python
 
@@ -952,5 +981,6 @@ PYBIND11_MODULE(_kvblock, m) {
   kvblock::python::BindManager(m);
   kvblock::python::BindTable(m);
   kvblock::python::BindCommit(m);
+  kvblock::python::BindMetrics(m);
   kvblock::python::BindVllm(m);
 }

@@ -1,0 +1,50 @@
+# Copyright 2026 The kvblock Authors.
+# SPDX-License-Identifier: Apache-2.0
+"""kvblock's metrics for Prometheus, through prometheus_client.
+
+    from prometheus_client import REGISTRY, start_http_server
+    from kvblock.metrics import KvCacheCollector
+
+    REGISTRY.register(KvCacheCollector(manager, page_table,
+                                       labels={"model_name": "m",
+                                               "engine": "0"}))
+    start_http_server(8000)
+
+The metrics are the C++ library's (kvblock/metrics.h), read at each scrape:
+vLLM's names where vLLM has the metric (vllm:kv_cache_usage_perc,
+vllm:prefix_cache_queries, vllm:prefix_cache_hits, vllm:num_preemptions,
+with vLLM's labels model_name and engine when given), kvblock_* for the
+rest. A scrape takes the manager's and the table's locks, as their calls do.
+prometheus_client (Debian: python3-prometheus-client) is needed only here.
+"""
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from kvblock._kvblock import collect_metrics
+
+__all__ = ["KvCacheCollector", "collect_metrics"]
+
+
+class KvCacheCollector:
+    """A prometheus_client collector of one manager's metrics and, when
+    given, its page table's; `labels` go on every sample."""
+
+    def __init__(self, manager, page_table=None, labels=None):
+        self._manager = manager
+        self._page_table = page_table
+        self._labels = dict(labels or {})
+        collect_metrics(manager, page_table)  # fails now, not at a scrape.
+
+    def collect(self):
+        names, values = list(self._labels), list(self._labels.values())
+        for name, help_text, kind, value in collect_metrics(
+                self._manager, self._page_table):
+            family = (CounterMetricFamily if kind == "counter"
+                      else GaugeMetricFamily)(name, help_text, labels=names)
+            family.add_metric(values, value)
+            yield family
+
+    def describe(self):
+        # The families collect() yields, so that registering checks their
+        # names against the registry's.
+        return self.collect()
