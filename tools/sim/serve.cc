@@ -12,6 +12,7 @@ namespace kvblock::sim {
 
 absl::StatusOr<std::optional<int64_t>> LineFeed::Next(
     const FeedReport& report, std::deque<Request>& arrivals) {
+  if (at_horizon_) at_horizon_();
   // Integers only: formatted directly, without a JSON library here.
   out_ << absl::StrFormat(
               "{\"clock\":%d,\"kv_event_batches\":%d,\"running\":%d,"

@@ -22,6 +22,8 @@
 // so that the router knows the steps before `clock` are done and how many
 // KV event batches they handed to the publisher (it waits for those on its
 // subscription before it routes again). End of input ends the feed.
+// `at_horizon`, when set, runs just before each state line (kvblock-sim
+// refreshes its metrics there: a scrape after the line sees them).
 //
 // Errors: a bad line is InvalidArgument "serve input: line N: FIELD: ..."
 // and ends the run; a failed write is Internal.
@@ -31,10 +33,12 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <istream>
 #include <optional>
 #include <ostream>
 #include <string>
+#include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
@@ -45,8 +49,12 @@ namespace kvblock::sim {
 
 class LineFeed final : public RequestFeed {
  public:
-  LineFeed(std::istream& in, std::ostream& out, TraceLimits limits)
-      : in_(in), out_(out), limits_(limits) {}
+  LineFeed(std::istream& in, std::ostream& out, TraceLimits limits,
+           std::function<void()> at_horizon = {})
+      : in_(in),
+        out_(out),
+        limits_(limits),
+        at_horizon_(std::move(at_horizon)) {}
 
   absl::StatusOr<std::optional<int64_t>> Next(
       const FeedReport& report, std::deque<Request>& arrivals) override;
@@ -55,6 +63,7 @@ class LineFeed final : public RequestFeed {
   std::istream& in_;
   std::ostream& out_;
   const TraceLimits limits_;
+  const std::function<void()> at_horizon_;
   int64_t line_number_ = 0;
   int64_t horizon_ = 0;
   // The ids of the requests handed over and not yet reported finished.

@@ -31,6 +31,8 @@
 #include "kvblock/block_hash.h"
 #include "kvblock/device.h"
 #include "kvblock/kv_event_publisher.h"
+#include "kvblock/metrics.h"
+#include "sim/metrics_server.h"
 #include "sim/output_file.h"
 #include "sim/progress.h"
 #include "sim/report.h"
@@ -82,6 +84,10 @@ ABSL_FLAG(std::string, kv_events, "",
           "publish KV cache events in vLLM's format on a ZeroMQ PUB socket "
           "bound here (e.g. tcp://127.0.0.1:5557; empty: off; discard: "
           "record and take them, publish nothing)");
+ABSL_FLAG(int32_t, metrics_port, -1,
+          "with --serve, serve the library's metrics (Prometheus text, "
+          "vLLM's names) at http://127.0.0.1:PORT/metrics, refreshed at each "
+          "horizon (0: a free port, said on stderr; -1: off)");
 ABSL_FLAG(std::string, kv_events_replay, "",
           "with --kv_events, a ROUTER replay socket bound here (empty: none)");
 ABSL_FLAG(int32_t, kv_events_wait_ms, 0,
@@ -316,6 +322,14 @@ int Main() {
                 absl::InvalidArgumentError(
                     "--serve excludes --trace, --workload and --write_trace"));
   }
+  const int32_t metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (metrics_port != -1 && !serve) {
+    return Fail(kExitBadInput,
+                absl::InvalidArgumentError(absl::StrCat(
+                    "--metrics_port needs --serve (a run of a trace or a "
+                    "workload ends before a scrape), got --metrics_port=",
+                    metrics_port)));
+  }
   std::string source = "requests served on stdin";
   absl::StatusOr<std::vector<Request>> requests =
       serve ? std::vector<Request>() : RequestsFromFlags(*config, source);
@@ -410,10 +424,45 @@ int Main() {
                 scheduler.status());
   }
 
+  std::unique_ptr<MetricsServer> metrics_server;
+  if (metrics_port != -1) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> started =
+        MetricsServer::Start(metrics_port);
+    if (!started.ok()) {
+      return Fail(started.status().code() == absl::StatusCode::kInvalidArgument
+                      ? kExitBadInput
+                      : kExitFailure,
+                  started.status());
+    }
+    metrics_server = *std::move(started);
+    std::cerr << "kvblock-sim: metrics on http://127.0.0.1:"
+              << metrics_server->port() << "/metrics" << std::endl;
+  }
+  // The metrics of the steps done, before each horizon's state line.
+  const auto refresh_metrics = [&] {
+    KvEventPublisherStats events;
+    if (*publisher != nullptr) events = (*publisher)->stats();
+    absl::StatusOr<std::vector<Metric>> metrics = CollectMetrics(
+        {.manager = &(*scheduler)->manager(),
+         .page_table = &(*scheduler)->page_table(),
+         .kv_events = *publisher != nullptr ? &events : nullptr});
+    absl::StatusOr<std::string> text =
+        metrics.ok()
+            ? FormatPrometheusText(
+                  *metrics, {{"model_name", "kvblock-sim"}, {"engine", "0"}})
+            : metrics.status();
+    metrics_server->Set(
+        text.ok() ? *std::move(text)
+                  : absl::StrCat("# ", text.status().ToString(), "\n"));
+  };
+
   ProgressLine progress(std::cerr, isatty(STDERR_FILENO) != 0,
                         std::chrono::milliseconds(250));
   const auto update = [&](const Progress& p) { progress.Update(p); };
-  LineFeed feed(std::cin, std::cout, TraceLimitsFor(*config));
+  LineFeed feed(std::cin, std::cout, TraceLimitsFor(*config),
+                metrics_server != nullptr
+                    ? std::function<void()>(refresh_metrics)
+                    : std::function<void()>());
   absl::StatusOr<SimResult> result = serve
                                          ? (*scheduler)->Serve(feed, update)
                                          : (*scheduler)->Run(*requests, update);
