@@ -148,37 +148,18 @@ bool IsLabelName(absl::string_view name) {
   return true;
 }
 
-// The format's escapes of a label value: backslash, quote and newline.
-void AppendLabelValue(absl::string_view value, std::string& out) {
-  for (const char c : value) {
-    switch (c) {
-      case '\\':
-        out += "\\\\";
-        break;
-      case '"':
-        out += "\\\"";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        out += c;
-    }
-  }
-}
-
-// A help line escapes backslash and newline.
-void AppendHelp(absl::string_view help, std::string& out) {
-  for (const char c : help) {
-    switch (c) {
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        out += c;
+// The format's escapes: backslash and newline, and in a label value (not a
+// help line) the quote.
+void AppendEscaped(absl::string_view text, bool label_value, std::string& out) {
+  for (const char c : text) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '"' && label_value) {
+      out += "\\\"";
+    } else {
+      out += c;
     }
   }
 }
@@ -231,7 +212,7 @@ absl::StatusOr<std::string> FormatPrometheusText(
           "FormatPrometheusText: label \"%s\" is given twice", name));
     }
     absl::StrAppend(&label_text, label_text.empty() ? "{" : ",", name, "=\"");
-    AppendLabelValue(value, label_text);
+    AppendEscaped(value, /*label_value=*/true, label_text);
     label_text += '"';
   }
   if (!label_text.empty()) label_text += '}';
@@ -246,7 +227,7 @@ absl::StatusOr<std::string> FormatPrometheusText(
     }
     const bool counter = metric.type == Metric::Type::kCounter;
     absl::StrAppend(&text, "# HELP ", metric.name, " ");
-    AppendHelp(metric.help, text);
+    AppendEscaped(metric.help, /*label_value=*/false, text);
     absl::StrAppend(&text, "\n# TYPE ", metric.name,
                     counter ? " counter\n" : " gauge\n", metric.name,
                     counter ? "_total" : "", label_text, " ");

@@ -7,12 +7,15 @@
 # --system-site-packages by this Python (whose numpy, pybind11 and
 # meson-python it finds there), with no package index. Then, from another
 # folder, the installed kvblock imports, reports the project's version, runs
-# a step, and its files are the Python package alone. CUDA off (pip's
+# a step, and its files are the Python package alone. It builds from a copy
+# of the sources (git's files, else the tree less build folders), since
+# meson-python writes a native file into the folder it builds. CUDA off (pip's
 # --config-settings) and -O0 (CXXFLAGS): the kernels and the optimizer are
 # the main build's concern, the packaging is this test's.
 #
 # Usage: pip_test.py SOURCE_DIR VERSION
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,7 +36,21 @@ for f in importlib.metadata.files("kvblock"):
     print("file", f)
 """
 
+def copy_sources(to):
+    listed = subprocess.run(["git", "-C", source_dir, "ls-files"],
+                            capture_output=True, text=True)
+    if listed.returncode != 0 or not listed.stdout.strip():
+        shutil.copytree(source_dir, to, ignore=shutil.ignore_patterns(
+            "build*", ".git"))
+        return
+    for name in listed.stdout.splitlines():
+        os.makedirs(os.path.join(to, os.path.dirname(name)), exist_ok=True)
+        shutil.copy2(os.path.join(source_dir, name), os.path.join(to, name))
+
+
 with tempfile.TemporaryDirectory() as tmp:
+    sources = os.path.join(tmp, "src")
+    copy_sources(sources)
     venv = os.path.join(tmp, "venv")
     python = os.path.join(venv, "bin", "python")
     start = time.monotonic()
@@ -43,7 +60,7 @@ with tempfile.TemporaryDirectory() as tmp:
         [python, "-m", "pip", "install", "--no-build-isolation", "--no-index",
          "--disable-pip-version-check", "-q",
          "--config-settings=builddir=" + os.path.join(tmp, "build"),
-         "--config-settings=setup-args=-Dcuda=disabled", source_dir],
+         "--config-settings=setup-args=-Dcuda=disabled", sources],
         capture_output=True, text=True,
         # After meson-python's -O2 on each command line: -O0 wins.
         env=dict(os.environ, CXXFLAGS="-O0"))
