@@ -334,7 +334,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
 }
 
 // Grid: (num_q_heads, batch). Block: kReduceThreads threads over head_dim.
-// Merges the partitions [0, ceil(len / partition)) of one query head: weight
+// Merges the partitions [0, ceil((len - window start) / partition)) of one
+// query head: weight
 // of partition p = sum_p * 2^(max_p - max), output = sum of weighted partial
 // outputs / sum of weights (0 for an empty or fully masked sequence).
 template <typename T>
@@ -343,12 +344,14 @@ __global__ void __launch_bounds__(kReduceThreads)
                        const float* __restrict__ partial_max,
                        const float* __restrict__ partial_sum,
                        const int32_t* __restrict__ seq_lens, int32_t max_tokens,
-                       int32_t partition, int32_t num_parts, int32_t head_dim,
+                       int32_t sliding_window, int32_t partition,
+                       int32_t num_parts, int32_t head_dim,
                        T* __restrict__ out) {
   const int64_t row = int64_t{blockIdx.y} * gridDim.x + blockIdx.x;
   const int32_t len = min(max(seq_lens[blockIdx.y], 0), max_tokens);
+  const int32_t read = len - WindowStart(len, sliding_window);
   const auto parts =
-      static_cast<int32_t>((int64_t{len} + partition - 1) / partition);
+      static_cast<int32_t>((int64_t{read} + partition - 1) / partition);
   const float* maxima = partial_max + row * num_parts;
   const float* sums = partial_sum + row * num_parts;
   __shared__ float shared_max;
@@ -387,7 +390,8 @@ int LaunchPagedDecodeAttention(const PagedKvPool& pool, int32_t layer,
                                const PageTable& table, const int32_t* seq_lens,
                                int32_t batch, const void* query,
                                int32_t num_q_heads, float scale,
-                               float* workspace, void* out, void* stream) {
+                               int32_t sliding_window, float* workspace,
+                               void* out, void* stream) {
   if (batch == 0) return cudaSuccess;
   const int32_t group = num_q_heads / pool.num_kv_heads;
   const int32_t partition = DecodePartitionTokens(group);
@@ -401,10 +405,19 @@ int LaunchPagedDecodeAttention(const PagedKvPool& pool, int32_t layer,
       num_parts > 1 ? partial_out + rows * num_parts * pool.head_dim : nullptr;
   float* partial_sum = num_parts > 1 ? partial_max + rows * num_parts : nullptr;
   const cudaStream_t cuda_stream = static_cast<cudaStream_t>(stream);
-  const DecodeParams params = {pool,           layer,       table,
-                               seq_lens,       query,       num_q_heads,
-                               scale * kLog2e, partition,   partial_out,
-                               partial_max,    partial_sum, out};
+  const DecodeParams params = {.pool = pool,
+                               .layer = layer,
+                               .table = table,
+                               .seq_lens = seq_lens,
+                               .query = query,
+                               .num_q_heads = num_q_heads,
+                               .scale_log2 = scale * kLog2e,
+                               .sliding_window = sliding_window,
+                               .partition = partition,
+                               .partial_out = partial_out,
+                               .partial_max = partial_max,
+                               .partial_sum = partial_sum,
+                               .out = out};
   const dim3 grid(num_parts, pool.num_kv_heads, batch);
   return DispatchDType(pool.dtype, [&](auto type) {
     using T = decltype(type);
@@ -432,7 +445,8 @@ int LaunchPagedDecodeAttention(const PagedKvPool& pool, int32_t layer,
       DecodeReduceKernel<T>
           <<<dim3(num_q_heads, batch), kReduceThreads, 0, cuda_stream>>>(
               partial_out, partial_max, partial_sum, seq_lens, max_tokens,
-              partition, num_parts, kHeadDim, static_cast<T*>(out));
+              sliding_window, partition, num_parts, kHeadDim,
+              static_cast<T*>(out));
       return cudaGetLastError();
     });
   });

@@ -32,7 +32,8 @@ struct DecodeParams {
   const int32_t* seq_lens;
   const void* query;  // [batch, num_q_heads, head_dim] of pool.dtype.
   int32_t num_q_heads;
-  float scale_log2;    // softmax scale * log2(e): logits are base-2.
+  float scale_log2;        // softmax scale * log2(e): logits are base-2.
+  int32_t sliding_window;  // > 0: the query reads its last tokens only.
   int32_t partition;   // tokens per partition, DecodePartitionTokens(group).
   float* partial_out;  // workspace, when there are several partitions.
   float* partial_max;
@@ -52,6 +53,14 @@ struct DecodeBlock {
   int64_t first_q_row;  // query row (slot, head) of the group's first head.
 };
 
+// The first token a query of a sequence of `len` tokens reads: the start of
+// its sliding window (when `window` is positive), else 0. The partitions
+// split the tokens from there.
+__host__ __device__ __forceinline__ int32_t WindowStart(int32_t len,
+                                                        int32_t window) {
+  return window > 0 && len > window ? len - window : 0;
+}
+
 // This block's DecodeBlock; false when the block has nothing to do (a
 // partition past the end of its sequence, which the reduce skips).
 __device__ __forceinline__ bool LocateDecodeBlock(const DecodeParams& p,
@@ -62,7 +71,7 @@ __device__ __forceinline__ bool LocateDecodeBlock(const DecodeParams& p,
   b.num_parts = gridDim.x;
   const int32_t max_tokens = p.table.max_pages_per_seq * p.pool.page_size;
   const int32_t len = min(max(p.seq_lens[b.slot], 0), max_tokens);
-  b.start = b.part * p.partition;
+  b.start = WindowStart(len, p.sliding_window) + b.part * p.partition;
   b.n = max(0, min(len - b.start, p.partition));
   b.group = p.num_q_heads / p.pool.num_kv_heads;
   b.first_q_row = int64_t{b.slot} * p.num_q_heads + b.kv_head * b.group;

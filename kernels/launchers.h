@@ -154,6 +154,8 @@ constexpr int64_t DecodeWorkspaceFloats(int64_t max_tokens, int32_t batch,
 // (decode_attention_tc.cu), with probabilities rounded to pool.dtype.
 //   query, out: [batch, num_q_heads, head_dim] of pool.dtype, device.
 //   seq_lens: int32 [batch], device; a length of 0 gives a zero output.
+//   sliding_window: > 0: each query reads its last sliding_window tokens
+//     only (the pages before them are never read); 0: all.
 //   workspace: DecodeWorkspaceFloats(...) floats, device.
 // REQUIRES: DecodeHeadDimSupported(head_dim), num_q_heads a multiple of
 // num_kv_heads with a ratio <= kMaxDecodeGroup, batch <= 65535.
@@ -161,7 +163,8 @@ int LaunchPagedDecodeAttention(const PagedKvPool& pool, int32_t layer,
                                const PageTable& table, const int32_t* seq_lens,
                                int32_t batch, const void* query,
                                int32_t num_q_heads, float scale,
-                               float* workspace, void* out, void* stream);
+                               int32_t sliding_window, float* workspace,
+                               void* out, void* stream);
 
 // FlashInfer's paged-KV layout for slots [0, batch): kv_indptr[b + 1] -
 // kv_indptr[b] = ceil(seq_lens[b] / page_size) pages (clamped to the row),

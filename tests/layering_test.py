@@ -19,8 +19,9 @@ LAYERS = ["base", "cache", "sequence", "manager", "device", "commit",
 # Each public header's layer.
 PUBLIC = {
     "config.h": "base", "status_macros.h": "base", "types.h": "base",
-    "version.h": "base",
+    "version.h": "base", "kv_cache_groups.h": "base",
     "block_hash.h": "cache", "block_pool.h": "cache", "kv_events.h": "cache",
+    "group_cache_hit.h": "cache",
     "sequence_table.h": "sequence",
     "admission.h": "manager", "block_manager.h": "manager",
     "block_manager_options.h": "manager", "block_manager_snapshot.h": "manager",

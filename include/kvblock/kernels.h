@@ -75,6 +75,11 @@ struct DecodeQuery {
   const void* query = nullptr;  // [batch, num_q_heads, head_dim], pool dtype.
   int32_t num_q_heads = 0;      // a multiple of num_kv_heads, ratio <= 32.
   float scale = 0.f;            // softmax scale, usually 1/sqrt(head_dim).
+  // Sliding-window attention (vLLM's sliding_window): when positive, a
+  // slot's query attends to its last sliding_window tokens only, and the
+  // pages wholly before them are never read (they may hold the null page).
+  // 0: every token.
+  int32_t sliding_window = 0;
 };
 
 // FlashInfer's paged-KV index arrays (device memory).
@@ -124,7 +129,8 @@ int64_t PagedDecodeWorkspaceBytes(const PagedKvConfig& config, int32_t batch,
 
 // Decode attention of one query token per slot of `batch` over layer
 // `layer`: out[b][qh] = softmax(scale * q[b][qh] . K[b][kh]^T) V[b][kh] over
-// the slot's seq_lens[b] tokens, kh = qh / (num_q_heads / num_kv_heads), fp32
+// the slot's seq_lens[b] tokens (its last query.sliding_window ones with a
+// window), kh = qh / (num_q_heads / num_kv_heads), fp32
 // accumulation; `out` is [batch, num_q_heads, head_dim] of the pool dtype, and
 // a slot of length 0 gets zeros. Long contexts are split into partitions
 // merged by a second kernel (flash-decoding), using `workspace` of at least
@@ -135,6 +141,7 @@ int64_t PagedDecodeWorkspaceBytes(const PagedKvConfig& config, int32_t batch,
 // device, keep them in fp32. The kernel reads 16-byte vectors:
 // pool.data and query.query must be 16-byte aligned. Errors: InvalidArgument
 // for a bad layer, table shape, batch (> 65535 included), query heads, a
+// negative sliding window, a
 // head_dim other than 64, 80, 96, 128 or 256, a non-finite scale, a small
 // workspace, a null or misaligned pointer, or (host device) a length outside
 // [0, max_pages_per_seq * page_size] or longer than the slot's live pages

@@ -278,6 +278,10 @@ absl::Status PagedDecodeAttention(Device& device, const KvPool& pool,
   if (!std::isfinite(query.scale)) {
     return Invalid("query.scale ", query.scale, " is not finite");
   }
+  if (query.sliding_window < 0) {
+    return Invalid("query.sliding_window ", query.sliding_window,
+                   " is negative");
+  }
   if (batch.batch == 0) return absl::OkStatus();
   const int64_t required =
       PagedDecodeWorkspaceBytes(c, batch.batch, query.num_q_heads);
@@ -303,7 +307,8 @@ absl::Status PagedDecodeAttention(Device& device, const KvPool& pool,
         return kernels::LaunchPagedDecodeAttention(
             KernelPool(pool), layer, KernelTable(batch.page_table),
             batch.seq_lens, batch.batch, query.query, query.num_q_heads,
-            query.scale, static_cast<float*>(workspace), out, stream);
+            query.scale, query.sliding_window, static_cast<float*>(workspace),
+            out, stream);
       });
 }
 

@@ -161,6 +161,9 @@ void DenseDecodeAttention(const DenseKv& kv, const DecodeQuery& query,
   std::vector<float> acc(d);
   for (int64_t b = 0; b < kv.batch; ++b) {
     const int32_t len = kv.seq_lens[b];
+    // The window's first token: tokens before it are never read.
+    const int32_t first =
+        query.sliding_window > 0 ? std::max(0, len - query.sliding_window) : 0;
     for (int64_t qh = 0; qh < query.num_q_heads; ++qh) {
       const int64_t q_row = (b * query.num_q_heads + qh) * d;
       // Row of token t of KV head kh: (b * max_len + t) * num_kv_heads + kh.
@@ -172,7 +175,7 @@ void DenseDecodeAttention(const DenseKv& kv, const DecodeQuery& query,
         q[i] = LoadElement(query.query, q_row + i, kv.dtype);
       }
       float max_logit = -INFINITY;
-      for (int64_t t = 0; t < len; ++t) {
+      for (int64_t t = first; t < len; ++t) {
         float dot = 0.f;
         for (int64_t i = 0; i < d; ++i) {
           dot += q[i] * LoadElement(kv.key, kv_index(t, i), kv.dtype);
@@ -182,7 +185,7 @@ void DenseDecodeAttention(const DenseKv& kv, const DecodeQuery& query,
       }
       std::fill(acc.begin(), acc.end(), 0.f);
       float sum = 0.f;
-      for (int64_t t = 0; t < len; ++t) {
+      for (int64_t t = first; t < len; ++t) {
         const float p = std::exp(logits[t] - max_logit);
         sum += p;
         for (int64_t i = 0; i < d; ++i) {

@@ -51,8 +51,9 @@ struct DenseKv {
   const int32_t* seq_lens = nullptr;  // [batch], each in [0, max_len].
 };
 
-// Plain softmax attention of one query token per sequence over dense KV,
-// fp32 accumulation: out [batch, num_q_heads, head_dim] of kv.dtype; a
+// Plain softmax attention of one query token per sequence over dense KV
+// (its last query.sliding_window tokens with a window, the rows before them
+// unread), fp32 accumulation: out [batch, num_q_heads, head_dim] of kv.dtype; a
 // sequence of length 0 gets zeros. REQUIRES: query.num_q_heads a positive
 // multiple of kv.num_kv_heads; valid lengths.
 void DenseDecodeAttention(const DenseKv& kv, const DecodeQuery& query,

@@ -380,7 +380,7 @@ TEST_CASE("bad gathers are refused and write nothing") {
 std::vector<double> NaiveAttention(const HostPagedKv& kv, const Bytes& query,
                                    int32_t num_q_heads, float scale,
                                    int32_t layer, SlotId slot, int32_t len,
-                                   int32_t qh) {
+                                   int32_t qh, int32_t window = 0) {
   const PagedKvConfig& c = kv.config();
   const int32_t d = c.head_dim;
   const int32_t kh = qh / (num_q_heads / c.num_kv_heads);
@@ -390,8 +390,10 @@ std::vector<double> NaiveAttention(const HostPagedKv& kv, const Bytes& query,
         kv.RowOffset(layer, page, t % c.page_size) + (kh * d + i) * elem;
     return double{LoadElement(kv.bytes() + offset, 0, c.dtype)};
   };
-  std::vector<double> logits(len);
-  for (int32_t t = 0; t < len; ++t) {
+  // A sliding window reads the last `window` tokens.
+  const int32_t first = window > 0 ? std::max(0, len - window) : 0;
+  std::vector<double> logits(len, -INFINITY);
+  for (int32_t t = first; t < len; ++t) {
     const PageId page = kv.KPage(slot, t / c.page_size);
     double dot = 0;
     for (int32_t i = 0; i < d; ++i) {
@@ -406,7 +408,7 @@ std::vector<double> NaiveAttention(const HostPagedKv& kv, const Bytes& query,
       len == 0 ? 0 : *std::max_element(logits.begin(), logits.end());
   std::vector<double> out(d, 0.0);
   double sum = 0;
-  for (int32_t t = 0; t < len; ++t) {
+  for (int32_t t = first; t < len; ++t) {
     const double p = std::exp(logits[t] - max_logit);
     sum += p;
     const PageId v_page = kv.KPage(slot, t / c.page_size) + c.num_pages;
@@ -464,6 +466,59 @@ TEST_CASE("paged decode equals dense attention on gathered KV") {
       for (int32_t i = 0; i < 64; ++i) {
         const float got = LoadElement(
             paged.data(), (int64_t{slot} * num_q_heads + qh) * 64 + i, dtype);
+        INFO("slot " << slot << " head " << qh << " dim " << i);
+        REQUIRE(std::abs(got - expected[i]) <= tolerance);
+      }
+    }
+  }
+}
+
+TEST_CASE("sliding-window decode reads the window only, never the null page") {
+  const DType dtype = GENERATE(DType::kF16, DType::kBf16, DType::kF32);
+  const int32_t window = GENERATE(1, 7, 16, 100);
+  INFO("dtype " << DTypeName(dtype) << ", window " << window);
+  // Page 0 is the null page: the pages wholly before each window point at
+  // it, and it holds NaNs, which any read would spread to the output.
+  constexpr PageId kNull = 0;
+  const std::vector<int32_t> seq_lens = {0, 5, 23, 42};
+  std::vector<std::vector<PageId>> rows = {
+      {}, {11}, {3, 30, 17, 8}, {20, 1, 2, 39, 38, 37}};
+  for (size_t slot = 0; slot < rows.size(); ++slot) {
+    const int32_t first = std::max(0, seq_lens[slot] - window);
+    for (int32_t page = 0; page < first / 7; ++page) rows[slot][page] = kNull;
+  }
+  HostPagedKv kv(MakeConfig(dtype, 40, 4, 6, 7, 2, 2, 64), rows);
+  kv.FillRandomValues(12);
+  const int64_t elem = DTypeSize(dtype);
+  for (int32_t layer = 0; layer < 2; ++layer) {
+    for (PageId page : {kNull, kNull + 40}) {  // its K and V page.
+      for (int64_t i = 0; i < 7 * 2 * 64; ++i) {
+        StoreElement(kv.bytes() + kv.RowOffset(layer, page, 0), i, dtype,
+                     std::numeric_limits<float>::quiet_NaN());
+      }
+    }
+  }
+  const int32_t num_q_heads = 8;
+  Bytes query(4 * num_q_heads * 64 * elem);
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> uniform(-1.f, 1.f);
+  for (int64_t i = 0; i < 4 * num_q_heads * 64; ++i) {
+    StoreElement(query.data(), i, dtype, uniform(rng));
+  }
+  DecodeQuery decode = {query.data(), num_q_heads, 0.3f};
+  decode.sliding_window = window;
+  Bytes out(query.size(), 0xaa);
+  REQUIRE_OK(PagedDecodeAttention(kv.device(), kv.pool(), 1, kv.batch(seq_lens),
+                                  decode, nullptr, 0, out.data(), nullptr));
+  const double tolerance =
+      dtype == DType::kF32 ? 1e-5 : (dtype == DType::kF16 ? 2e-3 : 1e-2);
+  for (SlotId slot = 0; slot < 4; ++slot) {
+    for (int32_t qh = 0; qh < num_q_heads; ++qh) {
+      const std::vector<double> expected = NaiveAttention(
+          kv, query, num_q_heads, 0.3f, 1, slot, seq_lens[slot], qh, window);
+      for (int32_t i = 0; i < 64; ++i) {
+        const float got = LoadElement(
+            out.data(), (int64_t{slot} * num_q_heads + qh) * 64 + i, dtype);
         INFO("slot " << slot << " head " << qh << " dim " << i);
         REQUIRE(std::abs(got - expected[i]) <= tolerance);
       }
@@ -537,6 +592,7 @@ TEST_CASE("bad decodes are refused and write nothing") {
   SECTION("non-finite scale") {
     decode.scale = std::numeric_limits<float>::infinity();
   }
+  SECTION("negative sliding window") { decode.sliding_window = -1; }
   SECTION("null query") { decode.query = nullptr; }
   SECTION("query not 16-byte aligned") { decode.query = query.data() + 2; }
   SECTION("length past the live pages") { seq_lens[1] = 5; }

@@ -274,36 +274,45 @@ struct DecodeCase {
   Shape shape;
   int32_t group;
   std::vector<int32_t> lens;
+  int32_t sliding_window = 0;  // > 0: the pages before it hold random KV.
 };
 
 TEST_CASE("gpu paged decode attention equals the reference", "[gpu]") {
-  const DecodeCase c =
-      GENERATE(DecodeCase{{DType::kBf16, 16, 2, 128}, 1, {1, 7, 300, 4096}},
-               DecodeCase{{DType::kF16, 17, 1, 64}, 4, {0, 513, 1000, 17}},
-               DecodeCase{{DType::kF32, 3, 2, 256}, 8, {1, 2, 33, 0}},
-               DecodeCase{{DType::kBf16, 16, 4, 96}, 8, {32768, 5}},
-               DecodeCase{{DType::kBf16, 5, 1, 80}, 32, {600, 1, 1024}},
-               DecodeCase{{DType::kF16, 16, 8, 128},
-                          4,
-                          {2048, 1, 511, 512, 1536, 77, 2000, 1024}},
-               DecodeCase{{DType::kF32, 16, 2, 128}, 1, {640, 1}},
-               // Tensor cores keeping 8 rows (groups 8, 2, and 3 with padding
-               // heads); CUDA cores with 2 query heads per thread and three
-               // padding heads, 4 in four subgroups (a lane of 64 threads),
-               // 4 with four padding heads (a lane of one warp).
-               DecodeCase{{DType::kBf16, 16, 2, 128}, 8, {4096, 1, 17, 513}},
-               DecodeCase{{DType::kF16, 16, 1, 128}, 2, {100, 1025}},
-               DecodeCase{{DType::kBf16, 7, 3, 64}, 3, {1, 700, 64}},
-               DecodeCase{{DType::kF32, 16, 1, 80}, 5, {300, 2}},
-               DecodeCase{{DType::kBf16, 16, 2, 256}, 16, {1500, 3}},
-               DecodeCase{{DType::kF32, 16, 1, 96}, 12, {999}},
-               // Tensor cores keeping 16 rows: a group over 8, a head_dim
-               // that 32-dim slices do not split.
-               DecodeCase{{DType::kBf16, 16, 2, 128}, 12, {2500, 16}},
-               DecodeCase{{DType::kF16, 5, 1, 80}, 4, {1100, 9}});
+  const DecodeCase c = GENERATE(
+      DecodeCase{{DType::kBf16, 16, 2, 128}, 1, {1, 7, 300, 4096}},
+      DecodeCase{{DType::kF16, 17, 1, 64}, 4, {0, 513, 1000, 17}},
+      DecodeCase{{DType::kF32, 3, 2, 256}, 8, {1, 2, 33, 0}},
+      DecodeCase{{DType::kBf16, 16, 4, 96}, 8, {32768, 5}},
+      DecodeCase{{DType::kBf16, 5, 1, 80}, 32, {600, 1, 1024}},
+      DecodeCase{{DType::kF16, 16, 8, 128},
+                 4,
+                 {2048, 1, 511, 512, 1536, 77, 2000, 1024}},
+      DecodeCase{{DType::kF32, 16, 2, 128}, 1, {640, 1}},
+      // Tensor cores keeping 8 rows (groups 8, 2, and 3 with padding
+      // heads); CUDA cores with 2 query heads per thread and three
+      // padding heads, 4 in four subgroups (a lane of 64 threads),
+      // 4 with four padding heads (a lane of one warp).
+      DecodeCase{{DType::kBf16, 16, 2, 128}, 8, {4096, 1, 17, 513}},
+      DecodeCase{{DType::kF16, 16, 1, 128}, 2, {100, 1025}},
+      DecodeCase{{DType::kBf16, 7, 3, 64}, 3, {1, 700, 64}},
+      DecodeCase{{DType::kF32, 16, 1, 80}, 5, {300, 2}},
+      DecodeCase{{DType::kBf16, 16, 2, 256}, 16, {1500, 3}},
+      DecodeCase{{DType::kF32, 16, 1, 96}, 12, {999}},
+      // Tensor cores keeping 16 rows: a group over 8, a head_dim
+      // that 32-dim slices do not split.
+      DecodeCase{{DType::kBf16, 16, 2, 128}, 12, {2500, 16}},
+      DecodeCase{{DType::kF16, 5, 1, 80}, 4, {1100, 9}},
+      // Sliding windows: gpt-oss's 128 on tensor cores, over
+      // partitions and within one; a window past a partition
+      // edge; CUDA cores.
+      DecodeCase{{DType::kBf16, 16, 2, 128}, 8, {4096, 100, 129, 1}, 128},
+      DecodeCase{{DType::kF16, 16, 1, 128}, 4, {1100, 2048, 999}, 1000},
+      DecodeCase{{DType::kF32, 7, 2, 64}, 1, {300, 2, 7, 8}, 7},
+      DecodeCase{{DType::kBf16, 16, 2, 256}, 16, {1500, 3}, 513});
   const Shape& shape = c.shape;
   INFO("dtype " << DTypeName(shape.dtype) << " head_dim " << shape.head_dim
-                << " page_size " << shape.page_size << " group " << c.group);
+                << " page_size " << shape.page_size << " group " << c.group
+                << " sliding_window " << c.sliding_window);
   std::mt19937 rng(5);
   const int32_t longest = *std::max_element(c.lens.begin(), c.lens.end());
   const int32_t max_pages = (longest + shape.page_size - 1) / shape.page_size;
@@ -332,8 +341,8 @@ TEST_CASE("gpu paged decode attention equals the reference", "[gpu]") {
   Bytes host_workspace(workspace_bytes);
   REQUIRE_OK(PagedDecodeAttention(
       kv.host(), kv.host_pool(), 1, {kv.host_table(), c.lens.data(), batch},
-      {query.data(), num_q_heads, scale}, host_workspace.data(),
-      workspace_bytes, host_out.data(), nullptr));
+      {query.data(), num_q_heads, scale, c.sliding_window},
+      host_workspace.data(), workspace_bytes, host_out.data(), nullptr));
 
   const DeviceBuffer cuda_query = ToDevice(kv.cuda(), query);
   const DeviceBuffer cuda_lens = ToDevice(kv.cuda(), c.lens);
@@ -345,8 +354,8 @@ TEST_CASE("gpu paged decode attention equals the reference", "[gpu]") {
   REQUIRE_OK(PagedDecodeAttention(
       kv.cuda(), kv.cuda_pool(), 1,
       {kv.cuda_table(), static_cast<const int32_t*>(cuda_lens.data()), batch},
-      {cuda_query.data(), num_q_heads, scale}, workspace->data(),
-      workspace_bytes, cuda_out->data(), nullptr));
+      {cuda_query.data(), num_q_heads, scale, c.sliding_window},
+      workspace->data(), workspace_bytes, cuda_out->data(), nullptr));
   const Bytes gpu_out = ToHost(kv.cuda(), cuda_out->data(), out_bytes);
   const double tolerance = shape.dtype == DType::kF32   ? 1e-5
                            : shape.dtype == DType::kF16 ? 2e-3
