@@ -155,7 +155,9 @@ struct CommitPhaseTimes {
 class BatchCommit {
  public:
   // Both must outlive the BatchCommit. InvalidArgument when the table's
-  // geometry does not match the manager's config.
+  // geometry does not match the manager's config; Unimplemented for a
+  // manager of KV cache groups (BlockManager::has_kv_cache_groups: one
+  // table per group is the next step).
   static absl::StatusOr<std::unique_ptr<BatchCommit>> Create(
       BlockManager& manager, KVPageTable& table);
   ~BatchCommit();

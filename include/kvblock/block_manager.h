@@ -89,6 +89,7 @@ namespace kvblock {
 
 namespace internal {
 class BlockManagerImpl;
+class GroupCoordinator;
 }  // namespace internal
 
 // One copy-on-write the KV copy kernel must run before the next attention:
@@ -99,10 +100,21 @@ struct PageCopy {
   friend bool operator==(const PageCopy&, const PageCopy&) = default;
 };
 
+// A copy on write in one KV cache group of a model of several: its KV is
+// that group's layers'.
+struct GroupPageCopy {
+  int32_t group = 0;
+  PageCopy copy;
+  friend bool operator==(const GroupPageCopy&, const GroupPageCopy&) = default;
+};
+
 struct AppendResult {
   int32_t new_pages = 0;         // pages allocated (for tokens or drafts).
   std::optional<PageCopy> copy;  // set when a shared partial page was copied.
   int32_t released_pages = 0;    // draft pages released (SetDrafts).
+  // A model of several KV cache groups: every group's copy, in group order
+  // (`copy` is group 0's); empty for one group.
+  std::vector<GroupPageCopy> group_copies = {};
 };
 
 // What an AppendMany call did. The caller keeps one and reuses it, so that
@@ -208,6 +220,27 @@ class BlockManager {
   // counted as a preemption. NotFound if unknown.
   absl::Status Preempt(SequenceId id);
 
+  // KV cache groups (BlockManagerOptions::kv_cache_groups). With several,
+  // every call runs in every group as one transaction, a sliding-window or
+  // chunked-local group releases the pages its window has left behind as
+  // the sequence advances (their entries point at null_page()), and prefix
+  // hits are those every group can serve (kvblock/group_cache_hit.h); the
+  // calls by sequence (Pages, NumTokens, ...) answer for group 0.
+  // Limits: BatchCommit and KV cache events run one group;
+  // prompt_hashes serve only groups of one page size (else pass none).
+  int32_t num_groups() const;
+  // Whether the manager keeps kv_cache_groups other than the default one
+  // (a full-attention group of the config's page size).
+  bool has_kv_cache_groups() const;
+  // The null page window groups point skipped entries at: held by the
+  // manager for ever, never handed out, cached or read. kNoPage without a
+  // window group.
+  PageId null_page() const;
+  // The sequence's pages in group `group`, as Pages. NotFound if unknown;
+  // InvalidArgument for a group out of range.
+  absl::StatusOr<absl::Span<const PageId>> GroupPages(SequenceId id,
+                                                      int32_t group) const;
+
   bool Contains(SequenceId id) const;
   int32_t num_sequences() const;
   // The sequence's physical pages in logical order (a view that stays valid
@@ -268,8 +301,12 @@ class BlockManager {
   // BlockManagerImpl::Of.
   friend class internal::BlockManagerImpl;
 
-  explicit BlockManager(std::unique_ptr<internal::BlockManagerImpl> impl);
+  BlockManager(std::unique_ptr<internal::BlockManagerImpl> impl,
+               std::unique_ptr<internal::GroupCoordinator> groups);
 
+  // A model of several KV cache groups (else null): the pool and groups
+  // 1, 2, ...; impl_ is group 0. Declared first, so that it goes last.
+  std::unique_ptr<internal::GroupCoordinator> groups_;
   std::unique_ptr<internal::BlockManagerImpl> impl_;
 };
 

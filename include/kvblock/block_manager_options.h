@@ -7,8 +7,10 @@
 #define KVBLOCK_BLOCK_MANAGER_OPTIONS_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "kvblock/block_hash.h"
+#include "kvblock/kv_cache_groups.h"
 
 namespace kvblock {
 
@@ -36,6 +38,11 @@ struct BlockManagerOptions {
   // TakeKvEvents first fills, so that recording the steps between takes
   // neither allocates nor faults pages in.
   int32_t reserved_kv_changes = 4096;
+  // The model's KV cache groups (kvblock/kv_cache_groups.h), each with its
+  // attention kind and page size, all drawing on the config's num_pages; a
+  // sequence's tables hold max_pages_per_seq * page_size tokens in every
+  // group. Empty: one full-attention group of the config's page size.
+  std::vector<KvCacheGroupSpec> kv_cache_groups = {};
 };
 
 // The most BlockManagerOptions::reserved_kv_changes may ask for.

@@ -46,6 +46,8 @@ struct BlockManagerSnapshot {
     int64_t adapter_id = 0;
     int64_t prompt_tokens = 0;  // the prompt's length.
     int32_t drafts = 0;
+    // A model of several KV cache groups: the pages of groups 1, 2, ...
+    std::vector<std::vector<PageId>> group_pages = {};
     friend bool operator==(const SequenceState&,
                            const SequenceState&) = default;
   };

@@ -95,6 +95,14 @@ class SequenceBlockTable {
   // without releasing them: their references pass to the caller.
   void ForgetFrom(int32_t logical_page);
 
+  // Points live entry `logical_page` at `page` instead, moving no reference:
+  // a sliding-window group's skipped page becomes the null page (the caller
+  // took a reference on it and releases the old one), and a rollback puts
+  // the old page back. REQUIRES: logical_page < num_pages().
+  void Repoint(int32_t logical_page, PageId page) {
+    entries_[static_cast<size_t>(logical_page)] = page;
+  }
+
  private:
   std::vector<PageId> entries_;
   int32_t num_pages_ = 0;

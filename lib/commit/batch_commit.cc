@@ -108,6 +108,12 @@ class BatchCommit::Impl {
 
 absl::StatusOr<std::unique_ptr<BatchCommit>> BatchCommit::Create(
     BlockManager& manager, KVPageTable& table) {
+  if (manager.has_kv_cache_groups()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "batch commit: the manager keeps ", manager.num_groups(),
+        " KV cache groups of their own; a commit keeps the table of one "
+        "full-attention group of the config's page size"));
+  }
   const PagedKvConfig& config = manager.config();
   if (table.max_batch() != config.max_batch ||
       table.max_pages_per_seq() != config.max_pages_per_seq ||

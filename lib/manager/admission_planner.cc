@@ -23,10 +23,9 @@ AdmissionPlanner::AdmissionPlanner(const PagedKvConfig& config,
   first_page_tokens_.reserve(config.page_size);
 }
 
-absl::StatusOr<AdmissionPlan> AdmissionPlanner::Plan(
-    const BlockPool& pool, absl::Span<const TokenId> prompt,
-    const HashExtraKeys& extra, absl::Span<const BlockHash> prompt_hashes,
-    const AdmitOptions& admit, absl::Span<const BlockHash>& hashes) {
+absl::Status AdmissionPlanner::CheckPrompt(const PagedKvConfig& config,
+                                           absl::Span<const TokenId> prompt,
+                                           const AdmitOptions& admit) {
   if (prompt.empty()) {
     return absl::InvalidArgumentError("block manager: the prompt is empty");
   }
@@ -35,14 +34,25 @@ absl::StatusOr<AdmissionPlan> AdmissionPlanner::Plan(
         absl::StrCat("block manager: prefill_tokens ", admit.prefill_tokens,
                      " is less than 1"));
   }
+  const int64_t size = static_cast<int64_t>(prompt.size());
+  const int64_t pages = config.PagesFor(size);
+  if (pages > config.max_pages_per_seq) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "block manager: a prompt of ", size, " tokens needs ", pages,
+        " pages, more than max_pages_per_seq = ", config.max_pages_per_seq));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AdmissionPlan> AdmissionPlanner::Plan(
+    const BlockPool& pool, absl::Span<const TokenId> prompt,
+    const HashExtraKeys& extra, absl::Span<const BlockHash> prompt_hashes,
+    const AdmitOptions& admit, absl::Span<const BlockHash>& hashes,
+    const absl::Span<const PageId>* group_hits) {
+  KVBLOCK_RETURN_IF_ERROR(CheckPrompt(config_, prompt, admit));
   const int64_t page_size = config_.page_size;
   const int64_t size = static_cast<int64_t>(prompt.size());
   const int64_t pages = config_.PagesFor(size);
-  if (pages > config_.max_pages_per_seq) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "block manager: a prompt of ", size, " tokens needs ", pages,
-        " pages, more than max_pages_per_seq = ", config_.max_pages_per_seq));
-  }
   const int64_t full_pages = size / page_size;
   if (prefix_caching_ && !prompt_hashes.empty() &&
       static_cast<int64_t>(prompt_hashes.size()) != full_pages) {
@@ -63,7 +73,14 @@ absl::StatusOr<AdmissionPlan> AdmissionPlanner::Plan(
   const absl::Span<const BlockHash> chain =
       prompt_hashes.empty() ? absl::MakeConstSpan(chain_) : prompt_hashes;
   AdmissionPlan plan;
-  if (prefix_caching_ && admit.read_prefix_cache) {
+  if (group_hits != nullptr) {
+    if (prefix_caching_ && admit.read_prefix_cache) {
+      for (const PageId page : *group_hits) {
+        hit_pages_[plan.hit_pages++] = page;
+        if (pool.RefCount(page) == 0) ++plan.revived_pages;
+      }
+    }
+  } else if (prefix_caching_ && admit.read_prefix_cache) {
     // vLLM's rule: at least one prompt token is computed, so a fully cached
     // prompt recomputes its last page.
     const int64_t max_hits = std::min(full_pages, (size - 1) / page_size);

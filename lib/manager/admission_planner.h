@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kvblock/admission.h"
@@ -47,13 +48,20 @@ class AdmissionPlanner {
   // pages the admission fills (valid until the next call). The hit pages are
   // hits(plan.hit_pages). InvalidArgument for an empty prompt, hashes of the
   // wrong length or a prefill_tokens below 1; OutOfRange past
-  // max_pages_per_seq.
-  absl::StatusOr<AdmissionPlan> Plan(const BlockPool& pool,
-                                     absl::Span<const TokenId> prompt,
-                                     const HashExtraKeys& extra,
-                                     absl::Span<const BlockHash> prompt_hashes,
-                                     const AdmitOptions& admit,
-                                     absl::Span<const BlockHash>& hashes);
+  // max_pages_per_seq. `group_hits`, when not null, are the hits (a KV
+  // cache group's share of the hit every group of a model can serve, null
+  // pages included): no lookup is made.
+  absl::StatusOr<AdmissionPlan> Plan(
+      const BlockPool& pool, absl::Span<const TokenId> prompt,
+      const HashExtraKeys& extra, absl::Span<const BlockHash> prompt_hashes,
+      const AdmitOptions& admit, absl::Span<const BlockHash>& hashes,
+      const absl::Span<const PageId>* group_hits = nullptr);
+  // Plan's checks of `prompt` and `admit` under `config`: its errors but
+  // the hashes' length.
+  static absl::Status CheckPrompt(const PagedKvConfig& config,
+                                  absl::Span<const TokenId> prompt,
+                                  const AdmitOptions& admit);
+
   // The first `n` hit pages the last Plan found.
   absl::Span<const PageId> hits(int32_t n) const {
     return absl::MakeConstSpan(hit_pages_).first(n);

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <utility>
@@ -19,10 +20,32 @@
 #include "kvblock/status_macros.h"
 #include "manager/admission_planner.h"
 #include "manager/block_manager_impl.h"
+#include "manager/group_coordinator.h"
 #include "manager/step_journal.h"
 #include "sequence/sequence_slab.h"
 
 namespace kvblock::internal {
+namespace {
+
+// The salt of group `index`'s keys: every byte of a key of a group after the
+// first is the chain hash's XOR this (splitmix64 of the index, word by
+// word), so that groups holding the same tokens never share a key.
+BlockHash GroupKeySalt(int32_t index) {
+  BlockHash salt;
+  if (index == 0) return salt;
+  uint64_t state = 0x6b76626c6f636b00ULL + static_cast<uint64_t>(index);
+  for (size_t word = 0; word < salt.bytes.size() / 8; ++word) {
+    state += 0x9e3779b97f4a7c15ULL;
+    uint64_t z = state;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    z ^= z >> 31;
+    std::memcpy(salt.bytes.data() + 8 * word, &z, sizeof(z));
+  }
+  return salt;
+}
+
+}  // namespace
 
 int32_t BlockManagerImpl::MaxSequences(const PagedKvConfig& config,
                                        const BlockManagerOptions& options) {
@@ -31,23 +54,46 @@ int32_t BlockManagerImpl::MaxSequences(const PagedKvConfig& config,
       4 * int64_t{config.max_batch}, std::numeric_limits<int32_t>::max()));
 }
 
+void BlockManagerImpl::Reserve(const PagedKvConfig& config,
+                               const BlockManagerOptions& options,
+                               Reservation& reservation) {
+  const int64_t sequences = BlockManagerImpl::MaxSequences(config, options);
+  const int64_t page_size = config.page_size;
+  const int64_t width = config.max_pages_per_seq;
+  reservation.Add(sequences, sizeof(Sequence) + sizeof(SequenceCold));
+  reservation.Add(sequences, width * int64_t{sizeof(PageId)});  // tables.
+  reservation.Add(sequences, 2 * page_size * int64_t{sizeof(TokenId)});
+  reservation.Add(sequences, 2 * int64_t{sizeof(JournalRecord)} +
+                                 int64_t{sizeof(InPlaceAppend)} +
+                                 int64_t{sizeof(BlockHash)} +
+                                 2 * int64_t{sizeof(int32_t)});
+  reservation.Add(sequences,
+                  2 * int64_t{sizeof(std::pair<SequenceId, int32_t>)});
+  reservation.Add(width,
+                  2 * int64_t{sizeof(BlockHash)} + 2 * int64_t{sizeof(PageId)});
+  reservation.Add(width, int64_t{config.max_batch} * int64_t{sizeof(PageId)});
+  reservation.Add(page_size, sizeof(TokenId));
+  if (options.enable_kv_events) {  // the log, and a batch taken into.
+    reservation.Add(2 * int64_t{options.reserved_kv_changes},
+                    CacheEventLog::ReservedBytesPerChange(page_size));
+  }
+}
+
 BlockManagerImpl::BlockManagerImpl(const PagedKvConfig& config,
                                    const BlockManagerOptions& options,
                                    std::unique_ptr<BlockPool> pool,
                                    BlockHasher hasher)
-    : config_(config),
-      options_(options),
-      pool_(std::move(pool)),
-      hasher_(std::move(hasher)),
-      planner_(config, options.enable_prefix_caching,
-               options.reserve_prompt_pages, hasher_),
-      slab_(MaxSequences(config, options), config.max_pages_per_seq,
-            config.page_size),
-      journal_(MaxSequences(config, options), config.page_size,
-               static_cast<size_t>(config.max_pages_per_seq) *
-                   static_cast<size_t>(config.max_batch)),
-      page_scratch_(config.max_pages_per_seq),
-      hash_scratch_(config.max_pages_per_seq) {
+    : BlockManagerImpl(config, options, *pool, std::move(hasher),
+                       GroupScope{.index = 0,
+                                  .spec = {.kind = AttentionKind::kFull,
+                                           .page_size = config.page_size,
+                                           .sliding_window = 0,
+                                           .attention_chunk_size = 0,
+                                           .eagle = false},
+                                  .alignment_tokens = config.page_size,
+                                  .null_page = kNoPage,
+                                  .reserved_pages = nullptr}) {
+  owned_pool_ = std::move(pool);
   if (options_.enable_kv_events) {
     const auto changes = static_cast<size_t>(options_.reserved_kv_changes);
     const auto page_size = static_cast<size_t>(config.page_size);
@@ -58,6 +104,28 @@ BlockManagerImpl::BlockManagerImpl(const PagedKvConfig& config,
     pool_->set_event_log(events_.get());
   }
 }
+
+BlockManagerImpl::BlockManagerImpl(const PagedKvConfig& config,
+                                   const BlockManagerOptions& options,
+                                   BlockPool& pool, BlockHasher hasher,
+                                   const GroupScope& scope)
+    : config_(config),
+      options_(options),
+      scope_(scope),
+      key_salt_(GroupKeySalt(scope.index)),
+      pool_(&pool),
+      hasher_(std::move(hasher)),
+      planner_(config, options.enable_prefix_caching,
+               options.reserve_prompt_pages, hasher_),
+      slab_(MaxSequences(config, options), config.max_pages_per_seq,
+            config.page_size),
+      journal_(MaxSequences(config, options), config.page_size,
+               static_cast<size_t>(config.max_pages_per_seq) *
+                   static_cast<size_t>(config.max_batch)),
+      page_scratch_(config.max_pages_per_seq),
+      hash_scratch_(config.max_pages_per_seq),
+      reserved_pages_(scope.reserved_pages != nullptr ? *scope.reserved_pages
+                                                      : own_reserved_pages_) {}
 
 BlockManagerImpl::~BlockManagerImpl() = default;
 
@@ -278,6 +346,20 @@ absl::StatusOr<std::unique_ptr<BlockManager>> BlockManager::Create(
         "block manager: reserved_kv_changes must be in [0, ",
         kMaxReservedKvChanges, "], got ", options.reserved_kv_changes));
   }
+  if (!options.kv_cache_groups.empty() &&
+      !(options.kv_cache_groups.size() == 1 &&
+        options.kv_cache_groups[0] ==
+            KvCacheGroupSpec{.kind = AttentionKind::kFull,
+                             .page_size = config.page_size,
+                             .sliding_window = 0,
+                             .attention_chunk_size = 0,
+                             .eagle = false})) {
+    KVBLOCK_ASSIGN_OR_RETURN(
+        internal::GroupCoordinator::Created created,
+        internal::GroupCoordinator::Create(config, options));
+    return std::unique_ptr<BlockManager>(new BlockManager(
+        std::move(created.first_group), std::move(created.coordinator)));
+  }
   KVBLOCK_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool,
                            BlockPool::Create(config.num_pages));
   KVBLOCK_ASSIGN_OR_RETURN(
@@ -285,38 +367,22 @@ absl::StatusOr<std::unique_ptr<BlockManager>> BlockManager::Create(
       BlockHasher::Create(options.hash_algorithm, config.page_size));
   // What the constructor reserves, checked before it tries: a config that
   // Validate() accepts may still need more memory than the machine has.
-  const int64_t sequences = BlockManagerImpl::MaxSequences(config, options);
-  const int64_t page_size = config.page_size;
-  const int64_t width = config.max_pages_per_seq;
   internal::Reservation reservation("block manager");
-  reservation.Add(sequences, sizeof(Sequence) + sizeof(SequenceCold));
-  reservation.Add(sequences, width * int64_t{sizeof(PageId)});  // tables.
-  reservation.Add(sequences, 2 * page_size * int64_t{sizeof(TokenId)});
-  reservation.Add(sequences, 2 * int64_t{sizeof(internal::JournalRecord)} +
-                                 int64_t{sizeof(internal::InPlaceAppend)} +
-                                 int64_t{sizeof(BlockHash)} +
-                                 2 * int64_t{sizeof(int32_t)});
-  reservation.Add(sequences,
-                  2 * int64_t{sizeof(std::pair<SequenceId, int32_t>)});
-  reservation.Add(width,
-                  2 * int64_t{sizeof(BlockHash)} + 2 * int64_t{sizeof(PageId)});
-  reservation.Add(width, int64_t{config.max_batch} * int64_t{sizeof(PageId)});
-  reservation.Add(page_size, sizeof(TokenId));
-  if (options.enable_kv_events) {  // the log, and a batch taken into.
-    reservation.Add(2 * int64_t{options.reserved_kv_changes},
-                    internal::CacheEventLog::ReservedBytesPerChange(page_size));
-  }
+  BlockManagerImpl::Reserve(config, options, reservation);
   KVBLOCK_RETURN_IF_ERROR(reservation.Check());
   std::unique_ptr<BlockManager> manager;
   KVBLOCK_RETURN_IF_ERROR(reservation.Run([&] {
-    manager.reset(new BlockManager(std::make_unique<BlockManagerImpl>(
-        config, options, std::move(pool), std::move(hasher))));
+    manager.reset(new BlockManager(
+        std::make_unique<BlockManagerImpl>(config, options, std::move(pool),
+                                           std::move(hasher)),
+        nullptr));
   }));
   return manager;
 }
 
-BlockManager::BlockManager(std::unique_ptr<BlockManagerImpl> impl)
-    : impl_(std::move(impl)) {}
+BlockManager::BlockManager(std::unique_ptr<BlockManagerImpl> impl,
+                           std::unique_ptr<internal::GroupCoordinator> groups)
+    : groups_(std::move(groups)), impl_(std::move(impl)) {}
 
 BlockManager::~BlockManager() = default;
 
@@ -330,6 +396,9 @@ absl::StatusOr<AdmissionPlan> BlockManager::PlanAdmission(
     absl::Span<const TokenId> prompt, const HashExtraKeys& extra,
     absl::Span<const BlockHash> prompt_hashes,
     const AdmitOptions& admit) const {
+  if (groups_ != nullptr) {
+    return groups_->PlanAdmission(prompt, extra, prompt_hashes, admit);
+  }
   return impl_->PlanAdmission(prompt, extra, prompt_hashes, admit);
 }
 
@@ -337,25 +406,59 @@ bool BlockManager::CanAdmit(absl::Span<const TokenId> prompt,
                             const HashExtraKeys& extra,
                             absl::Span<const BlockHash> prompt_hashes,
                             const AdmitOptions& admit) const {
+  if (groups_ != nullptr) {
+    const absl::StatusOr<AdmissionPlan> plan =
+        groups_->PlanAdmission(prompt, extra, prompt_hashes, admit);
+    return plan.ok() &&
+           plan->pages_consumed() + plan->reserved_pages <=
+               impl_->NumAllocatable() - impl_->options().watermark_pages;
+  }
   return impl_->CanAdmit(prompt, extra, prompt_hashes, admit);
 }
 
 absl::StatusOr<AdmissionPlan> BlockManager::Admit(
     SequenceId id, absl::Span<const TokenId> prompt, const HashExtraKeys& extra,
     absl::Span<const BlockHash> prompt_hashes, const AdmitOptions& admit) {
+  if (groups_ != nullptr) {
+    return groups_->Admit(id, prompt, extra, prompt_hashes, admit);
+  }
   return impl_->Admit(id, prompt, extra, prompt_hashes, admit);
 }
 
 absl::Status BlockManager::Fork(SequenceId parent, SequenceId child) {
+  if (groups_ != nullptr) return groups_->Fork(parent, child);
   return impl_->Fork(parent, child);
 }
 
 absl::Status BlockManager::Free(SequenceId id) {
+  if (groups_ != nullptr) return groups_->Remove(id, /*preempted=*/false);
   return impl_->Remove(id, /*preempted=*/false);
 }
 
 absl::Status BlockManager::Preempt(SequenceId id) {
+  if (groups_ != nullptr) return groups_->Remove(id, /*preempted=*/true);
   return impl_->Remove(id, /*preempted=*/true);
+}
+
+int32_t BlockManager::num_groups() const {
+  return groups_ != nullptr ? static_cast<int32_t>(groups_->groups().size())
+                            : 1;
+}
+
+bool BlockManager::has_kv_cache_groups() const { return groups_ != nullptr; }
+
+PageId BlockManager::null_page() const {
+  return groups_ != nullptr ? groups_->null_page() : kNoPage;
+}
+
+absl::StatusOr<absl::Span<const PageId>> BlockManager::GroupPages(
+    SequenceId id, int32_t group) const {
+  if (groups_ != nullptr) return groups_->GroupPages(id, group);
+  if (group != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block manager: KV cache group ", group, " is not in [0, 1)"));
+  }
+  return impl_->Pages(id);
 }
 
 bool BlockManager::Contains(SequenceId id) const { return impl_->Contains(id); }
@@ -400,6 +503,7 @@ int64_t BlockManager::pending_kv_changes() const {
 }
 
 absl::Status BlockManager::CheckInvariants() const {
+  if (groups_ != nullptr) return groups_->CheckInvariants();
   return impl_->CheckInvariants();
 }
 
@@ -407,13 +511,16 @@ BlockManagerStats BlockManager::stats() const { return impl_->stats(); }
 
 const BlockPool& BlockManager::pool() const { return impl_->pool(); }
 
-const PagedKvConfig& BlockManager::config() const { return impl_->config(); }
+const PagedKvConfig& BlockManager::config() const {
+  return groups_ != nullptr ? groups_->config() : impl_->config();
+}
 
 const BlockManagerOptions& BlockManager::options() const {
   return impl_->options();
 }
 
 BlockManagerSnapshot BlockManager::Snapshot() const {
+  if (groups_ != nullptr) return groups_->Snapshot();
   return impl_->Snapshot();
 }
 

@@ -26,6 +26,7 @@
 #include "cache/cache_event_log.h"
 #include "kvblock/status_macros.h"
 #include "manager/block_manager_impl.h"
+#include "manager/group_coordinator.h"
 #include "manager/step_journal.h"
 #include "sequence/sequence_slab.h"
 
@@ -695,8 +696,41 @@ absl::Span<const BlockHash> BlockManagerImpl::HashPages(
 
 bool BlockManagerImpl::ParentCached(PageId parent_page,
                                     const BlockHash& parent) const {
+  // A window group's parent may be skipped: it caches every page it can use.
+  if (skips_pages()) return true;
+  const BlockHash key = Key(parent);
   const std::optional<BlockHash> held = pool_->CachedHash(parent_page);
-  return (held && *held == parent) || pool_->Lookup(parent).has_value();
+  return (held && *held == key) || pool_->Lookup(key).has_value();
+}
+
+BlockHash BlockManagerImpl::Key(const BlockHash& hash) const {
+  if (scope_.index == 0) return hash;
+  BlockHash key;
+  for (size_t i = 0; i < key.bytes.size(); ++i) {
+    key.bytes[i] = hash.bytes[i] ^ key_salt_.bytes[i];
+  }
+  return key;
+}
+
+absl::Status BlockManagerImpl::ReleaseSkippedPages(int32_t entry,
+                                                   int64_t pages) {
+  Sequence& seq = slab_.sequence(entry);
+  const absl::Span<const PageId> entries = seq.table().entries();
+  int32_t first =
+      static_cast<int32_t>(std::min<int64_t>(pages, seq.num_pages()));
+  const int32_t end = first;
+  while (first > 0 && entries[first - 1] != scope_.null_page) --first;
+  if (first == end) return absl::OkStatus();
+  const absl::Span<PageId> released =
+      absl::MakeSpan(page_scratch_).first(end - first);
+  std::copy(entries.begin() + first, entries.begin() + end, released.begin());
+  for (int32_t page = end - 1; page >= first; --page) {
+    KVBLOCK_RETURN_IF_ERROR(pool_->Retain(scope_.null_page));
+    KVBLOCK_RETURN_IF_ERROR(pool_->Release(released[page - first]));
+  }
+  seq.SkipPages(first, end - first, scope_.null_page);
+  journal_.Skipped(entry, first, released);
+  return absl::OkStatus();
 }
 
 absl::Status BlockManagerImpl::RegisterPages(int32_t entry, int32_t first,
@@ -715,8 +749,13 @@ absl::Status BlockManagerImpl::RegisterPages(int32_t entry, int32_t first,
                       cold.adapter_id);
   }
   for (size_t i = 0; i < hashes.size(); ++i) {
+    if (skips_pages() &&
+        !CachesFullPage(scope_.spec, first + static_cast<int64_t>(i),
+                        scope_.alignment_tokens)) {
+      continue;
+    }
     KVBLOCK_RETURN_IF_ERROR(
-        pool_->RegisterCached(pages[i], hashes[i]).status());
+        pool_->RegisterCached(pages[i], Key(hashes[i])).status());
   }
   if (events_ != nullptr) events_->EndRun();
   return absl::OkStatus();
@@ -730,8 +769,10 @@ absl::Status BlockManagerImpl::RegisterFullPage(
   const BlockHash full =
       hash != nullptr ? *hash
                       : hasher_.HashPage(cold.last_full_hash, page_tokens);
-  if (page > 0 &&
-      !ParentCached(table.entries()[page - 1], cold.last_full_hash)) {
+  if ((page > 0 &&
+       !ParentCached(table.entries()[page - 1], cold.last_full_hash)) ||
+      (skips_pages() &&
+       !CachesFullPage(scope_.spec, page, scope_.alignment_tokens))) {
     cold.last_full_hash = full;
     return absl::OkStatus();
   }
@@ -740,7 +781,7 @@ absl::Status BlockManagerImpl::RegisterFullPage(
                       page_tokens, cold.cache_salt, cold.adapter_id);
   }
   KVBLOCK_RETURN_IF_ERROR(
-      pool_->RegisterCached(table.entries()[page], full).status());
+      pool_->RegisterCached(table.entries()[page], Key(full)).status());
   if (events_ != nullptr) events_->EndRun();
   cold.last_full_hash = full;
   return absl::OkStatus();
@@ -755,17 +796,23 @@ namespace kvblock {
 
 absl::StatusOr<AppendResult> BlockManager::Append(
     SequenceId id, absl::Span<const TokenId> tokens) {
+  if (ABSL_PREDICT_FALSE(groups_ != nullptr))
+    return groups_->Append(id, tokens);
   return impl_->Append(id, tokens);
 }
 
 absl::StatusOr<AppendResult> BlockManager::AppendPrompt(
     SequenceId id, absl::Span<const TokenId> tokens,
     absl::Span<const BlockHash> prompt_hashes) {
+  if (groups_ != nullptr) {
+    return groups_->AppendPrompt(id, tokens, prompt_hashes);
+  }
   return impl_->AppendPrompt(id, tokens, prompt_hashes);
 }
 
 absl::StatusOr<AppendResult> BlockManager::SetDrafts(SequenceId id,
                                                      int32_t count) {
+  if (groups_ != nullptr) return groups_->SetDrafts(id, count);
   return impl_->SetDrafts(id, count);
 }
 

@@ -18,6 +18,26 @@ absl::Status BlockManagerImpl::CheckInvariants() const {
   KVBLOCK_RETURN_IF_ERROR(pool_->CheckInvariants());
   std::vector<int32_t> references(config_.num_pages, 0);
   int64_t reserved = 0;
+  KVBLOCK_RETURN_IF_ERROR(CheckSequences(absl::MakeSpan(references), reserved));
+  for (PageId page = 0; page < config_.num_pages; ++page) {
+    if (pool_->RefCount(page) != references[page]) {
+      return absl::InternalError(absl::StrCat(
+          "block manager: page ", page, " has refcount ", pool_->RefCount(page),
+          " but ", references[page], " sequence references"));
+    }
+  }
+  if (reserved != reserved_pages_ || reserved_pages_ > pool_->NumFree()) {
+    return absl::InternalError(absl::StrCat("block manager: ", reserved_pages_,
+                                            " pages reserved, the sequences' "
+                                            "reservations add up to ",
+                                            reserved, ", ", pool_->NumFree(),
+                                            " are allocatable"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BlockManagerImpl::CheckSequences(absl::Span<int32_t> references,
+                                              int64_t& reserved) const {
   for (const auto& [id, entry] : slab_.live()) {
     const Sequence& seq = slab_.sequence(entry);
     const SequenceBlockTable& table = seq.table();
@@ -56,21 +76,25 @@ absl::Status BlockManagerImpl::CheckInvariants() const {
           " pages, expected ", pages));
     }
     reserved += ReservationOf(entry);
-    for (const PageId page : table.entries().first(pages)) ++references[page];
-  }
-  for (PageId page = 0; page < config_.num_pages; ++page) {
-    if (pool_->RefCount(page) != references[page]) {
-      return absl::InternalError(absl::StrCat(
-          "block manager: page ", page, " has refcount ", pool_->RefCount(page),
-          " but ", references[page], " sequence references"));
+    const absl::Span<const PageId> held = table.entries().first(pages);
+    for (int64_t page = 0; page < pages; ++page) {
+      // A window group's skipped pages are the null page's, and lead.
+      const bool skipped = held[page] == scope_.null_page;
+      if (skipped && page > 0 && held[page - 1] != scope_.null_page) {
+        return absl::InternalError(absl::StrCat(
+            "block manager: sequence ", id, " of group ", scope_.index,
+            " has the null page at page ", page, " after a live page"));
+      }
+      // Skips follow the tokens computed before the last append: the last
+      // token's page is always live.
+      if (skipped && (page + 1) * config_.page_size >= seq.num_tokens()) {
+        return absl::InternalError(
+            absl::StrCat("block manager: sequence ", id, " of group ",
+                         scope_.index, " has the null page at page ", page,
+                         ", which holds its last token"));
+      }
+      ++references[held[page]];
     }
-  }
-  if (reserved != reserved_pages_ || reserved_pages_ > pool_->NumFree()) {
-    return absl::InternalError(absl::StrCat("block manager: ", reserved_pages_,
-                                            " pages reserved, the sequences' "
-                                            "reservations add up to ",
-                                            reserved, ", ", pool_->NumFree(),
-                                            " are allocatable"));
   }
   if (journal_.depth() == 0 && !journal_.empty()) {
     return absl::InternalError("block manager: journal outside a transaction");

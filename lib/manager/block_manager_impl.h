@@ -34,6 +34,7 @@
 #include "kvblock/block_manager.h"
 #include "kvblock/block_pool.h"
 #include "kvblock/config.h"
+#include "kvblock/kv_cache_groups.h"
 #include "kvblock/kv_events.h"
 #include "kvblock/status_macros.h"
 #include "kvblock/types.h"
@@ -44,6 +45,25 @@
 namespace kvblock::internal {
 
 class CacheEventLog;
+class GroupCoordinator;
+class Reservation;
+
+// Where a manager sits in a model of several KV cache groups: each group is
+// one BlockManagerImpl, all sharing one pool (see GroupCoordinator). A
+// manager of group `index` > 0 files its pages under keys of its own (a
+// group's pages hold other layers' KV), and one of a window kind (sliding or
+// chunked local) points its skipped pages at `null_page`, caches only the
+// pages a hit can use (CachesFullPage), and caches a page whether or not its
+// parent is (its parent may be skipped, as vLLM caches every block).
+struct GroupScope {
+  int32_t index = 0;
+  KvCacheGroupSpec spec;
+  int64_t alignment_tokens = 1;
+  PageId null_page = kNoPage;
+  // The pages reserved for chunked prompts in every group, which each
+  // group's allocations leave.
+  int32_t* reserved_pages = nullptr;
+};
 
 struct AppendManyResult {
   // Indexes (into the call's `handles`, ascending) of the entries whose page
@@ -77,6 +97,12 @@ class BlockManagerImpl {
   BlockManagerImpl(const PagedKvConfig& config,
                    const BlockManagerOptions& options,
                    std::unique_ptr<BlockPool> pool, BlockHasher hasher);
+  // Group `scope.index` of a model of several groups, on `pool` (the
+  // coordinator's, which must outlive it); `config` is the group's (its page
+  // size and table width). REQUIRES: options without KV events.
+  BlockManagerImpl(const PagedKvConfig& config,
+                   const BlockManagerOptions& options, BlockPool& pool,
+                   BlockHasher hasher, const GroupScope& scope);
   ~BlockManagerImpl();
   BlockManagerImpl(const BlockManagerImpl&) = delete;
   BlockManagerImpl& operator=(const BlockManagerImpl&) = delete;
@@ -91,6 +117,10 @@ class BlockManagerImpl {
   // (at most INT32_MAX).
   static int32_t MaxSequences(const PagedKvConfig& config,
                               const BlockManagerOptions& options);
+  // Adds what a manager under `config` and `options` reserves up front.
+  static void Reserve(const PagedKvConfig& config,
+                      const BlockManagerOptions& options,
+                      Reservation& reservation);
 
   // BlockManager's calls, as documented there.
   absl::StatusOr<int64_t> HashPrompt(absl::Span<const TokenId> prompt,
@@ -127,6 +157,11 @@ class BlockManagerImpl {
   absl::Status TakeKvEvents(KvEventBatch& batch);
   int64_t pending_kv_changes() const;
   absl::Status CheckInvariants() const;
+  // CheckInvariants' checks of each sequence, adding the references its
+  // tables hold to `references` (by page id) and its reservations to
+  // `reserved`; the pool's refcounts are the caller's to compare.
+  absl::Status CheckSequences(absl::Span<int32_t> references,
+                              int64_t& reserved) const;
   BlockManagerStats stats() const;
   BlockManagerSnapshot Snapshot() const;
   const SequenceSlab& slab() const { return slab_; }
@@ -192,6 +227,8 @@ class BlockManagerImpl {
   void set_commit_applying(bool on) { commit_applying_ = on; }
 
  private:
+  friend class GroupCoordinator;
+
   // A nested transaction: the pool's savepoint, the journal's mark, and the
   // stats and reserved pages when it began.
   struct Transaction {
@@ -348,9 +385,29 @@ class BlockManagerImpl {
   // and that commit is not applying its step.
   absl::Status CheckNotRunByCommit(int32_t entry, SequenceId id) const;
 
+  // The key `hash` is cached under in this manager's group.
+  BlockHash Key(const BlockHash& hash) const;
+  // Whether this manager's group skips pages (a window kind).
+  bool skips_pages() const { return scope_.spec.kind != AttentionKind::kFull; }
+  // A window group: releases the pages before logical page `pages` that the
+  // sequence at `entry` still holds, newest first (vLLM's
+  // remove_skipped_blocks), pointing their entries at the null page.
+  absl::Status ReleaseSkippedPages(int32_t entry, int64_t pages);
+  // Admit after planning: `plan` and `hashes` are the planner's, for
+  // `prompt` with `extra`; the hit pages are its hits().
+  absl::Status AdmitPlanned(SequenceId id, absl::Span<const TokenId> prompt,
+                            const HashExtraKeys& extra,
+                            const AdmissionPlan& plan,
+                            absl::Span<const BlockHash> hashes);
+
   const PagedKvConfig config_;
   const BlockManagerOptions options_;
-  std::unique_ptr<BlockPool> pool_;
+  const GroupScope scope_;
+  // The salt of Key for a group after the first.
+  BlockHash key_salt_;
+  // The pool: owned (one group) or the coordinator's.
+  std::unique_ptr<BlockPool> owned_pool_;
+  BlockPool* pool_;
   // Hashes pages that fill; the planner hashes prompts with it too. Its
   // scratch changes in const calls (see Thread safety).
   mutable BlockHasher hasher_;
@@ -373,8 +430,10 @@ class BlockManagerImpl {
   // Manager-owned counters (pool-derived ones are filled in by stats()).
   BlockManagerStats stats_;
   // Pages reserved for the rest of chunked prompts, the sum of
-  // ReservationOf over the live sequences.
-  int32_t reserved_pages_ = 0;
+  // ReservationOf over the live sequences (of every group: the scope's
+  // count, else own_reserved_pages_).
+  int32_t own_reserved_pages_ = 0;
+  int32_t& reserved_pages_;
   // True while a BatchCommit applies its step: the sequences commits run are
   // open to it (its Validate keeps it to its own).
   bool commit_applying_ = false;

@@ -81,11 +81,18 @@ absl::StatusOr<AdmissionPlan> BlockManagerImpl::Admit(
         ", ", NumAllocatable(), " are allocatable and ",
         options_.watermark_pages, " are kept as watermark"));
   }
+  KVBLOCK_RETURN_IF_ERROR(AdmitPlanned(id, prompt, extra, plan, hashes));
+  return plan;
+}
+
+absl::Status BlockManagerImpl::AdmitPlanned(
+    SequenceId id, absl::Span<const TokenId> prompt, const HashExtraKeys& extra,
+    const AdmissionPlan& plan, absl::Span<const BlockHash> hashes) {
   // The tokens the admission schedules: the hits, then what this step
   // computes.
   const int64_t end = plan.hit_tokens + plan.computed_tokens;
   const int32_t full_pages = static_cast<int32_t>(end / config_.page_size);
-  KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
+  return Transact([&]() -> absl::Status {
     const int32_t entry = slab_.Create(id);
     journal_.Created(entry, -1, false);
     Sequence& seq = slab_.sequence(entry);
@@ -98,7 +105,17 @@ absl::StatusOr<AdmissionPlan> BlockManagerImpl::Admit(
     if (plan.hit_pages > 0) {
       // The pages the plan found: no second lookup.
       const absl::Span<const PageId> hits = planner_.hits(plan.hit_pages);
-      KVBLOCK_RETURN_IF_ERROR(pool_->AcquireCached(hits));
+      if (skips_pages()) {
+        // A window group's hit starts with null pages.
+        for (const PageId page : hits) {
+          KVBLOCK_RETURN_IF_ERROR(
+              page == scope_.null_page
+                  ? pool_->Retain(page)
+                  : pool_->AcquireCached(absl::MakeConstSpan(&page, 1)));
+        }
+      } else {
+        KVBLOCK_RETURN_IF_ERROR(pool_->AcquireCached(hits));
+      }
       KVBLOCK_RETURN_IF_ERROR(seq.Grow(hits, plan.hit_tokens, 0));
     }
     const absl::Span<PageId> fresh =
@@ -123,8 +140,7 @@ absl::StatusOr<AdmissionPlan> BlockManagerImpl::Admit(
     stats_.prompt_tokens += seq.prompt_end();
     stats_.prefix_hit_tokens += plan.hit_tokens;
     return absl::OkStatus();
-  }));
-  return plan;
+  });
 }
 
 // Fork and removal ------------------------------------------------------------

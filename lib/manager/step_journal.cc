@@ -46,6 +46,8 @@ void StepJournal::Undo(const JournalRecord& record, SequenceSlab& slab) const {
       return Undo(record.drafted, slab);
     case JournalRecord::Kind::kEdgeStep:
       return Undo(record.edge_step, slab);
+    case JournalRecord::Kind::kSkipped:
+      return Undo(record.skipped, slab);
   }
 }
 

@@ -33,6 +33,9 @@
 //                pages, or copied its partial page); written when a
 //                sequence's drafts change, before the records of the same
 //                change
+//   skipped      entry, the first page it pointed at the null page and the
+//                pages it held there: pages[offset, offset + count) (a KV
+//                cache group's window moved past them)
 //   edge_step    entry, its num_tokens, num_pages, drafts and
 //                tail_maybe_shared before, the chain hash before when a page
 //                filled (hashes[index], else -1), and the partial tokens it
@@ -86,6 +89,7 @@ struct JournalRecord {
     kChanged,
     kDrafted,
     kEdgeStep,
+    kSkipped,
   };
   struct Created {
     int32_t entry;
@@ -127,6 +131,12 @@ struct JournalRecord {
     int32_t num_released;
     bool tail_maybe_shared;
   };
+  struct Skipped {
+    int32_t entry;
+    int32_t first;
+    int32_t pages_offset;
+    int32_t count;
+  };
   struct EdgeStep {
     int32_t entry;
     int32_t num_pages;
@@ -150,6 +160,7 @@ struct JournalRecord {
     Changed changed;
     Drafted drafted;
     EdgeStep edge_step;
+    Skipped skipped;
   };
 };
 
@@ -332,6 +343,19 @@ class StepJournal {
     seq.RestoreLength(r.num_tokens, r.drafts);
     seq.RestoreTail(r.tail_maybe_shared);
     RestoreSaved(r.entry, r.hash_index, r.tokens_offset, slab);
+  }
+
+  // `pages`: the pages [first, first + pages.size()) the sequence held
+  // before SkipPages pointed them at the null page.
+  void Skipped(int32_t entry, int32_t first, absl::Span<const PageId> pages) {
+    JournalRecord& record = Add(JournalRecord::Kind::kSkipped);
+    record.skipped = {entry, first, static_cast<int32_t>(pages_.size()),
+                      static_cast<int32_t>(pages.size())};
+    pages_.insert(pages_.end(), pages.begin(), pages.end());
+  }
+  void Undo(const JournalRecord::Skipped& r, SequenceSlab& slab) const {
+    slab.sequence(r.entry).RestoreSkipped(
+        r.first, absl::MakeConstSpan(pages_).subspan(r.pages_offset, r.count));
   }
 
  private:

@@ -165,6 +165,15 @@ class Sequence {
     return absl::OkStatus();
   }
 
+  // Points the entries of pages [first, first + count), which the caller
+  // released, at `null_page`, which it took a reference on for each: a
+  // KV cache group's window no longer reaches them.
+  void SkipPages(int32_t first, int32_t count, PageId null_page) {
+    for (int32_t page = first; page < first + count; ++page) {
+      table_.Repoint(page, null_page);
+    }
+  }
+
   // Releases every page, last first (the sequence is leaving). The pool's
   // errors, changing nothing.
   absl::Status ReleasePages(BlockPool& pool) { return table_.ReleaseAll(pool); }
@@ -200,6 +209,12 @@ class Sequence {
   // Puts back pages dropped from the end (`dropped`, in table order).
   void RestoreDropped(absl::Span<const PageId> dropped) {
     (void)table_.AdoptPages(dropped);
+  }
+  // Puts back the pages SkipPages replaced: `pages` from `first` on.
+  void RestoreSkipped(int32_t first, absl::Span<const PageId> pages) {
+    for (size_t i = 0; i < pages.size(); ++i) {
+      table_.Repoint(first + static_cast<int32_t>(i), pages[i]);
+    }
   }
   void RestoreTail(bool tail_maybe_shared) {
     tail_maybe_shared_ = tail_maybe_shared;

@@ -1,0 +1,350 @@
+// Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
+//
+// A BlockManager of several KV cache groups (lib/manager/group_coordinator.h):
+// the window groups' skipped pages released to the null page, prefix hits
+// every group serves, one transaction over all groups, and the errors.
+#include "manager/group_coordinator.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvblock/batch_commit.h"
+#include "kvblock/block_manager.h"
+#include "kvblock/device.h"
+#include "kvblock/page_table.h"
+#include "test_util.h"
+
+namespace kvblock {
+namespace {
+
+using testing::TokenRange;
+using Tokens = std::vector<TokenId>;
+
+constexpr KvCacheGroupSpec Full(int32_t page_size = 4) {
+  return {.kind = AttentionKind::kFull,
+          .page_size = page_size,
+          .sliding_window = 0,
+          .attention_chunk_size = 0,
+          .eagle = false};
+}
+constexpr KvCacheGroupSpec Window(int32_t window, int32_t page_size = 4) {
+  return {.kind = AttentionKind::kSlidingWindow,
+          .page_size = page_size,
+          .sliding_window = window,
+          .attention_chunk_size = 0,
+          .eagle = false};
+}
+constexpr KvCacheGroupSpec Chunked(int32_t chunk, int32_t page_size = 4) {
+  return {.kind = AttentionKind::kChunkedLocal,
+          .page_size = page_size,
+          .sliding_window = 0,
+          .attention_chunk_size = chunk,
+          .eagle = false};
+}
+
+PagedKvConfig Config(int32_t num_pages, int32_t max_pages_per_seq = 64) {
+  return {.num_pages = num_pages,
+          .max_batch = 8,
+          .max_pages_per_seq = max_pages_per_seq,
+          .page_size = 4};
+}
+
+std::unique_ptr<BlockManager> MakeManager(const PagedKvConfig& config,
+                                          std::vector<KvCacheGroupSpec> groups,
+                                          BlockManagerOptions options = {}) {
+  options.kv_cache_groups = std::move(groups);
+  auto manager = BlockManager::Create(config, options);
+  REQUIRE_OK(manager);
+  return std::move(manager).value();
+}
+
+std::vector<PageId> GroupPages(const BlockManager& manager, SequenceId id,
+                               int32_t group) {
+  auto pages = manager.GroupPages(id, group);
+  REQUIRE_OK(pages);
+  return {pages->begin(), pages->end()};
+}
+
+// The leading entries of `pages` that are the null page.
+int64_t LeadingNull(const std::vector<PageId>& pages, PageId null_page) {
+  return std::find_if(pages.begin(), pages.end(),
+                      [&](PageId p) { return p != null_page; }) -
+         pages.begin();
+}
+
+TEST_CASE("a sliding-window group holds only its window's pages") {
+  // gpt-oss's shape: full attention and a window, here of 8 tokens.
+  auto manager = MakeManager(Config(256), {Full(), Window(8)});
+  REQUIRE(manager->num_groups() == 2);
+  REQUIRE(manager->null_page() == 0);
+  REQUIRE(manager->pool().RefCount(0) == 1);
+  REQUIRE_OK(manager->Admit(1, TokenRange(1, 30)));
+  // The admission computes all 30 tokens: every page is held.
+  REQUIRE(GroupPages(*manager, 1, 1).size() == 8);
+  REQUIRE(LeadingNull(GroupPages(*manager, 1, 1), 0) == 0);
+  for (int step = 0; step < 100; ++step) {
+    const int64_t computed = 30 + step;
+    REQUIRE_OK(manager->Append(1, {TokenId{1000 + step}}));
+    const std::vector<PageId> window = GroupPages(*manager, 1, 1);
+    REQUIRE(window.size() ==
+            static_cast<size_t>(PagesForTokens(computed + 1, 4)));
+    // The pages before the window of the tokens computed so far are the
+    // null page: (computed - 8 + 1) / 4 of them.
+    REQUIRE(LeadingNull(window, 0) == std::max<int64_t>(0, computed - 7) / 4);
+    // The window's own pages stay: at most ceil(8 / 4) + 1 live ones.
+    REQUIRE(window.size() - LeadingNull(window, 0) <= 4);
+    // Full attention keeps every page.
+    REQUIRE(LeadingNull(GroupPages(*manager, 1, 0), 0) == 0);
+    REQUIRE_OK(manager->CheckInvariants());
+  }
+  // The null page is held once per null entry, and once by the manager.
+  const std::vector<PageId> window = GroupPages(*manager, 1, 1);
+  REQUIRE(manager->pool().RefCount(0) == 1 + LeadingNull(window, 0));
+  // Pages used: the full group's 33, the window's live ones, the null page.
+  REQUIRE(manager->pool().NumUsed() ==
+          33 + static_cast<int32_t>(window.size() - LeadingNull(window, 0)) +
+              1);
+  REQUIRE_OK(manager->Free(1));
+  REQUIRE(manager->pool().NumUsed() == 1);
+  REQUIRE(manager->pool().RefCount(0) == 1);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("a chunked-local group frees the chunks before the current one") {
+  auto manager = MakeManager(Config(256), {Full(), Chunked(8)});
+  REQUIRE_OK(manager->Admit(1, TokenRange(1, 5)));
+  for (int step = 0; step < 40; ++step) {
+    const int64_t computed = 5 + step;
+    REQUIRE_OK(manager->Append(1, {TokenId{100 + step}}));
+    // Chunks of 8 tokens, two pages each: whole chunks before the one
+    // `computed` is in are skipped.
+    REQUIRE(LeadingNull(GroupPages(*manager, 1, 1), 0) == computed / 8 * 2);
+    REQUIRE_OK(manager->CheckInvariants());
+  }
+}
+
+TEST_CASE("a prefix hit is what every group serves") {
+  auto manager = MakeManager(Config(256), {Full(), Window(8)});
+  const Tokens prompt = TokenRange(1, 30);
+  REQUIRE_OK(manager->Admit(1, prompt));
+  REQUIRE_OK(manager->Free(1));
+  // The same prompt: 7 full pages within 29 tokens; the window group needs
+  // the pages of the last 7 tokens before the hit's end, and has all.
+  auto plan = manager->Admit(2, prompt);
+  REQUIRE_OK(plan);
+  REQUIRE(plan->hit_tokens == 28);
+  const std::vector<PageId> window = GroupPages(*manager, 2, 1);
+  // ceil((8 - 1) / 4) = 2 pages of window, the rest null.
+  REQUIRE(LeadingNull(window, 0) == 5);
+  REQUIRE(manager->stats().prefix_hit_tokens == 28);
+  REQUIRE_OK(manager->CheckInvariants());
+  // A prompt that shares only 12 tokens hits 12 in both groups: the window
+  // group's pages 1 and 2 were released by sequence 1 but stay cached.
+  Tokens other = prompt;
+  other[13] = 9999;
+  auto hit = manager->PlanAdmission(other);
+  REQUIRE_OK(hit);
+  REQUIRE(hit->hit_tokens == 12);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("a window group's released pages stay cached for the next turn") {
+  auto manager = MakeManager(Config(64), {Full(), Window(8)});
+  const Tokens prompt = TokenRange(1, 30);
+  REQUIRE_OK(manager->Admit(1, prompt));
+  for (int step = 0; step < 40; ++step) {
+    REQUIRE_OK(manager->Append(1, {TokenId{500 + step}}));
+  }
+  const Tokens history = [&] {
+    Tokens tokens = prompt;
+    for (int step = 0; step < 40; ++step) tokens.push_back(500 + step);
+    return tokens;
+  }();
+  REQUIRE_OK(manager->Free(1));
+  // The next turn: the history and a new question. Full attention hits
+  // every full page; the window group has the last window cached (its
+  // released pages were cached and stay evictable).
+  Tokens turn = history;
+  for (TokenId t = 0; t < 6; ++t) turn.push_back(7000 + t);
+  auto plan = manager->Admit(2, turn);
+  REQUIRE_OK(plan);
+  REQUIRE(plan->hit_tokens == 68);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("a manager of groups of two page sizes hits in their multiple") {
+  // vLLM's test_different_block_size shape: full pages of 4 and 8.
+  auto manager = MakeManager(Config(256), {Full(4), Full(8)});
+  const Tokens prompt = TokenRange(1, 29);
+  REQUIRE_OK(manager->Admit(1, prompt));
+  REQUIRE(GroupPages(*manager, 1, 0).size() == 8);
+  REQUIRE(GroupPages(*manager, 1, 1).size() == 4);
+  auto plan = manager->PlanAdmission(prompt);
+  REQUIRE_OK(plan);
+  REQUIRE(plan->hit_tokens == 24);  // 28 would leave the 8-page group short.
+  REQUIRE(plan->hit_pages == 6 + 3);
+  // prompt_hashes are one page size's: refused.
+  std::vector<BlockHash> hashes(7);
+  REQUIRE_OK(manager->HashPrompt(prompt, {}, absl::MakeSpan(hashes)));
+  const BlockManagerSnapshot before = manager->Snapshot();
+  const auto refused = manager->Admit(2, prompt, {}, hashes);
+  REQUIRE_STATUS_IS(refused, kInvalidArgument);
+  REQUIRE(std::string(refused.status().message()).find("one page size") !=
+          std::string::npos);
+  REQUIRE(manager->Snapshot() == before);
+}
+
+TEST_CASE("prompt hashes serve groups of one page size") {
+  auto manager = MakeManager(Config(256), {Full(), Window(8)});
+  const Tokens prompt = TokenRange(1, 30);
+  std::vector<BlockHash> hashes(7);
+  REQUIRE_OK(manager->HashPrompt(prompt, {}, absl::MakeSpan(hashes)));
+  REQUIRE_OK(manager->Admit(1, prompt, {}, hashes));
+  auto plan = manager->PlanAdmission(prompt, {}, hashes);
+  REQUIRE_OK(plan);
+  REQUIRE(plan->hit_tokens == 28);
+  // Another prompt's hashes are caught at its first page.
+  const BlockManagerSnapshot before = manager->Snapshot();
+  REQUIRE_STATUS_IS(manager->Admit(2, TokenRange(100, 30), {}, hashes),
+                    kInvalidArgument);
+  REQUIRE(manager->Snapshot() == before);
+}
+
+TEST_CASE("a step that fails in one group changes no group") {
+  // 19 pages besides the null page.
+  auto manager = MakeManager(Config(20), {Full(), Window(8)});
+  REQUIRE_OK(manager->Admit(1, TokenRange(1, 32)));  // 8 + 8 pages.
+  REQUIRE(manager->NumAllocatable() == 3);
+  // 12 more tokens take 3 pages in each group: the window group releases
+  // the (32 - 7) / 4 = 6 pages before its window first.
+  REQUIRE_OK(manager->Append(1, TokenRange(100, 12)));
+  REQUIRE(manager->NumAllocatable() == 3);
+  REQUIRE_OK(manager->CheckInvariants());
+  const BlockManagerSnapshot before = manager->Snapshot();
+  const auto plan = manager->Admit(2, TokenRange(500, 20));  // 5 + 5 pages.
+  REQUIRE_STATUS_IS(plan, kResourceExhausted);
+  REQUIRE(std::string(plan.status().message()).find("2 KV cache groups") !=
+          std::string::npos);
+  REQUIRE(manager->Snapshot() == before);
+  // 16 more tokens: the window releases 3 more pages (6 allocatable), the
+  // full group takes 4 and the window group cannot take its 4.
+  REQUIRE_STATUS_IS(manager->Append(1, TokenRange(200, 16)),
+                    kResourceExhausted);
+  REQUIRE(manager->Snapshot() == before);
+  REQUIRE_OK(manager->CheckInvariants());
+  REQUIRE_OK(manager->Append(1, TokenRange(200, 4)));
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("forks share pages in every group and copy on write in each") {
+  auto manager = MakeManager(Config(256), {Full(), Window(8)});
+  REQUIRE_OK(manager->Admit(1, TokenRange(1, 30)));
+  REQUIRE_OK(manager->Fork(1, 2));
+  REQUIRE(GroupPages(*manager, 1, 1) == GroupPages(*manager, 2, 1));
+  auto appended = manager->Append(2, {TokenId{77}});
+  REQUIRE_OK(appended);
+  // The shared partial page is copied in both groups.
+  REQUIRE(appended->group_copies.size() == 2);
+  REQUIRE(appended->group_copies[0].group == 0);
+  REQUIRE(appended->group_copies[1].group == 1);
+  REQUIRE(appended->copy == appended->group_copies[0].copy);
+  REQUIRE(GroupPages(*manager, 2, 1).back() ==
+          appended->group_copies[1].copy.destination);
+  REQUIRE_OK(manager->CheckInvariants());
+  for (int step = 0; step < 20; ++step) {
+    REQUIRE_OK(manager->Append(1, {TokenId{300 + step}}));
+    REQUIRE_OK(manager->Append(2, {TokenId{400 + step}}));
+    REQUIRE_OK(manager->CheckInvariants());
+  }
+  REQUIRE_OK(manager->Preempt(1));
+  REQUIRE_OK(manager->Free(2));
+  REQUIRE(manager->pool().NumUsed() == 1);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("chunked prefill and drafts run in every group") {
+  auto manager = MakeManager(Config(256), {Full(), Window(8)});
+  const Tokens prompt = TokenRange(1, 40);
+  auto plan = manager->Admit(1, prompt, {}, {}, {.prefill_tokens = 16});
+  REQUIRE_OK(plan);
+  REQUIRE(plan->reserved_pages == 2 * 6);
+  REQUIRE(manager->reserved_pages() == 12);
+  REQUIRE_OK(manager->AppendPrompt(
+      1, Tokens(prompt.begin() + 16, prompt.begin() + 32)));
+  // The window moved past the first chunk's pages: (16 - 7) / 4 = 2.
+  REQUIRE(LeadingNull(GroupPages(*manager, 1, 1), 0) == 2);
+  REQUIRE(manager->reserved_pages() == 4);
+  REQUIRE_OK(
+      manager->AppendPrompt(1, Tokens(prompt.begin() + 32, prompt.end())));
+  REQUIRE(manager->reserved_pages() == 0);
+  auto drafted = manager->SetDrafts(1, 5);
+  REQUIRE_OK(drafted);
+  REQUIRE(drafted->new_pages == 2 * 2);
+  REQUIRE(GroupPages(*manager, 1, 1).size() == 12);
+  REQUIRE_OK(manager->CheckInvariants());
+  REQUIRE_OK(manager->Append(1, TokenRange(900, 3)));
+  REQUIRE_OK(manager->SetDrafts(1, 0));
+  REQUIRE(GroupPages(*manager, 1, 0).size() == 11);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("a model of one window group works alone") {
+  auto manager = MakeManager(Config(64), {Window(8)});
+  REQUIRE(manager->num_groups() == 1);
+  REQUIRE(manager->has_kv_cache_groups());
+  REQUIRE_OK(manager->Admit(1, TokenRange(1, 20)));
+  for (int step = 0; step < 30; ++step) {
+    REQUIRE_OK(manager->Append(1, {TokenId{100 + step}}));
+  }
+  auto pages = manager->Pages(1);
+  REQUIRE_OK(pages);
+  REQUIRE(pages->size() == 13);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("groups: errors name the bad value and change nothing") {
+  REQUIRE_STATUS_IS(BlockManager::Create(
+                        Config(64), {.kv_cache_groups = {Full(), Window(0)}}),
+                    kInvalidArgument);
+  const auto events = BlockManager::Create(
+      Config(64),
+      {.enable_kv_events = true, .kv_cache_groups = {Full(), Window(8)}});
+  REQUIRE_STATUS_IS(events, kInvalidArgument);
+  REQUIRE(std::string(events.status().message()).find("has 2") !=
+          std::string::npos);
+  REQUIRE_STATUS_IS(
+      BlockManager::Create(Config(1), {.kv_cache_groups = {Window(8)}}),
+      kInvalidArgument);
+  auto manager = MakeManager(Config(64), {Full(), Window(8)});
+  REQUIRE_OK(manager->Admit(1, TokenRange(1, 9)));
+  const BlockManagerSnapshot before = manager->Snapshot();
+  const auto bad_group = manager->GroupPages(1, 2);
+  REQUIRE_STATUS_IS(bad_group, kInvalidArgument);
+  REQUIRE(std::string(bad_group.status().message()).find("group 2") !=
+          std::string::npos);
+  REQUIRE_STATUS_IS(manager->GroupPages(7, 0), kNotFound);
+  REQUIRE_STATUS_IS(manager->Append(7, {TokenId{1}}), kNotFound);
+  REQUIRE_STATUS_IS(manager->Admit(1, TokenRange(1, 9)), kAlreadyExists);
+  REQUIRE_STATUS_IS(manager->Admit(2, {}), kInvalidArgument);
+  REQUIRE_STATUS_IS(manager->Admit(2, TokenRange(1, 64 * 4 + 1)), kOutOfRange);
+  REQUIRE_STATUS_IS(manager->Fork(7, 8), kNotFound);
+  REQUIRE_STATUS_IS(manager->Free(7), kNotFound);
+  REQUIRE_STATUS_IS(manager->SetDrafts(1, -1), kInvalidArgument);
+  REQUIRE(manager->Snapshot() == before);
+  // BatchCommit keeps one group's table.
+  std::unique_ptr<Device> device = Device::Host();
+  auto table = KVPageTable::Create(8, 64, 64, *device);
+  REQUIRE_OK(table);
+  const auto commit = BatchCommit::Create(*manager, **table);
+  REQUIRE_STATUS_IS(commit, kUnimplemented);
+  REQUIRE(std::string(commit.status().message()).find("2 KV cache groups") !=
+          std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvblock
