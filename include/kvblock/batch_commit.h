@@ -123,9 +123,13 @@ struct StepResult {
   // The rows that moved, {old slot, new slot}: one per hole filled.
   absl::Span<const KVPageTableRowMove> moves;
   // New slots whose rows were rewritten (after the moves): survivors whose
-  // pages changed, in the order of their old slots, then every join.
+  // pages changed, in the order of their old slots, then every join; with
+  // KV cache groups, table rows (group * max_batch + slot), group by group.
   absl::Span<const SlotId> changed_slots;
   absl::Span<const PageCopy> copies;  // CoW copies to run, in order.
+  // With KV cache groups: the group of each of `copies` (its KV is that
+  // group's layers'); empty for one group.
+  absl::Span<const int32_t> copy_groups = {};
   // Pages the step allocated for tokens: the admitted prompts' pages that
   // were not prefix hits, and the pages appends, prompt chunks and drafts
   // started. Copy-on-write destinations (one per entry of `copies`) and
@@ -155,9 +159,15 @@ struct CommitPhaseTimes {
 class BatchCommit {
  public:
   // Both must outlive the BatchCommit. InvalidArgument when the table's
-  // geometry does not match the manager's config; Unimplemented for a
-  // manager of KV cache groups (BlockManager::has_kv_cache_groups: one
-  // table per group is the next step).
+  // geometry does not match the manager's config: max_batch rows of
+  // max_pages_per_seq pages. With KV cache groups
+  // (BlockManager::has_kv_cache_groups) the table holds every group's
+  // batched table, one after the other, in one device tensor uploaded as
+  // one patch: group g's slot s is row g * max_batch + s, and the table has
+  // num_groups * max_batch rows as wide as the widest group's (a group's
+  // max_pages_per_seq is that of the config's tokens at its page size).
+  // Window groups release the pages their window left (their entries the
+  // null page) before each step's appends, and the rows show it.
   static absl::StatusOr<std::unique_ptr<BatchCommit>> Create(
       BlockManager& manager, KVPageTable& table);
   ~BatchCommit();

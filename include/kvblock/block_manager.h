@@ -300,6 +300,7 @@ class BlockManager {
   // implementation's (lib/manager/block_manager_impl.h), reached through
   // BlockManagerImpl::Of.
   friend class internal::BlockManagerImpl;
+  friend class internal::GroupCoordinator;
 
   BlockManager(std::unique_ptr<internal::BlockManagerImpl> impl,
                std::unique_ptr<internal::GroupCoordinator> groups);

@@ -13,6 +13,7 @@
 #include "base/fault_injection.h"
 #include "kvblock/status_macros.h"
 #include "manager/block_manager_impl.h"
+#include "manager/group_coordinator.h"
 
 namespace kvblock {
 
@@ -20,7 +21,9 @@ namespace kvblock {
 // and the step's parts.
 class BatchCommit::Impl {
  public:
-  Impl(internal::BlockManagerImpl& manager, KVPageTable& table);
+  // `coordinator`: the manager's KV cache groups, or null for one group.
+  Impl(internal::BlockManagerImpl& manager,
+       internal::GroupCoordinator* coordinator, KVPageTable& table);
   ~Impl();
 
   // BatchCommit's calls, as documented there.
@@ -62,13 +65,25 @@ class BatchCommit::Impl {
   // page `first` on (the row holds the ones before).
   absl::Status AddRow(SlotId slot, absl::Span<const PageId> pages,
                       int32_t first);
+  // The appends of group `g` (survivors', then prompt chunks'), its window
+  // skipped first, and the rows they change.
+  absl::Status AppendGroup(int32_t g, const StepPlan& plan);
+  // The handle of group `g` at `slot`.
+  SequenceHandle& handle(int32_t g, SlotId slot) {
+    return handles_[static_cast<size_t>(g) * max_batch_ + slot];
+  }
 
-  internal::BlockManagerImpl& manager_;
+  internal::BlockManagerImpl& manager_;  // group 0's.
+  internal::GroupCoordinator* const coordinator_;
+  // Every group's manager, group 0 first.
+  std::vector<internal::BlockManagerImpl*> groups_;
   KVPageTable& table_;
+  // Rows a group has: group g's slot s is row g * max_batch_ + s.
+  int32_t max_batch_ = 0;
   // Running sequences by slot (the first batch_ entries of max_batch): ids
-  // and manager handles; and by manager handle index, the slot of the
-  // sequence that holds it (or kNoSlot): a lookup by id is a hash lookup in
-  // the manager and two loads.
+  // and manager handles (each group's, by row); and by group 0's handle
+  // index, the slot of the sequence that holds it (or kNoSlot): a lookup by
+  // id is a hash lookup in the manager and two loads.
   int32_t batch_ = 0;
   std::vector<SequenceId> slots_;
   std::vector<SequenceHandle> handles_;
@@ -79,11 +94,18 @@ class BatchCommit::Impl {
   std::vector<SlotId> leaving_slots_;  // sorted by Apply.
   int32_t survivors_ = 0;
   std::vector<KVPageTableRowMove> moves_;  // {mover's slot, hole}.
+  // With groups: moves_ in every group's rows, for the table.
+  std::vector<KVPageTableRowMove> row_moves_;
+  // By slot: the first page a window group's skip changed this step (-1:
+  // none); skipped_slots_ lists the slots set.
+  std::vector<int32_t> skip_first_;
+  std::vector<SlotId> skipped_slots_;
+  std::vector<int32_t> copy_groups_;  // with groups: copies_' groups.
   // What the leaving slots held (by leaving_slots_ entry), while handles_
   // holds empty handles there (handles_blanked_).
   std::vector<SequenceHandle> leaving_handles_;
   bool handles_blanked_ = false;
-  std::vector<SequenceHandle> joined_handles_;  // by join.
+  std::vector<SequenceHandle> joined_handles_;  // by join, then group.
   // The slot map, at rest identity in [0, batch_) and -1 past it; a step
   // marks its leaving and moving slots, listed in map_marks_, and the next
   // step puts them back (with the slots between the two batch sizes).
@@ -108,45 +130,70 @@ class BatchCommit::Impl {
 
 absl::StatusOr<std::unique_ptr<BatchCommit>> BatchCommit::Create(
     BlockManager& manager, KVPageTable& table) {
-  if (manager.has_kv_cache_groups()) {
-    return absl::UnimplementedError(absl::StrCat(
-        "batch commit: the manager keeps ", manager.num_groups(),
-        " KV cache groups of their own; a commit keeps the table of one "
-        "full-attention group of the config's page size"));
-  }
   const PagedKvConfig& config = manager.config();
-  if (table.max_batch() != config.max_batch ||
-      table.max_pages_per_seq() != config.max_pages_per_seq ||
+  internal::GroupCoordinator* coordinator =
+      internal::GroupCoordinator::Of(manager);
+  int64_t rows = config.max_batch;
+  int32_t width = config.max_pages_per_seq;
+  if (coordinator != nullptr) {
+    rows *= manager.num_groups();
+    for (const internal::BlockManagerImpl* group :
+         coordinator->group_managers()) {
+      width = std::max(width, group->config().max_pages_per_seq);
+    }
+  }
+  if (table.max_batch() != rows || table.max_pages_per_seq() != width ||
       table.num_pages() != config.num_pages) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch commit: page table geometry (max_batch ", table.max_batch(),
         ", max_pages_per_seq ", table.max_pages_per_seq(), ", num_pages ",
-        table.num_pages(), ") differs from the manager's config (",
-        config.max_batch, ", ", config.max_pages_per_seq, ", ",
-        config.num_pages, ")"));
+        table.num_pages(), ") differs from the manager's (", rows, ", ", width,
+        ", ", config.num_pages, ")",
+        coordinator != nullptr ? absl::StrCat(": ", manager.num_groups(),
+                                              " KV cache groups of max_batch ",
+                                              config.max_batch, " rows each")
+                               : ""));
   }
-  return std::unique_ptr<BatchCommit>(new BatchCommit(
-      std::make_unique<Impl>(internal::BlockManagerImpl::Of(manager), table)));
+  return std::unique_ptr<BatchCommit>(new BatchCommit(std::make_unique<Impl>(
+      internal::BlockManagerImpl::Of(manager), coordinator, table)));
 }
 
 BatchCommit::Impl::~Impl() {
   // The manager outlives the commit: its sequences are the caller's again.
-  for (SlotId slot = 0; slot < batch_; ++slot) {
-    manager_.SetRunByCommit(handles_[slot], false);
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (SlotId slot = 0; slot < batch_; ++slot) {
+      groups_[g]->SetRunByCommit(handle(static_cast<int32_t>(g), slot), false);
+    }
   }
 }
 
-BatchCommit::Impl::Impl(internal::BlockManagerImpl& manager, KVPageTable& table)
-    : manager_(manager), table_(table) {
-  const size_t max_batch = static_cast<size_t>(table.max_batch());
+BatchCommit::Impl::Impl(internal::BlockManagerImpl& manager,
+                        internal::GroupCoordinator* coordinator,
+                        KVPageTable& table)
+    : manager_(manager), coordinator_(coordinator), table_(table) {
+  if (coordinator != nullptr) {
+    const auto managers = coordinator->group_managers();
+    groups_.assign(managers.begin(), managers.end());
+  } else {
+    groups_.push_back(&manager);
+  }
+  max_batch_ = table.max_batch() / static_cast<int32_t>(groups_.size());
+  const size_t max_batch = static_cast<size_t>(max_batch_);
+  const size_t groups = groups_.size();
   slots_.resize(max_batch, kNoSequence);
-  handles_.resize(max_batch);
+  handles_.resize(max_batch * groups);
+  skip_first_.assign(max_batch, -1);
+  skipped_slots_.reserve(max_batch);
+  if (groups > 1) {
+    row_moves_.reserve(max_batch * groups);
+    copy_groups_.reserve(max_batch * groups);
+  }
   slot_of_handle_.assign(manager.handle_limit(), kNoSlot);
   leaving_.assign(max_batch, 0);
   leaving_slots_.reserve(max_batch);
   moves_.reserve(max_batch);
-  leaving_handles_.reserve(max_batch);
-  joined_handles_.reserve(max_batch);
+  leaving_handles_.reserve(max_batch * groups);
+  joined_handles_.reserve(max_batch * groups);
   old_to_new_.assign(max_batch, kNoSlot);
   map_marks_.reserve(2 * max_batch);
   zero_counts_.assign(max_batch, 0);
@@ -157,8 +204,8 @@ BatchCommit::Impl::Impl(internal::BlockManagerImpl& manager, KVPageTable& table)
   appended_.first_changed_page.reserve(max_batch);
   appended_.copies.reserve(max_batch);
   changed_slots_.reserve(max_batch);
-  copies_.reserve(max_batch);
-  rows_.reserve(max_batch);
+  copies_.reserve(max_batch * groups);
+  rows_.reserve(max_batch * groups);
   joining_.reserve(max_batch);
   joined_ids_.reserve(max_batch);
 }
@@ -174,16 +221,25 @@ absl::StatusOr<StepResult> BatchCommit::Impl::Commit(const StepPlan& plan) {
   const int64_t start = PhaseClock();
   absl::Cleanup timed = [&] { phase_times_.total_ns += PhaseClock() - start; };
   KVBLOCK_RETURN_IF_ERROR(Validate(plan));
-  KVBLOCK_RETURN_IF_ERROR(manager_.BeginStep());
-  manager_.set_commit_applying(true);
+  // Every group's step opens together; the last opened closes first.
+  for (internal::BlockManagerImpl* group : groups_) {
+    KVBLOCK_RETURN_IF_ERROR(group->BeginStep());
+    group->set_commit_applying(true);
+  }
   absl::Status applied = Apply(plan);
-  manager_.set_commit_applying(false);
+  for (internal::BlockManagerImpl* group : groups_) {
+    group->set_commit_applying(false);
+  }
   if (absl::Status status = std::move(applied); !status.ok()) {
     RestoreHandles();
-    KVBLOCK_RETURN_IF_ERROR(manager_.RollbackStep());
+    for (size_t g = groups_.size(); g-- > 0;) {
+      KVBLOCK_RETURN_IF_ERROR(groups_[g]->RollbackStep());
+    }
     return status;
   }
-  KVBLOCK_RETURN_IF_ERROR(manager_.CommitStep());
+  for (size_t g = groups_.size(); g-- > 0;) {
+    KVBLOCK_RETURN_IF_ERROR(groups_[g]->CommitStep());
+  }
   Adopt(plan);
   return StepResult{
       .old_to_new = absl::MakeConstSpan(old_to_new_),
@@ -191,6 +247,7 @@ absl::StatusOr<StepResult> BatchCommit::Impl::Commit(const StepPlan& plan) {
       .moves = moves_,
       .changed_slots = changed_slots_,
       .copies = copies_,
+      .copy_groups = copy_groups_,
       .new_pages = new_pages_,
       .draft_copies = draft_copies_,
   };
@@ -338,10 +395,20 @@ absl::Status BatchCommit::Impl::Validate(const StepPlan& plan) {
 
   const int64_t next_batch =
       int64_t{batch} - leaving + static_cast<int64_t>(plan.joins.size());
-  if (next_batch > table_.max_batch()) {
+  if (next_batch > max_batch_) {
     return absl::FailedPreconditionError(
         absl::StrCat("batch commit: the step would run ", next_batch,
-                     " sequences, more than max_batch = ", table_.max_batch()));
+                     " sequences, more than max_batch = ", max_batch_));
+  }
+  if (coordinator_ != nullptr && !coordinator_->one_page_size()) {
+    for (const PromptChunk& chunk : plan.prompt_chunks) {
+      if (!chunk.prompt_hashes.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "batch commit: the prompt chunk of sequence ", chunk.id,
+            " has prompt_hashes, which serve KV cache groups of one page "
+            "size only: pass none"));
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -390,14 +457,17 @@ void BatchCommit::Impl::ResetSlotMap() {
 
 absl::Status BatchCommit::Impl::Apply(const StepPlan& plan) {
   copies_.clear();
+  copy_groups_.clear();
   rows_.clear();
   changed_slots_.clear();
   moves_.clear();
+  row_moves_.clear();
   leaving_handles_.clear();
   joined_handles_.clear();
   new_pages_ = 0;
   draft_copies_ = 0;
   ResetSlotMap();
+  const int32_t num_groups = static_cast<int32_t>(groups_.size());
 
   // Each part's time is added when it ends, or fails.
   int64_t mark = PhaseClock();
@@ -406,23 +476,34 @@ absl::Status BatchCommit::Impl::Apply(const StepPlan& plan) {
     phase += now - mark;
     mark = now;
   };
+  // A sequence's removal, admission and fork run in every group.
+  const auto remove = [&](SequenceId id, bool preempted) {
+    return coordinator_ != nullptr ? coordinator_->Remove(id, preempted)
+                                   : manager_.Remove(id, preempted);
+  };
   absl::Cleanup frees_timed = [&] { lap(phase_times_.frees_ns); };
   for (const SequenceId id : plan.finished) {
-    KVBLOCK_RETURN_IF_ERROR(manager_.Remove(id, /*preempted=*/false));
+    KVBLOCK_RETURN_IF_ERROR(remove(id, /*preempted=*/false));
   }
   for (const SequenceId id : plan.preempted) {
-    KVBLOCK_RETURN_IF_ERROR(manager_.Remove(id, /*preempted=*/true));
+    KVBLOCK_RETURN_IF_ERROR(remove(id, /*preempted=*/true));
   }
   std::move(frees_timed).Invoke();
   absl::Cleanup admissions_timed = [&] { lap(phase_times_.admissions_ns); };
   for (const JoinRequest& join : plan.joins) {
     if (join.fork_of == kNoSequence) {
-      KVBLOCK_ASSIGN_OR_RETURN(const AdmissionPlan admitted,
-                               manager_.Admit(join.id, join.tokens, join.extra,
-                                              join.prompt_hashes, join.admit));
+      KVBLOCK_ASSIGN_OR_RETURN(
+          const AdmissionPlan admitted,
+          coordinator_ != nullptr
+              ? coordinator_->Admit(join.id, join.tokens, join.extra,
+                                    join.prompt_hashes, join.admit)
+              : manager_.Admit(join.id, join.tokens, join.extra,
+                               join.prompt_hashes, join.admit));
       new_pages_ += admitted.new_pages;
     } else {
-      KVBLOCK_RETURN_IF_ERROR(manager_.Fork(join.fork_of, join.id));
+      KVBLOCK_RETURN_IF_ERROR(coordinator_ != nullptr
+                                  ? coordinator_->Fork(join.fork_of, join.id)
+                                  : manager_.Fork(join.fork_of, join.id));
     }
   }
   std::move(admissions_timed).Invoke();
@@ -445,65 +526,70 @@ absl::Status BatchCommit::Impl::Apply(const StepPlan& plan) {
   }
   // AppendMany reads the batch in slot order, as the plan's tokens are, with
   // the leaving slots as empty handles (until the step fails: RestoreHandles).
-  for (const SlotId slot : leaving_slots_) {
-    leaving_handles_.push_back(handles_[slot]);
-    handles_[slot] = {};
+  for (int32_t g = 0; g < num_groups; ++g) {
+    for (const SlotId slot : leaving_slots_) {
+      leaving_handles_.push_back(handle(g, slot));
+      handle(g, slot) = {};
+    }
   }
   handles_blanked_ = true;
   mark = PhaseClock();  // the slot assignment: bookkeeping.
   absl::Cleanup appends_timed = [&] { lap(phase_times_.appends_ns); };
-  KVBLOCK_RETURN_IF_ERROR(
-      manager_.AppendMany(absl::MakeConstSpan(handles_).first(batch_),
-                          plan.append_counts.empty()
-                              ? absl::MakeConstSpan(zero_counts_).first(batch_)
-                              : plan.append_counts,
-                          plan.append_tokens, appended_, plan.draft_counts));
-  copies_.insert(copies_.end(), appended_.copies.begin(),
-                 appended_.copies.end());
-  new_pages_ += appended_.new_pages;
-  draft_copies_ += appended_.draft_copies;
-  // A survivor's row moved with it: it changes from its first changed page.
-  for (size_t i = 0; i < appended_.changed.size(); ++i) {
-    KVBLOCK_RETURN_IF_ERROR(AddRow(old_to_new_[appended_.changed[i]],
-                                   appended_.pages[i],
-                                   appended_.first_changed_page[i]));
-  }
-  for (const PromptChunk& chunk : plan.prompt_chunks) {
-    const SlotId slot = RunningSlot(chunk.id);  // its old slot.
-    const int32_t pages_before =
-        static_cast<int32_t>(manager_.PagesAt(handles_[slot])->size());
-    KVBLOCK_ASSIGN_OR_RETURN(
-        const AppendResult result,
-        manager_.AppendPrompt(chunk.id, chunk.tokens, chunk.prompt_hashes));
-    new_pages_ += result.new_pages;
-    if (result.new_pages == 0) continue;
-    KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> pages,
-                             manager_.PagesAt(handles_[slot]));
-    KVBLOCK_RETURN_IF_ERROR(AddRow(old_to_new_[slot], pages, pages_before));
+  for (int32_t g = 0; g < num_groups; ++g) {
+    KVBLOCK_RETURN_IF_ERROR(AppendGroup(g, plan));
   }
 
   // Joins take the next slots; forks append after every survivor did.
   SlotId next = survivors;
   for (const JoinRequest& join : plan.joins) {
-    const SlotId slot = next++;
-    KVBLOCK_ASSIGN_OR_RETURN(const SequenceHandle handle,
-                             manager_.HandleOf(join.id));
-    joined_handles_.push_back(handle);
+    ++next;
+    for (internal::BlockManagerImpl* group : groups_) {
+      KVBLOCK_ASSIGN_OR_RETURN(const SequenceHandle joined,
+                               group->HandleOf(join.id));
+      joined_handles_.push_back(joined);
+    }
     if (join.fork_of != kNoSequence && !join.tokens.empty()) {
       KVBLOCK_ASSIGN_OR_RETURN(const AppendResult result,
-                               manager_.Append(join.id, join.tokens));
-      if (result.copy.has_value()) copies_.push_back(*result.copy);
+                               coordinator_ != nullptr
+                                   ? coordinator_->Append(join.id, join.tokens)
+                                   : manager_.Append(join.id, join.tokens));
+      if (coordinator_ != nullptr) {
+        for (const GroupPageCopy& copy : result.group_copies) {
+          copies_.push_back(copy.copy);
+          copy_groups_.push_back(copy.group);
+        }
+      } else if (result.copy.has_value()) {
+        copies_.push_back(*result.copy);
+      }
       new_pages_ += result.new_pages;
     }
-    KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> pages,
-                             manager_.PagesAt(handle));
-    KVBLOCK_RETURN_IF_ERROR(AddRow(slot, pages, 0));
+  }
+  for (int32_t g = 0; g < num_groups; ++g) {
+    const absl::Span<const SequenceHandle> joined =
+        absl::MakeConstSpan(joined_handles_);
+    for (size_t i = 0; i < plan.joins.size(); ++i) {
+      KVBLOCK_ASSIGN_OR_RETURN(
+          const absl::Span<const PageId> pages,
+          groups_[g]->PagesAt(joined[i * groups_.size() + g]));
+      KVBLOCK_RETURN_IF_ERROR(AddRow(
+          g * max_batch_ + survivors + static_cast<SlotId>(i), pages, 0));
+    }
   }
   std::move(appends_timed).Invoke();
   // Leaving rows past the joins are emptied (a moved row's old slot is
   // emptied by its move, or rewritten by a join).
-  for (const SlotId slot : leaving_slots_) {
-    if (slot >= next) rows_.push_back({.slot = slot});
+  for (int32_t g = 0; g < num_groups; ++g) {
+    for (const SlotId slot : leaving_slots_) {
+      if (slot >= next) rows_.push_back({.slot = g * max_batch_ + slot});
+    }
+  }
+  if (num_groups > 1) {
+    for (int32_t g = 0; g < num_groups; ++g) {
+      for (const KVPageTableRowMove& move : moves_) {
+        row_moves_.push_back(
+            {g * max_batch_ + move.from, g * max_batch_ + move.to});
+      }
+    }
   }
 
   // The table validates the whole edit before it changes anything.
@@ -512,28 +598,117 @@ absl::Status BatchCommit::Impl::Apply(const StepPlan& plan) {
         "batch commit: injected fault before the page table edit");
   }
   mark = PhaseClock();
-  absl::Status edited = table_.Apply({.moves = moves_, .rows = rows_});
+  absl::Status edited = table_.Apply(
+      {.moves = num_groups > 1 ? row_moves_ : moves_, .rows = rows_});
   lap(phase_times_.page_table_ns);
   return edited;
 }
 
+absl::Status BatchCommit::Impl::AppendGroup(int32_t g, const StepPlan& plan) {
+  internal::BlockManagerImpl& group = *groups_[g];
+  const SlotId first_row = g * max_batch_;
+  const absl::Span<SequenceHandle> handles =
+      absl::MakeSpan(handles_).subspan(first_row, batch_);
+  // A window group first releases what its window left behind, in the
+  // sequences that compute tokens this step.
+  if (group.skips_pages()) {
+    for (SlotId slot = 0; slot < batch_; ++slot) {
+      const bool computes = chunked_[slot] || (!plan.append_counts.empty() &&
+                                               plan.append_counts[slot] > 0);
+      if (!computes || leaving_[slot]) continue;
+      KVBLOCK_ASSIGN_OR_RETURN(const int32_t first,
+                               group.SkipAt(handles[slot]));
+      if (first < 0) continue;
+      skip_first_[slot] = first;
+      skipped_slots_.push_back(slot);
+    }
+  }
+  const absl::Cleanup reset_skips = [&] {
+    for (const SlotId slot : skipped_slots_) skip_first_[slot] = -1;
+    skipped_slots_.clear();
+  };
+  KVBLOCK_RETURN_IF_ERROR(
+      group.AppendMany(handles,
+                       plan.append_counts.empty()
+                           ? absl::MakeConstSpan(zero_counts_).first(batch_)
+                           : plan.append_counts,
+                       plan.append_tokens, appended_, plan.draft_counts));
+  for (const PageCopy& copy : appended_.copies) {
+    copies_.push_back(copy);
+    if (coordinator_ != nullptr) copy_groups_.push_back(g);
+  }
+  new_pages_ += appended_.new_pages;
+  draft_copies_ += appended_.draft_copies;
+  // A survivor's row moved with it: it changes from its first changed page
+  // (or its first skipped one). Both lists are in slot order.
+  size_t skipped = 0;
+  const auto skipped_only_before = [&](SlotId slot) -> absl::Status {
+    for (; skipped < skipped_slots_.size() && skipped_slots_[skipped] < slot;
+         ++skipped) {
+      const SlotId only = skipped_slots_[skipped];
+      if (chunked_[only]) continue;  // its chunk's row below.
+      KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> pages,
+                               group.PagesAt(handles[only]));
+      KVBLOCK_RETURN_IF_ERROR(
+          AddRow(first_row + old_to_new_[only], pages, skip_first_[only]));
+    }
+    return absl::OkStatus();
+  };
+  for (size_t i = 0; i < appended_.changed.size(); ++i) {
+    const SlotId slot = appended_.changed[i];
+    KVBLOCK_RETURN_IF_ERROR(skipped_only_before(slot));
+    int32_t first = appended_.first_changed_page[i];
+    if (skipped < skipped_slots_.size() && skipped_slots_[skipped] == slot) {
+      first = std::min(first, skip_first_[slot]);
+      ++skipped;
+    }
+    KVBLOCK_RETURN_IF_ERROR(
+        AddRow(first_row + old_to_new_[slot], appended_.pages[i], first));
+  }
+  KVBLOCK_RETURN_IF_ERROR(skipped_only_before(batch_));
+  for (const PromptChunk& chunk : plan.prompt_chunks) {
+    const SlotId slot = RunningSlot(chunk.id);  // its old slot.
+    const int32_t pages_before =
+        static_cast<int32_t>(group.PagesAt(handles[slot])->size());
+    KVBLOCK_ASSIGN_OR_RETURN(
+        const AppendResult result,
+        group.AppendPrompt(chunk.id, chunk.tokens, chunk.prompt_hashes));
+    new_pages_ += result.new_pages;
+    if (result.new_pages == 0 && skip_first_[slot] < 0) continue;
+    KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> pages,
+                             group.PagesAt(handles[slot]));
+    KVBLOCK_RETURN_IF_ERROR(AddRow(
+        first_row + old_to_new_[slot], pages,
+        skip_first_[slot] < 0 ? pages_before
+                              : std::min(pages_before, skip_first_[slot])));
+  }
+  return absl::OkStatus();
+}
+
 void BatchCommit::Impl::RestoreHandles() {
   if (!handles_blanked_) return;
-  for (size_t i = 0; i < leaving_handles_.size(); ++i) {
-    handles_[leaving_slots_[i]] = leaving_handles_[i];
+  size_t i = 0;
+  for (int32_t g = 0; g < static_cast<int32_t>(groups_.size()); ++g) {
+    for (const SlotId slot : leaving_slots_) {
+      handle(g, slot) = leaving_handles_[i++];
+    }
   }
   handles_blanked_ = false;
 }
 
 void BatchCommit::Impl::Adopt(const StepPlan& plan) {
   handles_blanked_ = false;
-  // Leaving sequences first: their handle indexes may come back.
-  for (const SequenceHandle& left : leaving_handles_) {
-    slot_of_handle_[left.index] = kNoSlot;
+  const int32_t num_groups = static_cast<int32_t>(groups_.size());
+  // Leaving sequences first: their handle indexes may come back. Group 0's
+  // handles lead leaving_handles_.
+  for (size_t i = 0; i < leaving_slots_.size(); ++i) {
+    slot_of_handle_[leaving_handles_[i].index] = kNoSlot;
   }
   for (const KVPageTableRowMove& move : moves_) {
     slots_[move.to] = slots_[move.from];
-    handles_[move.to] = handles_[move.from];
+    for (int32_t g = 0; g < num_groups; ++g) {
+      handle(g, move.to) = handle(g, move.from);
+    }
     slot_of_handle_[handles_[move.to].index] = move.to;
   }
   // Joins may have grown the manager's slab (allocation only then).
@@ -543,13 +718,16 @@ void BatchCommit::Impl::Adopt(const StepPlan& plan) {
   SlotId slot = survivors_;
   for (size_t i = 0; i < plan.joins.size(); ++i, ++slot) {
     slots_[slot] = plan.joins[i].id;
-    handles_[slot] = joined_handles_[i];
-    slot_of_handle_[joined_handles_[i].index] = slot;
-    manager_.SetRunByCommit(joined_handles_[i], true);
+    for (int32_t g = 0; g < num_groups; ++g) {
+      const SequenceHandle joined = joined_handles_[i * num_groups + g];
+      handle(g, slot) = joined;
+      groups_[g]->SetRunByCommit(joined, true);
+    }
+    slot_of_handle_[handles_[slot].index] = slot;
   }
   for (; slot < batch_; ++slot) {
     slots_[slot] = kNoSequence;
-    handles_[slot] = {};
+    for (int32_t g = 0; g < num_groups; ++g) handle(g, slot) = {};
   }
   batch_ = survivors_ + static_cast<int32_t>(plan.joins.size());
 }
@@ -566,12 +744,15 @@ absl::StatusOr<int64_t> BatchCommit::Impl::AppendPages(
                      ", the batch has ", batch_, " sequences"));
   }
   int64_t pages = 0;
-  for (SlotId slot = 0; slot < batch_; ++slot) {
-    KVBLOCK_ASSIGN_OR_RETURN(
-        const int64_t more,
-        manager_.PagesForAppend(handles_[slot], append_counts[slot],
-                                draft_counts.empty() ? 0 : draft_counts[slot]));
-    pages += more;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (SlotId slot = 0; slot < batch_; ++slot) {
+      KVBLOCK_ASSIGN_OR_RETURN(
+          const int64_t more,
+          groups_[g]->PagesForAppend(
+              handles_[g * max_batch_ + slot], append_counts[slot],
+              draft_counts.empty() ? 0 : draft_counts[slot]));
+      pages += more;
+    }
   }
   return pages;
 }
@@ -586,29 +767,34 @@ absl::StatusOr<SlotId> BatchCommit::Impl::SlotOf(SequenceId id) const {
 }
 
 absl::Status BatchCommit::Impl::CheckInvariants() const {
-  KVBLOCK_RETURN_IF_ERROR(manager_.CheckInvariants());
+  KVBLOCK_RETURN_IF_ERROR(coordinator_ != nullptr
+                              ? coordinator_->CheckInvariants()
+                              : manager_.CheckInvariants());
   KVBLOCK_RETURN_IF_ERROR(table_.CheckInvariants());
-  for (SlotId slot = 0; slot < table_.max_batch(); ++slot) {
+  for (SlotId row_index = 0; row_index < table_.max_batch(); ++row_index) {
+    const int32_t g = row_index / max_batch_;
+    const SlotId slot = row_index % max_batch_;
     KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> row,
-                             table_.HostRow(slot));
+                             table_.HostRow(row_index));
     absl::Span<const PageId> expected;
     if (slot < batch_) {
       const SequenceId id = slots_[slot];
-      const absl::StatusOr<SequenceHandle> handle = manager_.HandleOf(id);
-      if (!handle.ok() || *handle != handles_[slot] ||
+      const absl::StatusOr<SequenceHandle> handle = groups_[g]->HandleOf(id);
+      if (!handle.ok() || *handle != handles_[row_index] ||
           RunningSlot(id) != slot) {
-        return absl::InternalError(
-            absl::StrCat("batch commit: slot ", slot, " holds sequence ", id,
-                         " whose index entry disagrees"));
+        return absl::InternalError(absl::StrCat(
+            "batch commit: slot ", slot, " of group ", g, " holds sequence ",
+            id, " whose index entry disagrees"));
       }
-      KVBLOCK_ASSIGN_OR_RETURN(expected, manager_.Pages(id));
+      KVBLOCK_ASSIGN_OR_RETURN(expected, groups_[g]->Pages(id));
     }
     const bool same =
         std::equal(expected.begin(), expected.end(), row.begin()) &&
         (expected.size() == row.size() || row[expected.size()] == kNoPage);
     if (!same) {
-      return absl::InternalError(absl::StrCat(
-          "batch commit: row ", slot, " differs from its sequence's pages"));
+      return absl::InternalError(
+          absl::StrCat("batch commit: row ", row_index,
+                       " differs from its sequence's pages"));
     }
   }
   return absl::OkStatus();

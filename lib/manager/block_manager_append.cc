@@ -712,15 +712,27 @@ BlockHash BlockManagerImpl::Key(const BlockHash& hash) const {
   return key;
 }
 
-absl::Status BlockManagerImpl::ReleaseSkippedPages(int32_t entry,
-                                                   int64_t pages) {
+absl::StatusOr<int32_t> BlockManagerImpl::SkipAt(SequenceHandle handle) {
+  if (!slab_.IsLive(handle)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block manager: handle (", handle.index, ", generation ",
+                     handle.generation, ") is not live"));
+  }
+  if (!skips_pages()) return -1;
+  return ReleaseSkippedPages(
+      handle.index,
+      NumSkippedPages(scope_.spec, slab_.sequence(handle.index).num_tokens()));
+}
+
+absl::StatusOr<int32_t> BlockManagerImpl::ReleaseSkippedPages(int32_t entry,
+                                                              int64_t pages) {
   Sequence& seq = slab_.sequence(entry);
   const absl::Span<const PageId> entries = seq.table().entries();
   int32_t first =
       static_cast<int32_t>(std::min<int64_t>(pages, seq.num_pages()));
   const int32_t end = first;
   while (first > 0 && entries[first - 1] != scope_.null_page) --first;
-  if (first == end) return absl::OkStatus();
+  if (first == end) return -1;
   const absl::Span<PageId> released =
       absl::MakeSpan(page_scratch_).first(end - first);
   std::copy(entries.begin() + first, entries.begin() + end, released.begin());
@@ -730,7 +742,7 @@ absl::Status BlockManagerImpl::ReleaseSkippedPages(int32_t entry,
   }
   seq.SkipPages(first, end - first, scope_.null_page);
   journal_.Skipped(entry, first, released);
-  return absl::OkStatus();
+  return first;
 }
 
 absl::Status BlockManagerImpl::RegisterPages(int32_t entry, int32_t first,

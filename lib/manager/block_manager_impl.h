@@ -206,6 +206,15 @@ class BlockManagerImpl {
                           AppendManyResult& result,
                           absl::Span<const int32_t> draft_counts = {});
 
+  // Whether this manager's group skips pages (a window kind).
+  bool skips_pages() const { return scope_.spec.kind != AttentionKind::kFull; }
+  // A window group: releases the pages of the live sequence at `handle`
+  // that no token it computes from now on attends to (see
+  // ReleaseSkippedPages) and returns the first page it changed, or -1 when
+  // none (and for any other group). InvalidArgument when `handle` is not
+  // live.
+  absl::StatusOr<int32_t> SkipAt(SequenceHandle handle);
+
   // The step transaction BatchCommit runs a step in: BeginStep starts
   // journaling; CommitStep forgets the journal; RollbackStep undoes every
   // change since BeginStep, so that Snapshot() compares equal to the one
@@ -387,12 +396,11 @@ class BlockManagerImpl {
 
   // The key `hash` is cached under in this manager's group.
   BlockHash Key(const BlockHash& hash) const;
-  // Whether this manager's group skips pages (a window kind).
-  bool skips_pages() const { return scope_.spec.kind != AttentionKind::kFull; }
   // A window group: releases the pages before logical page `pages` that the
   // sequence at `entry` still holds, newest first (vLLM's
-  // remove_skipped_blocks), pointing their entries at the null page.
-  absl::Status ReleaseSkippedPages(int32_t entry, int64_t pages);
+  // remove_skipped_blocks), pointing their entries at the null page;
+  // returns the first page released, or -1 when none was.
+  absl::StatusOr<int32_t> ReleaseSkippedPages(int32_t entry, int64_t pages);
   // Admit after planning: `plan` and `hashes` are the planner's, for
   // `prompt` with `extra`; the hit pages are its hits().
   absl::Status AdmitPlanned(SequenceId id, absl::Span<const TokenId> prompt,

@@ -259,7 +259,8 @@ absl::Status GroupCoordinator::ReleaseSkipped(SequenceId id) {
     KVBLOCK_ASSIGN_OR_RETURN(const int32_t entry, group.EntryToChange(id));
     const int64_t computed = group.slab_.sequence(entry).num_tokens();
     KVBLOCK_RETURN_IF_ERROR(
-        group.ReleaseSkippedPages(entry, NumSkippedPages(specs_[g], computed)));
+        group.ReleaseSkippedPages(entry, NumSkippedPages(specs_[g], computed))
+            .status());
   }
   return absl::OkStatus();
 }

@@ -96,7 +96,17 @@ class GroupCoordinator {
   absl::Status CheckInvariants() const;
   BlockManagerSnapshot Snapshot() const;
 
+  // The coordinator of `manager`'s groups; null for a manager of one
+  // default group.
+  static GroupCoordinator* Of(BlockManager& manager) {
+    return manager.groups_.get();
+  }
+
   absl::Span<const KvCacheGroupSpec> groups() const { return specs_; }
+  // Every group's manager, group 0 first.
+  absl::Span<BlockManagerImpl* const> group_managers() const { return groups_; }
+  // Whether prompt hashes serve every group (one page size).
+  bool one_page_size() const { return one_page_size_; }
   PageId null_page() const { return null_page_; }
   const PagedKvConfig& config() const { return config_; }
   BlockPool& pool() { return *pool_; }

@@ -336,12 +336,12 @@ TEST_CASE("groups: errors name the bad value and change nothing") {
   REQUIRE_STATUS_IS(manager->Free(7), kNotFound);
   REQUIRE_STATUS_IS(manager->SetDrafts(1, -1), kInvalidArgument);
   REQUIRE(manager->Snapshot() == before);
-  // BatchCommit keeps one group's table.
+  // A BatchCommit needs a table of both groups' rows.
   std::unique_ptr<Device> device = Device::Host();
   auto table = KVPageTable::Create(8, 64, 64, *device);
   REQUIRE_OK(table);
   const auto commit = BatchCommit::Create(*manager, **table);
-  REQUIRE_STATUS_IS(commit, kUnimplemented);
+  REQUIRE_STATUS_IS(commit, kInvalidArgument);
   REQUIRE(std::string(commit.status().message()).find("2 KV cache groups") !=
           std::string::npos);
 }
