@@ -241,9 +241,23 @@ absl::StatusOr<AdmissionPlan> GroupCoordinator::Admit(
         " are kept as watermark"));
   }
   KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
+    // Every group's hits are pinned before any group allocates: a group's
+    // allocation may evict another group's evictable hit.
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      for (const PageId page : hit_.pages[g]) {
+        if (page == null_page_) continue;
+        KVBLOCK_RETURN_IF_ERROR(
+            pool_->AcquireCached(absl::MakeConstSpan(&page, 1)));
+      }
+    }
     for (size_t g = 0; g < groups_.size(); ++g) {
       KVBLOCK_RETURN_IF_ERROR(
           groups_[g]->AdmitPlanned(id, prompt, extra, plans_[g], hashes_[g]));
+    }
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      for (const PageId page : hit_.pages[g]) {
+        if (page != null_page_) KVBLOCK_RETURN_IF_ERROR(pool_->Release(page));
+      }
     }
     return absl::OkStatus();
   }));

@@ -10,9 +10,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "kvblock/block_hash.h"
 #include "kvblock/version.h"
 #include "nlohmann/json.hpp"
+#include "sim/models.h"
 
 namespace kvblock::sim {
 namespace {
@@ -139,8 +141,10 @@ void PrintReport(const SimResult& result, const RunSetup& setup,
                          config.manager.enable_prefix_caching ? "on" : "off",
                          HashAlgorithmName(config.manager.hash_algorithm),
                          config.manager.watermark_pages);
-  out << absl::StrFormat("  %s; %s\n\n", DescribePrefill(config),
+  out << absl::StrFormat("  %s; %s\n", DescribePrefill(config),
                          DescribeSpeculation(config));
+  out << absl::StrFormat("  KV cache groups %s\n\n",
+                         DescribeGroups(config.manager.kv_cache_groups));
   out << absl::StrFormat(
       "requests          %d completed, %d rejected (of %d)\n", result.completed,
       result.num_rejected(), result.requests);
@@ -179,6 +183,25 @@ void PrintReport(const SimResult& result, const RunSetup& setup,
   out << absl::StrFormat("pages in use      peak %d, mean %.1f of %d\n",
                          result.peak_pages_used, result.mean_pages_used,
                          result.num_pages);
+  if (!result.pages_by_group.empty()) {
+    std::vector<std::string> parts;
+    for (const GroupPages& group : result.pages_by_group) {
+      parts.push_back(absl::StrCat(GroupName(group.group), " ", group.pages));
+    }
+    out << absl::StrFormat("  by group        %s (at the peak)\n",
+                           absl::StrJoin(parts, ", "));
+  }
+  if (result.full_attention.has_value()) {
+    const FullAttentionRun& full = *result.full_attention;
+    out << absl::StrFormat(
+        "  full attention  peak %d (%.2fx), %d preemptions, %d prefix hit "
+        "tokens: the same run with every group full attention\n",
+        full.peak_pages_used,
+        result.peak_pages_used > 0
+            ? full.peak_pages_used / static_cast<double>(result.peak_pages_used)
+            : 0.0,
+        full.preemptions, full.prefix_hit_tokens);
+  }
   out << absl::StrFormat("evictions         %d cached pages reused\n",
                          result.evictions);
   out << absl::StrFormat("preemptions       %d requests recomputed\n",
@@ -324,6 +347,23 @@ void WriteJsonReport(const SimResult& result, const RunSetup& setup,
   report["evictions"] = result.evictions;
   report["num_pages"] = result.num_pages;
   report["peak_pages_used"] = result.peak_pages_used;
+  report["kv_cache_groups"] = DescribeGroups(config.manager.kv_cache_groups);
+  nlohmann::ordered_json& by_group = report["pages_by_group"];
+  by_group = nlohmann::ordered_json::array();
+  for (const GroupPages& group : result.pages_by_group) {
+    by_group.push_back({{"group", GroupName(group.group)},
+                        {"kind", AttentionKindName(group.group.kind)},
+                        {"pages", group.pages}});
+  }
+  if (result.full_attention.has_value()) {
+    report["full_attention_peak_pages"] =
+        result.full_attention->peak_pages_used;
+    report["full_attention_preemptions"] = result.full_attention->preemptions;
+    report["full_attention_prefix_hit_tokens"] =
+        result.full_attention->prefix_hit_tokens;
+  } else {
+    report["full_attention_peak_pages"] = nullptr;
+  }
   report["mean_pages_used"] = result.mean_pages_used;
   report["host_ns_total"] = result.host_ns_total;
   report["host_ns_per_step"] = rates.host_ns_per_step;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "kvblock/block_hash.h"
+#include "kvblock/status_macros.h"
 
 namespace kvblock::sim {
 
@@ -84,6 +85,31 @@ void RunMetrics::AddStep(const StepResult& step,
   result_.sequence_steps += step.batch;
   result_.preemptions += summary.preemptions;
   pages_used_sum_ += record.pages_used;
+}
+
+absl::Status RunMetrics::NoteGroupPages(const SchedulerState& state) {
+  const std::vector<KvCacheGroupSpec>& groups = config_.manager.kv_cache_groups;
+  const BlockManager& manager = *state.manager;
+  const int32_t in_use = manager.pool().NumUsed();
+  if (groups.empty() || in_use <= group_peak_) return absl::OkStatus();
+  group_peak_ = in_use;
+  seen_.resize(static_cast<size_t>(manager.pool().num_pages()), 0);
+  result_.pages_by_group.clear();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    ++serial_;
+    int32_t pages = 0;
+    for (const SequenceId id : state.commit->slots()) {
+      KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> held,
+                               manager.GroupPages(id, static_cast<int32_t>(g)));
+      for (const PageId page : held) {
+        if (page == manager.null_page() || seen_[page] == serial_) continue;
+        seen_[page] = serial_;
+        ++pages;
+      }
+    }
+    result_.pages_by_group.push_back({.group = groups[g], .pages = pages});
+  }
+  return absl::OkStatus();
 }
 
 SimResult RunMetrics::Finish(const SchedulerState& state, double wall_seconds,

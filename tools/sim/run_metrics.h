@@ -25,7 +25,9 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "kvblock/batch_commit.h"
 #include "kvblock/block_manager.h"
 #include "kvblock/kv_events.h"
@@ -88,6 +90,10 @@ class RunMetrics {
   void AddStep(const StepResult& step, const BlockManagerStats& before,
                const BlockManagerStats& after, const StepSummary& summary);
 
+  // With KV cache groups, after AddStep: when the pages in use reach a new
+  // peak, each group's share of them (SimResult::pages_by_group).
+  absl::Status NoteGroupPages(const SchedulerState& state);
+
   HostClock& host_clock() { return host_clock_; }
   int64_t requests() const { return result_.requests; }
   int64_t completed() const { return result_.completed; }
@@ -106,6 +112,12 @@ class RunMetrics {
   void FinishKvEvents(const BlockManager& manager);
   // The steps' uploads: the page table's, less the one at start-up.
   void FinishUploads(const SchedulerState& state);
+
+  // The highest pages in use NoteGroupPages saw, and its scratch: by page,
+  // the last count (its serial) that saw it.
+  int32_t group_peak_ = 0;
+  std::vector<uint32_t> seen_;
+  uint32_t serial_ = 0;
 
   const SchedulerConfig& config_;
   SimResult result_;

@@ -168,6 +168,7 @@ absl::Status Runner::Step() {
                     .limit = executor_.pages_ran_out() ? StepLimit::kPages
                                                        : executor_.plan().limit,
                     .draft_only_pages = draft_only_pages});
+  KVBLOCK_RETURN_IF_ERROR(metrics_.NoteGroupPages(state_));
   ++clock_;
   if (progress_) {
     progress_({.step = clock_,
@@ -235,7 +236,9 @@ absl::Status Runner::Finish() {
   KVBLOCK_RETURN_IF_ERROR(manager_.CheckInvariants());
   KVBLOCK_RETURN_IF_ERROR(state_.commit->CheckInvariants());
   KVBLOCK_RETURN_IF_ERROR(state_.table->CheckInvariants());
-  if (manager_.num_sequences() != 0 || manager_.pool().NumUsed() != 0) {
+  // The null page of a model with a window group stays the manager's.
+  const int32_t held = manager_.null_page() == kNoPage ? 0 : 1;
+  if (manager_.num_sequences() != 0 || manager_.pool().NumUsed() != held) {
     return absl::InternalError(absl::StrFormat(
         "after the run %d sequences and %d pages are still in use",
         manager_.num_sequences(), manager_.pool().NumUsed()));
@@ -303,10 +306,14 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
   options.enable_kv_events = config.kv_event_sink.on();
   KVBLOCK_ASSIGN_OR_RETURN(state->manager,
                            BlockManager::Create(config.kv, options));
-  KVBLOCK_ASSIGN_OR_RETURN(
-      state->table,
-      KVPageTable::Create(config.kv.max_batch, config.kv.max_pages_per_seq,
-                          config.kv.num_pages, device));
+  // One table of every KV cache group's rows (BatchCommit::Create), groups
+  // at the run's page size.
+  const int32_t groups = std::max<int32_t>(
+      1, static_cast<int32_t>(config.manager.kv_cache_groups.size()));
+  KVBLOCK_ASSIGN_OR_RETURN(state->table,
+                           KVPageTable::Create(groups * config.kv.max_batch,
+                                               config.kv.max_pages_per_seq,
+                                               config.kv.num_pages, device));
   KVBLOCK_ASSIGN_OR_RETURN(state->commit,
                            BatchCommit::Create(*state->manager, *state->table));
   state->commit->set_time_phases(true);
@@ -325,7 +332,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
     std::memset(state->kv_pool.data(), 0, pool_bytes);
   }
   const size_t list_bytes =
-      static_cast<size_t>(config.kv.max_batch) * 2 * sizeof(PageId);
+      static_cast<size_t>(state->table->max_batch()) * 2 * sizeof(PageId);
   KVBLOCK_ASSIGN_OR_RETURN(state->copy_staging,
                            device.AllocatePinned(list_bytes));
   KVBLOCK_ASSIGN_OR_RETURN(state->copy_list, device.Allocate(list_bytes));

@@ -105,6 +105,7 @@
 #include "kvblock/block_manager.h"
 #include "kvblock/config.h"
 #include "kvblock/device.h"
+#include "kvblock/kv_cache_groups.h"
 #include "kvblock/kv_events.h"
 #include "kvblock/page_table.h"
 #include "sim/step_histogram.h"
@@ -242,6 +243,22 @@ struct RejectedRequest {
 // "pool_too_small", "over_token_budget" or "ran_out_alone".
 const char* RejectedKindName(RejectedRequest::Kind kind);
 
+// The same run with every KV cache group full attention (a model with a
+// window group; see SimResult::full_attention).
+struct FullAttentionRun {
+  int32_t peak_pages_used = 0;
+  int64_t preemptions = 0;
+  int64_t prefix_hit_tokens = 0;
+  int64_t steps = 0;
+};
+
+// Pages one KV cache group's sequences held (distinct pages, the null page
+// not counted).
+struct GroupPages {
+  KvCacheGroupSpec group;
+  int32_t pages = 0;
+};
+
 struct SimResult {
   int64_t requests = 0;   // in the trace.
   int64_t completed = 0;  // ran to max_tokens.
@@ -271,6 +288,13 @@ struct SimResult {
   int64_t evictions = 0;
   int32_t num_pages = 0;
   int32_t peak_pages_used = 0;
+  // With KV cache groups: each group's share of peak_pages_used, at the
+  // step that reached it (the null page is the rest).
+  std::vector<GroupPages> pages_by_group;
+  // A model with a window group: the same trace and flags run again with
+  // every group full attention (a run of its own: where memory or prefix
+  // hits differ, its schedule does too; its preemptions say so).
+  std::optional<FullAttentionRun> full_attention;
   double mean_pages_used = 0;  // over committed steps.
   int64_t host_ns_total = 0;   // the steps' host work: the phases' sum.
   HostPhases host_ns_by_phase;

@@ -32,7 +32,9 @@
 #include "kvblock/device.h"
 #include "kvblock/kv_event_publisher.h"
 #include "kvblock/metrics.h"
+#include "kvblock/status_macros.h"
 #include "sim/metrics_server.h"
+#include "sim/models.h"
 #include "sim/output_file.h"
 #include "sim/progress.h"
 #include "sim/report.h"
@@ -55,6 +57,15 @@ ABSL_FLAG(bool, serve, false,
           "tools/router); excludes --trace, --workload and --write_trace");
 ABSL_FLAG(uint64_t, seed, 1,
           "seed of the built-in workload and of the drafts' acceptance");
+ABSL_FLAG(std::string, model, "",
+          "the model's KV cache groups, a preset: llama (one full group), "
+          "gpt-oss (full + 128-token sliding window), gemma3 (5 x 1,024-token "
+          "sliding window + full), llama4 (3 x 8,192-token chunked local + "
+          "full); default llama");
+ABSL_FLAG(std::string, kv_cache_groups, "",
+          "the model's KV cache groups in full: a comma list of full, "
+          "sliding:W and chunked:C, each optionally xN (e.g. "
+          "sliding:1024x5,full); excludes --model");
 ABSL_FLAG(int32_t, pages, 384, "KV pages in the pool");
 ABSL_FLAG(int32_t, page_size, 16, "tokens per page");
 ABSL_FLAG(int32_t, max_batch, 32,
@@ -204,6 +215,10 @@ absl::StatusOr<SchedulerConfig> ConfigFromFlags() {
   }
   config.manager.watermark_pages =
       static_cast<int32_t>(std::floor(watermark * config.kv.num_pages));
+  KVBLOCK_ASSIGN_OR_RETURN(
+      config.manager.kv_cache_groups,
+      ModelGroups(absl::GetFlag(FLAGS_model),
+                  absl::GetFlag(FLAGS_kv_cache_groups), config.kv.page_size));
   return config;
 }
 
@@ -485,6 +500,27 @@ int Main() {
     result->kv_events.publisher_thread_ns = stats.thread_cpu_ns;
     result->kv_events.endpoint = (*publisher)->endpoint();
     result->kv_events.replay_endpoint = (*publisher)->replay_endpoint();
+  }
+
+  // A model with a window group is run again with every group full
+  // attention: the pages the same trace would hold without windows.
+  if (!serve && HasWindowGroup(config->manager.kv_cache_groups)) {
+    SchedulerConfig full = *config;
+    full.manager.kv_cache_groups =
+        AllFullAttention(config->manager.kv_cache_groups);
+    full.kv_event_sink = {};
+    full.keep_timeline = false;
+    absl::StatusOr<std::unique_ptr<Scheduler>> shadow =
+        Scheduler::Create(full, **device);
+    absl::StatusOr<SimResult> compared =
+        shadow.ok() ? (*shadow)->Run(*requests, [](const Progress&) {})
+                    : shadow.status();
+    if (!compared.ok()) return Fail(kExitFailure, compared.status());
+    result->full_attention =
+        FullAttentionRun{.peak_pages_used = compared->peak_pages_used,
+                         .preemptions = compared->preemptions,
+                         .prefix_hit_tokens = compared->prefix_hit_tokens,
+                         .steps = compared->steps};
   }
 
   const RunSetup setup{.source = source,

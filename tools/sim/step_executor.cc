@@ -96,10 +96,12 @@ absl::Status StepExecutor::RunDevice(absl::Span<const PageCopy> copies,
 absl::Status StepExecutor::RunCopies(absl::Span<const PageCopy> copies,
                                      int64_t clock) {
   const PagedKvConfig& kv = state_.config.kv;
-  if (copies.size() > static_cast<size_t>(kv.max_batch)) {
+  // One copy a row at most: every group's rows.
+  const int32_t capacity = state_.table->max_batch();
+  if (copies.size() > static_cast<size_t>(capacity)) {
     return absl::InternalError(
         absl::StrFormat("step %d: %d copies exceed the %d the copy list holds",
-                        clock, copies.size(), kv.max_batch));
+                        clock, copies.size(), capacity));
   }
   Device& device = state_.device;
   // The previous step's list may still be in flight from the staging.
