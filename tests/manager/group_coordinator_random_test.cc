@@ -184,12 +184,19 @@ class Runner {
   }
 
   // Runs `call`; on error checks that nothing changed and returns false.
+  // `fork`: a fork, which FailedPrecondition refuses while its parent has
+  // prompt tokens left.
   template <typename Call>
-  bool Try(Call&& call) {
+  bool Try(Call&& call, bool fork = false) {
     const BlockManagerSnapshot before = manager_->Snapshot();
     const absl::Status status = call();
     if (!status.ok()) {
       INFO(status.ToString());
+      // Only what the calls ask for can fail: room in the pool or a table.
+      REQUIRE(
+          (status.code() == absl::StatusCode::kResourceExhausted ||
+           status.code() == absl::StatusCode::kOutOfRange ||
+           (fork && status.code() == absl::StatusCode::kFailedPrecondition)));
       REQUIRE(manager_->Snapshot() == before);
       ++failures_;
     }
@@ -234,7 +241,7 @@ class Runner {
       }
       case 7: {
         const SequenceId child = next_id_++;
-        if (Try([&] { return manager_->Fork(id, child); })) {
+        if (Try([&] { return manager_->Fork(id, child); }, /*fork=*/true)) {
           Model::Sequence copy = seq;
           model_.sequences[child] = copy;
           prompts_[child] = prompts_.at(id);
