@@ -19,15 +19,16 @@
 //                     are skipped.
 //
 // A page whose tokens are all skipped is released and its table entry points
-// at the null page. Prompt hashes are computed once, at the greatest common
-// page size of the groups, and a group of larger pages joins consecutive
-// ones; a prefix hit is a multiple of the least common multiple of the page
-// sizes (kvblock/group_cache_hit.h).
+// at the null page. A prefix hit is a multiple of the least common multiple
+// of the page sizes (kvblock/group_cache_hit.h); a BlockManager hashes a
+// prompt once for each page size its groups have, and files each group's
+// pages under keys of that group's own.
 //
 // Complexity: every function is O(groups). Thread safety: plain values.
 #ifndef KVBLOCK_KV_CACHE_GROUPS_H_
 #define KVBLOCK_KV_CACHE_GROUPS_H_
 
+#include <algorithm>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -94,12 +95,32 @@ int64_t AlignmentTokens(absl::Span<const KvCacheGroupSpec> groups);
 // The leading tokens no later token of a sequence that has computed
 // `computed_tokens` (>= 0) attends to in `group` (vLLM's
 // get_num_skipped_tokens): 0 for full attention.
-int64_t NumSkippedTokens(const KvCacheGroupSpec& group,
-                         int64_t computed_tokens);
+// Inline: a step asks it for every sequence of every window group.
+inline int64_t NumSkippedTokens(const KvCacheGroupSpec& group,
+                                int64_t computed_tokens) {
+  switch (group.kind) {
+    case AttentionKind::kFull:
+      return 0;
+    case AttentionKind::kSlidingWindow:
+      return std::max<int64_t>(0, computed_tokens - group.sliding_window + 1);
+    case AttentionKind::kChunkedLocal:
+      return computed_tokens / group.attention_chunk_size *
+             group.attention_chunk_size;
+  }
+  return 0;
+}
 
 // The leading pages of `group` a sequence that has computed
 // `computed_tokens` no longer reads: NumSkippedTokens / page_size.
-int64_t NumSkippedPages(const KvCacheGroupSpec& group, int64_t computed_tokens);
+inline int64_t NumSkippedPages(const KvCacheGroupSpec& group,
+                               int64_t computed_tokens) {
+  return NumSkippedTokens(group, computed_tokens) / group.page_size;
+}
+
+// The fewest computed tokens at which `group` skips more than `pages` (>= 0)
+// leading pages: a sequence that has skipped `pages` need not look again
+// before. INT64_MAX for full attention, which skips none.
+int64_t NextSkipTokens(const KvCacheGroupSpec& group, int64_t pages);
 
 // Whether full page `page` of a sequence in `group` goes into the prefix
 // cache when hits come in units of `alignment_tokens`: a sliding-window group

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <iterator>
+#include <limits>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -114,23 +115,21 @@ int64_t AlignmentTokens(absl::Span<const KvCacheGroupSpec> groups) {
   return lcm;
 }
 
-int64_t NumSkippedTokens(const KvCacheGroupSpec& group,
-                         int64_t computed_tokens) {
+int64_t NextSkipTokens(const KvCacheGroupSpec& group, int64_t pages) {
+  const int64_t tokens = (pages + 1) * group.page_size;
   switch (group.kind) {
     case AttentionKind::kFull:
-      return 0;
+      break;
     case AttentionKind::kSlidingWindow:
-      return std::max<int64_t>(0, computed_tokens - group.sliding_window + 1);
-    case AttentionKind::kChunkedLocal:
-      return computed_tokens / group.attention_chunk_size *
-             group.attention_chunk_size;
+      // tokens - W + 1 skipped tokens fill pages + 1 pages.
+      return tokens + group.sliding_window - 1;
+    case AttentionKind::kChunkedLocal: {
+      // The first chunk boundary at or past `tokens`.
+      const int64_t chunk = group.attention_chunk_size;
+      return (tokens + chunk - 1) / chunk * chunk;
+    }
   }
-  return 0;
-}
-
-int64_t NumSkippedPages(const KvCacheGroupSpec& group,
-                        int64_t computed_tokens) {
-  return NumSkippedTokens(group, computed_tokens) / group.page_size;
+  return std::numeric_limits<int64_t>::max();
 }
 
 bool CachesFullPage(const KvCacheGroupSpec& group, int64_t page,

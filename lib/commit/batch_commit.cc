@@ -68,6 +68,9 @@ class BatchCommit::Impl {
   // The appends of group `g` (survivors', then prompt chunks'), its window
   // skipped first, and the rows they change.
   absl::Status AppendGroup(int32_t g, const StepPlan& plan);
+  // The rows of group `g`'s survivors whose appends or skips changed them,
+  // when its window skipped pages this step.
+  absl::Status MergeSkippedRows(int32_t g);
   // The handle of group `g` at `slot`.
   SequenceHandle& handle(int32_t g, SlotId slot) {
     return handles_[static_cast<size_t>(g) * max_batch_ + slot];
@@ -633,39 +636,24 @@ absl::Status BatchCommit::Impl::AppendGroup(int32_t g, const StepPlan& plan) {
                            ? absl::MakeConstSpan(zero_counts_).first(batch_)
                            : plan.append_counts,
                        plan.append_tokens, appended_, plan.draft_counts));
-  for (const PageCopy& copy : appended_.copies) {
-    copies_.push_back(copy);
-    if (coordinator_ != nullptr) copy_groups_.push_back(g);
+  copies_.insert(copies_.end(), appended_.copies.begin(),
+                 appended_.copies.end());
+  if (coordinator_ != nullptr) {
+    copy_groups_.insert(copy_groups_.end(), appended_.copies.size(), g);
   }
   new_pages_ += appended_.new_pages;
   draft_copies_ += appended_.draft_copies;
   // A survivor's row moved with it: it changes from its first changed page
-  // (or its first skipped one). Both lists are in slot order.
-  size_t skipped = 0;
-  const auto skipped_only_before = [&](SlotId slot) -> absl::Status {
-    for (; skipped < skipped_slots_.size() && skipped_slots_[skipped] < slot;
-         ++skipped) {
-      const SlotId only = skipped_slots_[skipped];
-      if (chunked_[only]) continue;  // its chunk's row below.
-      KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> pages,
-                               group.PagesAt(handles[only]));
+  // (or its first skipped one).
+  if (skipped_slots_.empty()) {
+    for (size_t i = 0; i < appended_.changed.size(); ++i) {
       KVBLOCK_RETURN_IF_ERROR(
-          AddRow(first_row + old_to_new_[only], pages, skip_first_[only]));
+          AddRow(first_row + old_to_new_[appended_.changed[i]],
+                 appended_.pages[i], appended_.first_changed_page[i]));
     }
-    return absl::OkStatus();
-  };
-  for (size_t i = 0; i < appended_.changed.size(); ++i) {
-    const SlotId slot = appended_.changed[i];
-    KVBLOCK_RETURN_IF_ERROR(skipped_only_before(slot));
-    int32_t first = appended_.first_changed_page[i];
-    if (skipped < skipped_slots_.size() && skipped_slots_[skipped] == slot) {
-      first = std::min(first, skip_first_[slot]);
-      ++skipped;
-    }
-    KVBLOCK_RETURN_IF_ERROR(
-        AddRow(first_row + old_to_new_[slot], appended_.pages[i], first));
+  } else {
+    KVBLOCK_RETURN_IF_ERROR(MergeSkippedRows(g));
   }
-  KVBLOCK_RETURN_IF_ERROR(skipped_only_before(batch_));
   for (const PromptChunk& chunk : plan.prompt_chunks) {
     const SlotId slot = RunningSlot(chunk.id);  // its old slot.
     const int32_t pages_before =
@@ -683,6 +671,38 @@ absl::Status BatchCommit::Impl::AppendGroup(int32_t g, const StepPlan& plan) {
                               : std::min(pages_before, skip_first_[slot])));
   }
   return absl::OkStatus();
+}
+
+absl::Status BatchCommit::Impl::MergeSkippedRows(int32_t g) {
+  internal::BlockManagerImpl& group = *groups_[g];
+  const SlotId first_row = g * max_batch_;
+  // Both lists are in slot order: a slot in both changes from the first of
+  // its two pages; a chunk's slot gets its row with the chunk's.
+  size_t skipped = 0;
+  const auto skipped_only_before = [&](SlotId slot) -> absl::Status {
+    for (; skipped < skipped_slots_.size() && skipped_slots_[skipped] < slot;
+         ++skipped) {
+      const SlotId only = skipped_slots_[skipped];
+      if (chunked_[only]) continue;
+      KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> pages,
+                               group.PagesAt(handle(g, only)));
+      KVBLOCK_RETURN_IF_ERROR(
+          AddRow(first_row + old_to_new_[only], pages, skip_first_[only]));
+    }
+    return absl::OkStatus();
+  };
+  for (size_t i = 0; i < appended_.changed.size(); ++i) {
+    const SlotId slot = appended_.changed[i];
+    KVBLOCK_RETURN_IF_ERROR(skipped_only_before(slot));
+    int32_t first = appended_.first_changed_page[i];
+    if (skipped < skipped_slots_.size() && skipped_slots_[skipped] == slot) {
+      first = std::min(first, skip_first_[slot]);
+      ++skipped;
+    }
+    KVBLOCK_RETURN_IF_ERROR(
+        AddRow(first_row + old_to_new_[slot], appended_.pages[i], first));
+  }
+  return skipped_only_before(batch_);
 }
 
 void BatchCommit::Impl::RestoreHandles() {

@@ -92,7 +92,8 @@ BlockManagerImpl::BlockManagerImpl(const PagedKvConfig& config,
                                            .eagle = false},
                                   .alignment_tokens = config.page_size,
                                   .null_page = kNoPage,
-                                  .reserved_pages = nullptr}) {
+                                  .reserved_pages = nullptr,
+                                  .hash_memo = nullptr}) {
   owned_pool_ = std::move(pool);
   if (options_.enable_kv_events) {
     const auto changes = static_cast<size_t>(options_.reserved_kv_changes);

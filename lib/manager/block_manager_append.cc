@@ -688,7 +688,7 @@ absl::Span<const BlockHash> BlockManagerImpl::HashPages(
   const absl::Span<BlockHash> hashes =
       absl::MakeSpan(hash_scratch_).first(tokens.size() / page_size);
   for (size_t i = 0; i < hashes.size(); ++i) {
-    parent = hasher_.HashPage(parent, tokens.subspan(i * page_size, page_size));
+    parent = HashPage(parent, tokens.subspan(i * page_size, page_size));
     hashes[i] = parent;
   }
   return hashes;
@@ -698,13 +698,13 @@ bool BlockManagerImpl::ParentCached(PageId parent_page,
                                     const BlockHash& parent) const {
   // A window group's parent may be skipped: it caches every page it can use.
   if (skips_pages()) return true;
-  const BlockHash key = Key(parent);
+  BlockHash salted;
+  const BlockHash& key = Key(parent, salted);
   const std::optional<BlockHash> held = pool_->CachedHash(parent_page);
   return (held && *held == key) || pool_->Lookup(key).has_value();
 }
 
-BlockHash BlockManagerImpl::Key(const BlockHash& hash) const {
-  if (scope_.index == 0) return hash;
+BlockHash BlockManagerImpl::SaltedKey(const BlockHash& hash) const {
   BlockHash key;
   for (size_t i = 0; i < key.bytes.size(); ++i) {
     key.bytes[i] = hash.bytes[i] ^ key_salt_.bytes[i];
@@ -712,27 +712,27 @@ BlockHash BlockManagerImpl::Key(const BlockHash& hash) const {
   return key;
 }
 
-absl::StatusOr<int32_t> BlockManagerImpl::SkipAt(SequenceHandle handle) {
-  if (!slab_.IsLive(handle)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("block manager: handle (", handle.index, ", generation ",
-                     handle.generation, ") is not live"));
-  }
-  if (!skips_pages()) return -1;
-  return ReleaseSkippedPages(
-      handle.index,
-      NumSkippedPages(scope_.spec, slab_.sequence(handle.index).num_tokens()));
+absl::Status BlockManagerImpl::NotLiveHandleError(SequenceHandle handle) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("block manager: handle (", handle.index, ", generation ",
+                   handle.generation, ") is not live"));
 }
 
-absl::StatusOr<int32_t> BlockManagerImpl::ReleaseSkippedPages(int32_t entry,
-                                                              int64_t pages) {
+absl::StatusOr<int32_t> BlockManagerImpl::ReleaseSkippedPages(int32_t entry) {
   Sequence& seq = slab_.sequence(entry);
+  const int64_t skipped = NumSkippedPages(scope_.spec, seq.num_tokens());
+  const int64_t due_before = seq.skip_due_at();
+  const int64_t due = NextSkipTokens(scope_.spec, skipped);
   const absl::Span<const PageId> entries = seq.table().entries();
-  int32_t first =
-      static_cast<int32_t>(std::min<int64_t>(pages, seq.num_pages()));
-  const int32_t end = first;
+  const int32_t end = static_cast<int32_t>(skipped);  // <= its pages.
+  int32_t first = end;
   while (first > 0 && entries[first - 1] != scope_.null_page) --first;
-  if (first == end) return -1;
+  if (first == end) {
+    // Nothing new to release: skip_due_at follows from the pages skipped,
+    // which stay (a rollback leaves it right).
+    seq.set_skip_due_at(due);
+    return -1;
+  }
   const absl::Span<PageId> released =
       absl::MakeSpan(page_scratch_).first(end - first);
   std::copy(entries.begin() + first, entries.begin() + end, released.begin());
@@ -741,7 +741,8 @@ absl::StatusOr<int32_t> BlockManagerImpl::ReleaseSkippedPages(int32_t entry,
     KVBLOCK_RETURN_IF_ERROR(pool_->Release(released[page - first]));
   }
   seq.SkipPages(first, end - first, scope_.null_page);
-  journal_.Skipped(entry, first, released);
+  seq.set_skip_due_at(due);
+  journal_.Skipped(entry, first, released, due_before);
   return first;
 }
 
@@ -755,6 +756,7 @@ absl::Status BlockManagerImpl::RegisterPages(int32_t entry, int32_t first,
     return absl::OkStatus();
   }
   const absl::Span<const PageId> pages = entries.subspan(first, hashes.size());
+  BlockHash salted;
   if (events_ != nullptr) {
     const internal::SequenceCold& cold = slab_.cold(entry);
     events_->BeginRun(first, parent, hashes, tokens, cold.cache_salt,
@@ -767,7 +769,7 @@ absl::Status BlockManagerImpl::RegisterPages(int32_t entry, int32_t first,
       continue;
     }
     KVBLOCK_RETURN_IF_ERROR(
-        pool_->RegisterCached(pages[i], Key(hashes[i])).status());
+        pool_->RegisterCached(pages[i], Key(hashes[i], salted)).status());
   }
   if (events_ != nullptr) events_->EndRun();
   return absl::OkStatus();
@@ -779,8 +781,7 @@ absl::Status BlockManagerImpl::RegisterFullPage(
   const SequenceBlockTable& table = slab_.sequence(entry).table();
   internal::SequenceCold& cold = slab_.cold(entry);
   const BlockHash full =
-      hash != nullptr ? *hash
-                      : hasher_.HashPage(cold.last_full_hash, page_tokens);
+      hash != nullptr ? *hash : HashPage(cold.last_full_hash, page_tokens);
   if ((page > 0 &&
        !ParentCached(table.entries()[page - 1], cold.last_full_hash)) ||
       (skips_pages() &&
@@ -788,12 +789,13 @@ absl::Status BlockManagerImpl::RegisterFullPage(
     cold.last_full_hash = full;
     return absl::OkStatus();
   }
+  BlockHash salted;
   if (events_ != nullptr) {
     events_->BeginRun(page, cold.last_full_hash, absl::MakeConstSpan(&full, 1),
                       page_tokens, cold.cache_salt, cold.adapter_id);
   }
   KVBLOCK_RETURN_IF_ERROR(
-      pool_->RegisterCached(table.entries()[page], Key(full)).status());
+      pool_->RegisterCached(table.entries()[page], Key(full, salted)).status());
   if (events_ != nullptr) events_->EndRun();
   cold.last_full_hash = full;
   return absl::OkStatus();

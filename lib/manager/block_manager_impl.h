@@ -39,6 +39,7 @@
 #include "kvblock/status_macros.h"
 #include "kvblock/types.h"
 #include "manager/admission_planner.h"
+#include "manager/page_hash_memo.h"
 #include "manager/step_journal.h"
 #include "sequence/sequence_slab.h"
 
@@ -63,6 +64,9 @@ struct GroupScope {
   // The pages reserved for chunked prompts in every group, which each
   // group's allocations leave.
   int32_t* reserved_pages = nullptr;
+  // The page hashes of the groups of this one's page size (null: hash
+  // every page here).
+  PageHashMemo* hash_memo = nullptr;
 };
 
 struct AppendManyResult {
@@ -212,8 +216,14 @@ class BlockManagerImpl {
   // that no token it computes from now on attends to (see
   // ReleaseSkippedPages) and returns the first page it changed, or -1 when
   // none (and for any other group). InvalidArgument when `handle` is not
-  // live.
-  absl::StatusOr<int32_t> SkipAt(SequenceHandle handle);
+  // live. Inline, and one comparison while no page is due: a step asks it
+  // for every running sequence.
+  absl::StatusOr<int32_t> SkipAt(SequenceHandle handle) {
+    if (ABSL_PREDICT_FALSE(!slab_.IsLive(handle))) {
+      return NotLiveHandleError(handle);
+    }
+    return SkipEntry(handle.index);
+  }
 
   // The step transaction BatchCommit runs a step in: BeginStep starts
   // journaling; CommitStep forgets the journal; RollbackStep undoes every
@@ -394,13 +404,39 @@ class BlockManagerImpl {
   // and that commit is not applying its step.
   absl::Status CheckNotRunByCommit(int32_t entry, SequenceId id) const;
 
+  // The hash of the page holding `tokens` after `parent` (through the
+  // scope's memo, when it has one).
+  BlockHash HashPage(const BlockHash& parent,
+                     absl::Span<const TokenId> tokens) {
+    return scope_.hash_memo != nullptr
+               ? scope_.hash_memo->Hash(hasher_, parent, tokens)
+               : hasher_.HashPage(parent, tokens);
+  }
   // The key `hash` is cached under in this manager's group.
-  BlockHash Key(const BlockHash& hash) const;
-  // A window group: releases the pages before logical page `pages` that the
-  // sequence at `entry` still holds, newest first (vLLM's
-  // remove_skipped_blocks), pointing their entries at the null page;
-  // returns the first page released, or -1 when none was.
-  absl::StatusOr<int32_t> ReleaseSkippedPages(int32_t entry, int64_t pages);
+  // Inline: group 0's key is the hash itself; another group's is built in
+  // `salted`.
+  const BlockHash& Key(const BlockHash& hash, BlockHash& salted) const {
+    if (ABSL_PREDICT_TRUE(scope_.index == 0)) return hash;
+    salted = SaltedKey(hash);
+    return salted;
+  }
+  BlockHash SaltedKey(const BlockHash& hash) const;
+  // SkipAt for the live sequence at `entry`.
+  absl::StatusOr<int32_t> SkipEntry(int32_t entry) {
+    if (!skips_pages() || slab_.sequence(entry).num_tokens() <
+                              slab_.sequence(entry).skip_due_at()) {
+      return -1;
+    }
+    return ReleaseSkippedPages(entry);
+  }
+  // A window group: releases the pages wholly before the window of the
+  // sequence at `entry` (NumSkippedPages of its tokens) that it still holds,
+  // newest first (vLLM's remove_skipped_blocks), pointing their entries at
+  // the null page, and sets its skip_due_at; returns the first page
+  // released, or -1 when none was.
+  absl::StatusOr<int32_t> ReleaseSkippedPages(int32_t entry);
+  // InvalidArgument naming `handle`, which is not live.
+  static absl::Status NotLiveHandleError(SequenceHandle handle);
   // Admit after planning: `plan` and `hashes` are the planner's, for
   // `prompt` with `extra`; the hit pages are its hits().
   absl::Status AdmitPlanned(SequenceId id, absl::Span<const TokenId> prompt,

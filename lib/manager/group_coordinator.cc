@@ -70,12 +70,28 @@ absl::StatusOr<GroupCoordinator::Created> GroupCoordinator::Create(
     created.coordinator.reset(new GroupCoordinator(
         config, options, specs, std::move(pool), null_page, std::move(finder)));
     GroupCoordinator& self = *created.coordinator;
+    // Groups of one page size share a memo: a page that fills in each is
+    // hashed once. Two slots a batch row.
+    std::vector<PageHashMemo*> memo_of(specs.size(), nullptr);
+    for (size_t g = 0; g < specs.size(); ++g) {
+      for (size_t h = 0; h < g; ++h) {
+        if (specs[h].page_size != specs[g].page_size) continue;
+        if (memo_of[h] == nullptr) {
+          self.memos_.push_back(std::make_unique<PageHashMemo>(
+              2 * static_cast<size_t>(config.max_batch), specs[h].page_size));
+          memo_of[h] = self.memos_.back().get();
+        }
+        memo_of[g] = memo_of[h];
+        break;
+      }
+    }
     for (size_t g = 0; g < specs.size(); ++g) {
       const GroupScope scope{.index = static_cast<int32_t>(g),
                              .spec = specs[g],
                              .alignment_tokens = AlignmentTokens(specs),
                              .null_page = self.null_page_,
-                             .reserved_pages = &self.reserved_pages_};
+                             .reserved_pages = &self.reserved_pages_,
+                             .hash_memo = memo_of[g]};
       auto group = std::make_unique<BlockManagerImpl>(
           group_configs[g], options, *self.pool_, std::move(hashers[g]), scope);
       self.groups_.push_back(group.get());
@@ -169,6 +185,15 @@ absl::StatusOr<AdmissionPlan> GroupCoordinator::PlanGroups(
   std::vector<absl::Span<const BlockHash>>& chains = hashes_;
   if (caching) {
     for (int32_t g = 0; g < num_groups; ++g) {
+      // A group of an earlier group's page size has its chain.
+      const auto same = std::find_if(
+          specs_.begin(), specs_.begin() + g, [&](const KvCacheGroupSpec& s) {
+            return s.page_size == specs_[g].page_size;
+          });
+      if (same != specs_.begin() + g) {
+        chains[g] = chains[same - specs_.begin()];
+        continue;
+      }
       KVBLOCK_ASSIGN_OR_RETURN(chains[g],
                                GroupChain(g, prompt, extra, prompt_hashes));
     }
@@ -177,8 +202,9 @@ absl::StatusOr<AdmissionPlan> GroupCoordinator::PlanGroups(
     finder_.Find(
         static_cast<int64_t>(prompt.size()) - 1,
         [&](int32_t g, int64_t page) {
+          BlockHash salted;
           const std::optional<PageId> cached =
-              pool_->Lookup(groups_[g]->Key(chains[g][page]));
+              pool_->Lookup(groups_[g]->Key(chains[g][page], salted));
           return cached.value_or(kNoPage);
         },
         hit_);
@@ -267,14 +293,10 @@ absl::StatusOr<AdmissionPlan> GroupCoordinator::Admit(
 // Appends ---------------------------------------------------------------------
 
 absl::Status GroupCoordinator::ReleaseSkipped(SequenceId id) {
-  for (size_t g = 0; g < groups_.size(); ++g) {
-    BlockManagerImpl& group = *groups_[g];
-    if (!group.skips_pages()) continue;
-    KVBLOCK_ASSIGN_OR_RETURN(const int32_t entry, group.EntryToChange(id));
-    const int64_t computed = group.slab_.sequence(entry).num_tokens();
-    KVBLOCK_RETURN_IF_ERROR(
-        group.ReleaseSkippedPages(entry, NumSkippedPages(specs_[g], computed))
-            .status());
+  for (BlockManagerImpl* group : groups_) {
+    if (!group->skips_pages()) continue;
+    KVBLOCK_ASSIGN_OR_RETURN(const int32_t entry, group->EntryToChange(id));
+    KVBLOCK_RETURN_IF_ERROR(group->SkipEntry(entry).status());
   }
   return absl::OkStatus();
 }

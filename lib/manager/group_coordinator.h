@@ -52,6 +52,7 @@
 #include "kvblock/kv_cache_groups.h"
 #include "kvblock/types.h"
 #include "manager/block_manager_impl.h"
+#include "manager/page_hash_memo.h"
 
 namespace kvblock::internal {
 
@@ -157,6 +158,8 @@ class GroupCoordinator {
   // groups_[0] is the BlockManager's; owned_ holds groups 1, 2, ....
   std::vector<BlockManagerImpl*> groups_;
   std::vector<std::unique_ptr<BlockManagerImpl>> owned_;
+  // One page hash memo for each page size more than one group has.
+  std::vector<std::unique_ptr<PageHashMemo>> memos_;
   // Scratch: a transaction's savepoints, each group's chain, the hit, each
   // group's plan and registered hashes.
   std::vector<BlockManagerImpl::Transaction> transactions_;

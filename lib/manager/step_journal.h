@@ -35,7 +35,8 @@
 //                change
 //   skipped      entry, the first page it pointed at the null page and the
 //                pages it held there: pages[offset, offset + count) (a KV
-//                cache group's window moved past them)
+//                cache group's window moved past them), its skip_due_at
+//                before
 //   edge_step    entry, its num_tokens, num_pages, drafts and
 //                tail_maybe_shared before, the chain hash before when a page
 //                filled (hashes[index], else -1), and the partial tokens it
@@ -136,6 +137,7 @@ struct JournalRecord {
     int32_t first;
     int32_t pages_offset;
     int32_t count;
+    int64_t skip_due_at;
   };
   struct EdgeStep {
     int32_t entry;
@@ -346,16 +348,19 @@ class StepJournal {
   }
 
   // `pages`: the pages [first, first + pages.size()) the sequence held
-  // before SkipPages pointed them at the null page.
-  void Skipped(int32_t entry, int32_t first, absl::Span<const PageId> pages) {
+  // before SkipPages pointed them at the null page; `skip_due_at`: its
+  // skip_due_at before.
+  void Skipped(int32_t entry, int32_t first, absl::Span<const PageId> pages,
+               int64_t skip_due_at) {
     JournalRecord& record = Add(JournalRecord::Kind::kSkipped);
     record.skipped = {entry, first, static_cast<int32_t>(pages_.size()),
-                      static_cast<int32_t>(pages.size())};
+                      static_cast<int32_t>(pages.size()), skip_due_at};
     pages_.insert(pages_.end(), pages.begin(), pages.end());
   }
   void Undo(const JournalRecord::Skipped& r, SequenceSlab& slab) const {
     slab.sequence(r.entry).RestoreSkipped(
-        r.first, absl::MakeConstSpan(pages_).subspan(r.pages_offset, r.count));
+        r.first, absl::MakeConstSpan(pages_).subspan(r.pages_offset, r.count),
+        r.skip_due_at);
   }
 
  private:

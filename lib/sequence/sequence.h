@@ -81,6 +81,11 @@ class Sequence {
   // A BatchCommit runs it: only that commit's step may change it.
   bool run_by_commit() const { return run_by_commit_; }
   void set_run_by_commit(bool on) { run_by_commit_ = on; }
+  // A window group's sequence: the tokens from which its next page may leave
+  // the window (NextSkipTokens of the pages it skipped; 0 until first
+  // asked). Below it, no page is due to be released.
+  int64_t skip_due_at() const { return skip_due_at_; }
+  void set_skip_due_at(int64_t tokens) { skip_due_at_ = tokens; }
   // StepJournal::serial() of the transaction that last filled a page here
   // (a new page saves that page's tokens only in the same transaction).
   uint64_t filled_in_transaction() const { return filled_in_transaction_; }
@@ -159,6 +164,7 @@ class Sequence {
     num_tokens_ = parent.num_tokens_;
     offset_ = parent.offset_;
     prompt_end_ = parent.prompt_end_;
+    skip_due_at_ = parent.skip_due_at_;
     parent.tail_maybe_shared_ = true;
     tail_maybe_shared_ = true;
     AssertInvariant();
@@ -210,8 +216,11 @@ class Sequence {
   void RestoreDropped(absl::Span<const PageId> dropped) {
     (void)table_.AdoptPages(dropped);
   }
-  // Puts back the pages SkipPages replaced: `pages` from `first` on.
-  void RestoreSkipped(int32_t first, absl::Span<const PageId> pages) {
+  // Puts back the pages SkipPages replaced, `pages` from `first` on, and
+  // the skip_due_at before.
+  void RestoreSkipped(int32_t first, absl::Span<const PageId> pages,
+                      int64_t skip_due_at) {
+    skip_due_at_ = skip_due_at;
     for (size_t i = 0; i < pages.size(); ++i) {
       table_.Repoint(first + static_cast<int32_t>(i), pages[i]);
     }
@@ -234,6 +243,7 @@ class Sequence {
   int32_t offset_ = 0;
   int32_t drafts_ = 0;
   int64_t prompt_end_ = 0;
+  int64_t skip_due_at_ = 0;
   uint64_t filled_in_transaction_ = 0;
   uint32_t generation_ = 0;
   int32_t page_size_;

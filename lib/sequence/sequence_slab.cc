@@ -39,6 +39,7 @@ int32_t SequenceSlab::Create(SequenceId id) {
   sequence.offset_ = 0;
   sequence.drafts_ = 0;
   sequence.prompt_end_ = 0;
+  sequence.skip_due_at_ = 0;
   sequence.tail_maybe_shared_ = false;
   sequence.live_ = true;
   sequence.run_by_commit_ = false;

@@ -3,6 +3,7 @@
 #include "kvblock/kv_cache_groups.h"
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -141,6 +142,21 @@ TEST_CASE("attention kinds carry vLLM's names") {
   REQUIRE(SameAttention(Window(16, 128), eagle));
   REQUIRE_FALSE(SameAttention(Window(16, 128), Window(16, 64)));
   REQUIRE_FALSE(SameAttention(Full(16), Full(32)));
+}
+
+TEST_CASE("the next skip is the first length that skips one more page") {
+  for (const KvCacheGroupSpec& group :
+       {Window(16, 128), Window(4, 1), Window(4, 6), Window(5, 17),
+        Chunked(8, 8), Chunked(4, 10), Chunked(16, 8192)}) {
+    INFO(group.page_size << " " << group.sliding_window << " "
+                         << group.attention_chunk_size);
+    for (int64_t pages = 0; pages < 40; ++pages) {
+      const int64_t next = NextSkipTokens(group, pages);
+      REQUIRE(NumSkippedPages(group, next) > pages);
+      REQUIRE(NumSkippedPages(group, next - 1) <= pages);
+    }
+  }
+  REQUIRE(NextSkipTokens(Full(16), 3) == std::numeric_limits<int64_t>::max());
 }
 
 }  // namespace

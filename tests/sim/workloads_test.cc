@@ -24,7 +24,7 @@ std::vector<Request> Make(absl::string_view name, uint64_t seed) {
 }
 
 TEST_CASE("every workload is deterministic for a seed and valid") {
-  REQUIRE(Workloads().size() == 7);
+  REQUIRE(Workloads().size() == 8);
   for (const WorkloadInfo& workload : Workloads()) {
     INFO(workload.name);
     const std::vector<Request> a = Make(workload.name, 42);
@@ -115,6 +115,15 @@ TEST_CASE("each workload has the shape its name promises") {
     REQUIRE(r.prompt.size() <= 2048);
     REQUIRE(r.max_tokens >= 32);
     REQUIRE(r.max_tokens <= 256);
+  }
+
+  // longcontext: 64 prompts of 8k to 32k tokens, 1k tokens out.
+  const std::vector<Request> long_context = Make("longcontext", 1);
+  REQUIRE(long_context.size() == 64);
+  for (const Request& r : long_context) {
+    REQUIRE(r.prompt.size() >= 8192);
+    REQUIRE(r.prompt.size() <= 32768);
+    REQUIRE(r.max_tokens == 1024);
   }
 
   // mixed: every kind at once.

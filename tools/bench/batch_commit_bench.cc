@@ -132,9 +132,11 @@ class DecodeWorkload {
  public:
   // Creates the stack and fills the batch; false (with the error reported to
   // `state`) on failure.
+  // `groups`: 1, or 2 for gpt-oss's KV cache groups (full attention and a
+  // 128-token sliding window).
   bool Init(benchmark::State& state, int32_t batch, int32_t width,
             HashAlgorithm hash, bool prefix_caching, bool hash_on_arrival,
-            int32_t drafts, bool hold_drafts) {
+            int32_t drafts, bool hold_drafts, int32_t groups = 1) {
     batch_ = batch;
     hash_on_arrival_ = hash_on_arrival;
     drafts_ = drafts;
@@ -146,15 +148,26 @@ class DecodeWorkload {
     config.max_batch = batch;
     // Steady state: about half the pool in use, the rest cached pages that
     // the steps evict.
-    config.num_pages = (drafts > 0 ? 48 : 16) * batch;
+    config.num_pages = (drafts > 0 ? 48 : 16) * batch * groups;
     BlockManagerOptions options;
     options.hash_algorithm = hash;
     options.enable_prefix_caching = prefix_caching;
+    if (groups == 2) {
+      const KvCacheGroupSpec full{.kind = AttentionKind::kFull,
+                                  .page_size = kPageSize,
+                                  .sliding_window = 0,
+                                  .attention_chunk_size = 0,
+                                  .eagle = false};
+      KvCacheGroupSpec window = full;
+      window.kind = AttentionKind::kSlidingWindow;
+      window.sliding_window = 128;
+      options.kv_cache_groups = {full, window};
+    }
     auto manager = BlockManager::Create(config, options);
     if (!manager.ok()) return Fail(state, manager.status());
     manager_ = *std::move(manager);
-    auto table =
-        KVPageTable::Create(batch, width, config.num_pages, BenchDevice());
+    auto table = KVPageTable::Create(groups * batch, width, config.num_pages,
+                                     BenchDevice());
     if (!table.ok()) return Fail(state, table.status());
     table_ = *std::move(table);
     auto commit = BatchCommit::Create(*manager_, *table_);
@@ -334,23 +347,10 @@ class DecodeWorkload {
 // is hashed), prompts hashed on arrival (1) or in the step (0), drafts per
 // sequence, caches evicted between steps (1) or not (0), drafts held after
 // the step (1) or the verified tokens alone (0).
-void BM_CommitDecodeStep(benchmark::State& state) {
-  if (!crypto_allocations_counted) {
-    state.SkipWithError("OpenSSL allocated before its allocator was replaced");
-    return;
-  }
-  const int32_t batch = static_cast<int32_t>(state.range(0));
-  const int32_t width = static_cast<int32_t>(state.range(1));
-  const bool upload = state.range(2) != 0;
-  const HashAlgorithm hash =
-      state.range(3) == 0 ? HashAlgorithm::kSha256 : HashAlgorithm::kXxh3_128;
-  DecodeWorkload workload;
-  if (!workload.Init(state, batch, width, hash, state.range(4) != 0,
-                     state.range(5) != 0, static_cast<int32_t>(state.range(6)),
-                     state.range(8) != 0)) {
-    return;
-  }
-  const bool cold = state.range(7) != 0;
+// Times `workload`'s decode steps, `upload`ing each, from `cold` caches,
+// and sets the counters.
+void RunDecodeSteps(benchmark::State& state, DecodeWorkload& workload,
+                    int32_t batch, bool upload, bool cold) {
   const double arrival_before = workload.arrival_seconds();
   const KVPageTableUploadStats uploads_before = workload.upload_stats();
   int64_t step_allocations = 0;
@@ -397,6 +397,25 @@ void BM_CommitDecodeStep(benchmark::State& state) {
   }
   state.SetLabel(std::string(BenchDevice().name()));
 }
+
+void BM_CommitDecodeStep(benchmark::State& state) {
+  if (!crypto_allocations_counted) {
+    state.SkipWithError("OpenSSL allocated before its allocator was replaced");
+    return;
+  }
+  const int32_t batch = static_cast<int32_t>(state.range(0));
+  const int32_t width = static_cast<int32_t>(state.range(1));
+  const bool upload = state.range(2) != 0;
+  const HashAlgorithm hash =
+      state.range(3) == 0 ? HashAlgorithm::kSha256 : HashAlgorithm::kXxh3_128;
+  DecodeWorkload workload;
+  if (!workload.Init(state, batch, width, hash, state.range(4) != 0,
+                     state.range(5) != 0, static_cast<int32_t>(state.range(6)),
+                     state.range(8) != 0)) {
+    return;
+  }
+  RunDecodeSteps(state, workload, batch, upload, state.range(7) != 0);
+}
 BENCHMARK(BM_CommitDecodeStep)
     ->ArgNames({"batch", "width", "upload", "xxh3", "cache", "arrival",
                 "drafts", "cold", "held"})
@@ -417,6 +436,31 @@ BENCHMARK(BM_CommitDecodeStep)
     ->ArgsProduct(
         {{64, 256, 1024}, {128}, {0}, {0, 1}, {1}, {1, 0}, {0}, {0}, {1}})
     ->ArgsProduct({{64, 256, 1024}, {128}, {0}, {0}, {0}, {0}, {0}, {0}, {1}})
+    ->UseManualTime();
+
+// BM_CommitDecodeStep's whole step (upload, SHA-256, prefix caching, prompts
+// hashed on arrival) for a model of one KV cache group or of gpt-oss's two
+// (full attention and a 128-token sliding window, one table of both groups'
+// rows): what a second group costs a step.
+void BM_CommitDecodeStepGroups(benchmark::State& state) {
+  if (!crypto_allocations_counted) {
+    state.SkipWithError("OpenSSL allocated before its allocator was replaced");
+    return;
+  }
+  const int32_t batch = static_cast<int32_t>(state.range(0));
+  DecodeWorkload workload;
+  if (!workload.Init(state, batch, static_cast<int32_t>(state.range(1)),
+                     HashAlgorithm::kSha256, /*prefix_caching=*/true,
+                     /*hash_on_arrival=*/true, /*drafts=*/0,
+                     /*hold_drafts=*/true,
+                     static_cast<int32_t>(state.range(2)))) {
+    return;
+  }
+  RunDecodeSteps(state, workload, batch, /*upload=*/true, /*cold=*/false);
+}
+BENCHMARK(BM_CommitDecodeStepGroups)
+    ->ArgNames({"batch", "width", "groups"})
+    ->ArgsProduct({{64, 256, 1024}, {256}, {1, 2}})
     ->UseManualTime();
 
 }  // namespace

@@ -116,6 +116,13 @@ void AddServing(Rng& rng, Shape shape, std::vector<Request>& out) {
   AddFresh(rng, "req-", shape, 128, 2048, 32, 256, /*n=*/1, /*beam=*/1, out);
 }
 
+// Long contexts: unrelated prompts of 8k to 32k tokens, 1k output tokens
+// each, where a sliding window's savings show.
+void AddLongContext(Rng& rng, Shape shape, std::vector<Request>& out) {
+  AddFresh(rng, "long-", shape, 8192, 32768, 1024, 1024, /*n=*/1, /*beam=*/1,
+           out);
+}
+
 constexpr WorkloadInfo kWorkloads[] = {
     {"sysprompt", "requests sharing a few long system prompts, two tenants",
      1024},
@@ -129,6 +136,10 @@ constexpr WorkloadInfo kWorkloads[] = {
      "2000 unrelated 128-2048-token prompts, ~100 running: the scale of a "
      "serving replica (needs --max_pages_per_seq=144 --pages=16384 or more)",
      2048 + 256},
+    {"longcontext",
+     "64 unrelated 8k-32k-token prompts, 1k output tokens each (needs "
+     "--max_pages_per_seq=2112 --pages=65536 or more)",
+     32768 + 1024},
 };
 
 }  // namespace
@@ -152,6 +163,8 @@ absl::StatusOr<std::vector<Request>> MakeWorkload(absl::string_view name,
     AddUnique(rng, {.count = 200, .span = kSpan}, requests);
   } else if (name == "serving") {
     AddServing(rng, {.count = 2000, .span = 2900}, requests);
+  } else if (name == "longcontext") {
+    AddLongContext(rng, {.count = 64, .span = 4000}, requests);
   } else if (name == "mixed") {
     AddSysprompt(rng, {.count = 100, .span = kSpan}, requests);
     AddMultiturn(rng, {.count = 16, .span = kSpan}, requests);
