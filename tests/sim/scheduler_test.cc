@@ -558,7 +558,8 @@ TEST_CASE("speculative decoding appends accepted drafts and the target's") {
 
 TEST_CASE("drafts change how fast requests run, never what they generate") {
   for (const WorkloadInfo& workload : Workloads()) {
-    if (workload.name == "serving") continue;
+    // Their geometry is their own, below.
+    if (workload.name == "serving" || workload.name == "longcontext") continue;
     INFO(workload.name);
     auto requests = MakeWorkload(workload.name, 5);
     REQUIRE_OK(requests);
@@ -591,7 +592,8 @@ TEST_CASE("every built-in workload runs to completion with its pages back") {
   SchedulerConfig config = SimDefaultConfig();
   config.manager.hash_algorithm = HashAlgorithm::kXxh3_128;
   for (const WorkloadInfo& workload : Workloads()) {
-    if (workload.name == "serving") continue;  // its own test, below.
+    // Their own tests, below.
+    if (workload.name == "serving" || workload.name == "longcontext") continue;
     INFO(workload.name);
     auto requests = MakeWorkload(workload.name, 7);
     REQUIRE_OK(requests);
@@ -605,6 +607,33 @@ TEST_CASE("every built-in workload runs to completion with its pages back") {
       REQUIRE(result.cow_copies > 0);
     }
   }
+}
+
+TEST_CASE("long contexts on gpt-oss's groups hold about half the pages") {
+  SchedulerConfig config;
+  config.kv.num_pages = 65536;
+  config.kv.max_batch = 32;
+  config.kv.max_pages_per_seq = 2112;
+  config.kv.num_kv_heads = 1;
+  config.kv.head_dim = 8;
+  config.manager.hash_algorithm = HashAlgorithm::kXxh3_128;
+  auto groups = ModelGroups("gpt-oss", "", config.kv.page_size);
+  REQUIRE_OK(groups);
+  auto requests = MakeWorkload("longcontext", 1);
+  REQUIRE_OK(requests);
+  config.manager.kv_cache_groups = *groups;
+  const SimResult hybrid = RunChecked(config, *requests);
+  config.manager.kv_cache_groups = AllFullAttention(*groups);
+  const SimResult full = RunChecked(config, *requests);
+  REQUIRE(hybrid.completed == 64);
+  REQUIRE(full.completed == 64);
+  REQUIRE(hybrid.preemptions == 0);
+  REQUIRE(full.preemptions == 0);
+  // The window group holds 128 tokens' pages a sequence, the full one all.
+  const double ratio = static_cast<double>(hybrid.peak_pages_used) /
+                       static_cast<double>(full.peak_pages_used);
+  REQUIRE(ratio > 0.45);
+  REQUIRE(ratio < 0.55);
 }
 
 TEST_CASE("the serving workload runs at its geometry; time adds up by phase") {
