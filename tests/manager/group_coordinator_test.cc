@@ -153,6 +153,21 @@ TEST_CASE("a prefix hit is what every group serves") {
   REQUIRE_OK(manager->CheckInvariants());
 }
 
+TEST_CASE("an EAGLE group's hit leaves its last page to recompute") {
+  KvCacheGroupSpec drafting = Full();
+  drafting.eagle = true;
+  auto manager = MakeManager(Config(256), {drafting, Window(8)});
+  const Tokens prompt = TokenRange(1, 30);
+  REQUIRE_OK(manager->Admit(1, prompt));
+  // 7 full pages within 29 tokens, less the drafting group's last one.
+  auto plan = manager->PlanAdmission(prompt);
+  REQUIRE_OK(plan);
+  REQUIRE(plan->hit_tokens == 24);
+  REQUIRE_OK(manager->Admit(2, prompt));
+  REQUIRE(LeadingNull(GroupPages(*manager, 2, 1), 0) == 4);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
 TEST_CASE("a window group's released pages stay cached for the next turn") {
   auto manager = MakeManager(Config(64), {Full(), Window(8)});
   const Tokens prompt = TokenRange(1, 30);
