@@ -149,6 +149,50 @@ def test_a_step_through_batch_commit():
     table.check_invariants()
 
 
+def test_kv_cache_groups_window_pages_and_one_table_of_both():
+    # gpt-oss's shape: full attention and an 8-token sliding window.
+    config = make_config(num_pages=64, max_pages_per_seq=16)
+    options = kvblock.BlockManagerOptions()
+    options.kv_cache_groups = [
+        kvblock.KvCacheGroupSpec(page_size=4),
+        kvblock.KvCacheGroupSpec(kvblock.AttentionKind.SLIDING_WINDOW,
+                                 page_size=4, sliding_window=8),
+    ]
+    assert options.kv_cache_groups[1].sliding_window == 8
+    manager = kvblock.BlockManager(config, options)
+    assert manager.num_groups == 2
+    assert manager.null_page == 0
+    # One table of both groups' rows: group g's slot s is row g * 8 + s.
+    table = kvblock.KVPageTable(2 * config.max_batch, 16, config.num_pages,
+                                kvblock.Device.host())
+    commit = kvblock.BatchCommit(manager, table)
+    commit.commit(joins=[kvblock.Join(1, np.arange(30, dtype=np.int32))])
+    for step in range(12):
+        commit.commit(append_counts=np.array([1], dtype=np.int32),
+                      append_tokens=np.array([100 + step], dtype=np.int32))
+    window = manager.group_pages(1, 1)
+    # (41 - 7) // 4 pages left the window: the null page in their place.
+    assert window[:8] == [0] * 8 and 0 not in window[8:]
+    assert 0 not in manager.group_pages(1, 0)
+    np.testing.assert_array_equal(table.host_row(8)[:len(window)], window)
+    # A fork copies the shared partial page in both groups.
+    manager_copies = commit.commit(joins=[kvblock.Join(2, fork_of=1)])
+    assert manager_copies.copy_groups.size == 0
+    step = commit.commit(append_counts=np.array([1, 1], dtype=np.int32),
+                         append_tokens=np.array([7, 8], dtype=np.int32))
+    assert step.copy_groups.tolist() == [0, 1]
+    assert step.copies.shape == (2, 2)
+    commit.check_invariants()
+    with pytest.raises(kvblock.InvalidArgumentError, match="group 2"):
+        manager.group_pages(1, 2)
+    # A table of one group's rows does not fit a commit of two.
+    with pytest.raises(kvblock.InvalidArgumentError, match="2 KV cache groups"):
+        kvblock.BatchCommit(
+            kvblock.BlockManager(config, options),
+            kvblock.KVPageTable(config.max_batch, 16, config.num_pages,
+                                kvblock.Device.host()))
+
+
 def test_values_that_do_not_fit_are_refused_not_cast():
     """Each refused before anything changes: no token, page or sequence is
     what a silent cast would have made of it."""

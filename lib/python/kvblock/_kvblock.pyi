@@ -67,6 +67,21 @@ class BlockPool:
     @property
     def stats(self) -> dict[str, int]: ...
 
+class AttentionKind:
+    FULL: AttentionKind
+    SLIDING_WINDOW: AttentionKind
+    CHUNKED_LOCAL: AttentionKind
+
+class KvCacheGroupSpec:
+    kind: AttentionKind
+    page_size: int
+    sliding_window: int
+    attention_chunk_size: int
+    eagle: bool
+    def __init__(self, kind: AttentionKind = ..., page_size: int = 16,
+                 sliding_window: int = 0, attention_chunk_size: int = 0,
+                 eagle: bool = False) -> None: ...
+
 class BlockManagerOptions:
     enable_prefix_caching: bool
     hash_algorithm: HashAlgorithm
@@ -75,6 +90,7 @@ class BlockManagerOptions:
     reserve_prompt_pages: bool
     enable_kv_events: bool
     reserved_kv_changes: int
+    kv_cache_groups: list[KvCacheGroupSpec]
     def __init__(self) -> None: ...
 
 class AdmissionPlan:
@@ -99,6 +115,8 @@ class AppendResult:
     released_pages: int
     @property
     def copy(self) -> Optional[tuple[int, int]]: ...
+    @property
+    def group_copies(self) -> list[tuple[int, int, int]]: ...
 
 class ManagerStats(TypedDict):
     admitted: int
@@ -154,6 +172,11 @@ class BlockManager:
     def __contains__(self, id: int) -> bool: ...
     def __len__(self) -> int: ...
     def pages(self, id: int, start: int = 0) -> list[int]: ...
+    def group_pages(self, id: int, group: int) -> list[int]: ...
+    @property
+    def num_groups(self) -> int: ...
+    @property
+    def null_page(self) -> int: ...
     def ref_count(self, page: int) -> int: ...
     def num_tokens(self, id: int) -> int: ...
     def prompt_tokens_left(self, id: int) -> int: ...
@@ -224,6 +247,8 @@ class StepResult:
     def changed_slots(self) -> npt.NDArray[np.int32]: ...
     @property
     def copies(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def copy_groups(self) -> npt.NDArray[np.int32]: ...
     @property
     def batch(self) -> int: ...
     @property

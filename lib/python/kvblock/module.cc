@@ -30,6 +30,7 @@
 #include "kvblock/block_pool.h"
 #include "kvblock/config.h"
 #include "kvblock/device.h"
+#include "kvblock/kv_cache_groups.h"
 #include "kvblock/kv_events.h"
 #include "kvblock/metrics.h"
 #include "kvblock/page_table.h"
@@ -233,6 +234,36 @@ void BindConfig(py::module_& m) {
   py::enum_<HashAlgorithm>(m, "HashAlgorithm")
       .value("SHA256", HashAlgorithm::kSha256)
       .value("XXH3_128", HashAlgorithm::kXxh3_128);
+  py::enum_<AttentionKind>(m, "AttentionKind")
+      .value("FULL", AttentionKind::kFull)
+      .value("SLIDING_WINDOW", AttentionKind::kSlidingWindow)
+      .value("CHUNKED_LOCAL", AttentionKind::kChunkedLocal);
+  py::class_<KvCacheGroupSpec>(
+      m, "KvCacheGroupSpec",
+      "One KV cache group of a hybrid model: its attention kind, page size, "
+      "window or chunk, and whether EAGLE drafting reads it.")
+      .def(py::init([](AttentionKind kind, int32_t page_size,
+                       int32_t sliding_window, int32_t attention_chunk_size,
+                       bool eagle) {
+             return KvCacheGroupSpec{
+                 .kind = kind,
+                 .page_size = page_size,
+                 .sliding_window = sliding_window,
+                 .attention_chunk_size = attention_chunk_size,
+                 .eagle = eagle};
+           }),
+           "kind"_a = AttentionKind::kFull, "page_size"_a = 16,
+           "sliding_window"_a = 0, "attention_chunk_size"_a = 0,
+           "eagle"_a = false)
+      .def_readwrite("kind", &KvCacheGroupSpec::kind)
+      .def_readwrite("page_size", &KvCacheGroupSpec::page_size)
+      .def_readwrite("sliding_window", &KvCacheGroupSpec::sliding_window)
+      .def_readwrite("attention_chunk_size",
+                     &KvCacheGroupSpec::attention_chunk_size)
+      .def_readwrite("eagle", &KvCacheGroupSpec::eagle)
+      .def("__eq__", [](const KvCacheGroupSpec& a, const KvCacheGroupSpec& b) {
+        return a == b;
+      });
   py::class_<BlockManagerOptions>(m, "BlockManagerOptions")
       .def(py::init<>())
       .def_readwrite("enable_prefix_caching",
@@ -244,7 +275,11 @@ void BindConfig(py::module_& m) {
                      &BlockManagerOptions::reserve_prompt_pages)
       .def_readwrite("enable_kv_events", &BlockManagerOptions::enable_kv_events)
       .def_readwrite("reserved_kv_changes",
-                     &BlockManagerOptions::reserved_kv_changes);
+                     &BlockManagerOptions::reserved_kv_changes)
+      .def_readwrite("kv_cache_groups", &BlockManagerOptions::kv_cache_groups,
+                     "The model's KV cache groups (a list of "
+                     "KvCacheGroupSpec; assign a whole list). Empty: one "
+                     "full-attention group of the config's page size.");
   py::class_<AdmissionPlan>(m, "AdmissionPlan")
       .def_readonly("hit_pages", &AdmissionPlan::hit_pages)
       .def_readonly("hit_tokens", &AdmissionPlan::hit_tokens)
@@ -265,10 +300,24 @@ void BindConfig(py::module_& m) {
   py::class_<AppendResult>(m, "AppendResult")
       .def_readonly("new_pages", &AppendResult::new_pages)
       .def_readonly("released_pages", &AppendResult::released_pages)
-      .def_property_readonly("copy", [](const AppendResult& r) -> py::object {
-        if (!r.copy.has_value()) return py::none();
-        return py::make_tuple(r.copy->source, r.copy->destination);
-      });
+      .def_property_readonly("copy",
+                             [](const AppendResult& r) -> py::object {
+                               if (!r.copy.has_value()) return py::none();
+                               return py::make_tuple(r.copy->source,
+                                                     r.copy->destination);
+                             })
+      .def_property_readonly(
+          "group_copies",
+          [](const AppendResult& r) {
+            py::list copies;
+            for (const GroupPageCopy& copy : r.group_copies) {
+              copies.append(py::make_tuple(copy.group, copy.copy.source,
+                                           copy.copy.destination));
+            }
+            return copies;
+          },
+          "With KV cache groups: every group's copy, (group, source, "
+          "destination) tuples.");
 }
 
 py::bytes BytesOf(const BlockHash& hash) {
@@ -571,6 +620,30 @@ void BindManager(py::module_& m) {
           "id"_a, "start"_a = 0,
           "The sequence's page ids from page `start` on, a list.")
       .def(
+          "group_pages",
+          [](PyBlockManager& self, SequenceId id, int32_t group) {
+            const ObjectLock lock(self.mutex, "BlockManager");
+            const absl::Span<const PageId> pages =
+                ValueOrThrow(self.manager->GroupPages(id, group));
+            return std::vector<PageId>(pages.begin(), pages.end());
+          },
+          "id"_a, "group"_a,
+          "The sequence's page ids in KV cache group `group`, a list (a "
+          "window group's skipped pages are null_page).")
+      .def_property_readonly("num_groups",
+                             [](PyBlockManager& self) {
+                               const ObjectLock lock(self.mutex,
+                                                     "BlockManager");
+                               return self.manager->num_groups();
+                             })
+      .def_property_readonly(
+          "null_page",
+          [](PyBlockManager& self) {
+            const ObjectLock lock(self.mutex, "BlockManager");
+            return self.manager->null_page();
+          },
+          "The page window groups point skipped entries at; -1 without one.")
+      .def(
           "ref_count",
           [](PyBlockManager& self, PageId page) {
             const ObjectLock lock(self.mutex, "BlockManager");
@@ -809,6 +882,12 @@ void BindCommit(py::module_& m) {
             return ItemsView<PageId>(r.step.copies, r.commit);
           },
           "Copy-on-write copies to run, (n, 2): source, destination page.")
+      .def_property_readonly(
+          "copy_groups",
+          [](const PyStepResult& r) {
+            return ItemsView<int32_t>(r.step.copy_groups, r.commit);
+          },
+          "With KV cache groups: the group of each copy; empty for one.")
       .def_property_readonly("batch",
                              [](const PyStepResult& r) { return r.step.batch; })
       .def_property_readonly(
