@@ -131,7 +131,8 @@ TEST_CASE("a commit keeps every group's rows in one table") {
 TEST_CASE("a commit tags the copies of forks with their group") {
   using enum AttentionKind;
   Fixture f(128, {Group(kSlidingWindow, 4, 5), Group(kFull, 4)}, 16);
-  const JoinRequest joins[] = {{.id = 1, .tokens = TokenRange(1, 14)}};
+  const Tokens prompt = TokenRange(1, 14);
+  const JoinRequest joins[] = {{.id = 1, .tokens = prompt}};
   REQUIRE_OK(f.commit->Commit({.joins = joins}));
   const Tokens fork_tokens = {77};
   const JoinRequest forks[] = {{.id = 2, .fork_of = 1, .tokens = fork_tokens}};
@@ -204,7 +205,7 @@ TEST_CASE("random steps over KV cache groups keep every row", "[random]") {
   for (size_t m = 0; m < models.size(); ++m) {
     const int32_t width =
         std::max(16, static_cast<int32_t>(64 / models[m][0].page_size));
-    Fixture f(60, models[m], width);
+    Fixture f(40, models[m], width);
     std::mt19937 rng(static_cast<uint32_t>(m + 1));
     const auto uniform = [&](int lo, int hi) {
       return std::uniform_int_distribution<int>(lo, hi)(rng);
