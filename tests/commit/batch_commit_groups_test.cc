@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/group_spec_test_util.h"
 #include "kvblock/batch_commit.h"
 #include "kvblock/block_manager.h"
 #include "kvblock/device.h"
@@ -25,15 +26,7 @@ using Pages = std::vector<PageId>;
 using Tokens = std::vector<TokenId>;
 using testing::TokenRange;
 
-constexpr KvCacheGroupSpec Group(AttentionKind kind, int32_t page_size,
-                                 int32_t span = 0) {
-  return {
-      .kind = kind,
-      .page_size = page_size,
-      .sliding_window = kind == AttentionKind::kSlidingWindow ? span : 0,
-      .attention_chunk_size = kind == AttentionKind::kChunkedLocal ? span : 0,
-      .eagle = false};
-}
+using testing::GroupSpec;
 
 constexpr int32_t kMaxBatch = 4;
 
@@ -83,7 +76,7 @@ struct Fixture {
 TEST_CASE("a commit keeps every group's rows in one table") {
   using enum AttentionKind;
   // gpt-oss's shape: full attention and a window of 8 tokens.
-  Fixture f(128, {Group(kFull, 4), Group(kSlidingWindow, 4, 8)}, 16);
+  Fixture f(128, {GroupSpec(kFull, 4), GroupSpec(kSlidingWindow, 4, 8)}, 16);
   const Tokens prompt_a = TokenRange(1, 22);
   const Tokens prompt_b = TokenRange(100, 9);
   const JoinRequest joins[] = {{.id = 1, .tokens = prompt_a},
@@ -130,7 +123,7 @@ TEST_CASE("a commit keeps every group's rows in one table") {
 
 TEST_CASE("a commit tags the copies of forks with their group") {
   using enum AttentionKind;
-  Fixture f(128, {Group(kSlidingWindow, 4, 5), Group(kFull, 4)}, 16);
+  Fixture f(128, {GroupSpec(kSlidingWindow, 4, 5), GroupSpec(kFull, 4)}, 16);
   const Tokens prompt = TokenRange(1, 14);
   const JoinRequest joins[] = {{.id = 1, .tokens = prompt}};
   REQUIRE_OK(f.commit->Commit({.joins = joins}));
@@ -154,7 +147,7 @@ TEST_CASE("a commit tags the copies of forks with their group") {
 
 TEST_CASE("a chunked prompt's rows show its window's skips") {
   using enum AttentionKind;
-  Fixture f(128, {Group(kFull, 4), Group(kSlidingWindow, 4, 6)}, 16);
+  Fixture f(128, {GroupSpec(kFull, 4), GroupSpec(kSlidingWindow, 4, 6)}, 16);
   const Tokens prompt = TokenRange(1, 40);
   const JoinRequest joins[] = {
       {.id = 1, .tokens = prompt, .admit = {.prefill_tokens = 16}}};
@@ -176,7 +169,7 @@ TEST_CASE("a commit of groups checks the table's geometry") {
                              .max_pages_per_seq = 16,
                              .page_size = 4};
   auto manager = BlockManager::Create(
-      config, {.kv_cache_groups = {Group(kFull, 4), Group(kFull, 2)}});
+      config, {.kv_cache_groups = {GroupSpec(kFull, 4), GroupSpec(kFull, 2)}});
   REQUIRE_OK(manager);
   std::unique_ptr<Device> device = Device::Host();
   // Pages of 2 tokens need 32 per sequence: the table is that wide.
@@ -197,10 +190,10 @@ TEST_CASE("a commit of groups checks the table's geometry") {
 TEST_CASE("random steps over KV cache groups keep every row", "[random]") {
   using enum AttentionKind;
   const std::vector<std::vector<KvCacheGroupSpec>> models = {
-      {Group(kFull, 4), Group(kSlidingWindow, 4, 6)},
-      {Group(kSlidingWindow, 4, 9), Group(kSlidingWindow, 4, 9),
-       Group(kFull, 4)},
-      {Group(kChunkedLocal, 8, 8), Group(kFull, 4)},
+      {GroupSpec(kFull, 4), GroupSpec(kSlidingWindow, 4, 6)},
+      {GroupSpec(kSlidingWindow, 4, 9), GroupSpec(kSlidingWindow, 4, 9),
+       GroupSpec(kFull, 4)},
+      {GroupSpec(kChunkedLocal, 8, 8), GroupSpec(kFull, 4)},
   };
   for (size_t m = 0; m < models.size(); ++m) {
     const int32_t width =

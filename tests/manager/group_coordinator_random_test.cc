@@ -30,6 +30,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "base/group_spec_test_util.h"
 #include "kvblock/block_manager.h"
 #include "kvblock/config.h"
 #include "kvblock/kv_cache_groups.h"
@@ -40,13 +41,9 @@ namespace {
 
 using Tokens = std::vector<TokenId>;
 
-KvCacheGroupSpec Spec(AttentionKind kind, int32_t page_size, int32_t span) {
-  return {
-      .kind = kind,
-      .page_size = page_size,
-      .sliding_window = kind == AttentionKind::kSlidingWindow ? span : 0,
-      .attention_chunk_size = kind == AttentionKind::kChunkedLocal ? span : 0,
-      .eagle = false};
+constexpr KvCacheGroupSpec Spec(AttentionKind kind, int32_t page_size,
+                                int32_t span) {
+  return testing::GroupSpec(kind, page_size, span);
 }
 
 struct Scenario {

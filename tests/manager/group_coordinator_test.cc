@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "base/group_spec_test_util.h"
 #include "kvblock/batch_commit.h"
 #include "kvblock/block_manager.h"
 #include "kvblock/device.h"
@@ -26,25 +27,13 @@ using testing::TokenRange;
 using Tokens = std::vector<TokenId>;
 
 constexpr KvCacheGroupSpec Full(int32_t page_size = 4) {
-  return {.kind = AttentionKind::kFull,
-          .page_size = page_size,
-          .sliding_window = 0,
-          .attention_chunk_size = 0,
-          .eagle = false};
+  return testing::GroupSpec(AttentionKind::kFull, page_size);
 }
 constexpr KvCacheGroupSpec Window(int32_t window, int32_t page_size = 4) {
-  return {.kind = AttentionKind::kSlidingWindow,
-          .page_size = page_size,
-          .sliding_window = window,
-          .attention_chunk_size = 0,
-          .eagle = false};
+  return testing::GroupSpec(AttentionKind::kSlidingWindow, page_size, window);
 }
 constexpr KvCacheGroupSpec Chunked(int32_t chunk, int32_t page_size = 4) {
-  return {.kind = AttentionKind::kChunkedLocal,
-          .page_size = page_size,
-          .sliding_window = 0,
-          .attention_chunk_size = chunk,
-          .eagle = false};
+  return testing::GroupSpec(AttentionKind::kChunkedLocal, page_size, chunk);
 }
 
 PagedKvConfig Config(int32_t num_pages, int32_t max_pages_per_seq = 64) {

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/group_spec_test_util.h"
 #include "kvblock/device.h"
 #include "kvblock/kv_events.h"
 #include "sim/models.h"
@@ -222,12 +223,7 @@ TEST_CASE("hybrid models run: window groups hold fewer pages") {
     return std::vector<KvCacheGroupSpec>(specs);
   };
   const auto spec = [](AttentionKind kind, int32_t span) {
-    return KvCacheGroupSpec{
-        .kind = kind,
-        .page_size = 16,
-        .sliding_window = kind == AttentionKind::kSlidingWindow ? span : 0,
-        .attention_chunk_size = kind == AttentionKind::kChunkedLocal ? span : 0,
-        .eagle = false};
+    return testing::GroupSpec(kind, 16, span);
   };
   using enum AttentionKind;
   const std::vector<std::vector<KvCacheGroupSpec>> models = {
@@ -609,14 +605,22 @@ TEST_CASE("every built-in workload runs to completion with its pages back") {
   }
 }
 
-TEST_CASE("long contexts on gpt-oss's groups hold about half the pages") {
+// A workload's own geometry, with a model of one 8-wide KV head and XXH3
+// page hashes.
+SchedulerConfig WorkloadConfig(int32_t num_pages, int32_t max_batch,
+                               int32_t max_pages_per_seq) {
   SchedulerConfig config;
-  config.kv.num_pages = 65536;
-  config.kv.max_batch = 32;
-  config.kv.max_pages_per_seq = 2112;
+  config.kv.num_pages = num_pages;
+  config.kv.max_batch = max_batch;
+  config.kv.max_pages_per_seq = max_pages_per_seq;
   config.kv.num_kv_heads = 1;
   config.kv.head_dim = 8;
   config.manager.hash_algorithm = HashAlgorithm::kXxh3_128;
+  return config;
+}
+
+TEST_CASE("long contexts on gpt-oss's groups hold about half the pages") {
+  SchedulerConfig config = WorkloadConfig(65536, 32, 2112);
   auto groups = ModelGroups("gpt-oss", "", config.kv.page_size);
   REQUIRE_OK(groups);
   auto requests = MakeWorkload("longcontext", 1);
@@ -637,14 +641,8 @@ TEST_CASE("long contexts on gpt-oss's groups hold about half the pages") {
 }
 
 TEST_CASE("the serving workload runs at its geometry; time adds up by phase") {
-  SchedulerConfig config;
-  config.kv.num_pages = 16384;
-  config.kv.max_batch = 256;
-  config.kv.max_pages_per_seq = 144;
-  config.kv.num_kv_heads = 1;
-  config.kv.head_dim = 8;
+  SchedulerConfig config = WorkloadConfig(16384, 256, 144);
   config.max_tokens_per_step = 1 << 20;
-  config.manager.hash_algorithm = HashAlgorithm::kXxh3_128;
   auto requests = MakeWorkload("serving", 1);
   REQUIRE_OK(requests);
   const SimResult result = RunChecked(config, *requests);
