@@ -225,7 +225,11 @@ class BlockManager {
   // chunked-local group releases the pages its window has left behind as
   // the sequence advances (their entries point at null_page()), and prefix
   // hits are those every group can serve (kvblock/group_cache_hit.h); the
-  // calls by sequence (Pages, NumTokens, ...) answer for group 0.
+  // calls by sequence (Pages, NumTokens, ...) answer for group 0. An
+  // AdmissionPlan's pages (hit, revived, new, reserved) are summed over the
+  // groups; its hit_tokens are the hit every group serves. Each group
+  // hashes a prompt at its own page size (vLLM hashes at the greatest
+  // common one: its adapter will), under keys of its own.
   // Limits: BatchCommit and KV cache events run one group;
   // prompt_hashes serve only groups of one page size (else pass none).
   int32_t num_groups() const;
