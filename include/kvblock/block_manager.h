@@ -230,8 +230,8 @@ class BlockManager {
   // groups; its hit_tokens are the hit every group serves. Each group
   // hashes a prompt at its own page size (vLLM hashes at the greatest
   // common one: its adapter will), under keys of its own.
-  // Limits: BatchCommit and KV cache events run one group;
-  // prompt_hashes serve only groups of one page size (else pass none).
+  // Limits: KV cache events (each naming its group) and prompt_hashes
+  // need groups of one page size.
   int32_t num_groups() const;
   // Whether the manager keeps kv_cache_groups other than the default one
   // (a full-attention group of the config's page size).

@@ -228,7 +228,12 @@ class BlockPool {
   // is already cached under `hash`, nothing changes. InvalidArgument
   // when `page` is not in [0, num_pages); FailedPrecondition when it is not
   // used or is cached under a different hash. On error, nothing changes.
-  absl::StatusOr<PageId> RegisterCached(PageId page, const BlockHash& hash);
+  // `group`: the KV cache group of a manager of several whose key `hash`
+  // is (kvblock/kv_cache_groups.h; 0 for one group), in [0,
+  // kMaxKvCacheGroups): KV cache events name it. InvalidArgument out of
+  // that range.
+  absl::StatusOr<PageId> RegisterCached(PageId page, const BlockHash& hash,
+                                        int32_t group = 0);
 
   // The page cached under `hash`, used or evictable. Changes nothing.
   std::optional<PageId> Lookup(const BlockHash& hash) const;
@@ -304,6 +309,10 @@ class BlockPool {
     if (!InRange(page) || !pages_[page].cached) return std::nullopt;
     return pages_[page].hash;
   }
+  // The hash KV cache events name cached `page` by: the key it is cached
+  // under, taken out of its KV cache group's keys (RegisterCached's `group`;
+  // the key itself for group 0). None when it is not cached.
+  std::optional<BlockHash> EventHash(PageId page) const;
   // Whether Lookup(hash) finds `page` (a page cached behind another one under
   // `hash` is not found). O(1): one page's state, no index probe.
   bool IsIndexedAs(PageId page, const BlockHash& hash) const {
@@ -353,6 +362,9 @@ class BlockPool {
       kUncacheFree,
     };
     Op op;
+    // kRegister: the group the page was cached for before (its group while
+    // uncached is the last one's).
+    uint8_t group;
     PageId page;
     // kRevive: the LRU neighbour before `page`. kEvict, kUncache and
     // kUncacheFree: the page before `page` among the pages cached under
@@ -386,7 +398,7 @@ class BlockPool {
   // Evicting `victim`: prefetches for the two evictions after it.
   void PrefetchNextEvictions(PageId victim) const;
   void Journal(UndoRecord::Op op, PageId page, PageId prev = kNoPage,
-               const BlockHash& hash = BlockHash{});
+               const BlockHash& hash = BlockHash{}, uint8_t group = 0);
   void Undo(const UndoRecord& record);
   // Drops cached `page` from the index, or from behind the page it
   // duplicates, and returns the page before it among its hash's pages
@@ -432,6 +444,8 @@ class BlockPool {
     // kIndexed when the index holds the page under `hash`; kDuplicate when
     // it is cached behind the indexed page of `hash`.
     uint8_t cached = 0;
+    // The KV cache group `hash` is a key of (RegisterCached's), for events.
+    uint8_t group = 0;
   };
   static constexpr uint8_t kIndexed = 1;
   static constexpr uint8_t kDuplicate = 2;

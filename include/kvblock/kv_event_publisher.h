@@ -44,6 +44,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "kvblock/kv_cache_groups.h"
 #include "kvblock/kv_events.h"
 
 namespace kvblock {
@@ -95,6 +96,12 @@ struct KvEventPublisherOptions {
   int32_t cpu = -1;
   // Tokens a page: BlockStored's block_size.
   int32_t block_size = 16;
+  // The model's KV cache groups (BlockManagerOptions::kv_cache_groups), for
+  // each event's kv_cache_spec_kind and kv_cache_spec_sliding_window by its
+  // group_idx; empty: one full-attention group. Every group's page_size is
+  // block_size (InvalidArgument else). An event of a group past the list is
+  // sent as full attention.
+  std::vector<KvCacheGroupSpec> kv_cache_groups = {};
   // vLLM's encodings: maps with a "type" key (the default, vLLM since
   // mid-2026) or tagged arrays ["BlockStored", field, ...] (before).
   enum class Encoding : uint8_t { kMap, kTaggedArray };

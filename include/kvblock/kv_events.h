@@ -54,6 +54,9 @@ struct KvCacheEvent {
   std::vector<TokenId> token_ids;
   std::string cache_salt;
   int64_t adapter_id = 0;
+  // kBlockStored and kBlockRemoved: the KV cache group of the pages (vLLM's
+  // group_idx; 0 for a model of one group).
+  int32_t group_idx = 0;
 
   friend bool operator==(const KvCacheEvent&, const KvCacheEvent&) = default;
 };

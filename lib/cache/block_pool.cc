@@ -16,7 +16,9 @@
 #include "base/fault_injection.h"
 #include "base/reservation.h"
 #include "cache/cache_event_log.h"
+#include "cache/group_key.h"
 #include "cache/prefix_index.h"
+#include "kvblock/kv_cache_groups.h"
 #include "kvblock/status_macros.h"
 
 namespace kvblock {
@@ -122,12 +124,13 @@ absl::Status BlockPool::UnusedError(PageId page) const {
 }
 
 inline void BlockPool::Journal(UndoRecord::Op op, PageId page, PageId prev,
-                               const BlockHash& hash) {
+                               const BlockHash& hash, uint8_t group) {
   if (depth_ == 0) return;
   // Written in place: a record built on the stack and copied out stalls on
   // store forwarding (its copy reads across the narrower stores).
   UndoRecord& record = journal_.emplace_back();
   record.op = op;
+  record.group = group;
   record.page = page;
   record.prev = prev;
   record.lru_prev = kNoPage;
@@ -218,7 +221,9 @@ PageId BlockPool::AllocateUnchecked() {
       const PageId prev = Unindex(page);
       ++stats_.evictions;
       Journal(UndoRecord::Op::kEvict, page, prev, pages_[page].hash);
-      if (events_ != nullptr && reported) events_->Removed(pages_[page].hash);
+      if (events_ != nullptr && reported) {
+        events_->Removed(pages_[page].hash, pages_[page].group);
+      }
     } else {
       Journal(UndoRecord::Op::kPopLru, page);
     }
@@ -299,7 +304,9 @@ absl::StatusOr<CopyOnWrite> BlockPool::Writable(PageId page) {
         const bool reported = RemovalReported(page);
         const PageId prev = Unindex(page);
         Journal(UndoRecord::Op::kUncache, page, prev, pages_[page].hash);
-        if (events_ != nullptr && reported) events_->Removed(pages_[page].hash);
+        if (events_ != nullptr && reported) {
+          events_->Removed(pages_[page].hash, pages_[page].group);
+        }
       }
       return CopyOnWrite{CopyOnWrite::Kind::kExisting, page, kNoPage};
     }
@@ -322,11 +329,19 @@ absl::StatusOr<CopyOnWrite> BlockPool::Writable(PageId page) {
 }
 
 absl::StatusOr<PageId> BlockPool::RegisterCached(PageId page,
-                                                 const BlockHash& hash) {
+                                                 const BlockHash& hash,
+                                                 int32_t group) {
   if (!IsUsed(page)) return UnusedError(page);
+  if (group < 0 || group >= kMaxKvCacheGroups) {
+    return absl::InvalidArgumentError(absl::StrCat("block pool: group ", group,
+                                                   " is not in [0, ",
+                                                   kMaxKvCacheGroups, ")"));
+  }
   if (pages_[page].cached) {
     if (pages_[page].hash == hash) {
-      if (events_ != nullptr) events_->Registered(hash, /*stored=*/false);
+      if (events_ != nullptr) {
+        events_->Registered(hash, /*stored=*/false, pages_[page].group);
+      }
       return page;
     }
     return absl::FailedPreconditionError(absl::StrCat(
@@ -346,15 +361,17 @@ absl::StatusOr<PageId> BlockPool::RegisterCached(PageId page,
   // registration counted, but the page is linked behind the indexed one so
   // that the hash stays cached while the page is held.
   const bool stored = !duplicate || index_duplicates_;
-  if (events_ != nullptr) events_->Registered(hash, stored);
+  if (events_ != nullptr) events_->Registered(hash, stored, group);
   PageState& state = pages_[page];
+  const uint8_t group_before = state.group;
+  state.group = static_cast<uint8_t>(group);
   state.cached = duplicate ? kDuplicate : kIndexed;
   state.hash = hash;
   state.tag = tag;
   if (duplicate) LinkDuplicate(indexed, page);
   ++num_cached_;
   if (stored) ++stats_.cache_registrations;
-  Journal(UndoRecord::Op::kRegister, page, kNoPage, hash);
+  Journal(UndoRecord::Op::kRegister, page, kNoPage, hash, group_before);
   return indexed;
 }
 
@@ -363,7 +380,7 @@ absl::StatusOr<bool> BlockPool::Uncache(PageId page) {
   PageState& state = pages_[page];
   if (!state.cached) return false;
   if (events_ != nullptr && RemovalReported(page)) {
-    events_->Removed(state.hash);
+    events_->Removed(state.hash, state.group);
   }
   if (state.refcount > 0 || lru_holds_free()) {
     const PageId prev = Unindex(page);
@@ -377,6 +394,12 @@ absl::StatusOr<bool> BlockPool::Uncache(PageId page) {
   Journal(UndoRecord::Op::kUncacheFree, page, prev, state.hash);
   if (depth_ > 0) journal_.back().lru_prev = lru_prev;
   return true;
+}
+
+std::optional<BlockHash> BlockPool::EventHash(PageId page) const {
+  if (!InRange(page) || !pages_[page].cached) return std::nullopt;
+  return internal::SaltKey(pages_[page].hash,
+                           internal::GroupKeySalt(pages_[page].group));
 }
 
 std::optional<PageId> BlockPool::Lookup(const BlockHash& hash) const {
@@ -568,6 +591,7 @@ void BlockPool::Undo(const UndoRecord& record) {
       break;
     case UndoRecord::Op::kRegister:
       Unindex(page);
+      pages_[page].group = record.group;
       break;
     case UndoRecord::Op::kUncache:
       Recache(page, record.hash, record.prev);

@@ -21,20 +21,27 @@ void CacheEventLog::Truncate(const Mark& mark) {
   open_run_ = -1;
 }
 
-void CacheEventLog::Registered(const BlockHash& hash, bool stored) {
+void CacheEventLog::Registered(const BlockHash& key, bool stored,
+                               int32_t group) {
   if (open_run_ < 0) {
-    if (stored) AddHashed(Kind::kStored, hash);
+    if (stored) {
+      AddHashed(Kind::kStored, SaltKey(key, GroupKeySalt(group)), group);
+    }
     return;
   }
-  // The run holds `hash` already (BeginRun).
+  // The run holds the page's hash already (BeginRun).
   const int32_t page_in_run = run_cursor_++;
-  if (stored) Add(Kind::kStored, open_run_, static_cast<size_t>(page_in_run));
+  if (stored) {
+    Add(Kind::kStored, open_run_, static_cast<size_t>(page_in_run),
+        runs_[open_run_].group);
+  }
 }
 
 void CacheEventLog::BeginRun(int64_t first_page, const BlockHash& parent,
                              absl::Span<const BlockHash> hashes,
                              absl::Span<const TokenId> tokens,
-                             absl::string_view cache_salt, int64_t adapter_id) {
+                             absl::string_view cache_salt, int64_t adapter_id,
+                             int32_t group) {
   open_run_ = static_cast<int32_t>(runs_.size());
   run_cursor_ = 0;
   runs_.push_back({.hashes_offset = hashes_.size(),
@@ -42,6 +49,7 @@ void CacheEventLog::BeginRun(int64_t first_page, const BlockHash& parent,
                    .salt_offset = salts_.size(),
                    .salt_size = cache_salt.size(),
                    .adapter_id = adapter_id,
+                   .group = group,
                    .has_parent = first_page > 0});
   hashes_.push_back(parent);
   hashes_.insert(hashes_.end(), hashes.begin(), hashes.end());
@@ -132,7 +140,10 @@ size_t CacheEventLog::EventEnd(size_t begin, size_t end) const {
     case Kind::kCleared:
       return next;
     case Kind::kRemoved:
-      while (next < end && records_[next].kind == Kind::kRemoved) ++next;
+      while (next < end && records_[next].kind == Kind::kRemoved &&
+             records_[next].group == first.group) {
+        ++next;
+      }
       return next;
     case Kind::kStored:
       // A page the pool registered on its own has no chain to continue.
@@ -147,8 +158,8 @@ size_t CacheEventLog::EventEnd(size_t begin, size_t end) const {
           continue;
         }
         const BlockHash* chain = parent(next);
-        if (chain == nullptr || *chain != hash(next - 1) ||
-            cache_salt(next) != cache_salt(begin) ||
+        if (record.group != first.group || chain == nullptr ||
+            *chain != hash(next - 1) || cache_salt(next) != cache_salt(begin) ||
             adapter_id(next) != adapter_id(begin)) {
           break;
         }
@@ -165,6 +176,7 @@ size_t CacheEventLog::BuildEvents(int32_t page_size, size_t begin, size_t end,
   for (size_t i = begin; i < end;) {
     const size_t last = EventEnd(i, end);
     KvCacheEvent& event = NextEvent(out, used, kind(i));
+    event.group_idx = group(i);
     if (event.kind == KvCacheEvent::Kind::kBlockStored) {
       if (const BlockHash* chain = parent(i)) event.parent_block_hash = *chain;
       const absl::string_view salt = cache_salt(i);

@@ -21,6 +21,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "cache/group_key.h"
 #include "kvblock/block_hash.h"
 #include "kvblock/kv_events.h"
 #include "kvblock/types.h"
@@ -36,19 +37,24 @@ class CacheEventLog {
   // Drops what came after `mark`, and closes an open run.
   void Truncate(const Mark& mark);
 
-  // From BlockPool: RegisterCached on `hash` (`stored`: the page is newly
-  // cached), an eviction or uncaching of a page cached as `hash`, a reset.
-  void Registered(const BlockHash& hash, bool stored);
-  void Removed(const BlockHash& hash) { AddHashed(Kind::kRemoved, hash); }
-  void Cleared() { Add(Kind::kCleared, -1, 0); }
+  // From BlockPool: RegisterCached on `key` (`stored`: the page is newly
+  // cached), an eviction or uncaching of a page cached as `key`, a reset.
+  // `group`: the KV cache group `key` is a key of (cache/group_key.h), whose
+  // hash the record keeps.
+  void Registered(const BlockHash& key, bool stored, int32_t group);
+  void Removed(const BlockHash& key, int32_t group) {
+    AddHashed(Kind::kRemoved, SaltKey(key, GroupKeySalt(group)), group);
+  }
+  void Cleared() { Add(Kind::kCleared, -1, 0, 0); }
 
   // From BlockManager: the next hashes.size() registrations are pages
-  // [first_page, ...) of a sequence after `parent` (its chain before them),
-  // holding `tokens`, under extra keys `cache_salt` and `adapter_id`.
+  // [first_page, ...) of a sequence of KV cache group `group` after
+  // `parent` (its chain before them), holding `tokens`, under extra keys
+  // `cache_salt` and `adapter_id`.
   void BeginRun(int64_t first_page, const BlockHash& parent,
                 absl::Span<const BlockHash> hashes,
                 absl::Span<const TokenId> tokens, absl::string_view cache_salt,
-                int64_t adapter_id);
+                int64_t adapter_id, int32_t group);
   void EndRun() { open_run_ = -1; }
 
   bool empty() const { return records_.empty(); }
@@ -74,6 +80,8 @@ class CacheEventLog {
     }
     return KvCacheEvent::Kind::kAllBlocksCleared;
   }
+  // Record i's KV cache group (0 for a reset).
+  int32_t group(size_t i) const { return records_[i].group; }
   const BlockHash& hash(size_t i) const {
     const Record& record = records_[i];
     if (const Run* run = RunOf(i)) {
@@ -142,6 +150,7 @@ class CacheEventLog {
     // kStored in a run: the run (runs_[run]) and the page's index in it.
     // Otherwise -1 and the page's hash in hashes_ (none for kCleared).
     int32_t run = -1;
+    uint8_t group = 0;
     size_t index = 0;
   };
   struct Run {
@@ -153,19 +162,21 @@ class CacheEventLog {
     size_t salt_offset = 0;    // in salts_.
     size_t salt_size = 0;
     int64_t adapter_id = 0;
+    int32_t group = 0;
     bool has_parent = false;
   };
 
-  void Add(Kind kind, int32_t run, size_t index) {
+  void Add(Kind kind, int32_t run, size_t index, int32_t group) {
     Record& record = records_.emplace_back();
     record.kind = kind;
     record.run = run;
+    record.group = static_cast<uint8_t>(group);
     record.index = index;
   }
   // A record of a page outside any run, its hash appended.
-  void AddHashed(Kind kind, const BlockHash& hash) {
+  void AddHashed(Kind kind, const BlockHash& hash, int32_t group) {
     hashes_.push_back(hash);
-    Add(kind, -1, hashes_.size() - 1);
+    Add(kind, -1, hashes_.size() - 1, group);
   }
 
   // The registration run of record i, a stored page; null for any other.

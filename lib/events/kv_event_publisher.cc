@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "cache/cache_event_log.h"
+#include "kvblock/kv_cache_groups.h"
 #include "kvblock/status_macros.h"
 
 // Debian's msgpack-cxx 4 uses Boost unless told not to; nothing here needs
@@ -309,17 +310,31 @@ struct PackedConstant {
   std::array<char, kCapacity> bytes{};
   size_t size = 0;
 };
+// A KV cache group's: its kv_cache_spec_kind and sliding window.
+struct GroupConstants {
+  PackedConstant kind;         // kv_cache_spec_kind and its value.
+  PackedConstant stored_tail;  // kv_cache_spec_sliding_window and its value.
+};
 struct PackedConstants {
   PackedConstant stored_head;  // BlockStored's head and block_hashes' key.
   PackedConstant parent;       // parent_block_hash's key.
   PackedConstant tokens;       // token_ids' key.
   PackedConstant lora;         // block_size and its value, lora_id's key.
   PackedConstant extra;        // medium, lora_name (nil), extra_keys' key.
-  PackedConstant group;        // group_idx and kv_cache_spec_kind.
-  PackedConstant stored_tail;  // kv_cache_spec_sliding_window.
+  PackedConstant group;        // group_idx's key (its value is the event's).
+  // By group (options.kv_cache_groups, at least one); a group past them
+  // is full attention, `full`.
+  std::vector<GroupConstants> groups;
+  GroupConstants full;
   PackedConstant removed_head;
-  PackedConstant removed_tail;  // medium, group_idx.
+  PackedConstant removed_tail;  // medium, group_idx's key.
   PackedConstant cleared;
+
+  const GroupConstants& Of(int32_t group) const {
+    return group >= 0 && static_cast<size_t>(group) < groups.size()
+               ? groups[static_cast<size_t>(group)]
+               : full;
+  }
 };
 
 // vLLM's fields, in its order (the tagged arrays are positional).
@@ -353,16 +368,35 @@ PackedConstants PackConstants(const Options& options) {
     pk.pack_nil();
     Key(pk, options, "extra_keys");
   });
-  pack(packed.group, [&](Packer& pk) {
-    Key(pk, options, "group_idx");
-    pk.pack_int32(0);
-    Key(pk, options, "kv_cache_spec_kind");
-    PackString(pk, "full_attention");
-  });
-  pack(packed.stored_tail, [&](Packer& pk) {
-    Key(pk, options, "kv_cache_spec_sliding_window");
-    pk.pack_nil();
-  });
+  pack(packed.group, [&](Packer& pk) { Key(pk, options, "group_idx"); });
+  const auto pack_group = [&](const KvCacheGroupSpec& spec) {
+    GroupConstants constants;
+    pack(constants.kind, [&](Packer& pk) {
+      Key(pk, options, "kv_cache_spec_kind");
+      const absl::string_view kind = AttentionKindName(spec.kind);
+      PackString(pk, std::string_view(kind.data(), kind.size()));
+    });
+    // vLLM's get_kv_cache_spec_sliding_window: a sliding window's, else nil.
+    pack(constants.stored_tail, [&](Packer& pk) {
+      Key(pk, options, "kv_cache_spec_sliding_window");
+      if (spec.kind == AttentionKind::kSlidingWindow) {
+        pk.pack_int32(spec.sliding_window);
+      } else {
+        pk.pack_nil();
+      }
+    });
+    return constants;
+  };
+  const KvCacheGroupSpec full{.kind = AttentionKind::kFull,
+                              .page_size = options.block_size,
+                              .sliding_window = 0,
+                              .attention_chunk_size = 0,
+                              .eagle = false};
+  packed.full = pack_group(full);
+  for (const KvCacheGroupSpec& spec : options.kv_cache_groups) {
+    packed.groups.push_back(pack_group(spec));
+  }
+  if (packed.groups.empty()) packed.groups.push_back(packed.full);
   pack(packed.removed_head, [&](Packer& pk) {
     BeginEvent(pk, options, "BlockRemoved", 3);
     Key(pk, options, "block_hashes");
@@ -371,7 +405,6 @@ PackedConstants PackConstants(const Options& options) {
     Key(pk, options, "medium");
     PackString(pk, "GPU");
     Key(pk, options, "group_idx");
-    pk.pack_int32(0);
   });
   pack(packed.cleared,
        [&](Packer& pk) { BeginEvent(pk, options, "AllBlocksCleared", 0); });
@@ -405,6 +438,7 @@ class BuiltEvent {
   }
   int64_t adapter_id() const { return event_.adapter_id; }
   absl::string_view cache_salt() const { return event_.cache_salt; }
+  int32_t group() const { return event_.group_idx; }
 
  private:
   const KvCacheEvent& event_;
@@ -434,6 +468,7 @@ class LoggedEvent {
   }
   int64_t adapter_id() const { return log_.adapter_id(begin_); }
   absl::string_view cache_salt() const { return log_.cache_salt(begin_); }
+  int32_t group() const { return log_.group(begin_); }
 
  private:
   const internal::CacheEventLog& log_;
@@ -488,13 +523,17 @@ void PackEvent(Packer& pk, PayloadBuffer& buffer, const Event& event,
         }
       }
       Append(buffer, packed.group);
-      Append(buffer, packed.stored_tail);
+      pk.pack_int32(event.group());
+      const GroupConstants& group = packed.Of(event.group());
+      Append(buffer, group.kind);
+      Append(buffer, group.stored_tail);
       return;
     }
     case KvCacheEvent::Kind::kBlockRemoved:
       Append(buffer, packed.removed_head);
       PackHashes(pk, buffer, event, options);
       Append(buffer, packed.removed_tail);
+      pk.pack_int32(event.group());
       return;
     case KvCacheEvent::Kind::kAllBlocksCleared:
       Append(buffer, packed.cleared);
@@ -926,6 +965,17 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("kv event publisher: block_size ", options.block_size,
                      " is less than 1"));
+  }
+  if (!options.kv_cache_groups.empty()) {
+    KVBLOCK_RETURN_IF_ERROR(ValidateKvCacheGroups(options.kv_cache_groups));
+    for (size_t g = 0; g < options.kv_cache_groups.size(); ++g) {
+      if (options.kv_cache_groups[g].page_size != options.block_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("kv event publisher: KV cache group ", g,
+                         " has pages of ", options.kv_cache_groups[g].page_size,
+                         " tokens, block_size is ", options.block_size));
+      }
+    }
   }
   if (DigestSize(options.hash_algorithm) == 0) {
     return absl::InvalidArgumentError(

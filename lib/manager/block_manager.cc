@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <memory>
 #include <utility>
@@ -17,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/reservation.h"
 #include "cache/cache_event_log.h"
+#include "cache/group_key.h"
 #include "kvblock/status_macros.h"
 #include "manager/admission_planner.h"
 #include "manager/block_manager_impl.h"
@@ -25,27 +25,6 @@
 #include "sequence/sequence_slab.h"
 
 namespace kvblock::internal {
-namespace {
-
-// The salt of group `index`'s keys: every byte of a key of a group after the
-// first is the chain hash's XOR this (splitmix64 of the index, word by
-// word), so that groups holding the same tokens never share a key.
-BlockHash GroupKeySalt(int32_t index) {
-  BlockHash salt;
-  if (index == 0) return salt;
-  uint64_t state = 0x6b76626c6f636b00ULL + static_cast<uint64_t>(index);
-  for (size_t word = 0; word < salt.bytes.size() / 8; ++word) {
-    state += 0x9e3779b97f4a7c15ULL;
-    uint64_t z = state;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    z ^= z >> 31;
-    std::memcpy(salt.bytes.data() + 8 * word, &z, sizeof(z));
-  }
-  return salt;
-}
-
-}  // namespace
 
 int32_t BlockManagerImpl::MaxSequences(const PagedKvConfig& config,
                                        const BlockManagerOptions& options) {
@@ -93,17 +72,9 @@ BlockManagerImpl::BlockManagerImpl(const PagedKvConfig& config,
                                   .alignment_tokens = config.page_size,
                                   .null_page = kNoPage,
                                   .reserved_pages = nullptr,
-                                  .hash_memo = nullptr}) {
+                                  .hash_memo = nullptr,
+                                  .events = nullptr}) {
   owned_pool_ = std::move(pool);
-  if (options_.enable_kv_events) {
-    const auto changes = static_cast<size_t>(options_.reserved_kv_changes);
-    const auto page_size = static_cast<size_t>(config.page_size);
-    events_ = std::make_unique<internal::CacheEventLog>();
-    events_->Reserve(changes, page_size);
-    spare_events_ = std::make_unique<internal::CacheEventLog>();
-    spare_events_->Reserve(changes, page_size);
-    pool_->set_event_log(events_.get());
-  }
 }
 
 BlockManagerImpl::BlockManagerImpl(const PagedKvConfig& config,
@@ -126,7 +97,21 @@ BlockManagerImpl::BlockManagerImpl(const PagedKvConfig& config,
       page_scratch_(config.max_pages_per_seq),
       hash_scratch_(config.max_pages_per_seq),
       reserved_pages_(scope.reserved_pages != nullptr ? *scope.reserved_pages
-                                                      : own_reserved_pages_) {}
+                                                      : own_reserved_pages_) {
+  if (!options_.enable_kv_events) return;
+  if (scope.events != nullptr) {
+    events_ = scope.events;
+    return;
+  }
+  const auto changes = static_cast<size_t>(options_.reserved_kv_changes);
+  const auto page_size = static_cast<size_t>(config.page_size);
+  owned_events_ = std::make_unique<internal::CacheEventLog>();
+  owned_events_->Reserve(changes, page_size);
+  spare_events_ = std::make_unique<internal::CacheEventLog>();
+  spare_events_->Reserve(changes, page_size);
+  events_ = owned_events_.get();
+  pool_->set_event_log(events_);
+}
 
 BlockManagerImpl::~BlockManagerImpl() = default;
 

@@ -704,14 +704,6 @@ bool BlockManagerImpl::ParentCached(PageId parent_page,
   return (held && *held == key) || pool_->Lookup(key).has_value();
 }
 
-BlockHash BlockManagerImpl::SaltedKey(const BlockHash& hash) const {
-  BlockHash key;
-  for (size_t i = 0; i < key.bytes.size(); ++i) {
-    key.bytes[i] = hash.bytes[i] ^ key_salt_.bytes[i];
-  }
-  return key;
-}
-
 absl::Status BlockManagerImpl::NotLiveHandleError(SequenceHandle handle) {
   return absl::InvalidArgumentError(
       absl::StrCat("block manager: handle (", handle.index, ", generation ",
@@ -760,7 +752,7 @@ absl::Status BlockManagerImpl::RegisterPages(int32_t entry, int32_t first,
   if (events_ != nullptr) {
     const internal::SequenceCold& cold = slab_.cold(entry);
     events_->BeginRun(first, parent, hashes, tokens, cold.cache_salt,
-                      cold.adapter_id);
+                      cold.adapter_id, scope_.index);
   }
   for (size_t i = 0; i < hashes.size(); ++i) {
     if (skips_pages() &&
@@ -769,7 +761,8 @@ absl::Status BlockManagerImpl::RegisterPages(int32_t entry, int32_t first,
       continue;
     }
     KVBLOCK_RETURN_IF_ERROR(
-        pool_->RegisterCached(pages[i], Key(hashes[i], salted)).status());
+        pool_->RegisterCached(pages[i], Key(hashes[i], salted), scope_.index)
+            .status());
   }
   if (events_ != nullptr) events_->EndRun();
   return absl::OkStatus();
@@ -792,10 +785,13 @@ absl::Status BlockManagerImpl::RegisterFullPage(
   BlockHash salted;
   if (events_ != nullptr) {
     events_->BeginRun(page, cold.last_full_hash, absl::MakeConstSpan(&full, 1),
-                      page_tokens, cold.cache_salt, cold.adapter_id);
+                      page_tokens, cold.cache_salt, cold.adapter_id,
+                      scope_.index);
   }
-  KVBLOCK_RETURN_IF_ERROR(
-      pool_->RegisterCached(table.entries()[page], Key(full, salted)).status());
+  KVBLOCK_RETURN_IF_ERROR(pool_
+                              ->RegisterCached(table.entries()[page],
+                                               Key(full, salted), scope_.index)
+                              .status());
   if (events_ != nullptr) events_->EndRun();
   cold.last_full_hash = full;
   return absl::OkStatus();

@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "cache/group_key.h"
 #include "kvblock/admission.h"
 #include "kvblock/block_hash.h"
 #include "kvblock/block_manager.h"
@@ -67,6 +68,9 @@ struct GroupScope {
   // The page hashes of the groups of this one's page size (null: hash
   // every page here).
   PageHashMemo* hash_memo = nullptr;
+  // With KV cache events: the log group 0 keeps, which every group records
+  // into (null: this manager keeps its own).
+  CacheEventLog* events = nullptr;
 };
 
 struct AppendManyResult {
@@ -417,10 +421,9 @@ class BlockManagerImpl {
   // `salted`.
   const BlockHash& Key(const BlockHash& hash, BlockHash& salted) const {
     if (ABSL_PREDICT_TRUE(scope_.index == 0)) return hash;
-    salted = SaltedKey(hash);
+    salted = SaltKey(hash, key_salt_);
     return salted;
   }
-  BlockHash SaltedKey(const BlockHash& hash) const;
   // SkipAt for the live sequence at `entry`.
   absl::StatusOr<int32_t> SkipEntry(int32_t entry) {
     if (!skips_pages() || slab_.sequence(entry).num_tokens() <
@@ -467,7 +470,10 @@ class BlockManagerImpl {
   Transaction step_;
   bool in_step_ = false;
   // With enable_kv_events: the pool's and the registrations' record.
-  std::unique_ptr<CacheEventLog> events_;
+  // (A group after the first records into group 0's: `events_` is that
+  // log, `owned_events_` null.)
+  std::unique_ptr<CacheEventLog> owned_events_;
+  CacheEventLog* events_ = nullptr;
   // Reserved with it, for the first batch TakeKvEvents fills: its pages are
   // faulted in at Create, not in a step.
   std::unique_ptr<CacheEventLog> spare_events_;

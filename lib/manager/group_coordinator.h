@@ -27,10 +27,11 @@
 // pointing at it holds a reference too, so forks and releases need no case
 // of their own, and it is never handed out, cached or written.
 //
-// Limits (issue 37's next steps): KV cache events and BatchCommit run one
-// group (Create and BatchCommit::Create refuse more); prompt_hashes serve
-// every group only when all have one page size (else each group hashes the
-// prompt at its own).
+// KV cache events: group 0 keeps the log, every group records into it, and
+// each record names its group (the pool keeps a cached page's group, the
+// log turns keys back into hashes). Limits: events and prompt_hashes need
+// groups of one page size (else Create refuses events, and each group
+// hashes the prompt at its own).
 //
 // Thread safety: as BlockManager.
 #ifndef KVBLOCK_LIB_MANAGER_GROUP_COORDINATOR_H_
@@ -62,8 +63,8 @@ class GroupCoordinator {
   // `config`, and group 0's manager, which the BlockManager holds (the
   // others are the coordinator's). Errors: ValidateKvCacheGroups's; a
   // group's table or pool that does not fit (InvalidArgument naming it);
-  // InvalidArgument with KV events on; ResourceExhausted as
-  // BlockManager::Create.
+  // InvalidArgument with KV events on and pages of more than one size;
+  // ResourceExhausted as BlockManager::Create.
   struct Created {
     std::unique_ptr<GroupCoordinator> coordinator;
     std::unique_ptr<BlockManagerImpl> first_group;

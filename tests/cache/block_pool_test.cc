@@ -6,9 +6,11 @@
 #include <limits>
 #include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "allocation_counter.h"
+#include "kvblock/kv_cache_groups.h"
 #include "pool_test_util.h"
 #include "test_util.h"
 
@@ -787,4 +789,31 @@ TEST_CASE("steady-state operations do not allocate memory") {
 }
 
 }  // namespace
+TEST_CASE("a cached page's group names its event hash, and rolls back") {
+  auto pool = BlockPool::Create(2).value();
+  const PageId page = pool->Allocate().value();
+  const BlockHash key = TestHash(7);
+  const BlockPoolSnapshot before = pool->Snapshot();
+  const auto bad = pool->RegisterCached(page, key, kMaxKvCacheGroups);
+  REQUIRE_STATUS_IS(bad, kInvalidArgument);
+  REQUIRE(std::string(bad.status().message()).find("group 64") !=
+          std::string::npos);
+  REQUIRE(pool->Snapshot() == before);
+  REQUIRE(!pool->EventHash(page).has_value());
+  // Group 0's key is its hash; a later group's key is salted, its event
+  // hash the key unsalted: the same key in two groups names two hashes.
+  REQUIRE_OK(pool->RegisterCached(page, key, 0));
+  REQUIRE(pool->EventHash(page) == key);
+  REQUIRE_OK(pool->Uncache(page));
+  const BlockPool::Savepoint savepoint = pool->BeginTransaction();
+  REQUIRE_OK(pool->RegisterCached(page, key, 3));
+  REQUIRE(pool->EventHash(page).has_value());
+  REQUIRE(*pool->EventHash(page) != key);
+  REQUIRE_OK(pool->RollbackTransaction(savepoint));
+  REQUIRE(!pool->EventHash(page).has_value());
+  REQUIRE_OK(pool->RegisterCached(page, key, 0));
+  REQUIRE(pool->EventHash(page) == key);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
 }  // namespace kvblock

@@ -30,6 +30,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "base/group_spec_test_util.h"
 #include "kvblock/block_manager.h"
 #include "test_util.h"
 
@@ -199,6 +200,51 @@ TEST_CASE("a batch is encoded as vLLM's, maps or tagged arrays") {
     const msgpack::object& cleared = batch.via.array.ptr[1].via.array.ptr[2];
     REQUIRE(cleared.via.array.size == 1);
   }
+}
+
+TEST_CASE("events carry their KV cache group's index and spec") {
+  Options options;
+  options.block_size = kPageSize;
+  options.kv_cache_groups = {
+      testing::GroupSpec(AttentionKind::kFull, kPageSize),
+      testing::GroupSpec(AttentionKind::kSlidingWindow, kPageSize, 128),
+      testing::GroupSpec(AttentionKind::kChunkedLocal, kPageSize, 64)};
+  std::vector<KvCacheEvent> events = SampleEvents();
+  events.resize(2);
+  for (const int32_t group : {1, 2, 5}) {
+    INFO("group " << group);
+    events[0].group_idx = group;
+    events[1].group_idx = group;
+    const std::string payload = EncodeKvEventBatch(1.0, events, options);
+    const msgpack::object_handle handle =
+        msgpack::unpack(payload.data(), payload.size());
+    const msgpack::object& list = handle.get().via.array.ptr[1];
+    const msgpack::object& stored = list.via.array.ptr[0];
+    REQUIRE(Field(stored, "group_idx").as<int32_t>() == group);
+    const msgpack::object& window =
+        Field(stored, "kv_cache_spec_sliding_window");
+    if (group == 1) {
+      REQUIRE(Field(stored, "kv_cache_spec_kind").as<std::string>() ==
+              "sliding_window");
+      REQUIRE(window.as<int32_t>() == 128);
+    } else {
+      // vLLM's window is a sliding window's alone; a group past the
+      // options' is full attention.
+      REQUIRE(Field(stored, "kv_cache_spec_kind").as<std::string>() ==
+              (group == 2 ? "chunked_local_attention" : "full_attention"));
+      REQUIRE(window.is_nil());
+    }
+    REQUIRE(Field(list.via.array.ptr[1], "group_idx").as<int32_t>() == group);
+  }
+  // A group of another page size than block_size is refused.
+  options.endpoint = "inproc://groups";
+  options.kv_cache_groups = {
+      testing::GroupSpec(AttentionKind::kFull, kPageSize),
+      testing::GroupSpec(AttentionKind::kSlidingWindow, 2 * kPageSize, 128)};
+  const auto refused = KvEventPublisher::Create(options);
+  REQUIRE_STATUS_IS(refused, kInvalidArgument);
+  REQUIRE(std::string(refused.status().message()).find("group 1") !=
+          std::string::npos);
 }
 
 using testing::TokenRange;

@@ -104,6 +104,51 @@ TEST_CASE("a sliding-window group holds only its window's pages") {
   REQUIRE_OK(manager->CheckInvariants());
 }
 
+TEST_CASE("KV cache events name each page's group, with vLLM's hashes") {
+  auto manager =
+      MakeManager(Config(24), {Full(), Window(8)}, {.enable_kv_events = true});
+  const Tokens prompt = TokenRange(1, 30);
+  std::vector<BlockHash> hashes(7);
+  REQUIRE_OK(manager->HashPrompt(prompt, {}, absl::MakeSpan(hashes)));
+  REQUIRE_OK(manager->Admit(1, prompt));
+  std::vector<KvCacheEvent> events;
+  REQUIRE_OK(manager->TakeKvEvents(events));
+  // Both groups stored the prompt's 7 full pages, under the same hashes.
+  REQUIRE(events.size() == 2);
+  for (int32_t g = 0; g < 2; ++g) {
+    REQUIRE(events[g].kind == KvCacheEvent::Kind::kBlockStored);
+    REQUIRE(events[g].group_idx == g);
+    REQUIRE(events[g].block_hashes == hashes);
+    REQUIRE(events[g].token_ids.size() == 28);
+  }
+  // The window's released pages stay cached: no removal.
+  for (int step = 0; step < 8; ++step) {
+    REQUIRE_OK(manager->Append(1, {TokenId{100 + step}}));
+  }
+  REQUIRE(LeadingNull(GroupPages(*manager, 1, 1), 0) > 0);
+  events.clear();
+  REQUIRE_OK(manager->TakeKvEvents(events));
+  for (const KvCacheEvent& event : events) {
+    REQUIRE(event.kind == KvCacheEvent::Kind::kBlockStored);
+  }
+  // A second prompt needs more pages than are free: the window's released
+  // pages are evicted first (group 1), under the prompt's own hashes.
+  REQUIRE_OK(manager->Admit(2, TokenRange(500, 8)));
+  events.clear();
+  REQUIRE_OK(manager->TakeKvEvents(events));
+  bool removed_window_page = false;
+  for (const KvCacheEvent& event : events) {
+    if (event.kind != KvCacheEvent::Kind::kBlockRemoved) continue;
+    REQUIRE(event.group_idx == 1);
+    for (const BlockHash& hash : event.block_hashes) {
+      REQUIRE(std::find(hashes.begin(), hashes.end(), hash) != hashes.end());
+      removed_window_page = true;
+    }
+  }
+  REQUIRE(removed_window_page);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
 TEST_CASE("a chunked-local group frees the chunks before the current one") {
   auto manager = MakeManager(Config(256), {Full(), Chunked(8)});
   REQUIRE_OK(manager->Admit(1, TokenRange(1, 5)));
@@ -317,9 +362,9 @@ TEST_CASE("groups: errors name the bad value and change nothing") {
                     kInvalidArgument);
   const auto events = BlockManager::Create(
       Config(64),
-      {.enable_kv_events = true, .kv_cache_groups = {Full(), Window(8)}});
+      {.enable_kv_events = true, .kv_cache_groups = {Full(4), Full(8)}});
   REQUIRE_STATUS_IS(events, kInvalidArgument);
-  REQUIRE(std::string(events.status().message()).find("has 2") !=
+  REQUIRE(std::string(events.status().message()).find("one size") !=
           std::string::npos);
   REQUIRE_STATUS_IS(
       BlockManager::Create(Config(1), {.kv_cache_groups = {Window(8)}}),

@@ -185,6 +185,14 @@ def test_kv_cache_groups_window_pages_and_one_table_of_both():
     commit.check_invariants()
     with pytest.raises(kvblock.InvalidArgumentError, match="group 2"):
         manager.group_pages(1, 2)
+    # KV cache events name each page's group.
+    options.enable_kv_events = True
+    events_manager = kvblock.BlockManager(config, options)
+    events_manager.admit(7, np.arange(9, dtype=np.int32))
+    stored = events_manager.take_kv_events()
+    assert [e.group_idx for e in stored] == [0, 1]
+    assert stored[0].block_hashes == stored[1].block_hashes
+    options.enable_kv_events = False
     # A table of one group's rows does not fit a commit of two.
     with pytest.raises(kvblock.InvalidArgumentError, match="2 KV cache groups"):
         kvblock.BatchCommit(

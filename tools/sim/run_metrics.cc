@@ -157,7 +157,9 @@ void RunMetrics::FinishKvEvents(const BlockManager& manager) {
   // vLLM's integer form of each hash: its digest's low 64 bits.
   const size_t digest =
       static_cast<size_t>(DigestSize(config_.manager.hash_algorithm));
-  for (const auto& [page, hash] : manager.pool().Snapshot().cached) {
+  // The hashes the events named (a KV cache group's key is not).
+  for (const auto& [page, key] : manager.pool().Snapshot().cached) {
+    const BlockHash hash = manager.pool().EventHash(page).value_or(key);
     uint64_t low = 0;
     for (size_t i = digest - 8; i < digest; ++i) {
       low = low << 8 | hash.bytes[i];

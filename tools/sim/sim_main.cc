@@ -272,9 +272,11 @@ absl::StatusOr<std::vector<Request>> RequestsFromFlags(
 
 // The KV event publisher the flags ask for, or null.
 absl::StatusOr<std::unique_ptr<KvEventPublisher>> PublisherFromFlags(
-    int32_t page_size, HashAlgorithm hash_algorithm) {
+    int32_t page_size, HashAlgorithm hash_algorithm,
+    const std::vector<KvCacheGroupSpec>& groups) {
   KvEventPublisherOptions options;
   options.hash_algorithm = hash_algorithm;
+  options.kv_cache_groups = groups;
   options.endpoint = absl::GetFlag(FLAGS_kv_events);
   options.replay_endpoint = absl::GetFlag(FLAGS_kv_events_replay);
   options.block_size = page_size;
@@ -386,7 +388,8 @@ int Main() {
                 device.status());
   }
   absl::StatusOr<std::unique_ptr<KvEventPublisher>> publisher =
-      PublisherFromFlags(config->kv.page_size, config->manager.hash_algorithm);
+      PublisherFromFlags(config->kv.page_size, config->manager.hash_algorithm,
+                         config->manager.kv_cache_groups);
   if (!publisher.ok()) {
     return Fail(publisher.status().code() == absl::StatusCode::kInvalidArgument
                     ? kExitBadInput

@@ -143,6 +143,7 @@ class KvCacheEvent:
     token_ids: list[int]
     cache_salt: str
     adapter_id: int
+    group_idx: int
 
 class BlockManager:
     def __init__(self, config: PagedKvConfig,

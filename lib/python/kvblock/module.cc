@@ -363,6 +363,7 @@ void BindEvents(py::module_& m) {
       .def_readonly("token_ids", &KvCacheEvent::token_ids)
       .def_readonly("cache_salt", &KvCacheEvent::cache_salt)
       .def_readonly("adapter_id", &KvCacheEvent::adapter_id)
+      .def_readonly("group_idx", &KvCacheEvent::group_idx)
       .def("__repr__", [](const KvCacheEvent& e) {
         return std::string("KvCacheEvent(") + KindName(e.kind) + ", " +
                std::to_string(e.block_hashes.size()) + " pages)";
