@@ -162,6 +162,35 @@ TEST_CASE("a chunked prompt's rows show its window's skips") {
   REQUIRE_OK(f.commit->CheckInvariants());
 }
 
+TEST_CASE("a chunk's prompt hashes are refused for groups of two page sizes") {
+  using enum AttentionKind;
+  // Pages of 4 and 8 tokens: the table is as wide as the 4-token group's.
+  Fixture f(128, {GroupSpec(kFull, 4), GroupSpec(kFull, 8)}, 16);
+  const Tokens prompt = TokenRange(1, 32);
+  const JoinRequest joins[] = {
+      {.id = 1, .tokens = prompt, .admit = {.prefill_tokens = 8}}};
+  REQUIRE_OK(f.commit->Commit({.joins = joins}));
+  std::vector<BlockHash> hashes(8);
+  REQUIRE_OK(f.manager->HashPrompt(prompt, {}, absl::MakeSpan(hashes)));
+  const PromptChunk chunk[] = {
+      {.id = 1,
+       .tokens = absl::MakeConstSpan(prompt).subspan(8, 8),
+       .prompt_hashes = hashes}};
+  const BlockManagerSnapshot before = f.manager->Snapshot();
+  const std::vector<Pages> rows = f.Rows();
+  const auto refused = f.commit->Commit({.prompt_chunks = chunk});
+  REQUIRE_STATUS_IS(refused, kInvalidArgument);
+  REQUIRE(std::string(refused.status().message()).find("one page size") !=
+          std::string::npos);
+  REQUIRE(f.manager->Snapshot() == before);
+  REQUIRE(f.Rows() == rows);
+  // Without hashes each group hashes the chunk itself.
+  const PromptChunk plain[] = {
+      {.id = 1, .tokens = absl::MakeConstSpan(prompt).subspan(8, 8)}};
+  REQUIRE_OK(f.commit->Commit({.prompt_chunks = plain}));
+  REQUIRE_OK(f.commit->CheckInvariants());
+}
+
 TEST_CASE("a commit of groups checks the table's geometry") {
   using enum AttentionKind;
   const PagedKvConfig config{.num_pages = 64,

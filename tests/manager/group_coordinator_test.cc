@@ -246,6 +246,15 @@ TEST_CASE("a manager of groups of two page sizes hits in their multiple") {
   REQUIRE(std::string(refused.status().message()).find("one page size") !=
           std::string::npos);
   REQUIRE(manager->Snapshot() == before);
+  // A prompt chunk's hashes are refused alike.
+  REQUIRE_OK(manager->Admit(3, prompt, {}, {}, {.prefill_tokens = 8}));
+  const BlockManagerSnapshot chunked = manager->Snapshot();
+  const auto chunk_refused = manager->AppendPrompt(
+      3, Tokens(prompt.begin() + 8, prompt.begin() + 16), hashes);
+  REQUIRE_STATUS_IS(chunk_refused, kInvalidArgument);
+  REQUIRE(std::string(chunk_refused.status().message()).find("one page size") !=
+          std::string::npos);
+  REQUIRE(manager->Snapshot() == chunked);
 }
 
 TEST_CASE("prompt hashes serve groups of one page size") {
