@@ -128,6 +128,8 @@ GroupCoordinator::GroupCoordinator(const PagedKvConfig& config,
     one_page_size_ = one_page_size_ && spec.page_size == specs_[0].page_size;
   }
   transactions_.reserve(specs_.size());
+  pinned_.reserve(static_cast<size_t>(config_.max_pages_per_seq) *
+                  specs_.size());
   hit_.pages.resize(specs_.size());
   plans_.resize(specs_.size());
   hashes_.resize(specs_.size());
@@ -274,23 +276,24 @@ absl::StatusOr<AdmissionPlan> GroupCoordinator::Admit(
         " are kept as watermark"));
   }
   KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
-    // Every group's hits are pinned before any group allocates: a group's
-    // allocation may evict another group's evictable hit.
+    // Every group's evictable hits are pinned before any group allocates:
+    // a group's allocation may evict another group's (a used page cannot
+    // be evicted: it needs no pin).
+    pinned_.clear();
     for (size_t g = 0; g < groups_.size(); ++g) {
       for (const PageId page : hit_.pages[g]) {
-        if (page == null_page_) continue;
+        if (page == null_page_ || pool_->RefCount(page) > 0) continue;
         KVBLOCK_RETURN_IF_ERROR(
             pool_->AcquireCached(absl::MakeConstSpan(&page, 1)));
+        pinned_.push_back(page);
       }
     }
     for (size_t g = 0; g < groups_.size(); ++g) {
       KVBLOCK_RETURN_IF_ERROR(
           groups_[g]->AdmitPlanned(id, prompt, extra, plans_[g], hashes_[g]));
     }
-    for (size_t g = 0; g < groups_.size(); ++g) {
-      for (const PageId page : hit_.pages[g]) {
-        if (page != null_page_) KVBLOCK_RETURN_IF_ERROR(pool_->Release(page));
-      }
+    for (const PageId page : pinned_) {
+      KVBLOCK_RETURN_IF_ERROR(pool_->Release(page));
     }
     return absl::OkStatus();
   }));

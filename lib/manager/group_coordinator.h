@@ -162,12 +162,14 @@ class GroupCoordinator {
   // One page hash memo for each page size more than one group has.
   std::vector<std::unique_ptr<PageHashMemo>> memos_;
   // Scratch: a transaction's savepoints, each group's chain, the hit, each
-  // group's plan and registered hashes.
+  // group's plan and registered hashes, the pinned hits.
   std::vector<BlockManagerImpl::Transaction> transactions_;
   std::vector<std::vector<BlockHash>> chains_;
   GroupCacheHit hit_;
   std::vector<AdmissionPlan> plans_;
   std::vector<absl::Span<const BlockHash>> hashes_;
+  // Admit's evictable hits, pinned while the groups allocate.
+  std::vector<PageId> pinned_;
 };
 
 }  // namespace kvblock::internal
