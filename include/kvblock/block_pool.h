@@ -313,6 +313,12 @@ class BlockPool {
   // under, taken out of its KV cache group's keys (RegisterCached's `group`;
   // the key itself for group 0). None when it is not cached.
   std::optional<BlockHash> EventHash(PageId page) const;
+  // The KV cache group `page` is cached in (RegisterCached's `group`); -1
+  // when it is not cached or not in [0, num_pages).
+  int32_t CachedGroup(PageId page) const {
+    if (!InRange(page) || !pages_[page].cached) return -1;
+    return pages_[page].group;
+  }
   // Whether Lookup(hash) finds `page` (a page cached behind another one under
   // `hash` is not found). O(1): one page's state, no index probe.
   bool IsIndexedAs(PageId page, const BlockHash& hash) const {

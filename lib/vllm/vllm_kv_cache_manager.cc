@@ -12,6 +12,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "cache/cache_event_log.h"
+#include "cache/group_key.h"
 #include "kvblock/status_macros.h"
 
 namespace kvblock {
@@ -42,18 +43,52 @@ absl::StatusOr<std::unique_ptr<VllmKvCacheManager>> VllmKvCacheManager::Create(
   if (options.max_model_len < 1) {
     return bad("max_model_len must be positive, got ", options.max_model_len);
   }
+  if (options.max_num_batched_tokens < 0) {
+    return bad("max_num_batched_tokens must be non-negative, got ",
+               options.max_num_batched_tokens);
+  }
+  std::vector<KvCacheGroupSpec> groups = options.kv_cache_groups;
+  if (groups.empty()) groups.push_back({.page_size = options.block_size});
+  KVBLOCK_RETURN_IF_ERROR(ValidateKvCacheGroups(groups));
+  // vLLM's coordinator: groups marked is_eagle_group drop a hit's last
+  // block, or every group when use_eagle marks none.
+  const bool marked =
+      std::any_of(groups.begin(), groups.end(),
+                  [](const auto& group) { return group.eagle; });
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (options.use_eagle && !marked) groups[g].eagle = true;
+    if (options.enable_caching &&
+        groups[g].page_size % options.block_size != 0) {
+      return bad("kv cache group ", g, ": block size ", groups[g].page_size,
+                 " is not a multiple of the hash block size ",
+                 options.block_size);
+    }
+    if (groups[g].eagle && groups[g].kind == AttentionKind::kChunkedLocal) {
+      return bad("kv cache group ", g,
+                 ": EAGLE with chunked local attention is not supported (vLLM "
+                 "asserts against it)");
+    }
+  }
+  KVBLOCK_ASSIGN_OR_RETURN(GroupCacheHitFinder finder,
+                           GroupCacheHitFinder::Create(groups, kNullBlock));
   KVBLOCK_ASSIGN_OR_RETURN(
       std::unique_ptr<BlockPool> pool,
       BlockPool::Create(options.num_blocks,
                         {.eviction_order = options.eviction_order,
                          .index_duplicates = true}));
-  return std::unique_ptr<VllmKvCacheManager>(
-      new VllmKvCacheManager(options, std::move(pool)));
+  return std::unique_ptr<VllmKvCacheManager>(new VllmKvCacheManager(
+      options, std::move(groups), std::move(finder), std::move(pool)));
 }
 
 VllmKvCacheManager::VllmKvCacheManager(const VllmKvCacheManagerOptions& options,
+                                       std::vector<KvCacheGroupSpec> groups,
+                                       GroupCacheHitFinder finder,
                                        std::unique_ptr<BlockPool> pool)
-    : options_(options), pool_(std::move(pool)) {
+    : options_(options),
+      groups_(std::move(groups)),
+      finder_(std::move(finder)),
+      pool_(std::move(pool)),
+      new_blocks_(groups_.size()) {
   // Both eviction orders hand out page 0 first: it becomes the null block.
   [[maybe_unused]] const absl::StatusOr<PageId> null_block = pool_->Allocate();
   assert(null_block.ok() && *null_block == kNullBlock);
@@ -61,99 +96,228 @@ VllmKvCacheManager::VllmKvCacheManager(const VllmKvCacheManagerOptions& options,
     events_ = std::make_unique<internal::CacheEventLog>();
     pool_->set_event_log(events_.get());
   }
+  const int64_t budget = options_.max_num_batched_tokens > 0
+                             ? options_.max_num_batched_tokens
+                             : options_.max_model_len;
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    const KvCacheGroupSpec& group = groups_[g];
+    salts_.push_back(internal::GroupKeySalt(g));
+    if (options_.enable_caching) max_scale_ = std::max(max_scale_, Scale(g));
+    // vLLM's max_admission_blocks_per_request: a window group holds at most
+    // its window (or chunk) and a step's tokens.
+    switch (group.kind) {
+      case AttentionKind::kFull:
+        admission_caps_.push_back(INT64_MAX);
+        break;
+      case AttentionKind::kSlidingWindow:
+        admission_caps_.push_back(
+            CeilBlocks(g, std::min(Add(group.sliding_window - 1, budget),
+                                   options_.max_model_len)) +
+            1);
+        break;
+      case AttentionKind::kChunkedLocal:
+        admission_caps_.push_back(
+            CeilBlocks(g, std::min(Add(group.attention_chunk_size, budget),
+                                   options_.max_model_len)));
+        break;
+    }
+  }
+  if (max_scale_ > 1) {
+    hash_prefixes_.resize(static_cast<size_t>(options_.num_blocks) *
+                          (max_scale_ - 1));
+  }
+  slots_.resize(groups_.size());
+  plans_.resize(groups_.size());
+  plan_ranges_.resize(groups_.size());
 }
 
 VllmKvCacheManager::~VllmKvCacheManager() = default;
 
-absl::Span<const PageId> VllmKvCacheManager::FindLongestCacheHit(
+BlockHash VllmKvCacheManager::Key(int32_t group,
+                                  absl::Span<const BlockHash> hashes,
+                                  int64_t index) const {
+  return internal::SaltKey(hashes[(index + 1) * Scale(group) - 1],
+                           salts_[group]);
+}
+
+const GroupCacheHit& VllmKvCacheManager::FindLongestCacheHit(
     absl::Span<const BlockHash> block_hashes, int64_t max_length) {
-  hit_.clear();
-  if (!options_.enable_caching) return hit_;
-  const int64_t max_blocks =
-      std::min<int64_t>(std::max<int64_t>(max_length, 0) / options_.block_size,
-                        static_cast<int64_t>(block_hashes.size()));
-  for (int64_t i = 0; i < max_blocks; ++i) {
-    const std::optional<PageId> block = pool_->Lookup(block_hashes[i]);
-    if (!block) break;
-    hit_.push_back(*block);
-  }
-  if (options_.use_eagle && !hit_.empty()) hit_.pop_back();
+  if (!options_.enable_caching) max_length = 0;
+  const int64_t known = static_cast<int64_t>(block_hashes.size());
+  finder_.Find(
+      max_length,
+      [&](int32_t group, int64_t page) {
+        if ((page + 1) * Scale(group) > known) return kNoPage;
+        const std::optional<PageId> block =
+            pool_->Lookup(Key(group, block_hashes, page));
+        return block ? *block : kNoPage;
+      },
+      hit_);
   return hit_;
 }
 
 bool VllmKvCacheManager::IsHitUnchanged(
     absl::Span<const BlockHash> block_hashes, int64_t max_length,
-    absl::Span<const PageId> hit) const {
-  if (!options_.enable_caching) return hit.empty();
-  if (options_.use_eagle && hit.empty()) return false;
+    const GroupCacheHit& hit) const {
+  if (!options_.enable_caching) return hit.hit_tokens == 0;
+  // One full-attention group: its hit is the cached run from block 0.
+  if (num_groups() != 1 || groups_[0].kind != AttentionKind::kFull ||
+      hit.pages.size() != 1) {
+    return false;
+  }
+  const bool eagle = groups_[0].eagle;
+  const absl::Span<const PageId> pages = hit.pages[0];
+  if (eagle && pages.empty()) return false;
   const size_t max_blocks = static_cast<size_t>(
       std::min<int64_t>(std::max<int64_t>(max_length, 0) / options_.block_size,
                         static_cast<int64_t>(block_hashes.size())));
   // The walk found `walked` blocks: the hit, and with eagle one more.
-  const size_t walked = hit.size() + (options_.use_eagle ? 1 : 0);
+  const size_t walked = pages.size() + (eagle ? 1 : 0);
   if (walked > max_blocks) return false;
-  for (size_t i = 0; i < hit.size(); ++i) {
-    if (!pool_->IsIndexedAs(hit[i], block_hashes[i])) return false;
+  for (size_t i = 0; i < pages.size(); ++i) {
+    if (!pool_->IsIndexedAs(pages[i], block_hashes[i])) return false;
   }
-  if (walked > hit.size() && !pool_->Lookup(block_hashes[hit.size()])) {
+  if (walked > pages.size() && !pool_->Lookup(block_hashes[pages.size()])) {
     return false;
   }
   return walked == max_blocks || !pool_->Lookup(block_hashes[walked]);
 }
 
-int64_t VllmKvCacheManager::BlocksToAllocate(
-    const Request* request, int64_t num_tokens,
-    absl::Span<const PageId> hits) const {
-  const int64_t held = request == nullptr ? 0 : request->blocks.size();
-  int64_t evictable = 0;
-  for (PageId block : hits) evictable += pool_->RefCount(block) == 0 ? 1 : 0;
-  return std::max<int64_t>(
-             CeilBlocks(num_tokens) - held - static_cast<int64_t>(hits.size()),
-             0) +
-         evictable;
-}
-
-absl::StatusOr<std::pair<int32_t, int32_t>> VllmKvCacheManager::BlocksToCache(
-    absl::string_view request_id, int32_t num_cached,
-    absl::Span<const BlockHash> block_hashes, int64_t num_tokens) const {
-  // As vLLM, blocks past the ones held count as cached too (allocate_slots
-  // holds every block of the computed tokens).
-  const int64_t full = num_tokens / options_.block_size;
-  if (full <= num_cached) return std::pair{num_cached, num_cached};
-  if (static_cast<int64_t>(block_hashes.size()) < full) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("vllm kv cache manager: request ", request_id, " has ",
-                     block_hashes.size(), " block hashes; caching its ",
-                     num_tokens, " computed tokens needs ", full));
+int64_t VllmKvCacheManager::BlocksToAllocate(const Request* request,
+                                             int64_t num_tokens,
+                                             const VllmSlotRequest& slots,
+                                             int64_t total_computed,
+                                             bool capped) const {
+  int64_t total = 0;
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    // vLLM's SingleTypeKVCacheManager.get_num_blocks_to_allocate.
+    int64_t required = CeilBlocks(g, num_tokens);
+    if (capped) required = std::min(required, admission_caps_[g]);
+    const GroupBlocks* held =
+        request == nullptr ? nullptr : &request->groups[g];
+    const int64_t num_held = held == nullptr ? 0 : held->blocks.size();
+    if (held != nullptr && held->num_cached >= 0) {
+      // A running request: no hits.
+      total += std::max<int64_t>(required - num_held, 0);
+      continue;
+    }
+    const absl::Span<const PageId> hits =
+        g < static_cast<int32_t>(slots.new_computed_blocks.size())
+            ? slots.new_computed_blocks[g]
+            : absl::Span<const PageId>();
+    const int64_t skipped = NumSkippedPages(groups_[g], total_computed);
+    const int64_t local = static_cast<int64_t>(hits.size()) + num_held;
+    total += std::max<int64_t>(required - std::max(skipped, local), 0);
+    // Hits past the skipped ones that are evictable leave the free count.
+    const size_t first_kept = static_cast<size_t>(std::min<int64_t>(
+        std::max<int64_t>(skipped - num_held, 0), hits.size()));
+    for (size_t i = first_kept; i < hits.size(); ++i) {
+      if (hits[i] != kNullBlock && pool_->RefCount(hits[i]) == 0) ++total;
+    }
   }
-  return std::pair{num_cached, static_cast<int32_t>(full)};
+  return total;
 }
 
-void VllmKvCacheManager::Cache(Request& request, int32_t from, int32_t to,
+void VllmKvCacheManager::RemoveSkipped(Request& request,
+                                       int64_t total_computed_tokens) {
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    std::vector<PageId>& blocks = request.groups[g].blocks;
+    const int64_t skipped = std::min<int64_t>(
+        NumSkippedPages(groups_[g], total_computed_tokens), blocks.size());
+    // Newest first, down to the first block skipped already.
+    for (int64_t i = skipped - 1; i >= 0 && blocks[i] != kNullBlock; --i) {
+      // Cannot fail: the request holds a reference on it.
+      [[maybe_unused]] const absl::Status released = pool_->Release(blocks[i]);
+      assert(released.ok());
+      blocks[i] = kNullBlock;
+    }
+  }
+}
+
+void VllmKvCacheManager::RemoveSkippedBlocks(absl::string_view request_id,
+                                             int64_t total_computed_tokens) {
+  auto found = by_id_.find(request_id);
+  if (found != by_id_.end())
+    RemoveSkipped(found->second, total_computed_tokens);
+}
+
+absl::Status VllmKvCacheManager::BlocksToCache(
+    absl::string_view request_id, absl::Span<const BlockHash> block_hashes,
+    int64_t num_tokens) {
+  // Hits are multiples of the page sizes' least common multiple: caching
+  // stops at the last one (one group: at its page size, which changes
+  // nothing).
+  const int64_t alignment = finder_.alignment_tokens();
+  const int64_t aligned = num_tokens / alignment * alignment;
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    const GroupPlan& plan = plans_[g];
+    const int64_t full = aligned / groups_[g].page_size;
+    if (full <= plan.num_cached) {
+      plan_ranges_[g] = {plan.num_cached, plan.num_cached};
+      continue;
+    }
+    // As vLLM, blocks past the ones held count as cached too; the hashes
+    // need cover only the held ones.
+    const int64_t needed = std::min(full, plan.held_after) * Scale(g);
+    if (static_cast<int64_t>(block_hashes.size()) < needed) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "vllm kv cache manager: request ", request_id, " has ",
+          block_hashes.size(), " block hashes; caching its ", num_tokens,
+          " computed tokens",
+          num_groups() > 1 ? absl::StrCat(" in kv cache group ", g) : "",
+          " needs ", needed));
+    }
+    plan_ranges_[g] = {plan.num_cached, static_cast<int32_t>(full)};
+  }
+  return absl::OkStatus();
+}
+
+void VllmKvCacheManager::Cache(Request& request,
                                absl::Span<const BlockHash> block_hashes) {
-  const int32_t held = static_cast<int32_t>(request.blocks.size());
-  for (int32_t i = from; i < std::min(to, held); ++i) {
-    // Cannot fail: the block is used by the request and uncached (a hit
-    // keeps its hash and is never cached again; a new block has none).
-    [[maybe_unused]] const absl::StatusOr<PageId> cached =
-        pool_->RegisterCached(request.blocks[i], block_hashes[i]);
-    assert(cached.ok());
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    GroupBlocks& group = request.groups[g];
+    const auto [from, to] = plan_ranges_[g];
+    const int32_t held = static_cast<int32_t>(group.blocks.size());
+    const int64_t scale = Scale(g);
+    for (int32_t i = from; i < std::min(to, held); ++i) {
+      const PageId block = group.blocks[i];
+      if (block == kNullBlock || !CachesBlock(g, i)) continue;
+      const BlockHash key = Key(g, block_hashes, i);
+      // Cannot fail: the block is used by the request and uncached (a hit
+      // keeps its hash and is never cached again; a new block has none).
+      [[maybe_unused]] const absl::StatusOr<PageId> cached =
+          pool_->RegisterCached(block, key, g);
+      assert(cached.ok());
+      if (scale == 1) continue;
+      const auto prefix = block_hashes.subspan(i * scale, scale - 1);
+      std::copy(prefix.begin(), prefix.end(),
+                hash_prefixes_.begin() + block * (max_scale_ - 1));
+      if (events_ != nullptr) {
+        KeyPrefix& kept = key_prefixes_[key];
+        kept.hashes.assign(prefix.begin(), prefix.end());
+        ++kept.blocks;
+      }
+    }
+    if (to > from) group.num_cached = to;
+    slots_[g].cached_from = from;
+    slots_[g].cached_to = std::min(to, held);
   }
-  if (to > from) request.num_cached_blocks = to;
 }
 
-absl::Status VllmKvCacheManager::Allocate(Request& request, int64_t count) {
+absl::Status VllmKvCacheManager::Allocate(int32_t group, GroupBlocks& blocks,
+                                          int64_t count) {
   if (count <= 0) return absl::OkStatus();
-  const size_t first = request.blocks.size();
-  request.blocks.resize(first + count);
+  std::vector<PageId>& list = blocks.blocks;
+  const size_t first = list.size();
+  list.resize(first + count);
   const absl::Status status =
-      pool_->AllocateN(absl::MakeSpan(request.blocks).subspan(first));
+      pool_->AllocateN(absl::MakeSpan(list).subspan(first));
   if (!status.ok()) {
-    request.blocks.resize(first);
+    list.resize(first);
     return status;
   }
-  new_blocks_.insert(new_blocks_.end(), request.blocks.begin() + first,
-                     request.blocks.end());
+  new_blocks_[group].insert(new_blocks_[group].end(), list.begin() + first,
+                            list.end());
   return absl::OkStatus();
 }
 
@@ -180,21 +344,41 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
         "num_new_tokens must be greater than 0 when there are no external "
         "computed tokens");
   }
+  const auto& hits = slots.new_computed_blocks;
+  if (!hits.empty() && static_cast<int32_t>(hits.size()) != num_groups()) {
+    return bad("new_computed_blocks has ", hits.size(),
+               " lists, one a kv cache group (", num_groups(), ") or none");
+  }
   auto found = by_id_.find(slots.request_id);
   Request* request = found == by_id_.end() ? nullptr : &found->second;
-  const absl::Span<const PageId> hits = slots.new_computed_blocks;
-  const bool running = request != nullptr && request->num_cached_blocks >= 0;
+  // vLLM enters a request in every group at once: one group tells.
+  const bool running = request != nullptr && request->groups[0].num_cached >= 0;
+  const bool has_hits = std::any_of(hits.begin(), hits.end(),
+                                    [](auto list) { return !list.empty(); });
   const bool takes_hits =
-      !running && (!hits.empty() || slots.num_external_computed_tokens > 0);
-  if ((!hits.empty() && running) ||
-      (takes_hits && request != nullptr && !request->blocks.empty())) {
-    return bad("holds ", request->blocks.size(),
+      !running && (has_hits || slots.num_external_computed_tokens > 0);
+  int64_t num_held = 0;
+  if (request != nullptr) {
+    for (const GroupBlocks& group : request->groups) {
+      num_held += group.blocks.size();
+    }
+  }
+  if ((has_hits && running) || (takes_hits && num_held > 0)) {
+    return bad("holds ", num_held,
                " blocks: prefix hits and external computed tokens are for a "
                "request's first allocation");
   }
-  for (size_t i = 0; i < hits.size(); ++i) {
-    if (hits[i] == kNullBlock || !pool_->CachedHash(hits[i])) {
-      return bad("computed block ", i, " (id ", hits[i], ") is not cached");
+  for (size_t g = 0; g < hits.size(); ++g) {
+    for (size_t i = 0; i < hits[g].size(); ++i) {
+      const PageId block = hits[g][i];
+      const bool skipped =
+          block == kNullBlock && groups_[g].kind != AttentionKind::kFull;
+      if (!skipped && (block == kNullBlock || !pool_->CachedHash(block))) {
+        return bad(
+            "computed block ", i,
+            num_groups() > 1 ? absl::StrCat(" of kv cache group ", g) : "",
+            " (id ", block, ") is not cached");
+      }
     }
   }
 
@@ -205,9 +389,9 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
   const int64_t total_computed =
       std::min(num_total_computed, options_.max_model_len);
   if (slots.full_sequence_must_fit &&
-      BlocksToAllocate(request,
-                       std::min(slots.num_tokens, options_.max_model_len),
-                       hits) > pool_->NumFree()) {
+      BlocksToAllocate(
+          request, std::min(slots.num_tokens, options_.max_model_len), slots,
+          total_computed, /*capped=*/true) > pool_->NumFree()) {
     return VllmSlotResult{};
   }
   const int64_t num_tokens_main_model =
@@ -215,107 +399,146 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
   const int64_t num_need_slot =
       std::min(Add(num_tokens_main_model, slots.num_lookahead_tokens),
                options_.max_model_len);
-  if (BlocksToAllocate(request, num_need_slot, hits) > pool_->NumFree()) {
-    return VllmSlotResult{};
-  }
 
-  // What the request will hold once its hits are in, for the cache check.
-  const int64_t held_after_hits =
-      (request ? request->blocks.size() : 0) + hits.size();
-  // vLLM allocates blocks for external tokens only when there are some.
-  const int64_t external_blocks =
-      takes_hits && slots.num_external_computed_tokens > 0
-          ? std::max<int64_t>(CeilBlocks(num_total_computed) - held_after_hits,
-                              0)
-          : 0;
-  const int64_t held_after =
-      std::max(held_after_hits + external_blocks, CeilBlocks(num_need_slot));
+  // What each group will hold, for the cache check.
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    GroupPlan& plan = plans_[g];
+    const int64_t held =
+        request == nullptr ? 0 : request->groups[g].blocks.size();
+    plan.external_blocks = 0;
+    plan.after_hits = held;
+    plan.num_cached =
+        request == nullptr ? 0 : std::max(request->groups[g].num_cached, 0);
+    if (takes_hits) {
+      // vLLM's allocate_new_computed_blocks: the skipped hits are null.
+      const int64_t skipped_tokens =
+          NumSkippedTokens(groups_[g], num_total_computed);
+      const int64_t skipped = skipped_tokens / groups_[g].page_size;
+      const int64_t num_hits = hits.empty() ? 0 : hits[g].size();
+      plan.after_hits = std::max(skipped, num_hits);
+      plan.num_cached = static_cast<int32_t>(plan.after_hits);
+      const int64_t external =
+          skipped > 0 ? std::min(num_total_computed - skipped_tokens,
+                                 slots.num_external_computed_tokens)
+                      : slots.num_external_computed_tokens;
+      if (external > 0) {
+        plan.external_blocks = std::max<int64_t>(
+            CeilBlocks(g, num_total_computed) - plan.after_hits, 0);
+      }
+    }
+    plan.held_after = std::max(plan.after_hits + plan.external_blocks,
+                               CeilBlocks(g, num_need_slot));
+  }
   const bool cache = options_.enable_caching && !slots.delay_cache_blocks;
-  const int32_t num_cached =
-      takes_hits ? static_cast<int32_t>(held_after_hits)
-                 : std::max(request ? request->num_cached_blocks : 0, 0);
   const int64_t num_tokens_to_cache =
       std::min(num_tokens_main_model, slots.num_tokens);
   if (cache) {
-    const int64_t full = std::min<int64_t>(
-        num_tokens_to_cache / options_.block_size, held_after);
-    if (full > num_cached &&
-        static_cast<int64_t>(slots.block_hashes.size()) < full) {
-      return bad("has ", slots.block_hashes.size(),
-                 " block hashes; caching its ", num_tokens_to_cache,
-                 " computed tokens needs ", full);
-    }
+    KVBLOCK_RETURN_IF_ERROR(BlocksToCache(slots.request_id, slots.block_hashes,
+                                          num_tokens_to_cache));
+  }
+
+  // vLLM frees the skipped blocks before it checks, and keeps them freed
+  // when it then allocates nothing.
+  if (request != nullptr) RemoveSkipped(*request, total_computed);
+  if (BlocksToAllocate(request, num_need_slot, slots, num_total_computed,
+                       /*capped=*/false) > pool_->NumFree()) {
+    return VllmSlotResult{};
   }
 
   // Checked: from here the call cannot fail but for a broken invariant, and
   // the transaction undoes the pool's part then.
   const bool is_new = request == nullptr;
   if (is_new) request = &NewRequest(slots.request_id);
-  const size_t new_blocks_before = new_blocks_.size();
+  new_blocks_before_.clear();
+  for (const auto& ids : new_blocks_) new_blocks_before_.push_back(ids.size());
   const BlockPool::Savepoint savepoint = pool_->BeginTransaction();
   absl::Cleanup undo = [&] {
     pool_->RollbackTransaction(savepoint).IgnoreError();
-    new_blocks_.resize(new_blocks_before);
+    for (int32_t g = 0; g < num_groups(); ++g) {
+      new_blocks_[g].resize(new_blocks_before_[g]);
+    }
     if (is_new) by_id_.erase(slots.request_id);
   };
   if (takes_hits) {
-    KVBLOCK_RETURN_IF_ERROR(pool_->AcquireCached(hits));
-    request->blocks.insert(request->blocks.end(), hits.begin(), hits.end());
-    request->num_cached_blocks = static_cast<int32_t>(request->blocks.size());
-    KVBLOCK_RETURN_IF_ERROR(Allocate(*request, external_blocks));
+    for (int32_t g = 0; g < num_groups(); ++g) {
+      GroupBlocks& group = request->groups[g];
+      const GroupPlan& plan = plans_[g];
+      const absl::Span<const PageId> list =
+          hits.empty() ? absl::Span<const PageId>() : hits[g];
+      // The null block for each skipped one, then the hits past them.
+      const int64_t num_skipped =
+          NumSkippedPages(groups_[g], num_total_computed);
+      const size_t first_kept =
+          static_cast<size_t>(std::min<int64_t>(num_skipped, list.size()));
+      const auto kept = list.subspan(first_kept);
+      acquired_.clear();
+      for (PageId block : kept) {
+        if (block != kNullBlock) acquired_.push_back(block);
+      }
+      KVBLOCK_RETURN_IF_ERROR(pool_->AcquireCached(acquired_));
+      group.blocks.assign(num_skipped, kNullBlock);
+      group.blocks.insert(group.blocks.end(), kept.begin(), kept.end());
+      group.num_cached = static_cast<int32_t>(group.blocks.size());
+      KVBLOCK_RETURN_IF_ERROR(Allocate(g, group, plan.external_blocks));
+    }
   }
-  const int32_t first_new = static_cast<int32_t>(request->blocks.size());
-  KVBLOCK_RETURN_IF_ERROR(
-      Allocate(*request, CeilBlocks(num_need_slot) -
-                             static_cast<int64_t>(request->blocks.size())));
-  VllmSlotResult result{.allocated = true, .first_new_block = first_new};
-  if (cache) {
-    KVBLOCK_ASSIGN_OR_RETURN(
-        const auto range,
-        BlocksToCache(slots.request_id, num_cached, slots.block_hashes,
-                      num_tokens_to_cache));
-    Cache(*request, range.first, range.second, slots.block_hashes);
-    result.cached_from = range.first;
-    result.cached_to = std::min<int32_t>(
-        range.second, static_cast<int32_t>(request->blocks.size()));
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    GroupBlocks& group = request->groups[g];
+    slots_[g] = {.first_new_block = static_cast<int32_t>(group.blocks.size())};
+    KVBLOCK_RETURN_IF_ERROR(
+        Allocate(g, group,
+                 CeilBlocks(g, num_need_slot) -
+                     static_cast<int64_t>(group.blocks.size())));
   }
+  if (cache) Cache(*request, slots.block_hashes);
   std::move(undo).Cancel();
   KVBLOCK_RETURN_IF_ERROR(pool_->CommitTransaction(savepoint));
-  return result;
+  return VllmSlotResult{.allocated = true, .groups = slots_};
 }
 
-absl::StatusOr<std::pair<int32_t, int32_t>> VllmKvCacheManager::CacheBlocks(
-    absl::string_view request_id, absl::Span<const BlockHash> block_hashes,
-    int64_t num_tokens) {
-  if (!options_.enable_caching) return std::pair{0, 0};
+absl::StatusOr<absl::Span<const VllmGroupSlots>>
+VllmKvCacheManager::CacheBlocks(absl::string_view request_id,
+                                absl::Span<const BlockHash> block_hashes,
+                                int64_t num_tokens) {
+  for (VllmGroupSlots& slots : slots_) slots = {};
+  if (!options_.enable_caching) return absl::MakeConstSpan(slots_);
   auto found = by_id_.find(request_id);
-  const Request none;
-  const Request& known = found == by_id_.end() ? none : found->second;
-  KVBLOCK_ASSIGN_OR_RETURN(
-      const auto range,
-      BlocksToCache(request_id, std::max(known.num_cached_blocks, 0),
-                    block_hashes, num_tokens));
-  if (range.first == range.second) return range;
+  Request* request = found == by_id_.end() ? nullptr : &found->second;
+  bool caches = false;
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    const GroupBlocks* group = request ? &request->groups[g] : nullptr;
+    plans_[g] = {.held_after = group ? int64_t(group->blocks.size()) : 0,
+                 .num_cached = group ? std::max(group->num_cached, 0) : 0};
+  }
+  KVBLOCK_RETURN_IF_ERROR(BlocksToCache(request_id, block_hashes, num_tokens));
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    const auto [from, to] = plan_ranges_[g];
+    slots_[g] = {.cached_from = from, .cached_to = from};
+    caches = caches || to > from;
+  }
+  if (!caches) return absl::MakeConstSpan(slots_);
   // vLLM's cache_blocks enters an unknown request (its defaultdict), with
   // its count of cached blocks.
-  Request& request =
-      found == by_id_.end() ? NewRequest(request_id) : found->second;
-  Cache(request, range.first, range.second, block_hashes);
-  return std::pair{range.first,
-                   std::min<int32_t>(range.second, request.blocks.size())};
+  if (request == nullptr) request = &NewRequest(request_id);
+  Cache(*request, block_hashes);
+  return absl::MakeConstSpan(slots_);
 }
 
 void VllmKvCacheManager::Free(absl::string_view request_id) {
   auto found = by_id_.find(request_id);
   if (found == by_id_.end()) return;
-  std::vector<PageId>& blocks = found->second.blocks;
-  for (auto it = blocks.rbegin(); it != blocks.rend(); ++it) {
-    // Cannot fail: the request holds a reference on each.
-    [[maybe_unused]] const absl::Status released = pool_->Release(*it);
-    assert(released.ok());
+  Request& request = found->second;
+  for (GroupBlocks& group : request.groups) {
+    for (auto it = group.blocks.rbegin(); it != group.blocks.rend(); ++it) {
+      if (*it == kNullBlock) continue;
+      // Cannot fail: the request holds a reference on each.
+      [[maybe_unused]] const absl::Status released = pool_->Release(*it);
+      assert(released.ok());
+    }
+    group.blocks.clear();
+    group.num_cached = -1;
   }
-  blocks.clear();
-  spare_lists_.push_back(std::move(blocks));
+  spare_requests_.push_back(std::move(request));
   by_id_.erase(found);
 }
 
@@ -336,59 +559,87 @@ absl::Status VllmKvCacheManager::EvictBlocks(
 
 bool VllmKvCacheManager::ResetPrefixCache() {
   if (pool_->NumUsed() != 1) return false;  // The null block's only.
-  return pool_->ResetPrefixCache().ok();
+  if (!pool_->ResetPrefixCache().ok()) return false;
+  key_prefixes_.clear();
+  return true;
 }
 
 absl::Span<const PageId> VllmKvCacheManager::Blocks(
-    absl::string_view request_id) const {
+    absl::string_view request_id, int32_t group) const {
   auto found = by_id_.find(request_id);
-  if (found == by_id_.end()) return {};
-  return found->second.blocks;
+  if (found == by_id_.end() || group < 0 || group >= num_groups()) return {};
+  return found->second.groups[group].blocks;
 }
 
 VllmKvCacheManager::Request& VllmKvCacheManager::NewRequest(
     absl::string_view request_id) {
   Request& request = by_id_[request_id];
-  if (!spare_lists_.empty()) {
-    request.blocks = std::move(spare_lists_.back());
-    spare_lists_.pop_back();
+  if (!spare_requests_.empty()) {
+    request = std::move(spare_requests_.back());
+    spare_requests_.pop_back();
+  } else {
+    request.groups.resize(groups_.size());
   }
   return request;
 }
 
-int32_t VllmKvCacheManager::GetNumCommonPrefixBlocks(
+std::vector<int32_t> VllmKvCacheManager::GetNumCommonPrefixBlocks(
     absl::string_view request_id) {
+  std::vector<int32_t> common(groups_.size(), 0);
   // vLLM reads its defaultdict here, entering an unknown request (with no
   // blocks) until it is freed; the count of requests includes it.
   auto found = by_id_.find(request_id);
   if (found == by_id_.end()) {
     NewRequest(request_id);
-    return 0;
+    return common;
   }
-  int32_t common = 0;
-  for (PageId block : found->second.blocks) {
-    if (pool_->RefCount(block) != num_requests()) break;
-    ++common;
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    // A window group's leading blocks are null: vLLM counts none.
+    if (groups_[g].kind != AttentionKind::kFull) continue;
+    for (PageId block : found->second.groups[g].blocks) {
+      if (pool_->RefCount(block) != num_requests()) break;
+      ++common[g];
+    }
   }
   return common;
 }
 
-std::vector<PageId> VllmKvCacheManager::TakeNewBlockIds() {
-  std::vector<PageId> ids;
+std::vector<std::vector<PageId>> VllmKvCacheManager::TakeNewBlockIds() {
+  std::vector<std::vector<PageId>> ids(groups_.size());
   ids.swap(new_blocks_);
   return ids;
 }
 
-std::vector<BlockHash> VllmKvCacheManager::TakeRemovedHashes() {
-  std::vector<BlockHash> hashes;
-  if (events_ == nullptr) return hashes;
+absl::Span<const BlockHash> VllmKvCacheManager::CachedHashPrefix(
+    PageId block) const {
+  const int32_t group = pool_->CachedGroup(block);
+  if (group < 0 || group >= num_groups() || Scale(group) == 1) return {};
+  return absl::MakeConstSpan(hash_prefixes_)
+      .subspan(static_cast<size_t>(block) * (max_scale_ - 1), Scale(group) - 1);
+}
+
+std::vector<VllmKvCacheManager::RemovedBlock>
+VllmKvCacheManager::TakeRemovedHashes() {
+  std::vector<RemovedBlock> removed;
+  if (events_ == nullptr) return removed;
   for (size_t i = 0; i < static_cast<size_t>(events_->num_records()); ++i) {
-    if (events_->kind(i) == KvCacheEvent::Kind::kBlockRemoved) {
-      hashes.push_back(events_->hash(i));
+    if (events_->kind(i) != KvCacheEvent::Kind::kBlockRemoved) continue;
+    RemovedBlock& block = removed.emplace_back();
+    block.group = events_->group(i);
+    const BlockHash& hash = events_->hash(i);
+    if (block.group < num_groups() && Scale(block.group) > 1) {
+      // The hashes before the key, kept while a block is cached under it.
+      auto kept =
+          key_prefixes_.find(internal::SaltKey(hash, salts_[block.group]));
+      if (kept != key_prefixes_.end()) {
+        block.hashes = kept->second.hashes;
+        if (--kept->second.blocks == 0) key_prefixes_.erase(kept);
+      }
     }
+    block.hashes.push_back(hash);
   }
   events_->Clear();
-  return hashes;
+  return removed;
 }
 
 double VllmKvCacheManager::Usage() const {
@@ -401,21 +652,20 @@ absl::Status VllmKvCacheManager::CheckInvariants() const {
   KVBLOCK_RETURN_IF_ERROR(pool_->CheckInvariants());
   int64_t references = 1;  // The null block's.
   for (const auto& [id, request] : by_id_) {
-    for (PageId block : request.blocks) {
-      if (block == kNullBlock || pool_->RefCount(block) == 0) {
-        return absl::InternalError(
-            absl::StrCat("vllm kv cache manager: request ", id, " holds block ",
-                         block, ", which is not in use"));
+    for (int32_t g = 0; g < num_groups(); ++g) {
+      const GroupBlocks& group = request.groups[g];
+      for (PageId block : group.blocks) {
+        if (block == kNullBlock && groups_[g].kind != AttentionKind::kFull) {
+          continue;  // a skipped block.
+        }
+        if (block == kNullBlock || pool_->RefCount(block) == 0) {
+          return absl::InternalError(absl::StrCat(
+              "vllm kv cache manager: request ", id, " holds block ", block,
+              " in kv cache group ", g, ", which is not in use"));
+        }
+        ++references;
       }
     }
-    if (request.num_cached_blocks >
-        static_cast<int32_t>(request.blocks.size())) {
-      return absl::InternalError(
-          absl::StrCat("vllm kv cache manager: request ", id, " has ",
-                       request.num_cached_blocks, " cached of ",
-                       request.blocks.size(), " blocks"));
-    }
-    references += static_cast<int64_t>(request.blocks.size());
   }
   int64_t counted = 0;
   for (PageId block = 0; block < options_.num_blocks; ++block) {

@@ -23,7 +23,7 @@ from kvblock.vllm import (AllBlocksCleared, BlockRemoved, BlockStored,
                           KVCacheBlocks, KVCacheManager,
                           get_request_block_hasher, none_hash)
 from vllm_standins import (FullAttentionSpec, KVCacheConfig,
-                           KVCacheGroupSpec, LoRARequest,
+                           KVCacheGroupSpec, LoRARequest, MambaSpec,
                            MultiModalFeatureSpec, PlaceholderRange, Request,
                            SlidingWindowSpec, make_kv_cache_config,
                            reference_hash)
@@ -718,14 +718,19 @@ def test_what_is_not_supported_is_refused_clearly():
     config = make_kv_cache_config(16, 8)
     with pytest.raises(ValueError, match="hash_block_size 8"):
         KVCacheManager(config, 1024, hash_block_size=8)
+    mamba = KVCacheConfig(8, [], config.kv_cache_groups + [
+        KVCacheGroupSpec(["mamba"], MambaSpec(16))])
+    with pytest.raises(NotImplementedError, match="group 1 is MambaSpec"):
+        KVCacheManager(mamba, 1024, 16)
     hybrid = KVCacheConfig(8, [], config.kv_cache_groups + [
         KVCacheGroupSpec(["swa"], SlidingWindowSpec(16, 128))])
-    with pytest.raises(NotImplementedError, match="one KV cache group"):
-        KVCacheManager(hybrid, 1024, 16)
-    window = KVCacheConfig(8, [], [KVCacheGroupSpec(
-        ["swa"], SlidingWindowSpec(16, 128))])
-    with pytest.raises(NotImplementedError, match="sliding_window=128"):
-        KVCacheManager(window, 1024, 16)
+    with pytest.raises(ValueError, match="context parallelism"):
+        KVCacheManager(hybrid, 1024, 16, dcp_world_size=2)
+    sizes = KVCacheConfig(8, [], config.kv_cache_groups + [
+        KVCacheGroupSpec(["swa"], SlidingWindowSpec(24, 128))])
+    with pytest.raises(kvblock.InvalidArgumentError,
+                       match="block size 24 is not a multiple"):
+        KVCacheManager(sizes, 1024, 16)
     with pytest.raises(NotImplementedError, match="MetricsCollector"):
         KVCacheManager(config, 1024, 16, metrics_collector=object())
     manager = KVCacheManager(config, 1024, 16)

@@ -3,7 +3,7 @@
 """vLLM-shaped stand-ins for the adapter's tests, written from vLLM's public
 classes (vllm-project/vllm 28be48fa944d8c58aeffd1ab1b56e27828c6b268):
 KVCacheConfig, KVCacheGroupSpec, FullAttentionSpec, SlidingWindowSpec,
-LoRARequest, PlaceholderRange, MultiModalFeatureSpec and Request with its
+ChunkedLocalAttentionSpec, MambaSpec, LoRARequest, PlaceholderRange, MultiModalFeatureSpec and Request with its
 block hasher, with the fields kvblock.vllm reads. No vLLM code.
 
 Also `reference_hash`: vLLM's hash_block_tokens with its CBOR hash functions,
@@ -35,10 +35,24 @@ class SlidingWindowSpec:
     head_size: int = 1
 
 
+@dataclass(frozen=True)
+class ChunkedLocalAttentionSpec:
+    block_size: int
+    attention_chunk_size: int
+    num_kv_heads: int = 1
+    head_size: int = 1
+
+
+@dataclass(frozen=True)
+class MambaSpec:
+    block_size: int
+
+
 @dataclass
 class KVCacheGroupSpec:
     layer_names: list
     kv_cache_spec: object
+    is_eagle_group: bool = False
 
 
 @dataclass

@@ -7,6 +7,7 @@
 // the ones vLLM's manager hands out for the same calls.
 #include "kvblock/vllm_kv_cache_manager.h"
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -35,6 +36,45 @@ std::vector<BlockHash> Chain(uint32_t seed, int count) {
   return hashes;
 }
 
+// new_computed_blocks for a manager of one group (`ids` outlives it).
+class OneGroup {
+ public:
+  explicit OneGroup(const Ids& ids) : lists_{absl::MakeConstSpan(ids)} {}
+  operator absl::Span<const absl::Span<const PageId>>() const { return lists_; }
+
+ private:
+  std::array<absl::Span<const PageId>, 1> lists_;
+};
+
+// Group 0's blocks of the longest hit.
+Ids HitOf(VllmKvCacheManager& manager, absl::Span<const BlockHash> hashes,
+          int64_t max_length) {
+  return manager.FindLongestCacheHit(hashes, max_length).pages[0];
+}
+
+bool Unchanged(const VllmKvCacheManager& manager,
+               absl::Span<const BlockHash> hashes, int64_t max_length,
+               const Ids& hit) {
+  GroupCacheHit found{.hit_tokens = static_cast<int64_t>(hit.size()) *
+                                    manager.options().block_size,
+                      .pages = {hit}};
+  return manager.IsHitUnchanged(hashes, max_length, found);
+}
+
+// Group 0's range of a CacheBlocks result.
+std::pair<int32_t, int32_t> RangeOf(absl::Span<const VllmGroupSlots> slots) {
+  return {slots[0].cached_from, slots[0].cached_to};
+}
+
+// The last hash of each block removed since the last call.
+std::vector<BlockHash> Removed(VllmKvCacheManager& manager) {
+  std::vector<BlockHash> hashes;
+  for (const auto& block : manager.TakeRemovedHashes()) {
+    hashes.push_back(block.hashes.back());
+  }
+  return hashes;
+}
+
 Ids Held(const VllmKvCacheManager& manager, absl::string_view id) {
   const auto blocks = manager.Blocks(id);
   return Ids(blocks.begin(), blocks.end());
@@ -51,7 +91,7 @@ State StateOf(const VllmKvCacheManager& manager, absl::string_view id) {
   return {manager.pool().Snapshot(), Held(manager, id), manager.num_requests()};
 }
 
-constexpr VllmKvCacheManagerOptions kOptions = {
+const VllmKvCacheManagerOptions kOptions = {
     .num_blocks = 11, .block_size = 16, .max_model_len = 8192};
 
 TEST_CASE("create refuses bad options") {
@@ -81,15 +121,15 @@ TEST_CASE("block 0 is the null block, never handed out") {
                                         .num_new_tokens = 55});
   REQUIRE_OK(result);
   REQUIRE(result->allocated);
-  REQUIRE(result->first_new_block == 0);
+  REQUIRE(result->groups[0].first_new_block == 0);
   REQUIRE(Held(*manager, "0") == Ids{1, 2, 3, 4});
-  REQUIRE(result->cached_from == 0);
-  REQUIRE(result->cached_to == 3);
+  REQUIRE(result->groups[0].cached_from == 0);
+  REQUIRE(result->groups[0].cached_to == 3);
   REQUIRE(manager->CachedHash(3) == hashes[2]);
   REQUIRE_FALSE(manager->CachedHash(4).has_value());
   REQUIRE(manager->Usage() == 0.4);
-  REQUIRE(manager->TakeNewBlockIds() == Ids{1, 2, 3, 4});
-  REQUIRE(manager->TakeNewBlockIds().empty());
+  REQUIRE(manager->TakeNewBlockIds()[0] == Ids{1, 2, 3, 4});
+  REQUIRE(manager->TakeNewBlockIds()[0].empty());
   REQUIRE_OK(manager->CheckInvariants());
 }
 
@@ -102,21 +142,22 @@ TEST_CASE("a hit is found without a reference and taken at allocation") {
                                      .num_new_tokens = 55}));
   // A second prompt shares the first three blocks and has 5 tokens more.
   std::vector<BlockHash> second = hashes;
-  const auto hit = manager->FindLongestCacheHit(second, 52 - 1);
-  REQUIRE(Ids(hit.begin(), hit.end()) == Ids{1, 2, 3});
+  const auto hit = HitOf(*manager, second, 52 - 1);
+  REQUIRE(hit == Ids{1, 2, 3});
   REQUIRE(manager->RefCount(1) == 1);
-  const Ids hit_ids(hit.begin(), hit.end());
-  auto result = manager->AllocateSlots({.request_id = "1",
-                                        .block_hashes = second,
-                                        .num_tokens = 52,
-                                        .num_new_tokens = 4,
-                                        .num_new_computed_tokens = 48,
-                                        .new_computed_blocks = hit_ids});
+  const Ids hit_ids = hit;
+  auto result =
+      manager->AllocateSlots({.request_id = "1",
+                              .block_hashes = second,
+                              .num_tokens = 52,
+                              .num_new_tokens = 4,
+                              .num_new_computed_tokens = 48,
+                              .new_computed_blocks = OneGroup(hit_ids)});
   REQUIRE_OK(result);
   REQUIRE(Held(*manager, "1") == Ids{1, 2, 3, 5});
-  REQUIRE(result->first_new_block == 3);
+  REQUIRE(result->groups[0].first_new_block == 3);
   REQUIRE(manager->RefCount(1) == 2);
-  REQUIRE(manager->GetNumCommonPrefixBlocks("0") == 3);
+  REQUIRE(manager->GetNumCommonPrefixBlocks("0")[0] == 3);
 
   // Freed last block first: the queue is 5 (r1's tail) ... then r0's.
   manager->Free("0");
@@ -182,9 +223,10 @@ TEST_CASE("bad arguments are refused, naming the value, with nothing changed") {
                                      .num_tokens = 55,
                                      .num_new_tokens = 55}));
   const State before = StateOf(*manager, "a");
-  const Ids hit = {1, 2};
-  const Ids null_hit = {0};
-  const Ids uncached_hit = {4};
+  const Ids hit_ids = {1, 2};
+  const Ids null_ids = {0};
+  const Ids uncached_ids = {4};
+  const OneGroup hit(hit_ids), null_hit(null_ids), uncached_hit(uncached_ids);
   const std::vector<BlockHash> one = Chain(1, 1);
   const struct {
     VllmSlotRequest request;
@@ -252,23 +294,23 @@ TEST_CASE("unknown requests are entered where vLLM's defaultdict enters them") {
                                      .block_hashes = hashes,
                                      .num_tokens = 40,
                                      .num_new_tokens = 40}));
-  REQUIRE(manager->GetNumCommonPrefixBlocks("a") == 3);
+  REQUIRE(manager->GetNumCommonPrefixBlocks("a")[0] == 3);
   // cache_blocks of a request that holds no block counts its blocks as
   // cached; get_num_common_prefix_blocks of an unknown id enters it.
   auto cached = manager->CacheBlocks("b", hashes, 48);
   REQUIRE_OK(cached);
-  REQUIRE(*cached == std::pair{0, 0});
+  REQUIRE(RangeOf(*cached) == std::pair{0, 0});
   REQUIRE(manager->num_requests() == 2);
-  REQUIRE(manager->GetNumCommonPrefixBlocks("a") == 0);
-  REQUIRE(manager->GetNumCommonPrefixBlocks("c") == 0);
+  REQUIRE(manager->GetNumCommonPrefixBlocks("a")[0] == 0);
+  REQUIRE(manager->GetNumCommonPrefixBlocks("c")[0] == 0);
   REQUIRE(manager->num_requests() == 3);
   manager->Free("b");
   manager->Free("c");
-  REQUIRE(manager->GetNumCommonPrefixBlocks("a") == 3);
+  REQUIRE(manager->GetNumCommonPrefixBlocks("a")[0] == 3);
   // Blocks past the ones held count as cached, and are not cached later.
   auto ahead = manager->CacheBlocks("a", hashes, 64);
   REQUIRE_OK(ahead);
-  REQUIRE(*ahead ==
+  REQUIRE(RangeOf(*ahead) ==
           std::pair{2, 3});  // the third block; the fourth is not held.
   REQUIRE_OK(manager->AllocateSlots({.request_id = "a",
                                      .block_hashes = hashes,
@@ -288,7 +330,8 @@ TEST_CASE("tokens past the hits are new blocks unless they are external") {
                                      .block_hashes = hashes,
                                      .num_tokens = 48,
                                      .num_new_tokens = 48}));
-  const Ids hit = {1, 2};
+  const Ids hit_ids = {1, 2};
+  const OneGroup hit(hit_ids);
   auto result = manager->AllocateSlots({.request_id = "b",
                                         .block_hashes = hashes,
                                         .num_tokens = 60,
@@ -297,7 +340,8 @@ TEST_CASE("tokens past the hits are new blocks unless they are external") {
                                         .num_new_computed_tokens = 32,
                                         .new_computed_blocks = hit});
   REQUIRE_OK(result);
-  REQUIRE(result->first_new_block == 2);  // vLLM returns block 3 as new.
+  REQUIRE(result->groups[0].first_new_block ==
+          2);  // vLLM returns block 3 as new.
   REQUIRE(Held(*manager, "b") == Ids{1, 2, 4});
   auto external = manager->AllocateSlots({.request_id = "c",
                                           .block_hashes = hashes,
@@ -307,7 +351,8 @@ TEST_CASE("tokens past the hits are new blocks unless they are external") {
                                           .new_computed_blocks = hit,
                                           .num_external_computed_tokens = 16});
   REQUIRE_OK(external);
-  REQUIRE(external->first_new_block == 3);  // block 3 holds external KV.
+  REQUIRE(external->groups[0].first_new_block ==
+          3);  // block 3 holds external KV.
   REQUIRE(Held(*manager, "c") == Ids{1, 2, 5, 6});
 }
 
@@ -344,7 +389,7 @@ TEST_CASE("blocks are evicted least recently freed first, removals reported") {
                                      .num_new_tokens = 32}));
   manager->Free("a");  // Queue: 5, 2, 1.
   manager->Free("b");  // Queue: 5, 2, 1, 4, 3.
-  REQUIRE(manager->TakeRemovedHashes().empty());
+  REQUIRE(Removed(*manager).empty());
   auto result = manager->AllocateSlots({.request_id = "c",
                                         .block_hashes = Chain(3, 2),
                                         .num_tokens = 40,
@@ -352,26 +397,25 @@ TEST_CASE("blocks are evicted least recently freed first, removals reported") {
   REQUIRE_OK(result);
   REQUIRE(Held(*manager, "c") == Ids{5, 2, 1});
   // a's chain was evicted tail first.
-  REQUIRE(manager->TakeRemovedHashes() == std::vector<BlockHash>{a[1], a[0]});
-  REQUIRE(manager->FindLongestCacheHit(a, 100).empty());
-  const auto hit = manager->FindLongestCacheHit(b, 100);
-  REQUIRE(Ids(hit.begin(), hit.end()) == Ids{3, 4});
+  REQUIRE(Removed(*manager) == std::vector<BlockHash>{a[1], a[0]});
+  REQUIRE(HitOf(*manager, a, 100).empty());
+  const auto hit = HitOf(*manager, b, 100);
+  REQUIRE(hit == Ids{3, 4});
 
   SECTION("evict_blocks drops hashes of used and free blocks alike") {
     // 4: b's, free; 1: c's third block, uncached; 2: c's second.
     REQUIRE_OK(manager->EvictBlocks(Ids{4, 1, 2, 0}));
-    REQUIRE(manager->TakeRemovedHashes() ==
-            std::vector<BlockHash>{b[1], Chain(3, 2)[1]});
+    REQUIRE(Removed(*manager) == std::vector<BlockHash>{b[1], Chain(3, 2)[1]});
     REQUIRE(manager->RefCount(2) == 1);
-    const auto after = manager->FindLongestCacheHit(b, 100);
-    REQUIRE(Ids(after.begin(), after.end()) == Ids{3});
+    const auto after = HitOf(*manager, b, 100);
+    REQUIRE(after == Ids{3});
   }
   SECTION("reset refuses while a request holds blocks") {
     REQUIRE_FALSE(manager->ResetPrefixCache());
-    REQUIRE(manager->FindLongestCacheHit(b, 100).size() == 2);
+    REQUIRE(HitOf(*manager, b, 100).size() == 2);
     manager->Free("c");
     REQUIRE(manager->ResetPrefixCache());
-    REQUIRE(manager->FindLongestCacheHit(b, 100).empty());
+    REQUIRE(HitOf(*manager, b, 100).empty());
     REQUIRE(manager->pool().NumCached() == 0);
   }
   REQUIRE_OK(manager->CheckInvariants());
@@ -386,10 +430,10 @@ TEST_CASE("eagle leaves the last hit block to be computed again") {
                                      .block_hashes = hashes,
                                      .num_tokens = 48,
                                      .num_new_tokens = 48}));
-  const auto hit = manager->FindLongestCacheHit(hashes, 100);
-  REQUIRE(Ids(hit.begin(), hit.end()) == Ids{1, 2});
+  const auto hit = HitOf(*manager, hashes, 100);
+  REQUIRE(hit == Ids{1, 2});
   // Within num_tokens - 1 = 47 tokens two blocks match; eagle keeps one.
-  REQUIRE(manager->FindLongestCacheHit(hashes, 47).size() == 1);
+  REQUIRE(HitOf(*manager, hashes, 47).size() == 1);
 }
 
 TEST_CASE("lookahead and draft slots get blocks that are never cached") {
@@ -403,7 +447,7 @@ TEST_CASE("lookahead and draft slots get blocks that are never cached") {
                                         .num_lookahead_tokens = 4});
   REQUIRE_OK(result);
   REQUIRE(Held(*manager, "a") == Ids{1, 2});
-  REQUIRE(result->cached_to == 1);  // min(23, num_tokens 20) / 16.
+  REQUIRE(result->groups[0].cached_to == 1);  // min(23, num_tokens 20) / 16.
   REQUIRE_FALSE(manager->CachedHash(2).has_value());
   // A later call that needs fewer slots (drafts rejected) keeps the blocks.
   auto next = manager->AllocateSlots({.request_id = "a",
@@ -412,7 +456,7 @@ TEST_CASE("lookahead and draft slots get blocks that are never cached") {
                                       .num_computed_tokens = 20,
                                       .num_new_tokens = 1});
   REQUIRE_OK(next);
-  REQUIRE(next->first_new_block == 2);
+  REQUIRE(next->groups[0].first_new_block == 2);
   REQUIRE(Held(*manager, "a") == Ids{1, 2});
 }
 
@@ -423,7 +467,7 @@ TEST_CASE("caching off: no hits, no hashes needed") {
   REQUIRE_OK(manager->AllocateSlots(
       {.request_id = "a", .num_tokens = 40, .num_new_tokens = 40}));
   REQUIRE(manager->pool().NumCached() == 0);
-  REQUIRE(manager->FindLongestCacheHit(Chain(1, 2), 100).empty());
+  REQUIRE(HitOf(*manager, Chain(1, 2), 100).empty());
   REQUIRE(Held(*manager, "a") == Ids{1, 2, 3});
 }
 
@@ -438,33 +482,30 @@ TEST_CASE("a kept hit is known unchanged until the cache changes under it") {
                                      .block_hashes = hashes,
                                      .num_tokens = 48,
                                      .num_new_tokens = 48}));
-  const auto found = manager->FindLongestCacheHit(hashes, 63);
-  const Ids hit(found.begin(), found.end());
+  const Ids hit = HitOf(*manager, hashes, 63);
   REQUIRE(hit == (eagle ? Ids{1, 2} : Ids{1, 2, 3}));
-  REQUIRE(manager->IsHitUnchanged(hashes, 63, hit));
-  REQUIRE_FALSE(manager->IsHitUnchanged(hashes, 47, hit));  // other bound.
+  REQUIRE(Unchanged(*manager, hashes, 63, hit));
+  REQUIRE_FALSE(Unchanged(*manager, hashes, 47, hit));  // other bound.
   // Another request's blocks change nothing the hit depends on.
   REQUIRE_OK(manager->AllocateSlots({.request_id = "b",
                                      .block_hashes = Chain(2, 1),
                                      .num_tokens = 16,
                                      .num_new_tokens = 16}));
-  REQUIRE(manager->IsHitUnchanged(hashes, 63, hit));
+  REQUIRE(Unchanged(*manager, hashes, 63, hit));
   SECTION("a hit block evicted") {
     REQUIRE_OK(manager->EvictBlocks(Ids{eagle ? 3 : 2}));
-    REQUIRE_FALSE(manager->IsHitUnchanged(hashes, 63, hit));
+    REQUIRE_FALSE(Unchanged(*manager, hashes, 63, hit));
   }
   SECTION("the next block cached: the hit grows") {
     REQUIRE_OK(manager->CacheBlocks("a", hashes, 48));  // cached already.
-    REQUIRE(manager->IsHitUnchanged(hashes, 100,
-                                    manager->FindLongestCacheHit(hashes, 100)));
-    const auto longer = manager->FindLongestCacheHit(hashes, 100);
-    const Ids kept(longer.begin(), longer.end());
+    REQUIRE(Unchanged(*manager, hashes, 100, HitOf(*manager, hashes, 100)));
+    const Ids kept = HitOf(*manager, hashes, 100);
     REQUIRE_OK(manager->AllocateSlots({.request_id = "a",
                                        .block_hashes = hashes,
                                        .num_tokens = 64,
                                        .num_computed_tokens = 48,
                                        .num_new_tokens = 16}));
-    REQUIRE_FALSE(manager->IsHitUnchanged(hashes, 100, kept));
+    REQUIRE_FALSE(Unchanged(*manager, hashes, 100, kept));
   }
 }
 

@@ -118,11 +118,15 @@ except ImportError:
 MEDIUM_GPU = "GPU"
 # vLLM's scheduler zeroes new blocks of these spec types only.
 _ZEROED_SPECS = ("FullAttentionSpec", "TQFullAttentionSpec")
-_SPEC_KINDS = {
-    "FullAttentionSpec": "full_attention",
-    "TQFullAttentionSpec": "full_attention",
-    "MLAAttentionSpec": "mla_attention",
-}
+# vLLM's get_kv_cache_spec_kind, by class name, subclasses first.
+_SPEC_KINDS = (
+    ("SlidingWindowMLASpec", "sliding_window_mla"),
+    ("MLAAttentionSpec", "mla_attention"),
+    ("SinkFullAttentionSpec", "sink_full_attention"),
+    ("FullAttentionSpec", "full_attention"),
+    ("ChunkedLocalAttentionSpec", "chunked_local_attention"),
+    ("SlidingWindowSpec", "sliding_window"),
+)
 
 
 class KVCacheBlock:
@@ -141,9 +145,14 @@ class KVCacheBlock:
 
     @property
     def block_hash(self) -> Optional[bytes]:
-        """vLLM's BlockHashWithGroupId: the digest and the group id (0)."""
-        digest = self._manager.cached_hash(self.block_id)
-        return None if digest is None else digest + b"\0\0\0\0"
+        """vLLM's BlockHashWithGroupId: the digest (for a group of k times
+        the hash block size, its k request hashes joined) and the 4-byte
+        group id."""
+        cached = self._manager.cached_hash(self.block_id)
+        if cached is None:
+            return None
+        group, digest = cached
+        return digest + group.to_bytes(4, "big")
 
     def __repr__(self) -> str:
         return f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt})"
@@ -296,31 +305,57 @@ def get_request_block_hasher(block_size: int, caching_hash_fn):
 
 # The manager -----------------------------------------------------------------
 
+def _class_names(spec) -> set:
+    return {cls.__name__ for cls in type(spec).__mro__}
+
+
 def _spec_kind(spec) -> str:
     try:  # pragma: no cover - depends on the environment.
         from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind
         return get_kv_cache_spec_kind(spec).value
     except ImportError:
-        return _SPEC_KINDS.get(type(spec).__name__, "unknown")
+        names = _class_names(spec)
+        return next((kind for name, kind in _SPEC_KINDS if name in names),
+                    "unknown")
 
 
-# The spec classes vLLM manages with other than its FullAttentionManager
-# (a FullAttentionSpec with a sliding_window is full attention to vLLM's
-# manager).
-_OTHER_SPECS = ("SlidingWindowSpec", "SlidingWindowMLASpec",
-                "ChunkedLocalAttentionSpec", "MambaSpec", "CrossAttentionSpec",
-                "SinkFullAttentionSpec", "EncoderOnlyAttentionSpec")
+# vLLM's spec_manager_map: the spec classes each manager serves, by name.
+_SLIDING_WINDOW_SPECS = ("SlidingWindowSpec", "SlidingWindowMLASpec")
+_FULL_ATTENTION_SPECS = ("FullAttentionSpec", "TQFullAttentionSpec",
+                         "MLAAttentionSpec", "HiddenStateCacheSpec")
+_UNSUPPORTED_SPECS = ("MambaSpec", "CrossAttentionSpec",
+                      "SinkFullAttentionSpec", "EncoderOnlyAttentionSpec",
+                      "UniformTypeKVCacheSpecs")
 
 
-def _check_spec(spec) -> None:
-    names = {cls.__name__ for cls in type(spec).__mro__}
-    other = names.intersection(_OTHER_SPECS)
-    if other:
+def _group_spec(index: int, group, block_size: int):
+    """kvblock's KvCacheGroupSpec for vLLM's KVCacheGroupSpec `group`, whose
+    blocks hold `block_size` tokens."""
+    spec = group.kv_cache_spec
+    name = type(spec).__name__
+    names = _class_names(spec)
+    eagle = bool(getattr(group, "is_eagle_group", False))
+    if names.intersection(_UNSUPPORTED_SPECS):
         raise NotImplementedError(
-            f"kvblock.vllm serves full-attention KV cache groups; "
-            f"{type(spec).__name__} ({', '.join(sorted(other))}, "
-            f"sliding_window={getattr(spec, 'sliding_window', None)}) is not "
-            "supported yet")
+            f"kvblock.vllm serves full-attention, sliding-window and "
+            f"chunked-local KV cache groups; group {index} is {name} "
+            f"({', '.join(sorted(names.intersection(_UNSUPPORTED_SPECS)))})")
+    if name in _SLIDING_WINDOW_SPECS:
+        return _kvblock.KvCacheGroupSpec(
+            kind=_kvblock.AttentionKind.SLIDING_WINDOW, page_size=block_size,
+            sliding_window=spec.sliding_window, eagle=eagle)
+    if name == "ChunkedLocalAttentionSpec":
+        return _kvblock.KvCacheGroupSpec(
+            kind=_kvblock.AttentionKind.CHUNKED_LOCAL, page_size=block_size,
+            attention_chunk_size=spec.attention_chunk_size, eagle=eagle)
+    if name in _FULL_ATTENTION_SPECS:
+        # A FullAttentionSpec with a sliding_window is full attention to
+        # vLLM's manager.
+        return _kvblock.KvCacheGroupSpec(
+            kind=_kvblock.AttentionKind.FULL, page_size=block_size,
+            eagle=eagle)
+    raise NotImplementedError(
+        f"kvblock.vllm does not know KV cache group {index}'s spec {name}")
 
 
 class KVCacheManager:
@@ -335,37 +370,49 @@ class KVCacheManager:
                  dcp_world_size: int = 1, pcp_world_size: int = 1,
                  metrics_collector=None, *, eviction_order: str = "vllm"):
         groups = list(kv_cache_config.kv_cache_groups)
-        if len(groups) != 1:
+        if not groups:
             raise NotImplementedError(
-                f"kvblock.vllm serves one KV cache group, got {len(groups)} "
-                "(hybrid models are not supported yet)")
-        spec = groups[0].kv_cache_spec
-        _check_spec(spec)
+                "kvblock.vllm needs at least one KV cache group")
         if metrics_collector is not None:
             raise NotImplementedError(
                 "kvblock.vllm does not feed vLLM's KVCacheMetricsCollector")
         if eviction_order not in ("vllm", "kvblock"):
             raise ValueError(f"eviction_order must be 'vllm' or 'kvblock', "
                              f"got {eviction_order!r}")
-        block_size = spec.block_size * dcp_world_size * pcp_world_size
-        if enable_caching and hash_block_size != block_size:
+        world = dcp_world_size * pcp_world_size
+        if len(groups) > 1 and world != 1:
             raise ValueError(
-                f"hash_block_size {hash_block_size} must equal the block size "
-                f"{block_size} of the one KV cache group")
+                f"context parallelism (dcp_world_size {dcp_world_size}, "
+                f"pcp_world_size {pcp_world_size}) does not serve hybrid "
+                "models (vLLM asserts it too)")
+        specs = [_group_spec(i, group, group.kv_cache_spec.block_size * world)
+                 for i, group in enumerate(groups)]
+        if len(groups) == 1:
+            block_size = specs[0].page_size
+            if enable_caching and hash_block_size != block_size:
+                raise ValueError(
+                    f"hash_block_size {hash_block_size} must equal the block "
+                    f"size {block_size} of the one KV cache group")
+            # One group's blocks are hashed at its own size, caching or not.
+            hash_block_size = block_size
         self.kv_cache_config = kv_cache_config
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.use_eagle = use_eagle
         self.log_stats = log_stats
         self.metrics_collector = None
-        self.block_size = block_size
-        self.num_kv_cache_groups = 1
-        self.empty_kv_cache_blocks = KVCacheBlocks(((),))
+        self.block_size = specs[0].page_size
+        self.hash_block_size = hash_block_size
+        self.num_kv_cache_groups = len(groups)
+        self.empty_kv_cache_blocks = KVCacheBlocks(
+            tuple(() for _ in groups))
         self._stats = PrefixCacheStats() if log_stats else None
         self._cpp = _kvblock.VllmKvCacheManager(
-            num_blocks=kv_cache_config.num_blocks, block_size=block_size,
-            max_model_len=max_model_len, enable_caching=enable_caching,
-            use_eagle=use_eagle, enable_kv_cache_events=enable_kv_cache_events,
+            num_blocks=kv_cache_config.num_blocks, block_size=hash_block_size,
+            kv_cache_groups=specs, max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens or 0,
+            enable_caching=enable_caching, use_eagle=use_eagle,
+            enable_kv_cache_events=enable_kv_cache_events,
             vllm_eviction_order=eviction_order == "vllm", log_stats=log_stats)
         # The calls of every step are C++ functions bound to the manager,
         # put on this object: vLLM's scheduler calls them with no Python
@@ -377,10 +424,17 @@ class KVCacheManager:
              self, [KVCacheBlock(i, self._cpp)
                     for i in range(kv_cache_config.num_blocks)],
              KVCacheBlocks, self.empty_kv_cache_blocks)
-        self._zero_new_blocks = type(spec).__name__ in _ZEROED_SPECS
+        self._group_sizes = [spec.page_size for spec in specs]
+        self._zeroed_groups = [type(group.kv_cache_spec).__name__ in
+                               _ZEROED_SPECS for group in groups]
         self._events = [] if enable_kv_cache_events else None
         # vLLM names a window for SlidingWindowSpec groups only.
-        self._event_metadata = (_spec_kind(spec), None)
+        self._event_metadata = tuple(
+            (_spec_kind(group.kv_cache_spec),
+             getattr(group.kv_cache_spec, "sliding_window", None)
+             if type(group.kv_cache_spec).__name__ in _SLIDING_WINDOW_SPECS
+             else None)
+            for group in groups)
         self._int_hashes = os.getenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES",
                                      "1") != "0"
 
@@ -421,15 +475,16 @@ class KVCacheManager:
         return stats
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        return self.create_kv_cache_blocks((self._cpp.blocks(request_id),))
+        return self._cpp.blocks(request_id)
 
     def get_block_ids(self, request_id: str) -> tuple:
-        return (self._cpp.block_ids(request_id),)
+        return self._cpp.block_ids(request_id)
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list:
         if not self.enable_caching:
-            return [0]  # vLLM's KVCacheCoordinatorNoPrefixCache.
-        return [self._cpp.get_num_common_prefix_blocks(running_request_id)]
+            # vLLM's KVCacheCoordinatorNoPrefixCache.
+            return [0] * self.num_kv_cache_groups
+        return self._cpp.get_num_common_prefix_blocks(running_request_id)
 
     def create_kv_cache_blocks(self, blocks) -> KVCacheBlocks:
         return KVCacheBlocks(blocks) if any(blocks) else \
@@ -439,32 +494,37 @@ class KVCacheManager:
         if self._events is None:
             return []
         events, self._events = self._events, []
-        kind, window = self._event_metadata
         for event in events:
-            if isinstance(event, BlockStored):
-                event.kv_cache_spec_kind = kind
-                event.kv_cache_spec_sliding_window = window
+            if isinstance(event, BlockStored) and event.group_idx is not None:
+                (event.kv_cache_spec_kind,
+                 event.kv_cache_spec_sliding_window) = \
+                    self._event_metadata[event.group_idx]
         return events
 
     def take_new_block_ids(self) -> list:
-        ids = self._cpp.take_new_block_ids()
-        return ids if self._zero_new_blocks else []
+        """The new blocks of the groups vLLM zeroes (full attention)."""
+        return [block for zeroed, ids in
+                zip(self._zeroed_groups, self._cpp.take_new_block_ids())
+                if zeroed for block in ids]
 
     def new_step_starts(self) -> None:
-        """vLLM's hook at each step's start; full attention does nothing."""
+        """vLLM's hook at each step's start; only Mamba groups use it."""
 
     # Changes -----------------------------------------------------------------
 
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
         if not self.enable_caching:
             return
-        cached = self._cpp.cache_blocks(request, num_computed_tokens)
+        ranges = self._cpp.cache_blocks(request, num_computed_tokens)
         if self._events is not None:
-            self._record(request, *cached)
+            self._record(request, ranges)
 
     def remove_skipped_blocks(self, request_id: str,
                               total_computed_tokens: int) -> None:
-        """Full attention skips no block."""
+        """Frees the blocks of the request's sliding-window and
+        chunked-local groups that no later token reads; the null block takes
+        their place."""
+        self._cpp.remove_skipped_blocks(request_id, total_computed_tokens)
 
     def evict_blocks(self, block_ids) -> None:
         self._cpp.evict_blocks(list(block_ids))
@@ -490,36 +550,53 @@ class KVCacheManager:
             else digest
 
     def _record_removed(self) -> None:
-        for digest in self._cpp.take_removed_hashes():
+        for group, digest in self._cpp.take_removed_hashes():
             self._events.append(BlockRemoved(
                 block_hashes=[self._external(digest)], medium=MEDIUM_GPU,
-                group_idx=0))
+                group_idx=group))
 
-    def _record(self, request, cached_from: int, cached_to: int) -> None:
+    def _joined(self, hashes, group: int, block: int) -> bytes:
+        """vLLM's BlockHashListWithBlockSize entry `block` of `group`."""
+        scale = self._group_sizes[group] // self.hash_block_size
+        return b"".join(hashes[block * scale:(block + 1) * scale])
+
+    def _record(self, request, ranges) -> None:
         """The events of a call that evicted blocks and cached blocks
-        [cached_from, cached_to) of `request`, in vLLM's order (the C++
-        allocate_slots calls it when events are on)."""
+        [cached_from, cached_to) of each group of `request` (`ranges`), in
+        vLLM's order: the evictions, then a BlockStored a group that cached
+        (null blocks and the ones the group does not cache left out, as
+        vLLM's cache_full_blocks does). The C++ allocate_slots calls it when
+        events are on."""
         self._record_removed()
-        if cached_to <= cached_from:
-            return
+        ids = None
         hashes = request.block_hashes
-        size = self.block_size
-        extra, mm_index = [], 0
-        for block in range(cached_from, cached_to):
-            keys, mm_index = _extra_keys(request, block * size,
-                                         (block + 1) * size, mm_index)
-            extra.append(keys)
         lora = getattr(request, "lora_request", None)
-        self._events.append(BlockStored(
-            block_hashes=[self._external(h)
-                          for h in hashes[cached_from:cached_to]],
-            parent_block_hash=(None if cached_from == 0 else
-                               self._external(hashes[cached_from - 1])),
-            token_ids=list(request.all_token_ids[cached_from * size:
-                                                 cached_to * size]),
-            block_size=size,
-            lora_id=None if lora is None else lora.adapter_id,
-            medium=MEDIUM_GPU,
-            lora_name=None if lora is None else lora.name,
-            extra_keys=extra,
-            group_idx=0))
+        for group, (cached_from, cached_to) in enumerate(ranges):
+            if cached_to <= cached_from:
+                continue
+            if ids is None:
+                ids = self._cpp.block_ids(request.request_id)
+            size = self._group_sizes[group]
+            stored, extra, mm_index = [], [], 0
+            for block in range(cached_from, cached_to):
+                if ids[group][block] == 0 or \
+                        not self._cpp.caches_block(group, block):
+                    continue
+                stored.append(self._external(
+                    self._joined(hashes, group, block)))
+                keys, mm_index = _extra_keys(request, block * size,
+                                             (block + 1) * size, mm_index)
+                extra.append(keys)
+            self._events.append(BlockStored(
+                block_hashes=stored,
+                parent_block_hash=(None if cached_from == 0 else
+                                   self._external(self._joined(
+                                       hashes, group, cached_from - 1))),
+                token_ids=list(request.all_token_ids[cached_from * size:
+                                                     cached_to * size]),
+                block_size=size,
+                lora_id=None if lora is None else lora.adapter_id,
+                medium=MEDIUM_GPU,
+                lora_name=None if lora is None else lora.name,
+                extra_keys=extra or None,
+                group_idx=group))

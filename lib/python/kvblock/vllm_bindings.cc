@@ -122,40 +122,74 @@ bool HoldsBlocks(py::handle list, py::handle table,
   return true;
 }
 
-// KVCacheBlocks((blocks,)), or the empty one for no blocks.
-py::object KvCacheBlocksOf(const PyManager& self, py::list blocks) {
-  if (blocks.empty()) return self.empty_blocks;
-  return self.blocks_class(py::make_tuple(std::move(blocks)));
+// KVCacheBlocks(tuple(lists)), or the empty one when every list is.
+py::object KvCacheBlocksOf(const PyManager& self, py::tuple lists) {
+  for (py::handle list : lists) {
+    if (PyList_GET_SIZE(list.ptr()) != 0) return self.blocks_class(lists);
+  }
+  return self.empty_blocks;
 }
 
-// The ids of new_computed_blocks (a KVCacheBlocks or None) into `ids`: the
-// chain's last hit when they are its list, unchanged, else read from the
-// blocks (InvalidArgument for an id outside [0, num_blocks)).
-void HitIdsOf(const BlockHashChain* chain, py::handle table, int32_t num_blocks,
-              PyObject* blocks, std::vector<PageId>& ids) {
-  ids.clear();
+// Each group's blocks of `request_id` from its block `first[g]` on (all of
+// them without `first`), as KVCacheBlocks.
+py::object GroupBlocksOf(const PyManager& self, py::handle table,
+                         absl::string_view request_id,
+                         absl::Span<const VllmGroupSlots> first = {}) {
+  const VllmKvCacheManager& manager = *self.manager;
+  py::tuple lists(manager.num_groups());
+  for (int32_t g = 0; g < manager.num_groups(); ++g) {
+    auto blocks = manager.Blocks(request_id, g);
+    if (!first.empty()) blocks = blocks.subspan(first[g].first_new_block);
+    lists[g] = BlocksOf(table, blocks);
+  }
+  return KvCacheBlocksOf(self, std::move(lists));
+}
+
+// The ids of new_computed_blocks (a KVCacheBlocks or None), a list a
+// group, into `ids` (and `lists` viewing them): the chain's last hit when
+// they are its lists, unchanged, else read from the blocks
+// (InvalidArgument for an id outside [0, num_blocks), or a count of lists
+// other than the groups').
+void HitIdsOf(const BlockHashChain* chain, py::handle table,
+              const VllmKvCacheManager& manager, PyObject* blocks,
+              std::vector<std::vector<PageId>>& ids,
+              std::vector<absl::Span<const PageId>>& lists) {
+  lists.clear();
   if (blocks == nullptr || blocks == Py_None) return;
   static PyObject* const kBlocks = Intern("blocks");
   static PyObject* const kBlockId = Intern("block_id");
   py::object groups =
       py::reinterpret_steal<py::object>(PyObject_GetAttr(blocks, kBlocks));
   if (!groups) throw py::error_already_set();
-  if (py::len(groups) == 0) return;
-  py::object group = groups[py::int_(0)];
-  if (chain != nullptr && chain->hit_list && group.is(chain->hit_list) &&
-      HoldsBlocks(group, table, chain->hit)) {
-    ids = chain->hit;
-    return;
+  const int32_t num_groups = manager.num_groups();
+  if (py::len(groups) != static_cast<size_t>(num_groups)) {
+    Raise(absl::InvalidArgumentError(absl::StrCat(
+        "new_computed_blocks has ", py::len(groups),
+        " lists of blocks, one a kv cache group (", num_groups, ")")));
   }
-  for (py::handle block : group) {
-    const int64_t id =
-        IntAttr(block.ptr(), kBlockId, "a computed block's block_id");
-    if (id < 0 || id >= num_blocks) {
-      Raise(absl::InvalidArgumentError(
-          absl::StrCat("a computed block's block_id ", id, " is not in [0, ",
-                       num_blocks, ")")));
+  ids.resize(num_groups);
+  const int32_t num_blocks = manager.options().num_blocks;
+  for (int32_t g = 0; g < num_groups; ++g) {
+    py::object group = groups[py::int_(g)];
+    if (chain != nullptr &&
+        chain->hit_lists.size() == static_cast<size_t>(num_groups) &&
+        group.is(chain->hit_lists[g]) &&
+        HoldsBlocks(group, table, chain->hit.pages[g])) {
+      lists.push_back(chain->hit.pages[g]);
+      continue;
     }
-    ids.push_back(static_cast<PageId>(id));
+    ids[g].clear();
+    for (py::handle block : group) {
+      const int64_t id =
+          IntAttr(block.ptr(), kBlockId, "a computed block's block_id");
+      if (id < 0 || id >= num_blocks) {
+        Raise(absl::InvalidArgumentError(
+            absl::StrCat("a computed block's block_id ", id, " is not in [0, ",
+                         num_blocks, ")")));
+      }
+      ids[g].push_back(static_cast<PageId>(id));
+    }
+    lists.push_back(ids[g]);
   }
 }
 
@@ -241,13 +275,21 @@ PyObject* Guarded(Body&& body) {
 }
 
 // The adapter's `_record(request, cached_from, cached_to)`, with events on.
-void RecordEvents(py::handle self, py::handle request, int32_t from,
-                  int32_t to) {
+// `ranges`: each group's (cached_from, cached_to).
+void RecordEvents(py::handle self, py::handle request, py::list ranges) {
   static PyObject* const kAdapter = Intern("_adapter");
   py::object adapter =
       py::reinterpret_steal<py::object>(PyObject_GetAttr(self.ptr(), kAdapter));
   if (!adapter) throw py::error_already_set();
-  adapter.attr("_record")(request, from, to);
+  adapter.attr("_record")(request, ranges);
+}
+
+py::list RangesOf(absl::Span<const VllmGroupSlots> slots) {
+  py::list ranges;
+  for (const VllmGroupSlots& group : slots) {
+    ranges.append(py::make_tuple(group.cached_from, group.cached_to));
+  }
+  return ranges;
 }
 
 PyObject* AllocateSlots(PyObject* self_object, PyObject* const* args,
@@ -272,7 +314,7 @@ PyObject* AllocateSlots(PyObject* self_object, PyObject* const* args,
     PyManager& state = self.cast<PyManager&>();
     PyObject* request = arguments[0];
     py::object new_blocks;
-    VllmSlotResult result;
+    py::list ranges;
     {
       const Busy busy(state);
       py::object id =
@@ -285,9 +327,9 @@ PyObject* AllocateSlots(PyObject* self_object, PyObject* const* args,
       HeldChain held;
       if (caching) held = ChainObjectOf(request);
       const py::object table = BlockTable(self);
-      std::vector<PageId> hits;
-      HitIdsOf(held.chain, table, state.manager->options().num_blocks,
-               arguments[3], hits);
+      std::vector<std::vector<PageId>> hit_ids;
+      std::vector<absl::Span<const PageId>> hits;
+      HitIdsOf(held.chain, table, *state.manager, arguments[3], hit_ids, hits);
       const int64_t num_new_tokens = arguments.Int(1);
       const int64_t num_new_computed_tokens = arguments.Int(2);
       const int64_t num_lookahead_tokens = arguments.Int(4);
@@ -314,19 +356,17 @@ PyObject* AllocateSlots(PyObject* self_object, PyObject* const* args,
           .delay_cache_blocks = delay_cache_blocks,
           .full_sequence_must_fit = full_sequence_must_fit,
       };
-      result = ValueOrThrow(state.manager->AllocateSlots(slots));
+      const VllmSlotResult result =
+          ValueOrThrow(state.manager->AllocateSlots(slots));
       if (!result.allocated) return py::none();
-      const auto blocks = state.manager->Blocks(slots.request_id);
-      new_blocks =
-          static_cast<size_t>(result.first_new_block) == blocks.size()
-              ? state.empty_blocks
-              : KvCacheBlocksOf(
-                    state,
-                    BlocksOf(table, blocks.subspan(result.first_new_block)));
+      new_blocks = GroupBlocksOf(state, table, slots.request_id, result.groups);
+      if (state.manager->options().enable_kv_cache_events) {
+        ranges = RangesOf(result.groups);
+      }
     }
     // The adapter's Python records the events, outside the call.
     if (state.manager->options().enable_kv_cache_events) {
-      RecordEvents(self, request, result.cached_from, result.cached_to);
+      RecordEvents(self, request, std::move(ranges));
     }
     return new_blocks;
   });
@@ -370,17 +410,22 @@ PyObject* GetComputedBlocks(PyObject* self_object, PyObject* const* args,
     CheckWidth(state, chain);
     const int64_t max_length = num_tokens - 1;
     // A waiting request is asked again every step: its hit is kept while
-    // the cache still gives it (and the list handed out is unchanged).
-    if (chain.hit_max_length != max_length ||
-        !manager.IsHitUnchanged(chain.hashes(), max_length, chain.hit) ||
-        !HoldsBlocks(chain.hit_list, table, chain.hit)) {
-      const auto hit = manager.FindLongestCacheHit(chain.hashes(), max_length);
-      chain.hit.assign(hit.begin(), hit.end());
-      chain.hit_list = BlocksOf(table, chain.hit);
+    // the cache still gives it (and the lists handed out are unchanged).
+    bool kept = chain.hit_max_length == max_length &&
+                manager.IsHitUnchanged(chain.hashes(), max_length, chain.hit) &&
+                chain.hit_lists.size() == chain.hit.pages.size();
+    for (size_t g = 0; kept && g < chain.hit_lists.size(); ++g) {
+      kept = HoldsBlocks(chain.hit_lists[g], table, chain.hit.pages[g]);
+    }
+    if (!kept) {
+      chain.hit = manager.FindLongestCacheHit(chain.hashes(), max_length);
+      chain.hit_lists.clear();
+      for (const std::vector<PageId>& pages : chain.hit.pages) {
+        chain.hit_lists.push_back(BlocksOf(table, pages));
+      }
       chain.hit_max_length = max_length;
     }
-    const int64_t hit_tokens =
-        static_cast<int64_t>(chain.hit.size()) * manager.options().block_size;
+    const int64_t hit_tokens = chain.hit.hit_tokens;
     if (state.log_stats) {
       PrefixCounters& stats = state.stats;
       if (preempted) {
@@ -393,9 +438,11 @@ PyObject* GetComputedBlocks(PyObject* self_object, PyObject* const* args,
         stats.hits += hit_tokens;
       }
     }
-    if (chain.hit.empty()) return py::make_tuple(state.empty_blocks, 0);
-    return py::make_tuple(state.blocks_class(py::make_tuple(chain.hit_list)),
-                          hit_tokens);
+    py::tuple lists(chain.hit_lists.size());
+    for (size_t g = 0; g < chain.hit_lists.size(); ++g) {
+      lists[g] = chain.hit_lists[g];
+    }
+    return py::make_tuple(KvCacheBlocksOf(state, std::move(lists)), hit_tokens);
   });
 }
 
@@ -436,9 +483,15 @@ PyMethodDef kFastCalls[] = {
      "tail is evicted first)."},
 };
 
-py::bytes DigestBytes(const BlockHash& hash, int32_t width) {
-  return py::bytes(reinterpret_cast<const char*>(hash.bytes.data()),
-                   width == 0 ? hash.bytes.size() : width);
+// The digests of `hashes`, `width` bytes each (all of them for 0), joined.
+py::bytes JoinedDigest(absl::Span<const BlockHash> hashes, int32_t width) {
+  const size_t size = width == 0 ? sizeof(BlockHash::bytes) : width;
+  std::string joined;
+  joined.reserve(hashes.size() * size);
+  for (const BlockHash& hash : hashes) {
+    joined.append(reinterpret_cast<const char*>(hash.bytes.data()), size);
+  }
+  return py::bytes(joined);
 }
 
 absl::string_view IdOf(py::handle request_id) {
@@ -468,19 +521,22 @@ void BindVllmManager(py::module_& m) {
       .def("__len__",
            [](const BlockHashChain& c) { return c.hashes().size(); });
 
-  py::class_<PyManager>(
-      m, "VllmKvCacheManager", py::dynamic_attr(),
-      "vLLM v1's full-attention KV cache manager (C++); kvblock.vllm's "
-      "KVCacheManager wraps it. Block 0 is the null block.")
+  py::class_<PyManager>(m, "VllmKvCacheManager", py::dynamic_attr(),
+                        "vLLM v1's KV cache manager (C++); kvblock.vllm's "
+                        "KVCacheManager wraps it. Block 0 is the null block.")
       .def(py::init([](int32_t num_blocks, int32_t block_size,
-                       int64_t max_model_len, bool enable_caching,
-                       bool use_eagle, bool enable_kv_cache_events,
-                       bool vllm_eviction_order, bool log_stats) {
+                       std::vector<KvCacheGroupSpec> kv_cache_groups,
+                       int64_t max_model_len, int64_t max_num_batched_tokens,
+                       bool enable_caching, bool use_eagle,
+                       bool enable_kv_cache_events, bool vllm_eviction_order,
+                       bool log_stats) {
              PyManager made;
              made.manager = ValueOrThrow(VllmKvCacheManager::Create(
                  {.num_blocks = num_blocks,
                   .block_size = block_size,
+                  .kv_cache_groups = std::move(kv_cache_groups),
                   .max_model_len = max_model_len,
+                  .max_num_batched_tokens = max_num_batched_tokens,
                   .enable_caching = enable_caching,
                   .use_eagle = use_eagle,
                   .enable_kv_cache_events = enable_kv_cache_events,
@@ -490,9 +546,13 @@ void BindVllmManager(py::module_& m) {
              made.log_stats = log_stats;
              return made;
            }),
-           "num_blocks"_a, "block_size"_a, "max_model_len"_a,
-           "enable_caching"_a, "use_eagle"_a, "enable_kv_cache_events"_a,
-           "vllm_eviction_order"_a, "log_stats"_a)
+           "num_blocks"_a, "block_size"_a, "kv_cache_groups"_a,
+           "max_model_len"_a, "max_num_batched_tokens"_a, "enable_caching"_a,
+           "use_eagle"_a, "enable_kv_cache_events"_a, "vllm_eviction_order"_a,
+           "log_stats"_a,
+           "block_size: the request hashes' block size (vLLM's "
+           "hash_block_size); kv_cache_groups: KvCacheGroupSpec a group "
+           "(empty: one full-attention group of block_size).")
       .def(
           "bind",
           [](py::object self, py::object adapter, py::object blocks,
@@ -520,11 +580,17 @@ void BindVllmManager(py::module_& m) {
           [](PyManager& self, py::handle request, int64_t num_tokens) {
             const Busy busy(self);
             py::object id = request.attr("request_id");
-            const auto range = ValueOrThrow(self.manager->CacheBlocks(
-                IdOf(id), ChainOf(request).chain->hashes(), num_tokens));
-            return py::make_tuple(range.first, range.second);
+            return RangesOf(ValueOrThrow(self.manager->CacheBlocks(
+                IdOf(id), ChainOf(request).chain->hashes(), num_tokens)));
           },
-          "request"_a, "num_tokens"_a)
+          "request"_a, "num_tokens"_a, "Each group's (cached_from, cached_to).")
+      .def(
+          "remove_skipped_blocks",
+          [](PyManager& self, py::handle request_id, int64_t total_computed) {
+            const Busy busy(self);
+            self.manager->RemoveSkippedBlocks(IdOf(request_id), total_computed);
+          },
+          "request_id"_a, "total_computed_tokens"_a)
       .def(
           "evict_blocks",
           [](PyManager& self, const std::vector<PageId>& ids) {
@@ -542,18 +608,22 @@ void BindVllmManager(py::module_& m) {
       .def(
           "blocks",
           [](py::object self, py::handle request_id) {
-            PyManager& state = self.cast<PyManager&>();
-            return BlocksOf(BlockTable(self),
-                            state.manager->Blocks(IdOf(request_id)));
+            const PyManager& state = self.cast<const PyManager&>();
+            return GroupBlocksOf(state, BlockTable(self), IdOf(request_id));
           },
-          "request_id"_a)
+          "request_id"_a, "The request's blocks as KVCacheBlocks.")
       .def(
           "block_ids",
           [](const PyManager& self, py::handle request_id) {
-            const auto blocks = self.manager->Blocks(IdOf(request_id));
-            return std::vector<PageId>(blocks.begin(), blocks.end());
+            py::tuple ids(self.manager->num_groups());
+            for (int32_t g = 0; g < self.manager->num_groups(); ++g) {
+              const auto blocks = self.manager->Blocks(IdOf(request_id), g);
+              ids[g] =
+                  py::cast(std::vector<PageId>(blocks.begin(), blocks.end()));
+            }
+            return ids;
           },
-          "request_id"_a)
+          "request_id"_a, "The request's block ids, a list a group.")
       .def(
           "get_num_common_prefix_blocks",
           [](const PyManager& self, py::handle request_id) {
@@ -570,12 +640,14 @@ void BindVllmManager(py::module_& m) {
           [](PyManager& self) {
             const Busy busy(self);
             py::list out;
-            for (const BlockHash& hash : self.manager->TakeRemovedHashes()) {
-              out.append(DigestBytes(hash, self.width));
+            for (const auto& block : self.manager->TakeRemovedHashes()) {
+              out.append(py::make_tuple(
+                  block.group, JoinedDigest(block.hashes, self.width)));
             }
             return out;
           },
-          "The digests of the blocks evicted or uncached since the last call.")
+          "(group, digest) of each block evicted or uncached since the last "
+          "call; a block of several request hashes has them joined.")
       .def(
           "add_prefix_cache_stats",
           [](PyManager& self, py::handle stats) {
@@ -603,9 +675,24 @@ void BindVllmManager(py::module_& m) {
             const std::optional<BlockHash> hash =
                 self.manager->CachedHash(block);
             if (!hash) return py::none();
-            return DigestBytes(*hash, self.width);
+            std::vector<BlockHash> hashes(
+                self.manager->CachedHashPrefix(block).begin(),
+                self.manager->CachedHashPrefix(block).end());
+            hashes.push_back(*hash);
+            return py::make_tuple(self.manager->CachedGroup(block),
+                                  JoinedDigest(hashes, self.width));
           },
-          "block_id"_a, "The digest block_id is cached under, or None.")
+          "block_id"_a,
+          "(group, digest) block_id is cached under (vLLM's "
+          "BlockHashListWithBlockSize entry), or None.")
+      .def(
+          "caches_block",
+          [](const PyManager& self, int32_t group, int64_t index) {
+            return self.manager->CachesBlock(group, index);
+          },
+          "group"_a, "index"_a,
+          "Whether a full block at `index` of `group` is cached as its "
+          "tokens are computed.")
       .def("check_invariants", [](const PyManager& self) {
         ThrowIfError(self.manager->CheckInvariants());
       });

@@ -21,6 +21,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "kvblock/block_hash.h"
+#include "kvblock/group_cache_hit.h"
 #include "kvblock/types.h"
 
 namespace kvblock::python {
@@ -35,10 +36,11 @@ class BlockHashChain {
   // The digests' size in bytes (0 before the first).
   int32_t width() const { return width_; }
 
-  // The request's last prefix hit: its block ids, the list of block objects
-  // handed out for it, and the max_length it was found within.
-  std::vector<PageId> hit;
-  pybind11::object hit_list;
+  // The request's last prefix hit: its block ids, the lists of block
+  // objects handed out for it (one a KV cache group), and the max_length it
+  // was found within.
+  GroupCacheHit hit;
+  std::vector<pybind11::object> hit_lists;
   int64_t hit_max_length = -1;
 
  private:
