@@ -7,6 +7,7 @@
 // the ones vLLM's manager hands out for the same calls.
 #include "kvblock/vllm_kv_cache_manager.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -507,6 +508,213 @@ TEST_CASE("a kept hit is known unchanged until the cache changes under it") {
                                        .num_new_tokens = 16}));
     REQUIRE_FALSE(Unchanged(*manager, hashes, 100, kept));
   }
+}
+
+// Hybrid models: a full-attention group and a 32-token sliding window, both
+// of 16-token blocks (vLLM's test_prefill_hybrid_model shape).
+VllmKvCacheManagerOptions HybridOptions() {
+  VllmKvCacheManagerOptions options = kOptions;
+  options.num_blocks = 21;
+  options.kv_cache_groups = {{.page_size = 16},
+                             {.kind = AttentionKind::kSlidingWindow,
+                              .page_size = 16,
+                              .sliding_window = 32}};
+  return options;
+}
+
+TEST_CASE("create refuses hybrid configs vLLM cannot serve") {
+  const struct {
+    std::vector<KvCacheGroupSpec> groups;
+    bool use_eagle;
+    const char* message;
+  } cases[] = {
+      {{{.kind = AttentionKind::kSlidingWindow, .page_size = 16}},
+       false,
+       "sliding_window must be positive"},
+      {{{.page_size = 16}, {.page_size = 24}},
+       false,
+       "block size 24 is not a multiple of the hash block size 16"},
+      {{{.page_size = 16},
+        {.kind = AttentionKind::kChunkedLocal,
+         .page_size = 16,
+         .attention_chunk_size = 64}},
+       true,
+       "EAGLE with chunked local attention"},
+  };
+  for (const auto& c : cases) {
+    VllmKvCacheManagerOptions options = kOptions;
+    options.kv_cache_groups = c.groups;
+    options.use_eagle = c.use_eagle;
+    const auto made = VllmKvCacheManager::Create(options);
+    INFO(made.status());
+    REQUIRE(made.status().code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE(absl::StrContains(made.status().message(), c.message));
+  }
+  VllmKvCacheManagerOptions options = kOptions;
+  options.max_num_batched_tokens = -1;
+  REQUIRE_STATUS_IS(VllmKvCacheManager::Create(options), kInvalidArgument);
+}
+
+TEST_CASE("a hybrid request holds a list a group, the window's nulled") {
+  auto manager = NewManager(HybridOptions());
+  REQUIRE(manager->num_groups() == 2);
+  const std::vector<BlockHash> hashes = Chain(1, 6);
+  auto first = manager->AllocateSlots({.request_id = "a",
+                                       .block_hashes = hashes,
+                                       .num_tokens = 100,
+                                       .num_new_tokens = 100});
+  REQUIRE_OK(first);
+  REQUIRE(first->groups.size() == 2);
+  REQUIRE(Held(*manager, "a") == Ids{1, 2, 3, 4, 5, 6, 7});
+  const auto window = manager->Blocks("a", 1);
+  REQUIRE(Ids(window.begin(), window.end()) == Ids{8, 9, 10, 11, 12, 13, 14});
+  REQUIRE(first->groups[1].cached_to == 6);
+  REQUIRE(manager->CachedGroup(8) == 1);
+  REQUIRE(manager->CachedHash(8) == hashes[0]);  // the group's own key.
+  REQUIRE(manager->TakeNewBlockIds() ==
+          std::vector<Ids>{{1, 2, 3, 4, 5, 6, 7}, {8, 9, 10, 11, 12, 13, 14}});
+  REQUIRE(manager->GetNumCommonPrefixBlocks("a") == std::vector<int32_t>{7, 0});
+
+  // The next token's window (tokens 69..100) starts in block 4: blocks 0-3
+  // of the window group go, newest first, before the check.
+  const int32_t free_before = manager->NumFreeBlocks();
+  auto decode = manager->AllocateSlots({.request_id = "a",
+                                        .block_hashes = hashes,
+                                        .num_tokens = 101,
+                                        .num_computed_tokens = 100,
+                                        .num_new_tokens = 1});
+  REQUIRE_OK(decode);
+  const auto skipped = manager->Blocks("a", 1);
+  REQUIRE(Ids(skipped.begin(), skipped.end()) == Ids{0, 0, 0, 0, 12, 13, 14});
+  REQUIRE(manager->NumFreeBlocks() == free_before + 4);
+  // Cached, they stay evictable: a hit for another prompt finds the
+  // window's last two blocks, the ones before are null.
+  const auto& hit = manager->FindLongestCacheHit(hashes, 99);
+  REQUIRE(hit.hit_tokens == 96);
+  REQUIRE(hit.pages[0] == Ids{1, 2, 3, 4, 5, 6});
+  REQUIRE(hit.pages[1] == Ids{0, 0, 0, 0, 12, 13});
+  const std::array<absl::Span<const PageId>, 2> lists = {hit.pages[0],
+                                                         hit.pages[1]};
+  const std::vector<Ids> kept = {hit.pages[0], hit.pages[1]};
+  auto second = manager->AllocateSlots({.request_id = "b",
+                                        .block_hashes = hashes,
+                                        .num_tokens = 100,
+                                        .num_new_tokens = 4,
+                                        .num_new_computed_tokens = 96,
+                                        .new_computed_blocks = lists});
+  REQUIRE_OK(second);
+  // Its 96 computed tokens skip window blocks 0-3 (the next token reads
+  // tokens 65..96): they are null in its list too.
+  const auto b_window = manager->Blocks("b", 1);
+  REQUIRE(Ids(b_window.begin(), b_window.end()) == Ids{0, 0, 0, 0, 12, 13, 16});
+  REQUIRE(Held(*manager, "b") ==
+          Ids{1, 2, 3, 4, 5, 6, 15});  // group 0's first.
+  REQUIRE(manager->RefCount(12) == 2);
+  REQUIRE_OK(manager->CheckInvariants());
+  manager->Free("a");
+  manager->Free("b");
+  REQUIRE(manager->NumFreeBlocks() == 20);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("a hybrid call that cannot allocate keeps the window's frees") {
+  VllmKvCacheManagerOptions options = HybridOptions();
+  options.num_blocks = 15;  // 14 real blocks: a's 7 + 7.
+  auto manager = NewManager(options);
+  const std::vector<BlockHash> hashes = Chain(1, 12);
+  REQUIRE_OK(manager->AllocateSlots({.request_id = "a",
+                                     .block_hashes = hashes,
+                                     .num_tokens = 100,
+                                     .num_new_tokens = 100}));
+  REQUIRE(manager->NumFreeBlocks() == 0);
+  // 100 computed tokens and 30 more need blocks 7 and 8 of both groups: 4
+  // blocks; the window frees 4 of its own first, as vLLM's
+  // remove_skipped_blocks does, and then 4 fit.
+  auto longer = manager->AllocateSlots({.request_id = "a",
+                                        .block_hashes = hashes,
+                                        .num_tokens = 130,
+                                        .num_computed_tokens = 100,
+                                        .num_new_tokens = 30});
+  REQUIRE_OK(longer);
+  REQUIRE(longer->allocated);
+  // One block more than the pool holds: nothing allocated, the skip kept.
+  auto too_long = manager->AllocateSlots({.request_id = "a",
+                                          .block_hashes = hashes,
+                                          .num_tokens = 200,
+                                          .num_computed_tokens = 130,
+                                          .num_new_tokens = 70});
+  REQUIRE_OK(too_long);
+  REQUIRE_FALSE(too_long->allocated);
+  const auto window = manager->Blocks("a", 1);
+  REQUIRE(std::count(window.begin(), window.end(), 0) == 6);
+  REQUIRE(manager->NumFreeBlocks() == 2);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("hybrid hits must come a list a group, none null in full groups") {
+  auto manager = NewManager(HybridOptions());
+  const std::vector<BlockHash> hashes = Chain(1, 3);
+  REQUIRE_OK(manager->AllocateSlots({.request_id = "a",
+                                     .block_hashes = hashes,
+                                     .num_tokens = 48,
+                                     .num_new_tokens = 48}));
+  const State before = StateOf(*manager, "b");
+  const Ids full = {1, 2}, window = {0, 6}, null_full = {0, 2};
+  const std::array<absl::Span<const PageId>, 1> one = {full};
+  const std::array<absl::Span<const PageId>, 2> bad_null = {null_full, window};
+  const struct {
+    absl::Span<const absl::Span<const PageId>> hits;
+    const char* message;
+  } cases[] = {
+      {one, "new_computed_blocks has 1 lists, one a kv cache group (2)"},
+      {bad_null, "computed block 0 of kv cache group 0 (id 0) is not cached"},
+  };
+  for (const auto& c : cases) {
+    auto result = manager->AllocateSlots({.request_id = "b",
+                                          .block_hashes = hashes,
+                                          .num_tokens = 40,
+                                          .num_new_tokens = 8,
+                                          .num_new_computed_tokens = 32,
+                                          .new_computed_blocks = c.hits});
+    INFO(result.status());
+    REQUIRE(result.status().code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE(absl::StrContains(result.status().message(), c.message));
+    REQUIRE(StateOf(*manager, "b") == before);
+  }
+}
+
+TEST_CASE("a group of twice the hash block size keys a block by two hashes") {
+  VllmKvCacheManagerOptions options = kOptions;
+  options.num_blocks = 20;
+  options.enable_kv_cache_events = true;
+  options.kv_cache_groups = {{.page_size = 32},
+                             {.kind = AttentionKind::kSlidingWindow,
+                              .page_size = 16,
+                              .sliding_window = 32}};
+  auto manager = NewManager(options);
+  const std::vector<BlockHash> hashes = Chain(1, 4);
+  auto result = manager->AllocateSlots({.request_id = "a",
+                                        .block_hashes = hashes,
+                                        .num_tokens = 64,
+                                        .num_new_tokens = 64});
+  REQUIRE_OK(result);
+  REQUIRE(Held(*manager, "a") == Ids{1, 2});
+  REQUIRE(manager->CachedHash(2) == hashes[3]);
+  const auto prefix = manager->CachedHashPrefix(2);
+  REQUIRE(std::vector<BlockHash>(prefix.begin(), prefix.end()) ==
+          std::vector<BlockHash>{hashes[2]});
+  REQUIRE(manager->CachedHashPrefix(3).empty());  // a 16-token block.
+  const auto& hit = manager->FindLongestCacheHit(hashes, 63);
+  REQUIRE(hit.hit_tokens == 32);
+  REQUIRE(hit.pages[0] == Ids{1});
+  REQUIRE(hit.pages[1] == Ids{3, 4});
+  // Evicted, block 2 is reported under both of its hashes.
+  REQUIRE_OK(manager->EvictBlocks(Ids{2}));
+  const auto removed = manager->TakeRemovedHashes();
+  REQUIRE(removed.size() == 1);
+  REQUIRE(removed[0].group == 0);
+  REQUIRE(removed[0].hashes == std::vector<BlockHash>{hashes[2], hashes[3]});
+  REQUIRE_OK(manager->CheckInvariants());
 }
 
 }  // namespace
