@@ -11,6 +11,10 @@ out of its pool's map for a moment, this one evicts the block holding it
 from a manager set up the same way (`evict_blocks`), and asserts what vLLM's
 asserts. tools/bench/vllm_check.py runs vLLM's own manager beside this one
 on random hybrid traces and compares every call."""
+import collections
+import math
+import random
+
 import pytest
 
 import kvblock
@@ -403,3 +407,330 @@ def test_bad_hybrid_configs_and_hits_are_refused_with_nothing_changed():
     assert manager.num_free_blocks == free
     assert manager.get_block_ids("1") == ([], [])
     manager.check_invariants()
+
+
+class HybridReference:
+    """vLLM's hybrid KV cache manager as its code reads, written here
+    without kvblock's: a free queue of block ids, a map from (group, joined
+    hashes) to the blocks cached under it (the first answers), each
+    request's block list a group. A hit is the longest prefix, a multiple of
+    the block sizes' least common multiple, that every group serves: full
+    attention all its blocks, a window the blocks its last token reads, a
+    chunk the blocks of its current chunk (EAGLE left out)."""
+
+    def __init__(self, groups, num_blocks, hash_block, max_model_len,
+                 budget):
+        self.groups = groups  # (kind, block size, window or chunk)
+        self.hash_block = hash_block
+        self.max_model_len = max_model_len
+        self.unit = math.lcm(*(size for _, size, _ in groups))
+        self.hybrid = len(groups) > 1
+        self.ref = [0] * num_blocks
+        self.key = [None] * num_blocks
+        self.queue = list(range(1, num_blocks))
+        self.cached = {}
+        self.blocks = {}  # rid -> [list a group]
+        self.num_cached = {}  # rid -> [count a group]
+        self.caps = []
+        for kind, size, extent in groups:
+            if kind == "swa":
+                self.caps.append(-(-min(extent - 1 + budget, max_model_len)
+                                   // size) + 1)
+            elif kind == "chunk":
+                self.caps.append(-(-min(extent + budget, max_model_len)
+                                   // size))
+            else:
+                self.caps.append(None)
+
+    def _key(self, group, hashes, index):
+        scale = self.groups[group][1] // self.hash_block
+        if (index + 1) * scale > len(hashes):
+            return None
+        return group, b"".join(hashes[index * scale:(index + 1) * scale])
+
+    def _skipped(self, group, computed):
+        kind, _, extent = self.groups[group]
+        if kind == "swa":
+            return max(0, computed - extent + 1)
+        if kind == "chunk":
+            return computed // extent * extent
+        return 0
+
+    def _serves(self, group, hashes, length):
+        """The group's blocks for a hit of `length` tokens, or None."""
+        kind, size, extent = self.groups[group]
+        count = length // size
+        if kind == "swa":
+            first = max(0, count - (-(-(extent - 1) // size)))
+        elif kind == "chunk":
+            first = length // extent * extent // size
+        else:
+            first = 0
+        blocks = [0] * first
+        for index in range(first, count):
+            key = self._key(group, hashes, index)
+            if key not in self.cached:
+                return None
+            blocks.append(self.cached[key][0])
+        return blocks
+
+    def hit(self, hashes, max_length):
+        length = max(max_length, 0) // self.unit * self.unit
+        while length > 0:
+            served = [self._serves(g, hashes, length)
+                      for g in range(len(self.groups))]
+            if all(blocks is not None for blocks in served):
+                return served, length
+            length -= self.unit
+        return [[] for _ in self.groups], 0
+
+    def _to_allocate(self, rid, tokens, hits, computed, capped):
+        total = 0
+        for g, (_, size, _) in enumerate(self.groups):
+            required = -(-tokens // size)
+            if capped and self.caps[g] is not None:
+                required = min(required, self.caps[g])
+            held = len(self.blocks.get(rid, [[]] * len(self.groups))[g])
+            if rid in self.num_cached:
+                total += max(required - held, 0)
+                continue
+            skipped = self._skipped(g, computed) // size
+            total += max(required - max(skipped, len(hits[g]) + held), 0)
+            total += sum(1 for b in hits[g][max(0, skipped - held):]
+                         if b != 0 and self.ref[b] == 0)
+        return total
+
+    def _take(self, count):
+        taken = []
+        for _ in range(max(count, 0)):
+            block = self.queue.pop(0)
+            self.uncache(block)
+            self.ref[block] = 1
+            taken.append(block)
+        return taken
+
+    def _release(self, blocks):
+        for block in blocks:
+            if block == 0:
+                continue
+            self.ref[block] -= 1
+            if self.ref[block] == 0:
+                self.queue.append(block)
+
+    def uncache(self, block):
+        key = self.key[block]
+        if key is not None:
+            self.cached[key].remove(block)
+            if not self.cached[key]:
+                del self.cached[key]
+            self.key[block] = None
+
+    def remove_skipped(self, rid, computed):
+        if rid not in self.blocks:
+            return
+        for g, blocks in enumerate(self.blocks[rid]):
+            count = min(self._skipped(g, computed) // self.groups[g][1],
+                        len(blocks))
+            freed = []
+            for i in range(count - 1, -1, -1):
+                if blocks[i] == 0:
+                    break
+                freed.append(blocks[i])
+                blocks[i] = 0
+            self._release(freed)
+
+    def allocate(self, request, num_new, hits, hit_tokens, must_fit=False,
+                 lookahead=0, delay=False):
+        rid = request.request_id
+        hits = hits or [[] for _ in self.groups]
+        local = request.num_computed_tokens + hit_tokens
+        computed = min(local, self.max_model_len)
+        if must_fit and self._to_allocate(
+                rid, min(request.num_tokens, self.max_model_len), hits,
+                computed, True) > len(self.queue):
+            return None
+        need = min(computed + num_new + lookahead, self.max_model_len)
+        self.remove_skipped(rid, computed)
+        if self._to_allocate(rid, need, hits, local, False) > \
+                len(self.queue):
+            return None
+        lists = self.blocks.setdefault(rid, [[] for _ in self.groups])
+        if rid not in self.num_cached and any(hits):
+            for g, (_, size, _) in enumerate(self.groups):
+                skipped = self._skipped(g, local) // size
+                kept = hits[g][skipped:]
+                for block in kept:
+                    if block != 0:
+                        if self.ref[block] == 0:
+                            self.queue.remove(block)
+                        self.ref[block] += 1
+                lists[g].extend([0] * skipped + kept)
+            self.num_cached[rid] = [len(blocks) for blocks in lists]
+        new = []
+        for g, (_, size, _) in enumerate(self.groups):
+            taken = self._take(-(-need // size) - len(lists[g]))
+            lists[g].extend(taken)
+            new.append(taken)
+        if not delay:
+            self.cache(request, min(computed + num_new, request.num_tokens))
+        return new
+
+    def cache(self, request, num_tokens):
+        rid = request.request_id
+        if self.hybrid:
+            num_tokens = num_tokens // self.unit * self.unit
+        lists = self.blocks.setdefault(rid, [[] for _ in self.groups])
+        counts = self.num_cached.setdefault(rid, [0] * len(self.groups))
+        for g, (kind, size, extent) in enumerate(self.groups):
+            full = num_tokens // size
+            if full <= counts[g]:
+                continue
+            per_unit, tail = self.unit // size, -(-(extent - 1) // size)
+            for i in range(counts[g], min(full, len(lists[g]))):
+                block = lists[g][i]
+                masked = (self.hybrid and kind == "swa" and
+                          self.unit > size and tail < per_unit and
+                          i % per_unit < per_unit - tail)
+                if block == 0 or masked:
+                    continue
+                key = self._key(g, request.block_hashes, i)
+                self.key[block] = key
+                self.cached.setdefault(key, []).append(block)
+            counts[g] = full
+
+    def free(self, rid):
+        for blocks in self.blocks.pop(rid, []):
+            self._release(reversed(blocks))
+        self.num_cached.pop(rid, None)
+
+
+# (groups as (kind, block size, window or chunk), hash block size).
+REFERENCE_CONFIGS = [
+    ([("full", 4, 0), ("swa", 4, 8)], 4),
+    ([("swa", 4, 12), ("swa", 4, 12), ("full", 4, 0)], 4),
+    ([("chunk", 4, 16), ("full", 4, 0)], 4),
+    ([("full", 8, 0), ("swa", 4, 8)], 4),
+    ([("full", 8, 0), ("swa", 2, 2)], 2),
+    ([("full", 4, 0), ("swa", 4, 8), ("chunk", 4, 16)], 4),
+    ([("swa", 4, 8)], 4),
+]
+
+
+def spec_from(kind, size, extent):
+    if kind == "full":
+        return FullAttentionSpec(size)
+    if kind == "swa":
+        return SlidingWindowSpec(size, extent)
+    return ChunkedLocalAttentionSpec(size, extent)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("groups,hash_block", REFERENCE_CONFIGS)
+def test_a_hybrid_loop_matches_the_reference_call_for_call(groups, hash_block,
+                                                           seed):
+    rng = random.Random(seed)
+    num_blocks, budget, model_len = 24 * len(groups), 24, 160
+    manager = make_hybrid([spec_from(*group) for group in groups], num_blocks,
+                          hash_block_size=hash_block, max_model_len=model_len,
+                          max_num_batched_tokens=budget)
+    model = HybridReference(groups, num_blocks, hash_block, model_len,
+                            budget)
+    system = [rng.randrange(1, 50) for _ in range(24)]
+    trace = [(i // 2, make_request(
+        f"r{i}", (system[:rng.randrange(25)] if rng.random() < 0.7 else []) +
+        [rng.randrange(1, 50) for _ in range(rng.randrange(1, 40))],
+        hash_block, max_tokens=rng.randrange(1, 24))) for i in range(50)]
+    waiting, running, delayed = [], [], []
+    paths = collections.Counter()
+    step = 0
+    while trace or waiting or running:
+        while trace and trace[0][0] <= step:
+            waiting.append(trace.pop(0)[1])
+        for request in delayed:
+            if request in running:
+                manager.cache_blocks(request, request.num_computed_tokens)
+                model.cache(request, request.num_computed_tokens)
+        delayed = []
+        if rng.random() < 0.05:
+            victims = [rng.randrange(1, num_blocks) for _ in range(3)]
+            manager.evict_blocks(victims)
+            for block in victims:
+                model.uncache(block)
+            paths["evicted"] += 1
+        left, scheduled = budget, []
+        for request in list(running):
+            if request not in running:
+                continue
+            new = min(request.num_tokens - request.num_computed_tokens, left)
+            if new <= 0:
+                continue
+            while True:
+                lookahead = 2 if rng.random() < 0.2 else 0
+                got = manager.allocate_slots(request, new,
+                                             num_lookahead_tokens=lookahead)
+                expected = model.allocate(request, new, None, 0,
+                                          lookahead=lookahead)
+                assert (got is None) == (expected is None), request.request_id
+                if got is not None:
+                    assert list(got.get_block_ids()) == expected
+                    break
+                victim = running.pop()
+                manager.free(victim)
+                model.free(victim.request_id)
+                victim.num_computed_tokens = 0
+                waiting.insert(0, victim)
+                paths["preempted"] += 1
+                scheduled = [s for s in scheduled if s[0] is not victim]
+                if victim is request:
+                    break
+            if got is None:
+                continue
+            scheduled.append((request, new))
+            left -= new
+        while waiting and left > 0:
+            request = waiting[0]
+            blocks, hits = manager.get_computed_blocks(request)
+            expected_blocks, expected_hits = model.hit(
+                request.block_hashes, request.num_tokens - 1)
+            assert hits == expected_hits
+            assert list(blocks.get_block_ids()) == expected_blocks
+            paths["hits"] += hits > 0
+            paths["null hits"] += any(0 in group for group in
+                                      expected_blocks)
+            new = min(request.num_tokens - hits, left)
+            delay = rng.random() < 0.1
+            got = manager.allocate_slots(request, new, hits, blocks,
+                                         delay_cache_blocks=delay,
+                                         full_sequence_must_fit=True)
+            expected = model.allocate(request, new, expected_blocks, hits,
+                                      must_fit=True, delay=delay)
+            assert (got is None) == (expected is None)
+            if got is None:
+                break
+            assert list(got.get_block_ids()) == expected
+            if delay:
+                delayed.append(request)
+            waiting.pop(0)
+            request.num_computed_tokens = hits
+            running.append(request)
+            scheduled.append((request, new))
+            left -= new
+        for request, new in scheduled:
+            request.num_computed_tokens += new
+            if request.num_computed_tokens < request.num_tokens:
+                continue
+            request.append_output_token_ids(rng.randrange(1, 50))
+            if request.num_output_tokens >= request.max_tokens:
+                running.remove(request)
+                manager.free(request)
+                model.free(request.request_id)
+        manager.check_invariants()
+        assert manager.num_free_blocks == len(model.queue)
+        for request in running:
+            assert list(manager.get_block_ids(request.request_id)) == \
+                model.blocks[request.request_id]
+        step += 1
+        assert step < 3000, "the loop does not converge"
+    assert manager.usage == 0.0
+    assert paths["hits"] > 0 and paths["preempted"] + paths["evicted"] > 0, \
+        paths
