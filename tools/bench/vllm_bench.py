@@ -5,7 +5,7 @@
 own manager in the same loop.
 
   PYTHONPATH=build-release/lib/python python3 tools/bench/vllm_bench.py \\
-      [--vllm-src DIR]
+      [--vllm-src DIR] [--model llama|gpt-oss]
 
 Rows (medians over --rounds; each round runs every manager once, in turn,
 and the ratio is the median of the rounds' ratios):
@@ -31,6 +31,9 @@ and the ratio is the median of the rounds' ratios):
                              blocks. Time inside the manager's calls, and
                              inside the request hasher (vLLM's Request hashes
                              each full block as it fills).
+With --model=gpt-oss every request also has a 128-token sliding-window group
+(the pools are twice as large): the window's blocks are freed as requests
+advance.
 With --vllm-src (a folder holding vLLM's `vllm` package, e.g. a checkout of
 vllm-project/vllm), vLLM's own KVCacheManager and get_request_block_hasher
 (sha256_cbor) run the same calls, loaded with inert stand-ins for the modules
@@ -56,13 +59,29 @@ HASH = "sha256_cbor"
 
 
 class Config:
-    """vLLM's KVCacheConfig, as both managers read it."""
+    """vLLM's KVCacheConfig, as both managers read it: a group a spec."""
 
-    def __init__(self, num_blocks, spec):
+    def __init__(self, num_blocks, specs):
         self.num_blocks = num_blocks
         self.kv_cache_tensors = []
         self.kv_cache_groups = [types.SimpleNamespace(
-            layer_names=["layer"], kv_cache_spec=spec, is_eagle_group=False)]
+            layer_names=[f"layer{i}"], kv_cache_spec=spec,
+            is_eagle_group=False) for i, spec in enumerate(specs)]
+
+
+# --model: the KV cache groups, as (spec class name, window).
+MODELS = {
+    "llama": [("FullAttentionSpec", 0)],
+    "gpt-oss": [("FullAttentionSpec", 0), ("SlidingWindowSpec", 128)],
+}
+
+
+class SlidingWindowSpec(types.SimpleNamespace):
+    """vLLM's SlidingWindowSpec as kvblock.vllm reads it (by class name)."""
+
+
+class FullAttentionSpec(types.SimpleNamespace):
+    """vLLM's FullAttentionSpec as kvblock.vllm reads it."""
 
 
 class Request:
@@ -198,23 +217,33 @@ class Subject:
                        self.hash_ns)
 
 
-def subjects(vllm_src):
+def subjects(vllm_src, model):
     # One NONE_HASH for both hashers, so that their bytes can be compared.
     os.environ.setdefault("PYTHONHASHSEED", "0")
     kvblock_hasher = kvblock_vllm.get_request_block_hasher(BLOCK, HASH)
-    spec = types.SimpleNamespace(block_size=BLOCK)
+    groups = MODELS[model]
+    specs = [globals()[name](block_size=BLOCK, sliding_window=window)
+             for name, window in groups]
     out = [Subject(
         "kvblock", lambda blocks, model_len: kvblock_vllm.KVCacheManager(
-            Config(blocks, spec), model_len, BLOCK), kvblock_hasher)]
+            Config(blocks * len(specs), specs), model_len, BLOCK),
+        kvblock_hasher)]
     if vllm_src:
         manager, utils, interface, hashing = load_vllm(vllm_src)
-        vllm_spec = interface.FullAttentionSpec(
-            block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=None)
+        vllm_specs = [
+            interface.FullAttentionSpec(block_size=BLOCK, num_kv_heads=1,
+                                        head_size=1, dtype=None)
+            if name == "FullAttentionSpec" else
+            interface.SlidingWindowSpec(block_size=BLOCK, num_kv_heads=1,
+                                        head_size=1, dtype=None,
+                                        sliding_window=window)
+            for name, window in groups]
         vllm_hasher = utils.get_request_block_hasher(BLOCK,
                                                      hashing.sha256_cbor)
         out.append(Subject(
             "vLLM", lambda blocks, model_len: manager(
-                Config(blocks, vllm_spec), model_len, BLOCK), vllm_hasher))
+                Config(blocks * len(specs), vllm_specs), model_len, BLOCK),
+            vllm_hasher))
         probe = list(range(40))
         mine, theirs = out[0].request("p", probe), out[1].request("p", probe)
         assert mine.block_hashes == theirs.block_hashes, \
@@ -340,7 +369,7 @@ def run_loop(subject, trace, budget=4096, max_running=256, blocks=6000):
                     break
             if got is None:
                 continue
-            handed += got.get_block_ids()[0]
+            handed += [b for group in got.get_block_ids() for b in group]
             scheduled.append((r, new))
             left -= new
         while waiting and left > 0 and len(running) < max_running:
@@ -351,7 +380,7 @@ def run_loop(subject, trace, budget=4096, max_running=256, blocks=6000):
                                     full_sequence_must_fit=True)
             if got is None:
                 break
-            handed += got.get_block_ids()[0]
+            handed += [b for group in got.get_block_ids() for b in group]
             waiting.pop(0)
             r.num_computed_tokens = hits
             running.append(r)
@@ -373,8 +402,12 @@ def main(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vllm-src", help="folder holding vLLM's package")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--model", choices=sorted(MODELS), default="llama",
+                        help="the KV cache groups: llama one full-attention "
+                        "group, gpt-oss full attention and a 128-token "
+                        "sliding window")
     args = parser.parse_args(argv)
-    chosen = subjects(args.vllm_src)
+    chosen = subjects(args.vllm_src, args.model)
     trace = make_trace(1)
     results = {s.name: {} for s in chosen}
     for _ in range(args.rounds):

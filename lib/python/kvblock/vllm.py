@@ -20,9 +20,21 @@ hash_block_size, ...)` takes vLLM's arguments and objects (duck-typed), and
 
 What vLLM's scheduler and worker see is vLLM's:
 
-- `num_blocks` blocks; block 0 is the null block and is never handed out.
-  Blocks are `KVCacheBlock` objects with `block_id`, `ref_cnt`, `block_hash`
-  (digest + 4-byte group id) and `is_null`.
+- `num_blocks` blocks shared by every KV cache group; block 0 is the null
+  block and is never handed out. Blocks are `KVCacheBlock` objects with
+  `block_id`, `ref_cnt`, `block_hash` (digest + 4-byte group id) and
+  `is_null`.
+- Hybrid models: a config of several groups of full-attention
+  (`FullAttentionSpec`, `MLAAttentionSpec`), sliding-window
+  (`SlidingWindowSpec`) and chunked-local (`ChunkedLocalAttentionSpec`)
+  specs, of block sizes that are multiples of `hash_block_size`, as vLLM's
+  hybrid coordinator serves it: a request holds a block list a group, the
+  blocks a window or chunk no longer reads are freed (null in the list) as
+  the request advances (`allocate_slots`, `remove_skipped_blocks`), prefix
+  hits are what every group can serve (EAGLE's drop included, in the
+  `is_eagle_group` groups or all), a group of k times `hash_block_size`
+  keys a block by its k request hashes joined, and events carry
+  `group_idx`, `kv_cache_spec_kind` and `kv_cache_spec_sliding_window`.
 - Prefix hits use the request's own `block_hashes`, which vLLM's `Request`
   computes with its block hasher (multimodal features, LoRA, cache salt and
   prompt embeddings folded in): hits and KV events equal vLLM's bit for bit,
@@ -40,14 +52,15 @@ What vLLM's scheduler and worker see is vLLM's:
   otherwise; hashes as vLLM sends them (the low 64 bits as an int, or the
   digest's bytes with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0).
 
-Not supported (each refused with a clear error at construction): more than
-one KV cache group (sliding-window and chunked-local groups are kvblock's
-next step), other attention kinds (Mamba, cross-attention, sink), and a
-metrics collector. `block_pool` (used only to bind a KV connector) raises.
-Where vLLM fails an assertion or raises half way, the adapter raises a
-kvblock.Error first and changes nothing. The guide beside this file
-(VLLM.md) has the swap step by step and the figures against vLLM's own
-manager (tools/bench/vllm_bench.py).
+Not supported (each refused with a clear error at construction): Mamba,
+cross-attention, sink and encoder-only specs, context parallelism with
+several groups (vLLM asserts against it too), and a metrics collector.
+`block_pool` (used only to bind a KV connector) raises. Where vLLM fails an
+assertion or raises half way, the adapter raises a kvblock.Error first and
+changes nothing. The guide beside this file (VLLM.md) has the swap step by
+step, the figures against vLLM's own manager (tools/bench/vllm_bench.py) and
+the call-for-call check against it on hybrid configs
+(tools/bench/vllm_check.py).
 
 Thread safety: one scheduler thread owns a manager, as in vLLM; a call that
 meets another one inside the manager (from another thread) raises
