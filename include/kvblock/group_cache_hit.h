@@ -102,6 +102,10 @@ class GroupCacheHitFinder {
                             GroupPageLookup lookup, GroupCacheHit& hit) const;
   int64_t FindChunkedLocal(const Kind& kind, int64_t max_length,
                            GroupPageLookup lookup, GroupCacheHit& hit) const;
+  // Appends to the kind's pages (every group's list as long) the cached
+  // pages from there on, up to `max_pages` in all; returns the pages then.
+  int64_t Extend(const Kind& kind, int64_t max_pages, GroupPageLookup lookup,
+                 GroupCacheHit& hit) const;
   // Drops the kind's last pages until `pages` * page_size is a multiple of
   // the alignment; returns the pages left.
   int64_t Align(const Kind& kind, int64_t pages, GroupCacheHit& hit) const;

@@ -288,9 +288,7 @@ class VllmKvCacheManager {
     return tokens / size + (tokens % size != 0 ? 1 : 0);
   }
   // Request hashes a block of `group` spans.
-  int64_t Scale(int32_t group) const {
-    return groups_[group].page_size / options_.block_size;
-  }
+  int64_t Scale(int32_t group) const { return scales_[group]; }
   // The pool key of block `index` of `group` (its hashes present).
   BlockHash Key(int32_t group, absl::Span<const BlockHash> hashes,
                 int64_t index) const;
@@ -318,8 +316,9 @@ class VllmKvCacheManager {
   const VllmKvCacheManagerOptions options_;
   const std::vector<KvCacheGroupSpec> groups_;
   const GroupCacheHitFinder finder_;
-  // Per group: the key salt (cache/group_key.h).
+  // Per group: the key salt (cache/group_key.h), Scale.
   std::vector<BlockHash> salts_;
+  std::vector<int64_t> scales_;
   int64_t max_scale_ = 1;
   // The admission cap of each group (vLLM's max_admission_blocks_per_
   // request; INT64_MAX for full attention).

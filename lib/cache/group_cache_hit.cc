@@ -117,14 +117,8 @@ int64_t GroupCacheHitFinder::FindKind(const Kind& kind, int64_t max_length,
 int64_t GroupCacheHitFinder::FindFull(const Kind& kind, int64_t max_length,
                                       bool eagle, GroupPageLookup lookup,
                                       GroupCacheHit& hit) const {
-  const int64_t max_pages = max_length / kind.spec.page_size;
-  int64_t pages = 0;
   Resize(kind, 0, null_page_, hit);
-  while (pages < max_pages) {
-    Resize(kind, pages + 1, null_page_, hit);
-    if (!Probe(kind, pages, lookup, hit)) break;
-    ++pages;
-  }
+  int64_t pages = Extend(kind, max_length / kind.spec.page_size, lookup, hit);
   if (eagle && pages > 0) --pages;
   Resize(kind, pages, null_page_, hit);
   return Align(kind, pages, hit);
@@ -183,12 +177,30 @@ int64_t GroupCacheHitFinder::FindChunkedLocal(const Kind& kind,
   // The pages wholly before the chunk of the token after the hit are null.
   int64_t pages = max_length / chunk * chunk / page_size;
   for (int32_t g : kind.groups) hit.pages[g].assign(pages, null_page_);
-  while (pages < max_pages) {
-    Resize(kind, pages + 1, null_page_, hit);
-    if (!Probe(kind, pages, lookup, hit)) break;
-    ++pages;
+  return Extend(kind, max_pages, lookup, hit);
+}
+
+int64_t GroupCacheHitFinder::Extend(const Kind& kind, int64_t max_pages,
+                                    GroupPageLookup lookup,
+                                    GroupCacheHit& hit) const {
+  std::vector<PageId>& first = hit.pages[kind.groups[0]];
+  int64_t pages = static_cast<int64_t>(first.size());
+  if (kind.groups.size() == 1) {
+    // The common case, a page a lookup.
+    for (; pages < max_pages; ++pages) {
+      const PageId cached = lookup(kind.groups[0], pages);
+      if (cached == kNoPage) break;
+      first.push_back(cached);
+    }
+    return pages;
   }
-  Resize(kind, pages, null_page_, hit);
+  for (; pages < max_pages; ++pages) {
+    Resize(kind, pages + 1, null_page_, hit);
+    if (!Probe(kind, pages, lookup, hit)) {
+      Resize(kind, pages, null_page_, hit);
+      break;
+    }
+  }
   return pages;
 }
 

@@ -102,6 +102,8 @@ VllmKvCacheManager::VllmKvCacheManager(const VllmKvCacheManagerOptions& options,
   for (int32_t g = 0; g < num_groups(); ++g) {
     const KvCacheGroupSpec& group = groups_[g];
     salts_.push_back(internal::GroupKeySalt(g));
+    // Without caching nothing is hashed, and page sizes need not divide.
+    scales_.push_back(std::max(group.page_size / options_.block_size, 1));
     if (options_.enable_caching) max_scale_ = std::max(max_scale_, Scale(g));
     // vLLM's max_admission_blocks_per_request: a window group holds at most
     // its window (or chunk) and a step's tokens.
@@ -136,8 +138,9 @@ VllmKvCacheManager::~VllmKvCacheManager() = default;
 BlockHash VllmKvCacheManager::Key(int32_t group,
                                   absl::Span<const BlockHash> hashes,
                                   int64_t index) const {
-  return internal::SaltKey(hashes[(index + 1) * Scale(group) - 1],
-                           salts_[group]);
+  const BlockHash& hash = hashes[(index + 1) * Scale(group) - 1];
+  // Group 0's salt is zero: its keys are the hashes.
+  return group == 0 ? hash : internal::SaltKey(hash, salts_[group]);
 }
 
 const GroupCacheHit& VllmKvCacheManager::FindLongestCacheHit(
@@ -147,9 +150,12 @@ const GroupCacheHit& VllmKvCacheManager::FindLongestCacheHit(
   finder_.Find(
       max_length,
       [&](int32_t group, int64_t page) {
-        if ((page + 1) * Scale(group) > known) return kNoPage;
+        const int64_t last = (page + 1) * Scale(group) - 1;
+        if (last >= known) return kNoPage;
+        // Group 0's keys are its hashes: no copy to salt.
         const std::optional<PageId> block =
-            pool_->Lookup(Key(group, block_hashes, page));
+            group == 0 ? pool_->Lookup(block_hashes[last])
+                       : pool_->Lookup(Key(group, block_hashes, page));
         return block ? *block : kNoPage;
       },
       hit_);
@@ -248,7 +254,8 @@ absl::Status VllmKvCacheManager::BlocksToCache(
   // stops at the last one (one group: at its page size, which changes
   // nothing).
   const int64_t alignment = finder_.alignment_tokens();
-  const int64_t aligned = num_tokens / alignment * alignment;
+  const int64_t aligned =
+      num_groups() == 1 ? num_tokens : num_tokens / alignment * alignment;
   for (int32_t g = 0; g < num_groups(); ++g) {
     const GroupPlan& plan = plans_[g];
     const int64_t full = aligned / groups_[g].page_size;

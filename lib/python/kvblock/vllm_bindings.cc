@@ -136,6 +136,15 @@ py::object GroupBlocksOf(const PyManager& self, py::handle table,
                          absl::string_view request_id,
                          absl::Span<const VllmGroupSlots> first = {}) {
   const VllmKvCacheManager& manager = *self.manager;
+  if (!first.empty()) {
+    // A decode step mostly adds no block: no lists to build then.
+    bool any = false;
+    for (int32_t g = 0; g < manager.num_groups() && !any; ++g) {
+      any = static_cast<size_t>(first[g].first_new_block) <
+            manager.Blocks(request_id, g).size();
+    }
+    if (!any) return self.empty_blocks;
+  }
   py::tuple lists(manager.num_groups());
   for (int32_t g = 0; g < manager.num_groups(); ++g) {
     auto blocks = manager.Blocks(request_id, g);
