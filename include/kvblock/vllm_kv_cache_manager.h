@@ -69,6 +69,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -137,6 +138,9 @@ struct VllmGroupSlots {
   // CachesBlock).
   int32_t cached_from = 0;
   int32_t cached_to = 0;
+  // The group's blocks after the call (the view lasts until the next
+  // change).
+  absl::Span<const PageId> blocks = {};
 };
 
 struct VllmSlotResult {
@@ -276,7 +280,9 @@ class VllmKvCacheManager {
     int32_t num_cached = -1;
   };
   struct Request {
-    std::vector<GroupBlocks> groups;
+    // Inline for up to two groups: no pointer to chase to a request's
+    // blocks (most models have one or two groups).
+    absl::InlinedVector<GroupBlocks, 2> groups;
   };
 
   VllmKvCacheManager(const VllmKvCacheManagerOptions& options,
@@ -316,9 +322,13 @@ class VllmKvCacheManager {
   const VllmKvCacheManagerOptions options_;
   const std::vector<KvCacheGroupSpec> groups_;
   const GroupCacheHitFinder finder_;
-  // Per group: the key salt (cache/group_key.h), Scale.
+  // Per group: the key salt (cache/group_key.h), Scale, whether
+  // CachesBlock leaves some of its blocks out.
   std::vector<BlockHash> salts_;
   std::vector<int64_t> scales_;
+  std::vector<bool> masked_;
+  // Whether a group skips blocks (a window or a chunk).
+  bool windowed_ = false;
   int64_t max_scale_ = 1;
   // The admission cap of each group (vLLM's max_admission_blocks_per_
   // request; INT64_MAX for full attention).

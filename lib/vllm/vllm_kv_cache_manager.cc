@@ -102,6 +102,10 @@ VllmKvCacheManager::VllmKvCacheManager(const VllmKvCacheManagerOptions& options,
   for (int32_t g = 0; g < num_groups(); ++g) {
     const KvCacheGroupSpec& group = groups_[g];
     salts_.push_back(internal::GroupKeySalt(g));
+    windowed_ = windowed_ || group.kind != AttentionKind::kFull;
+    // A group that leaves some blocks out leaves out the first of each
+    // unit of a hit (CachesFullPage).
+    masked_.push_back(!CachesFullPage(group, 0, finder_.alignment_tokens()));
     // Without caching nothing is hashed, and page sizes need not divide.
     scales_.push_back(std::max(group.page_size / options_.block_size, 1));
     if (options_.enable_caching) max_scale_ = std::max(max_scale_, Scale(g));
@@ -147,6 +151,23 @@ const GroupCacheHit& VllmKvCacheManager::FindLongestCacheHit(
     absl::Span<const BlockHash> block_hashes, int64_t max_length) {
   if (!options_.enable_caching) max_length = 0;
   const int64_t known = static_cast<int64_t>(block_hashes.size());
+  if (num_groups() == 1 && groups_[0].kind == AttentionKind::kFull) {
+    // Most models: the finder's full-attention walk, its lookups inlined
+    // (the finder's take a call each).
+    hit_.pages.resize(1);
+    std::vector<PageId>& pages = hit_.pages[0];
+    pages.clear();
+    const int64_t max_blocks =
+        std::min(std::max<int64_t>(max_length, 0) / options_.block_size, known);
+    for (int64_t i = 0; i < max_blocks; ++i) {
+      const std::optional<PageId> block = pool_->Lookup(block_hashes[i]);
+      if (!block) break;
+      pages.push_back(*block);
+    }
+    if (groups_[0].eagle && !pages.empty()) pages.pop_back();
+    hit_.hit_tokens = static_cast<int64_t>(pages.size()) * options_.block_size;
+    return hit_;
+  }
   finder_.Find(
       max_length,
       [&](int32_t group, int64_t page) {
@@ -284,11 +305,15 @@ void VllmKvCacheManager::Cache(Request& request,
   for (int32_t g = 0; g < num_groups(); ++g) {
     GroupBlocks& group = request.groups[g];
     const auto [from, to] = plan_ranges_[g];
+    if (to <= from) {  // most decode steps fill no block.
+      slots_[g].cached_from = slots_[g].cached_to = from;
+      continue;
+    }
     const int32_t held = static_cast<int32_t>(group.blocks.size());
     const int64_t scale = Scale(g);
     for (int32_t i = from; i < std::min(to, held); ++i) {
       const PageId block = group.blocks[i];
-      if (block == kNullBlock || !CachesBlock(g, i)) continue;
+      if (block == kNullBlock || (masked_[g] && !CachesBlock(g, i))) continue;
       const BlockHash key = Key(g, block_hashes, i);
       // Cannot fail: the block is used by the request and uncached (a hit
       // keeps its hash and is never cached again; a new block has none).
@@ -305,7 +330,7 @@ void VllmKvCacheManager::Cache(Request& request,
         ++kept.blocks;
       }
     }
-    if (to > from) group.num_cached = to;
+    group.num_cached = to;
     slots_[g].cached_from = from;
     slots_[g].cached_to = std::min(to, held);
   }
@@ -446,7 +471,7 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
 
   // vLLM frees the skipped blocks before it checks, and keeps them freed
   // when it then allocates nothing.
-  if (request != nullptr) RemoveSkipped(*request, total_computed);
+  if (request != nullptr && windowed_) RemoveSkipped(*request, total_computed);
   if (BlocksToAllocate(request, num_need_slot, slots, num_total_computed,
                        /*capped=*/false) > pool_->NumFree()) {
     return VllmSlotResult{};
@@ -492,12 +517,14 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
   for (int32_t g = 0; g < num_groups(); ++g) {
     GroupBlocks& group = request->groups[g];
     slots_[g] = {.first_new_block = static_cast<int32_t>(group.blocks.size())};
-    KVBLOCK_RETURN_IF_ERROR(
-        Allocate(g, group,
-                 CeilBlocks(g, num_need_slot) -
-                     static_cast<int64_t>(group.blocks.size())));
+    const int64_t count = CeilBlocks(g, num_need_slot) -
+                          static_cast<int64_t>(group.blocks.size());
+    if (count > 0) KVBLOCK_RETURN_IF_ERROR(Allocate(g, group, count));
   }
   if (cache) Cache(*request, slots.block_hashes);
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    slots_[g].blocks = request->groups[g].blocks;
+  }
   std::move(undo).Cancel();
   KVBLOCK_RETURN_IF_ERROR(pool_->CommitTransaction(savepoint));
   return VllmSlotResult{.allocated = true, .groups = slots_};

@@ -130,26 +130,24 @@ py::object KvCacheBlocksOf(const PyManager& self, py::tuple lists) {
   return self.empty_blocks;
 }
 
-// Each group's blocks of `request_id` from its block `first[g]` on (all of
-// them without `first`), as KVCacheBlocks.
+// Each group's blocks as KVCacheBlocks: from `slots[g].first_new_block` on
+// (a call's new blocks) or, with `all`, all of them.
 py::object GroupBlocksOf(const PyManager& self, py::handle table,
-                         absl::string_view request_id,
-                         absl::Span<const VllmGroupSlots> first = {}) {
-  const VllmKvCacheManager& manager = *self.manager;
-  if (!first.empty()) {
+                         absl::Span<const VllmGroupSlots> slots, bool all) {
+  if (!all) {
     // A decode step mostly adds no block: no lists to build then.
     bool any = false;
-    for (int32_t g = 0; g < manager.num_groups() && !any; ++g) {
-      any = static_cast<size_t>(first[g].first_new_block) <
-            manager.Blocks(request_id, g).size();
+    for (const VllmGroupSlots& group : slots) {
+      any = any ||
+            static_cast<size_t>(group.first_new_block) < group.blocks.size();
     }
     if (!any) return self.empty_blocks;
   }
-  py::tuple lists(manager.num_groups());
-  for (int32_t g = 0; g < manager.num_groups(); ++g) {
-    auto blocks = manager.Blocks(request_id, g);
-    if (!first.empty()) blocks = blocks.subspan(first[g].first_new_block);
-    lists[g] = BlocksOf(table, blocks);
+  py::tuple lists(slots.size());
+  for (size_t g = 0; g < slots.size(); ++g) {
+    lists[g] = BlocksOf(
+        table, all ? slots[g].blocks
+                   : slots[g].blocks.subspan(slots[g].first_new_block));
   }
   return KvCacheBlocksOf(self, std::move(lists));
 }
@@ -368,7 +366,7 @@ PyObject* AllocateSlots(PyObject* self_object, PyObject* const* args,
       const VllmSlotResult result =
           ValueOrThrow(state.manager->AllocateSlots(slots));
       if (!result.allocated) return py::none();
-      new_blocks = GroupBlocksOf(state, table, slots.request_id, result.groups);
+      new_blocks = GroupBlocksOf(state, table, result.groups, false);
       if (state.manager->options().enable_kv_cache_events) {
         ranges = RangesOf(result.groups);
       }
@@ -618,7 +616,12 @@ void BindVllmManager(py::module_& m) {
           "blocks",
           [](py::object self, py::handle request_id) {
             const PyManager& state = self.cast<const PyManager&>();
-            return GroupBlocksOf(state, BlockTable(self), IdOf(request_id));
+            const VllmKvCacheManager& manager = *state.manager;
+            std::vector<VllmGroupSlots> groups(manager.num_groups());
+            for (int32_t g = 0; g < manager.num_groups(); ++g) {
+              groups[g].blocks = manager.Blocks(IdOf(request_id), g);
+            }
+            return GroupBlocksOf(state, BlockTable(self), groups, true);
           },
           "request_id"_a, "The request's blocks as KVCacheBlocks.")
       .def(
