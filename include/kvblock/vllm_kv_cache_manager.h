@@ -307,6 +307,9 @@ class VllmKvCacheManager {
                            bool capped) const;
   // Frees the skipped blocks of `request`'s window groups.
   void RemoveSkipped(Request& request, int64_t total_computed_tokens);
+  // The blocks RemoveSkipped would free (the ones no other request holds).
+  int64_t SkippedFrees(const Request& request,
+                       int64_t total_computed_tokens) const;
   // Each group's blocks [num_cached, full) that cache_blocks caches for
   // `num_tokens` tokens, into plan_ranges_, from plans_ (`request_id` names
   // the request in the error); InvalidArgument when the hashes do not cover
@@ -352,6 +355,10 @@ class VllmKvCacheManager {
   absl::flat_hash_map<BlockHash, KeyPrefix> key_prefixes_;
   // A call's plan for one group of the request.
   struct GroupPlan {
+    // Hits the window skips: null blocks. At most max_model_len's blocks,
+    // so that computed tokens past it (which vLLM's scheduler never
+    // passes) cannot ask for any number of them.
+    int64_t skipped = 0;
     int64_t after_hits = 0;       // blocks held once the hits are in.
     int64_t external_blocks = 0;  // allocated for external tokens.
     int64_t held_after = 0;       // blocks held after the call.

@@ -261,6 +261,20 @@ void VllmKvCacheManager::RemoveSkipped(Request& request,
   }
 }
 
+int64_t VllmKvCacheManager::SkippedFrees(const Request& request,
+                                         int64_t total_computed_tokens) const {
+  int64_t frees = 0;
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    const std::vector<PageId>& blocks = request.groups[g].blocks;
+    const int64_t skipped = std::min<int64_t>(
+        NumSkippedPages(groups_[g], total_computed_tokens), blocks.size());
+    for (int64_t i = skipped - 1; i >= 0 && blocks[i] != kNullBlock; --i) {
+      frees += pool_->RefCount(blocks[i]) == 1 ? 1 : 0;
+    }
+  }
+  return frees;
+}
+
 void VllmKvCacheManager::RemoveSkippedBlocks(absl::string_view request_id,
                                              int64_t total_computed_tokens) {
   auto found = by_id_.find(request_id);
@@ -437,6 +451,7 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
     GroupPlan& plan = plans_[g];
     const int64_t held =
         request == nullptr ? 0 : request->groups[g].blocks.size();
+    plan.skipped = 0;
     plan.external_blocks = 0;
     plan.after_hits = held;
     plan.num_cached =
@@ -445,7 +460,9 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
       // vLLM's allocate_new_computed_blocks: the skipped hits are null.
       const int64_t skipped_tokens =
           NumSkippedTokens(groups_[g], num_total_computed);
-      const int64_t skipped = skipped_tokens / groups_[g].page_size;
+      plan.skipped = std::min(skipped_tokens / groups_[g].page_size,
+                              CeilBlocks(g, options_.max_model_len));
+      const int64_t skipped = plan.skipped;
       const int64_t num_hits = hits.empty() ? 0 : hits[g].size();
       plan.after_hits = std::max(skipped, num_hits);
       plan.num_cached = static_cast<int32_t>(plan.after_hits);
@@ -454,12 +471,22 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
                                  slots.num_external_computed_tokens)
                       : slots.num_external_computed_tokens;
       if (external > 0) {
+        // Capped as the skipped ones are.
         plan.external_blocks = std::max<int64_t>(
-            CeilBlocks(g, num_total_computed) - plan.after_hits, 0);
+            CeilBlocks(g, total_computed) - plan.after_hits, 0);
       }
     }
     plan.held_after = std::max(plan.after_hits + plan.external_blocks,
                                CeilBlocks(g, num_need_slot));
+  }
+  // vLLM frees the skipped blocks before it checks, and keeps them freed
+  // when it then allocates nothing (and only then looks at the hashes).
+  const bool skips = request != nullptr && windowed_;
+  if (BlocksToAllocate(request, num_need_slot, slots, num_total_computed,
+                       /*capped=*/false) >
+      pool_->NumFree() + (skips ? SkippedFrees(*request, total_computed) : 0)) {
+    if (skips) RemoveSkipped(*request, total_computed);
+    return VllmSlotResult{};
   }
   const bool cache = options_.enable_caching && !slots.delay_cache_blocks;
   const int64_t num_tokens_to_cache =
@@ -468,14 +495,7 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
     KVBLOCK_RETURN_IF_ERROR(BlocksToCache(slots.request_id, slots.block_hashes,
                                           num_tokens_to_cache));
   }
-
-  // vLLM frees the skipped blocks before it checks, and keeps them freed
-  // when it then allocates nothing.
-  if (request != nullptr && windowed_) RemoveSkipped(*request, total_computed);
-  if (BlocksToAllocate(request, num_need_slot, slots, num_total_computed,
-                       /*capped=*/false) > pool_->NumFree()) {
-    return VllmSlotResult{};
-  }
+  if (skips) RemoveSkipped(*request, total_computed);
 
   // Checked: from here the call cannot fail but for a broken invariant, and
   // the transaction undoes the pool's part then.
@@ -498,8 +518,7 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
       const absl::Span<const PageId> list =
           hits.empty() ? absl::Span<const PageId>() : hits[g];
       // The null block for each skipped one, then the hits past them.
-      const int64_t num_skipped =
-          NumSkippedPages(groups_[g], num_total_computed);
+      const int64_t num_skipped = plan.skipped;
       const size_t first_kept =
           static_cast<size_t>(std::min<int64_t>(num_skipped, list.size()));
       const auto kept = list.subspan(first_kept);

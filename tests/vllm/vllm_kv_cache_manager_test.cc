@@ -717,5 +717,19 @@ TEST_CASE("a group of twice the hash block size keys a block by two hashes") {
   REQUIRE_OK(manager->CheckInvariants());
 }
 
+TEST_CASE("computed tokens past max_model_len ask a window for no more nulls") {
+  auto manager = NewManager(HybridOptions());
+  // External tokens near int64's limit: the window would skip 2^58 blocks.
+  auto result = manager->AllocateSlots(
+      {.request_id = "a",
+       .num_tokens = 64,
+       .num_new_tokens = 1,
+       .num_external_computed_tokens = int64_t{1} << 62});
+  REQUIRE_OK(result);
+  REQUIRE_FALSE(result->allocated);  // max_model_len's 512 blocks: too many.
+  REQUIRE(manager->num_requests() == 0);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
 }  // namespace
 }  // namespace kvblock
