@@ -79,6 +79,11 @@ struct KVPageTableRowUpdate {
   const PageId* k_page_ids = nullptr;
   int32_t count = 0;
   int32_t first = 0;  // in [0, min(count, the row's live ids)].
+  // -1: write to `count`. Else in [first, count], with `count` the row's
+  // live ids: entries from `end` on keep the ids the row holds too, so that
+  // only [first, end) is validated, written and uploaded (a window's
+  // released pages, in the middle of a row).
+  int32_t end = -1;
 };
 
 // One row move of an Apply call: slot `to` receives the row slot `from` held

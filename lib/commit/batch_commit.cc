@@ -62,9 +62,10 @@ class BatchCommit::Impl {
   // (with no clock read) otherwise.
   int64_t PhaseClock() const;
   // Queues slot `slot`'s row update: `pages` (a sequence's), rewritten from
-  // page `first` on (the row holds the ones before).
+  // page `first` on (the row holds the ones before), to page `end` (-1: to
+  // the row's end; see KVPageTableRowUpdate).
   absl::Status AddRow(SlotId slot, absl::Span<const PageId> pages,
-                      int32_t first);
+                      int32_t first, int32_t end = -1);
   // The appends of group `g` (survivors', then prompt chunks'), its window
   // skipped first, and the rows they change.
   absl::Status AppendGroup(int32_t g, const StepPlan& plan);
@@ -431,7 +432,7 @@ SlotId BatchCommit::Impl::RunningSlot(SequenceId id) const {
 
 absl::Status BatchCommit::Impl::AddRow(SlotId slot,
                                        absl::Span<const PageId> pages,
-                                       int32_t first) {
+                                       int32_t first, int32_t end) {
   if (internal::FaultInjection::ShouldFail()) {
     return absl::InternalError(
         absl::StrCat("batch commit: injected fault at the row of slot ", slot));
@@ -442,6 +443,7 @@ absl::Status BatchCommit::Impl::AddRow(SlotId slot,
   row.k_page_ids = pages.data();
   row.count = static_cast<int32_t>(pages.size());
   row.first = first;
+  row.end = end;
   changed_slots_.push_back(slot);
   return absl::OkStatus();
 }
@@ -686,8 +688,16 @@ absl::Status BatchCommit::Impl::MergeSkippedRows(int32_t g) {
       if (chunked_[only]) continue;
       KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> pages,
                                group.PagesAt(handle(g, only)));
+      // Only the released pages changed: the null page's run from the
+      // first of them (a window's pages after it are live).
+      int32_t end = skip_first_[only];
+      const PageId null_page = group.null_page();
+      while (end < static_cast<int32_t>(pages.size()) &&
+             pages[end] == null_page) {
+        ++end;
+      }
       KVBLOCK_RETURN_IF_ERROR(
-          AddRow(first_row + old_to_new_[only], pages, skip_first_[only]));
+          AddRow(first_row + old_to_new_[only], pages, skip_first_[only], end));
     }
     return absl::OkStatus();
   };

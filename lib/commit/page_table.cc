@@ -118,21 +118,28 @@ class KVPageTable::Impl {
   // OK when `slot`, whose row has `length` live ids, may be written with
   // `k_page_ids[first, count)`, keeping its first `first` ids; otherwise
   // InvalidArgument naming the slot and the bad value.
+  // `end`: KVPageTableRowUpdate's.
   absl::Status ValidateRow(SlotId slot, const PageId* k_page_ids, int64_t count,
-                           int64_t first, int32_t length) const;
-  // Writes a validated row from its `first` id on.
+                           int64_t first, int32_t length,
+                           int64_t end = -1) const;
+  // Writes a validated row from its `first` id on (to `end`, see
+  // KVPageTableRowUpdate).
   void WriteRow(SlotId slot, const PageId* k_page_ids, int32_t count,
-                int32_t first);
+                int32_t first, int32_t end = -1);
   // Empties the row buffer `buffer`.
   void ClearBuffer(int32_t buffer);
-  // Notes that `slot`'s row changed from entry `first` on.
-  void MarkWritten(SlotId slot, int32_t first) {
+  // Notes that `slot`'s row changed in entries [first, end) (kRowEnd: to
+  // its end).
+  static constexpr int32_t kRowEnd = std::numeric_limits<int32_t>::max();
+  void MarkWritten(SlotId slot, int32_t first, int32_t end = kRowEnd) {
     if (changed_[slot] == 0) {
       changed_[slot] = 1;
       changed_rows_.push_back(slot);
       written_from_[slot] = first;
-    } else if (first < written_from_[slot]) {
-      written_from_[slot] = first;
+      written_to_[slot] = end;
+    } else {
+      written_from_[slot] = std::min(written_from_[slot], first);
+      written_to_[slot] = std::max(written_to_[slot], end);
     }
   }
   // Forgets the changes, once they are on the device.
@@ -180,13 +187,15 @@ class KVPageTable::Impl {
 
   // The change record since the last successful Upload, by slot: the slots
   // in changed_rows_, each once (changed_[b] != 0 exactly for them), changed
-  // from entry written_from_[b] on (entries before it hold what the device
-  // holds). device_lengths_[b]: the live ids the device holds in row b
+  // in entries [written_from_[b], written_to_[b]) (the others hold what the
+  // device holds; kRowEnd: to the row's end). device_lengths_[b]: the live
+  // ids the device holds in row b
   // (meaningful once uploaded_once_; every entry after them is kNoPage
   // there).
   std::vector<uint8_t> changed_;
   std::vector<SlotId> changed_rows_;
   std::vector<int32_t> written_from_;
+  std::vector<int32_t> written_to_;
   std::vector<int32_t> device_lengths_;
   bool uploaded_once_ = false;
 
@@ -289,6 +298,7 @@ KVPageTable::Impl::Impl(int32_t max_batch, int32_t max_pages_per_seq,
       buffer_of_(max_batch),
       changed_(max_batch, 0),
       written_from_(max_batch, 0),
+      written_to_(max_batch, 0),
       device_lengths_(max_batch, 0),
       update_marks_(max_batch),
       source_marks_(max_batch),
@@ -334,7 +344,7 @@ absl::Status KVPageTable::Impl::SetIdentity() {
 // not a call returning a Status.
 ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status KVPageTable::Impl::ValidateRow(
     SlotId slot, const PageId* k_page_ids, int64_t count, int64_t first,
-    int32_t length) const {
+    int32_t length, int64_t end) const {
   if (count < 0 || count > max_pages_per_seq_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "slot ", slot, ": ", count, " page ids, want [0, max_pages_per_seq ",
@@ -349,7 +359,14 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status KVPageTable::Impl::ValidateRow(
         "slot ", slot, ": first ", first, " is outside [0, min(count ", count,
         ", live ids ", length, ")]"));
   }
-  for (int64_t i = first; i < count; ++i) {
+  if (end >= 0 && end != count && (count != length || end < first)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot ", slot, ": end ", end, " of a row of ", count,
+                     " ids, want -1, or in [first ", first,
+                     ", count] with count the ", length, " live ids"));
+  }
+  const int64_t last = end >= 0 ? end : count;
+  for (int64_t i = first; i < last; ++i) {
     if (k_page_ids[i] < 0 || k_page_ids[i] >= num_pages_) {
       return absl::InvalidArgumentError(
           absl::StrCat("slot ", slot, ": page id ", k_page_ids[i], " at index ",
@@ -423,7 +440,7 @@ absl::Status KVPageTable::Impl::Check(const KVPageTableEdit& edit) {
     }
     if (absl::Status status = ValidateRow(
             update.slot, update.k_page_ids, update.count, update.first,
-            LengthAfterMoves(update.slot, edit.moves));
+            LengthAfterMoves(update.slot, edit.moves), update.end);
         !status.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("page table: update ", i, ": ", status.message()));
@@ -479,7 +496,8 @@ void KVPageTable::Impl::ApplyChecked(const KVPageTableEdit& edit) {
     }
   }
   for (const KVPageTableRowUpdate& update : edit.rows) {
-    WriteRow(update.slot, update.k_page_ids, update.count, update.first);
+    WriteRow(update.slot, update.k_page_ids, update.count, update.first,
+             update.end);
   }
 }
 
@@ -592,6 +610,11 @@ absl::Status KVPageTable::Impl::CheckInvariants() const {
           length, " live ids here and ", device_lengths_[slot],
           " on the device"));
     }
+    if (changed_[slot] != 0 && written_to_[slot] < written_from_[slot]) {
+      return absl::InternalError(
+          absl::StrCat("page table: row ", slot, ": written in entries [",
+                       written_from_[slot], ", ", written_to_[slot], ")"));
+    }
     if (changed_[slot] != 0 && (written_from_[slot] < 0 ||
                                 written_from_[slot] > device_lengths_[slot])) {
       return absl::InternalError(
@@ -622,11 +645,16 @@ int64_t KVPageTable::Impl::PlanPatch(bool whole) {
   // Row `slot` changed from entry `from` on, and the device holds
   // `device_length` live ids there: send the ids from `from` to the live
   // end, and clear what the device holds past it.
-  const auto plan_row = [&](SlotId slot, int32_t from, int32_t device_length) {
+  const auto plan_row = [&](SlotId slot, int32_t from, int32_t to,
+                            int32_t device_length) {
     const int32_t length = Length(slot);
     const int32_t begin = std::min(from, length);
-    const int32_t count = length - begin;
-    const int32_t clear = std::max(length, device_length) - length;
+    // Entries in the middle only while the length is the device's.
+    const int32_t end =
+        to < length && device_length == length ? std::max(to, begin) : length;
+    const int32_t count = end - begin;
+    const int32_t clear =
+        end < length ? 0 : std::max(length, device_length) - length;
     if (count == 0 && clear == 0) return;
     ranges_.push_back({
         .entry = static_cast<int32_t>(RowOffset(slot) + begin),
@@ -639,11 +667,12 @@ int64_t KVPageTable::Impl::PlanPatch(bool whole) {
   if (whole) {
     // The mirror may hold anything (zeros at first): set every entry.
     for (SlotId slot = 0; slot < max_batch_; ++slot) {
-      plan_row(slot, 0, max_pages_per_seq_);
+      plan_row(slot, 0, kRowEnd, max_pages_per_seq_);
     }
   } else {
     for (const SlotId slot : changed_rows_) {
-      plan_row(slot, written_from_[slot], device_lengths_[slot]);
+      plan_row(slot, written_from_[slot], written_to_[slot],
+               device_lengths_[slot]);
     }
   }
   return ids;
@@ -819,11 +848,16 @@ DeviceTensor KVPageTable::Impl::kernel_view() const {
 }
 
 void KVPageTable::Impl::WriteRow(SlotId slot, const PageId* k_page_ids,
-                                 int32_t count, int32_t first) {
+                                 int32_t count, int32_t first, int32_t end) {
   int32_t& length = lengths_[buffer_of_[slot]];
   const int32_t old_count = length;
   if (count == 0 && old_count == 0) return;  // stays empty: no change.
   PageId* const row = Row(slot);
+  if (end >= 0 && end != count) {  // entries in the middle; the length stays.
+    std::copy(k_page_ids + first, k_page_ids + end, row + first);
+    MarkWritten(slot, first, end);
+    return;
+  }
   if (count == first + 1) {
     row[first] = k_page_ids[first];  // a decode row: no call into memmove.
   } else if (count > first) {

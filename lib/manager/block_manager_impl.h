@@ -216,6 +216,8 @@ class BlockManagerImpl {
 
   // Whether this manager's group skips pages (a window kind).
   bool skips_pages() const { return scope_.spec.kind != AttentionKind::kFull; }
+  // The page a skipped page's entry holds.
+  PageId null_page() const { return scope_.null_page; }
   // A window group: releases the pages of the live sequence at `handle`
   // that no token it computes from now on attends to (see
   // ReleaseSkippedPages) and returns the first page it changed, or -1 when

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/group_spec_test_util.h"
+#include "commit/page_table_checks.h"
 #include "kvblock/batch_commit.h"
 #include "kvblock/block_manager.h"
 #include "kvblock/device.h"
@@ -295,6 +296,11 @@ TEST_CASE("random steps over KV cache groups keep every row", "[random]") {
         }
       }
       REQUIRE_OK(f.commit->CheckInvariants());
+      // The upload sends what changed (a window's released pages alone
+      // where only they did): the device then holds the host rows.
+      REQUIRE_OK(f.table->Upload(nullptr));
+      REQUIRE(testing::ReadMirror(*f.table, *f.device) ==
+              testing::ExpectedMirror(*f.table));
     }
     REQUIRE(failures > 0);  // the pool is small enough to refuse steps.
   }

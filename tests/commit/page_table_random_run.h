@@ -205,8 +205,27 @@ class PageTableRandomRun {
         ShuffledSlots(Uniform(0, model_.geometry.max_batch));
     std::vector<std::vector<PageId>> contents;
     for (const SlotId slot : slots) {
-      // Keep a random prefix of the row, then new ids: `first` = the prefix.
       const std::vector<PageId>& old = rows[slot];
+      if (!old.empty() && Uniform(0, 3) == 0) {
+        // New ids in the middle, [first, end), the rest of the row kept (a
+        // window's released pages).
+        const int32_t size = static_cast<int32_t>(old.size());
+        const int32_t first = Uniform(0, size - 1);
+        const int32_t end = Uniform(first, size);
+        std::vector<PageId> row = old;
+        const std::vector<PageId> fresh = RandomRow();
+        for (int32_t i = first; i < end; ++i) {
+          row[i] = fresh.empty() ? old[i] : fresh[(i - first) % fresh.size()];
+        }
+        contents.push_back(std::move(row));
+        updates.push_back({.slot = slot,
+                           .k_page_ids = contents.back().data(),
+                           .count = size,
+                           .first = first,
+                           .end = end});
+        continue;
+      }
+      // Keep a random prefix of the row, then new ids: `first` = the prefix.
       const int32_t keep = Uniform(0, static_cast<int>(old.size()));
       std::vector<PageId> row(old.begin(), old.begin() + keep);
       const std::vector<PageId> tail = RandomRow();

@@ -7,6 +7,7 @@
 #include <limits>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "commit/page_table_checks.h"
 #include "device/deferred_device.h"
 #include "test_util.h"
@@ -234,6 +235,43 @@ TEST_CASE("set rows rejects a first outside the row's live ids or the count") {
   REQUIRE(table->SetRows(past_live).message() ==
           "page table: update 0: slot 0: first 3 is outside [0, min(count 3, "
           "live ids 2)]");
+}
+
+TEST_CASE("set rows writes only [first, end) of a row, the rest kept") {
+  std::unique_ptr<Device> device = Device::Host();
+  std::unique_ptr<KVPageTable> table = MakeTable(*device);
+  SetRowOk(*table, 0, {5, 6, 7});
+  REQUIRE_OK(table->Upload(nullptr));
+  // A window released page 1: the null page (0 here) in its place, the
+  // entries around it as they were, whatever the update holds there.
+  const PageId released[] = {kNoPage, 0, kNoPage};
+  const KVPageTableRowUpdate updates[] = {
+      {.slot = 0, .k_page_ids = released, .count = 3, .first = 1, .end = 2}};
+  REQUIRE_OK(table->SetRows(updates));
+  REQUIRE(Row(*table, 0) == std::vector<PageId>{5, 0, 7});
+  REQUIRE_OK(table->CheckInvariants());
+  // One id and its V id: not the row's tail.
+  REQUIRE(UploadAndCount(*table, *device) ==
+          UploadEffect{true, 1, PatchBytes(1, 1)});
+  REQUIRE(ReadMirror(*table, *device) == ExpectedMirror(*table));
+
+  // An end with a count other than the live ids, or before first, is
+  // refused with nothing changed.
+  const PageId ids[] = {5, 6, 7};
+  for (const KVPageTableRowUpdate& bad :
+       {KVPageTableRowUpdate{0, ids, 2, 1, 1},
+        KVPageTableRowUpdate{0, ids, 3, 2, 1}}) {
+    const KVPageTableRowUpdate one[] = {bad};
+    REQUIRE_FAILS_UNCHANGED(*table, table->SetRows(one), kInvalidArgument);
+  }
+  const KVPageTableRowUpdate shorter[] = {{0, ids, 2, 1, 1}};
+  REQUIRE(absl::StrContains(table->SetRows(shorter).message(),
+                            "end 1 of a row of 2 ids"));
+  // With the end at the count, the row takes the count as before.
+  const KVPageTableRowUpdate cut[] = {{0, ids, 2, 2, 2}};
+  REQUIRE_OK(table->SetRows(cut));
+  REQUIRE(Row(*table, 0) == std::vector<PageId>{5, 0, kNoPage});
+  REQUIRE_OK(table->CheckInvariants());
 }
 
 TEST_CASE("create rejects staging that cannot hold one row") {

@@ -136,7 +136,8 @@ class DecodeWorkload {
   // 128-token sliding window).
   bool Init(benchmark::State& state, int32_t batch, int32_t width,
             HashAlgorithm hash, bool prefix_caching, bool hash_on_arrival,
-            int32_t drafts, bool hold_drafts, int32_t groups = 1) {
+            int32_t drafts, bool hold_drafts, int32_t groups = 1,
+            int32_t window = 128) {
     batch_ = batch;
     hash_on_arrival_ = hash_on_arrival;
     drafts_ = drafts;
@@ -158,10 +159,12 @@ class DecodeWorkload {
                                   .sliding_window = 0,
                                   .attention_chunk_size = 0,
                                   .eagle = false};
-      KvCacheGroupSpec window = full;
-      window.kind = AttentionKind::kSlidingWindow;
-      window.sliding_window = 128;
-      options.kv_cache_groups = {full, window};
+      KvCacheGroupSpec second = full;
+      if (window > 0) {
+        second.kind = AttentionKind::kSlidingWindow;
+        second.sliding_window = window;
+      }
+      options.kv_cache_groups = {full, second};
     }
     auto manager = BlockManager::Create(config, options);
     if (!manager.ok()) return Fail(state, manager.status());
@@ -441,7 +444,8 @@ BENCHMARK(BM_CommitDecodeStep)
 // BM_CommitDecodeStep's whole step (upload, SHA-256, prefix caching, prompts
 // hashed on arrival) for a model of one KV cache group or of gpt-oss's two
 // (full attention and a 128-token sliding window, one table of both groups'
-// rows): what a second group costs a step.
+// rows), or of two full-attention groups: what a second group costs a step,
+// and what its window's skips cost.
 void BM_CommitDecodeStepGroups(benchmark::State& state) {
   if (!crypto_allocations_counted) {
     state.SkipWithError("OpenSSL allocated before its allocator was replaced");
@@ -452,15 +456,18 @@ void BM_CommitDecodeStepGroups(benchmark::State& state) {
   if (!workload.Init(state, batch, static_cast<int32_t>(state.range(1)),
                      HashAlgorithm::kSha256, /*prefix_caching=*/true,
                      /*hash_on_arrival=*/true, /*drafts=*/0,
-                     /*hold_drafts=*/true,
-                     static_cast<int32_t>(state.range(2)))) {
+                     /*hold_drafts=*/true, static_cast<int32_t>(state.range(2)),
+                     static_cast<int32_t>(state.range(3)))) {
     return;
   }
   RunDecodeSteps(state, workload, batch, /*upload=*/true, /*cold=*/false);
 }
+// window: the second group's sliding window (0: full attention, a second
+// group that skips nothing).
 BENCHMARK(BM_CommitDecodeStepGroups)
-    ->ArgNames({"batch", "width", "groups"})
-    ->ArgsProduct({{64, 256, 1024}, {256}, {1, 2}})
+    ->ArgNames({"batch", "width", "groups", "window"})
+    ->ArgsProduct({{64, 256, 1024}, {256}, {1}, {0}})
+    ->ArgsProduct({{64, 256, 1024}, {256}, {2}, {0, 128}})
     ->UseManualTime();
 
 }  // namespace
