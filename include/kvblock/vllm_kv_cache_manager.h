@@ -355,14 +355,14 @@ class VllmKvCacheManager {
   absl::flat_hash_map<BlockHash, KeyPrefix> key_prefixes_;
   // A call's plan for one group of the request.
   struct GroupPlan {
-    // Hits the window skips: null blocks. At most max_model_len's blocks,
-    // so that computed tokens past it (which vLLM's scheduler never
-    // passes) cannot ask for any number of them.
-    int64_t skipped = 0;
+    int64_t skipped = 0;          // hits the window skips: null blocks.
     int64_t after_hits = 0;       // blocks held once the hits are in.
     int64_t external_blocks = 0;  // allocated for external tokens.
     int64_t held_after = 0;       // blocks held after the call.
     int32_t num_cached = 0;       // blocks cached (or counted so) before.
+    // The request's entry before the call, for the undo.
+    size_t held_before = 0;
+    int32_t num_cached_before = -1;
   };
   // Reused by the calls, a group each.
   std::vector<GroupPlan> plans_;

@@ -299,8 +299,9 @@ absl::Status VllmKvCacheManager::BlocksToCache(
       continue;
     }
     // As vLLM, blocks past the ones held count as cached too; the hashes
-    // need cover only the held ones.
-    const int64_t needed = std::min(full, plan.held_after) * Scale(g);
+    // must reach them (vLLM asserts it) and cover the held ones.
+    const int64_t needed =
+        std::max(full, std::min(full, plan.held_after) * Scale(g));
     if (static_cast<int64_t>(block_hashes.size()) < needed) {
       return absl::InvalidArgumentError(absl::StrCat(
           "vllm kv cache manager: request ", request_id, " has ",
@@ -460,8 +461,7 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
       // vLLM's allocate_new_computed_blocks: the skipped hits are null.
       const int64_t skipped_tokens =
           NumSkippedTokens(groups_[g], num_total_computed);
-      plan.skipped = std::min(skipped_tokens / groups_[g].page_size,
-                              CeilBlocks(g, options_.max_model_len));
+      plan.skipped = skipped_tokens / groups_[g].page_size;
       const int64_t skipped = plan.skipped;
       const int64_t num_hits = hits.empty() ? 0 : hits[g].size();
       plan.after_hits = std::max(skipped, num_hits);
@@ -471,9 +471,8 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
                                  slots.num_external_computed_tokens)
                       : slots.num_external_computed_tokens;
       if (external > 0) {
-        // Capped as the skipped ones are.
         plan.external_blocks = std::max<int64_t>(
-            CeilBlocks(g, total_computed) - plan.after_hits, 0);
+            CeilBlocks(g, num_total_computed) - plan.after_hits, 0);
       }
     }
     plan.held_after = std::max(plan.after_hits + plan.external_blocks,
@@ -487,6 +486,27 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
       pool_->NumFree() + (skips ? SkippedFrees(*request, total_computed) : 0)) {
     if (skips) RemoveSkipped(*request, total_computed);
     return VllmSlotResult{};
+  }
+  // Past max_model_len, computed tokens can ask for more blocks than the
+  // capacity check counts (vLLM then fails in get_new_blocks, or on a list
+  // of that many null blocks): refused before anything changes.
+  if (takes_hits) {
+    int64_t external = 0;
+    for (int32_t g = 0; g < num_groups(); ++g) {
+      const GroupPlan& plan = plans_[g];
+      if (plan.skipped >
+          CeilBlocks(g, options_.max_model_len) + options_.num_blocks) {
+        return bad(num_total_computed, " computed tokens skip ", plan.skipped,
+                   " blocks of kv cache group ", g,
+                   ", more than max_model_len's and the pool's blocks");
+      }
+      external += plan.external_blocks;
+    }
+    if (external > pool_->NumFree()) {
+      return bad(num_total_computed, " computed tokens need ", external,
+                 " blocks for external tokens; ", pool_->NumFree(),
+                 " are free");
+    }
   }
   const bool cache = options_.enable_caching && !slots.delay_cache_blocks;
   const int64_t num_tokens_to_cache =
@@ -504,14 +524,25 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
   new_blocks_before_.clear();
   for (const auto& ids : new_blocks_) new_blocks_before_.push_back(ids.size());
   const BlockPool::Savepoint savepoint = pool_->BeginTransaction();
+  // An entry made before (GetNumCommonPrefixBlocks, CacheBlocks) goes back
+  // to its lists' lengths and counts.
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    plans_[g].held_before = request->groups[g].blocks.size();
+    plans_[g].num_cached_before = request->groups[g].num_cached;
+  }
   absl::Cleanup undo = [&] {
     pool_->RollbackTransaction(savepoint).IgnoreError();
     for (int32_t g = 0; g < num_groups(); ++g) {
       new_blocks_[g].resize(new_blocks_before_[g]);
+      request->groups[g].blocks.resize(plans_[g].held_before);
+      request->groups[g].num_cached = plans_[g].num_cached_before;
     }
     if (is_new) by_id_.erase(slots.request_id);
   };
   if (takes_hits) {
+    // Every group's hits first: a group's blocks for external tokens must
+    // not evict another group's hit (vLLM's order, group by group, can
+    // hand such a block to both).
     for (int32_t g = 0; g < num_groups(); ++g) {
       GroupBlocks& group = request->groups[g];
       const GroupPlan& plan = plans_[g];
@@ -530,7 +561,10 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
       group.blocks.assign(num_skipped, kNullBlock);
       group.blocks.insert(group.blocks.end(), kept.begin(), kept.end());
       group.num_cached = static_cast<int32_t>(group.blocks.size());
-      KVBLOCK_RETURN_IF_ERROR(Allocate(g, group, plan.external_blocks));
+    }
+    for (int32_t g = 0; g < num_groups(); ++g) {
+      KVBLOCK_RETURN_IF_ERROR(
+          Allocate(g, request->groups[g], plans_[g].external_blocks));
     }
   }
   for (int32_t g = 0; g < num_groups(); ++g) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "base/fault_injection.h"
 #include "pool_test_util.h"
 #include "test_util.h"
 
@@ -728,6 +729,72 @@ TEST_CASE("computed tokens past max_model_len ask a window for no more nulls") {
   REQUIRE_OK(result);
   REQUIRE_FALSE(result->allocated);  // max_model_len's 512 blocks: too many.
   REQUIRE(manager->num_requests() == 0);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("hits and external tokens: every group's hits are taken first") {
+  // Two prompts cached and freed (13 of 20 blocks cached), then a prompt
+  // of 64 cached tokens and 48 from a connector: group 0's blocks for the
+  // external tokens must not evict group 1's hits (vLLM's order, group by
+  // group, hands one block to both groups here).
+  auto manager = NewManager(HybridOptions());
+  REQUIRE(manager->options().kv_cache_groups[1].sliding_window == 32);
+  VllmKvCacheManagerOptions options = HybridOptions();
+  options.kv_cache_groups[1].sliding_window = 128;
+  options.max_model_len = 4096;
+  manager = NewManager(options);
+  const std::vector<BlockHash> a = Chain(1, 4), d = Chain(2, 4);
+  for (const auto& [id, hashes] : {std::pair{"a", &a}, std::pair{"d", &d}}) {
+    REQUIRE_OK(manager->AllocateSlots({.request_id = id,
+                                       .block_hashes = *hashes,
+                                       .num_tokens = 65,
+                                       .num_new_tokens = 65}));
+  }
+  manager->Free("a");
+  manager->Free("d");
+  std::vector<BlockHash> b = Chain(1, 4);
+  for (const BlockHash& hash : Chain(3, 4)) b.push_back(hash);
+  // An entry made before the call (vLLM's defaultdict does so too).
+  REQUIRE(manager->GetNumCommonPrefixBlocks("b") == std::vector<int32_t>{0, 0});
+  const GroupCacheHit hit = manager->FindLongestCacheHit(b, 127);
+  REQUIRE(hit.hit_tokens == 64);
+  const std::array<absl::Span<const PageId>, 2> lists = {hit.pages[0],
+                                                         hit.pages[1]};
+  const VllmSlotRequest slots = {.request_id = "b",
+                                 .block_hashes = b,
+                                 .num_tokens = 128,
+                                 .num_new_tokens = 16,
+                                 .num_new_computed_tokens = 64,
+                                 .new_computed_blocks = lists,
+                                 .num_external_computed_tokens = 48};
+  // Every allocation failure on the way undoes the whole call, the entry
+  // made before included.
+  const State before = StateOf(*manager, "b");
+  int64_t faults = 0;
+  for (int64_t n = 1;; ++n) {
+    CAPTURE(n);
+    REQUIRE(n < 64);  // the call goes through once no fault is left.
+    internal::FaultInjection::FailNth(n);
+    auto failed = manager->AllocateSlots(slots);
+    internal::FaultInjection::Disarm();
+    if (failed.ok()) break;
+    ++faults;
+    REQUIRE(StateOf(*manager, "b") == before);
+    REQUIRE(manager->Blocks("b", 1).empty());
+    REQUIRE_OK(manager->CheckInvariants());
+    manager->Free("b");  // the undone call left the entry as it was.
+    REQUIRE(manager->GetNumCommonPrefixBlocks("b") ==
+            std::vector<int32_t>{0, 0});
+  }
+  REQUIRE(faults >= 2);
+  // The call that went through: both groups' hits held once each.
+  const auto full = manager->Blocks("b", 0);
+  const auto window = manager->Blocks("b", 1);
+  REQUIRE(full.size() == 8);
+  REQUIRE(window.size() == 8);
+  for (PageId block : full) {
+    REQUIRE(std::find(window.begin(), window.end(), block) == window.end());
+  }
   REQUIRE_OK(manager->CheckInvariants());
 }
 

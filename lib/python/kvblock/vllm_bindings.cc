@@ -638,7 +638,8 @@ void BindVllmManager(py::module_& m) {
           "request_id"_a, "The request's block ids, a list a group.")
       .def(
           "get_num_common_prefix_blocks",
-          [](const PyManager& self, py::handle request_id) {
+          [](PyManager& self, py::handle request_id) {
+            const Busy busy(self);  // it enters an unknown request.
             return self.manager->GetNumCommonPrefixBlocks(IdOf(request_id));
           },
           "request_id"_a)
