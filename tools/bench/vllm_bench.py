@@ -337,6 +337,18 @@ class Timed:
         return timed
 
 
+def preempt_latest(kv, running, waiting, scheduled):
+    """vLLM's recompute preemption of the latest running request: freed,
+    back at the head of the waiting queue, out of this step's schedule;
+    (the victim, the schedule left)."""
+    victim = running.pop()
+    kv.free(victim)
+    victim.num_computed_tokens = 0
+    victim.num_preemptions += 1
+    waiting.insert(0, victim)
+    return victim, [s for s in scheduled if s[0] is not victim]
+
+
 def run_loop(subject, trace, budget=4096, max_running=256, blocks=6000):
     """Runs the trace to its end; (manager ns, hasher ns, block ids handed
     out in order)."""
@@ -359,12 +371,8 @@ def run_loop(subject, trace, budget=4096, max_running=256, blocks=6000):
                 got = kv.allocate_slots(r, new)
                 if got is not None:
                     break
-                victim = running.pop()
-                kv.free(victim)
-                victim.num_computed_tokens = 0
-                victim.num_preemptions += 1
-                waiting.insert(0, victim)
-                scheduled = [s for s in scheduled if s[0] is not victim]
+                victim, scheduled = preempt_latest(kv, running, waiting,
+                                                   scheduled)
                 if victim is r:
                     break
             if got is None:

@@ -153,12 +153,8 @@ def check(seed, vllm_manager_class, interface, hasher_pair, name, groups,
                                  kv.block_pool.get_num_free_blocks()))
                     if got is not None:
                         break
-                    victim = running.pop()
-                    kv.free(victim)
-                    victim.num_computed_tokens = 0
-                    victim.num_preemptions += 1
-                    waiting.insert(0, victim)
-                    scheduled = [s for s in scheduled if s[0] is not victim]
+                    victim, scheduled = vllm_bench.preempt_latest(
+                        kv, running, waiting, scheduled)
                     if victim is r:
                         break
                 if got is None:
