@@ -798,5 +798,41 @@ TEST_CASE("hits and external tokens: every group's hits are taken first") {
   REQUIRE_OK(manager->CheckInvariants());
 }
 
+TEST_CASE(
+    "external tokens past max_model_len that no pool could hold are "
+    "refused with nothing changed") {
+  // The capacity check counts max_model_len's blocks; vLLM would then fail
+  // in get_new_blocks (or on a list of that many null blocks).
+  VllmKvCacheManagerOptions one = kOptions;
+  one.max_model_len = 64;
+  VllmKvCacheManagerOptions hybrid = HybridOptions();
+  hybrid.max_model_len = 64;
+  const struct {
+    VllmKvCacheManagerOptions options;
+    const char* message;
+  } cases[] = {
+      {one,
+       "1000 computed tokens need 63 blocks for external tokens; 10 "
+       "are free"},
+      {hybrid, "1000 computed tokens skip 60 blocks of kv cache group 1"},
+  };
+  for (const auto& c : cases) {
+    auto manager = NewManager(c.options);
+    REQUIRE(manager->GetNumCommonPrefixBlocks("a").size() ==
+            static_cast<size_t>(manager->num_groups()));  // an entry.
+    const State before = StateOf(*manager, "a");
+    auto result =
+        manager->AllocateSlots({.request_id = "a",
+                                .num_tokens = 1001,
+                                .num_new_tokens = 1,
+                                .num_external_computed_tokens = 1000});
+    INFO(result.status());
+    REQUIRE(result.status().code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE(absl::StrContains(result.status().message(), c.message));
+    REQUIRE(StateOf(*manager, "a") == before);
+    REQUIRE_OK(manager->CheckInvariants());
+  }
+}
+
 }  // namespace
 }  // namespace kvblock
