@@ -6,7 +6,7 @@ encodings; the prefix cache rebuilt from the events alone equals the pool's
 at the end, as the simulator's JSON report gives it."""
 import json
 import os
-import socket
+import re
 import subprocess
 
 import pytest
@@ -15,12 +15,6 @@ zmq = pytest.importorskip("zmq")
 msgpack = pytest.importorskip("msgpack")
 
 SIM = os.environ.get("KVBLOCK_SIM")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fields(event, encoding):
@@ -42,17 +36,21 @@ def fields(event, encoding):
     ("map", "sha256"), ("array", "sha256"), ("map", "xxh3")])
 def test_a_subscriber_rebuilds_the_cache_of_a_sim_run(tmp_path, encoding,
                                                       hash_algorithm):
-    port = free_port()
     report = tmp_path / "report.json"
-    context = zmq.Context()
-    sub = context.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(f"tcp://127.0.0.1:{port}")
+    # A port of "*" the simulator picks and names: one picked here could be
+    # taken before it binds. It waits after binding for the connect.
     sim = subprocess.Popen(
-        [SIM, f"--kv_events=tcp://127.0.0.1:{port}", "--kv_events_wait_ms=1500",
+        [SIM, "--kv_events=tcp://127.0.0.1:*", "--kv_events_wait_ms=1500",
          f"--kv_events_encoding={encoding}", f"--hash={hash_algorithm}",
          f"--json={report}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    said = sim.stderr.readline().decode()
+    bound = re.match(r"kvblock-sim: kv events on (\S+)$", said.strip())
+    assert bound, said
+    context = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(bound[1])
     cached = set()
     expected_seq = 0
     stored = removed = 0

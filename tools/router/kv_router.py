@@ -20,7 +20,7 @@ import collections
 import hashlib
 import json
 import os
-import socket
+import re
 import struct
 import subprocess
 import sys
@@ -168,20 +168,28 @@ class Replica:
 
     def __init__(self, index, sim, context, workdir, sim_flags):
         self.index = index
-        pub, replay = free_port(), free_port()
         self.report_path = os.path.join(workdir, f"replica-{index}.json")
+        # Ports of "*": each replica binds free ones and names them, where
+        # ports picked here and bound there could be taken between the two.
         self.process = subprocess.Popen(
-            [sim, "--serve", f"--kv_events=tcp://127.0.0.1:{pub}",
-             f"--kv_events_replay=tcp://127.0.0.1:{replay}",
+            [sim, "--serve", "--kv_events=tcp://127.0.0.1:*",
+             "--kv_events_replay=tcp://127.0.0.1:*",
              f"--json={self.report_path}"] + sim_flags,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, bufsize=1)
+        said = self.process.stderr.readline()
+        bound = re.match(r"kvblock-sim: kv events on (\S+), replay on (\S+)$",
+                         said.strip())
+        if bound is None:
+            self.process.kill()
+            raise RuntimeError(f"replica {index} ended: {said.strip()} "
+                               f"{self.process.stderr.read().strip()}")
         self.sub = context.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sub.connect(f"tcp://127.0.0.1:{pub}")
+        self.sub.connect(bound[1])
         self.replay = context.socket(zmq.DEALER)
         self.replay.setsockopt(zmq.LINGER, 0)
-        self.replay.connect(f"tcp://127.0.0.1:{replay}")
+        self.replay.connect(bound[2])
         self.next_seq = 0        # the next batch sequence number to apply.
         self.replayed = 0        # batches taken from the replay socket.
         self.routed = 0          # requests sent.
@@ -227,12 +235,6 @@ class Replica:
             for kind, f in decode_batch(payload):
                 index.apply(self.index, kind, f)
             self.next_seq += 1
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def sync_events(replicas, index, timeout_s=10.0):
