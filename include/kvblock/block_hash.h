@@ -20,7 +20,8 @@
 //   offset  size  field
 //   0       16    ASCII "kvblock-block-v3" (domain tag, no terminator)
 //   16      1     algorithm id: 0x01 SHA-256, 0x02 XXH3-128
-//   17      4     page size n (tokens), unsigned 32-bit little-endian
+//   17      4     page size n (tokens; the hash block size b with hash
+//                 blocks, below), unsigned 32-bit little-endian
 //   21      8     s = cache salt length, unsigned 64-bit little-endian
 //   29      s     the cache salt bytes, verbatim
 //   29+s    8     adapter id, int64 little-endian (0 = no adapter)
@@ -43,6 +44,14 @@
 //   prints), in xxHash's canonical big-endian form (high 64 bits first),
 //   then 16 zero bytes; D of the root message, P of the 32 parent bytes
 //   followed by the page bytes.
+//
+// Hash blocks: a hasher may hash a page of n = k * b tokens as k blocks of
+// b tokens (BlockHasher::Create's hash_block_size b): the root message
+// names b, each block is a page of b tokens above, and the page's hash is
+// its last block's. One chain of b-token blocks then names the pages of
+// every multiple of b, as vLLM's groups of different block sizes share the
+// hashes of its hash block size. With b = n (the default) this is the
+// format above.
 //
 // Design choices:
 //   - The root is a pure function of the algorithm, the page size and the
@@ -160,6 +169,16 @@ class BlockHasher {
   // HashAlgorithm enumerator or `page_size` is not positive.
   static absl::StatusOr<BlockHasher> Create(HashAlgorithm algorithm,
                                             int32_t page_size);
+  // A hasher for pages of `page_size` tokens that hashes each as
+  // page_size / hash_block_size chained blocks of `hash_block_size` tokens,
+  // a page named by its last block's hash (see "Hash blocks" above): the
+  // KV cache groups of a model, whose pages are multiples of one hash
+  // block, share one chain, as vLLM hashes them. Create(a, n) is
+  // Create(a, n, n). Errors: as Create, and InvalidArgument (naming both)
+  // unless `hash_block_size` is a positive divisor of `page_size`.
+  static absl::StatusOr<BlockHasher> Create(HashAlgorithm algorithm,
+                                            int32_t page_size,
+                                            int32_t hash_block_size);
 
   BlockHasher(BlockHasher&& other) noexcept;
   BlockHasher& operator=(BlockHasher&& other) noexcept;
@@ -167,6 +186,7 @@ class BlockHasher {
 
   HashAlgorithm algorithm() const { return algorithm_; }
   int32_t page_size() const { return page_size_; }
+  int32_t hash_block_size() const { return hash_block_size_; }
 
   // The parent of the first page of every sequence with these extra keys,
   // per the format above (with this hasher's page size). Cannot fail.
@@ -185,13 +205,17 @@ class BlockHasher {
   struct State;
 
   BlockHasher(HashAlgorithm algorithm, int32_t page_size,
-              std::unique_ptr<State> state);
+              int32_t hash_block_size, std::unique_ptr<State> state);
+  // P (see the format) of one hash block.
+  BlockHash HashBlock(const BlockHash& parent,
+                      absl::Span<const TokenId> tokens);
   // The scratch message buffer, at least `size` bytes.
   uint8_t* Message(size_t size);
   BlockHash Digest(absl::Span<const uint8_t> message) const;
 
   HashAlgorithm algorithm_;
   int32_t page_size_;
+  int32_t hash_block_size_;
   std::unique_ptr<State> state_;  // null only after a move.
 };
 

@@ -134,7 +134,9 @@ class BlockManager {
   ~BlockManager();
 
   // The prefix-cache hashes of the full pages of `prompt` with `extra`
-  // (HashChain under this manager's algorithm and page size) into `out`;
+  // (HashChain under this manager's algorithm and page size; with KV cache
+  // groups, of their hash blocks: pages of their page sizes' greatest
+  // common divisor) into `out`;
   // returns how many. A scheduler computes them once per request, on
   // arrival as vLLM does, and passes them as `prompt_hashes` below, so that
   // planning a waiting request every step hashes nothing and admitting it
@@ -227,11 +229,13 @@ class BlockManager {
   // hits are those every group can serve (kvblock/group_cache_hit.h); the
   // calls by sequence (Pages, NumTokens, ...) answer for group 0. An
   // AdmissionPlan's pages (hit, revived, new, reserved) are summed over the
-  // groups; its hit_tokens are the hit every group serves. Each group
-  // hashes a prompt at its own page size (vLLM hashes at the greatest
-  // common one: its adapter will), under keys of its own.
-  // Limits: KV cache events (each naming its group) and prompt_hashes
-  // need groups of one page size.
+  // groups; its hit_tokens are the hit every group serves. Pages are
+  // hashed as vLLM hashes them, in blocks of the groups' greatest common
+  // page size (BlockHasher's hash blocks; a page is named by its last
+  // block's hash), and each group files its pages under keys of its own;
+  // Admit's prompt_hashes are that chain of blocks.
+  // Limits: KV cache events (each naming its group) and a prompt chunk's
+  // prompt_hashes need groups of one page size.
   int32_t num_groups() const;
   // Whether the manager keeps kv_cache_groups other than the default one
   // (a full-attention group of the config's page size).

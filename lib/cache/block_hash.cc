@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/optimization.h"
 #include "absl/strings/str_cat.h"
 #include "cache/sha256_page_step.h"
 
@@ -83,6 +84,12 @@ struct BlockHasher::State {
 
 absl::StatusOr<BlockHasher> BlockHasher::Create(HashAlgorithm algorithm,
                                                 int32_t page_size) {
+  return Create(algorithm, page_size, page_size);
+}
+
+absl::StatusOr<BlockHasher> BlockHasher::Create(HashAlgorithm algorithm,
+                                                int32_t page_size,
+                                                int32_t hash_block_size) {
   if (algorithm != HashAlgorithm::kSha256 &&
       algorithm != HashAlgorithm::kXxh3_128) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -92,14 +99,22 @@ absl::StatusOr<BlockHasher> BlockHasher::Create(HashAlgorithm algorithm,
     return absl::InvalidArgumentError(absl::StrCat(
         "block hash: page_size must be positive, got ", page_size));
   }
+  if (hash_block_size <= 0 || page_size % hash_block_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block hash: hash_block_size must be a positive divisor of page_size ",
+        page_size, ", got ", hash_block_size));
+  }
   auto state = std::make_unique<State>();
   state->message.resize(kInitialMessageBytes);
-  return BlockHasher(algorithm, page_size, std::move(state));
+  return BlockHasher(algorithm, page_size, hash_block_size, std::move(state));
 }
 
 BlockHasher::BlockHasher(HashAlgorithm algorithm, int32_t page_size,
-                         std::unique_ptr<State> state)
-    : algorithm_(algorithm), page_size_(page_size), state_(std::move(state)) {}
+                         int32_t hash_block_size, std::unique_ptr<State> state)
+    : algorithm_(algorithm),
+      page_size_(page_size),
+      hash_block_size_(hash_block_size),
+      state_(std::move(state)) {}
 BlockHasher::BlockHasher(BlockHasher&& other) noexcept = default;
 BlockHasher& BlockHasher::operator=(BlockHasher&& other) noexcept = default;
 BlockHasher::~BlockHasher() = default;
@@ -138,7 +153,7 @@ BlockHash BlockHasher::RootHash(const HashExtraKeys& extra) {
   uint8_t* const message = Message(size);
   uint8_t* p = StoreBytes(message, kDomainTag.data(), kDomainTag.size());
   *p++ = static_cast<uint8_t>(algorithm_);
-  p = StoreLe32(p, static_cast<uint32_t>(page_size_));
+  p = StoreLe32(p, static_cast<uint32_t>(hash_block_size_));
   p = StoreLe64(p, extra.cache_salt.size());
   p = StoreBytes(p, extra.cache_salt.data(), extra.cache_salt.size());
   StoreLe64(p, static_cast<uint64_t>(extra.adapter_id));
@@ -152,6 +167,19 @@ BlockHash BlockHasher::RootHash(const HashExtraKeys& extra) {
 BlockHash BlockHasher::HashPage(const BlockHash& parent,
                                 absl::Span<const TokenId> tokens) {
   assert(tokens.size() == static_cast<size_t>(page_size_));
+  if (ABSL_PREDICT_TRUE(hash_block_size_ == page_size_)) {
+    return HashBlock(parent, tokens);
+  }
+  const auto block = static_cast<size_t>(hash_block_size_);
+  BlockHash hash = parent;
+  for (size_t i = 0; i < tokens.size(); i += block) {
+    hash = HashBlock(hash, tokens.subspan(i, block));
+  }
+  return hash;
+}
+
+BlockHash BlockHasher::HashBlock(const BlockHash& parent,
+                                 absl::Span<const TokenId> tokens) {
   if (algorithm_ == HashAlgorithm::kSha256) {
     return internal::Sha256PageStep(parent, tokens);
   }

@@ -375,6 +375,7 @@ BlockManager::~BlockManager() = default;
 absl::StatusOr<int64_t> BlockManager::HashPrompt(
     absl::Span<const TokenId> prompt, const HashExtraKeys& extra,
     absl::Span<BlockHash> out) const {
+  if (groups_ != nullptr) return groups_->HashBlocks(prompt, extra, out);
   return impl_->HashPrompt(prompt, extra, out);
 }
 

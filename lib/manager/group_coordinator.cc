@@ -61,18 +61,36 @@ absl::StatusOr<GroupCoordinator::Created> GroupCoordinator::Create(
   const PageId null_page = windows ? *pool->Allocate() : kNoPage;
   KVBLOCK_ASSIGN_OR_RETURN(GroupCacheHitFinder finder,
                            GroupCacheHitFinder::Create(specs, null_page));
+  // Every group hashes pages as blocks of one size, as vLLM does: one
+  // prompt chain names every group's pages.
+  const int32_t hash_block_size = HashPageSize(specs);
   std::vector<BlockHasher> hashers;
   for (const KvCacheGroupSpec& spec : specs) {
     KVBLOCK_ASSIGN_OR_RETURN(
         BlockHasher hasher,
-        BlockHasher::Create(options.hash_algorithm, spec.page_size));
+        BlockHasher::Create(options.hash_algorithm, spec.page_size,
+                            hash_block_size));
     hashers.push_back(std::move(hasher));
+  }
+  std::optional<BlockHasher> block_hasher;
+  if (std::any_of(specs.begin(), specs.end(), [&](const auto& spec) {
+        return spec.page_size != hash_block_size;
+      })) {
+    KVBLOCK_ASSIGN_OR_RETURN(
+        block_hasher,
+        BlockHasher::Create(options.hash_algorithm, hash_block_size));
   }
   Created created;
   KVBLOCK_RETURN_IF_ERROR(reservation.Run([&] {
     created.coordinator.reset(new GroupCoordinator(
         config, options, specs, std::move(pool), null_page, std::move(finder)));
     GroupCoordinator& self = *created.coordinator;
+    self.hash_block_size_ = hash_block_size;
+    if (block_hasher.has_value()) {
+      self.block_hasher_ = std::move(block_hasher);
+      self.block_chain_.resize(
+          static_cast<size_t>(max_tokens / hash_block_size));
+    }
     // Groups of one page size share a memo: a page that fills in each is
     // hashed once. Two slots a batch row.
     std::vector<PageHashMemo*> memo_of(specs.size(), nullptr);
@@ -157,55 +175,70 @@ absl::Status GroupCoordinator::Transact(Change&& change) {
 
 // Admission -------------------------------------------------------------------
 
-absl::StatusOr<absl::Span<const BlockHash>> GroupCoordinator::GroupChain(
-    int32_t group, absl::Span<const TokenId> prompt, const HashExtraKeys& extra,
+absl::StatusOr<int64_t> GroupCoordinator::HashBlocks(
+    absl::Span<const TokenId> prompt, const HashExtraKeys& extra,
+    absl::Span<BlockHash> out) const {
+  if (!block_hasher_.has_value()) {
+    return groups_[0]->HashPrompt(prompt, extra, out);
+  }
+  return HashChain(*block_hasher_, prompt, extra, out);
+}
+
+absl::Status GroupCoordinator::HashPrompt(
+    absl::Span<const TokenId> prompt, const HashExtraKeys& extra,
     absl::Span<const BlockHash> prompt_hashes) {
-  if (!prompt_hashes.empty()) return prompt_hashes;
-  std::vector<BlockHash>& chain = chains_[group];
-  KVBLOCK_ASSIGN_OR_RETURN(
-      const int64_t n,
-      HashChain(groups_[group]->hasher_, prompt, extra, absl::MakeSpan(chain)));
-  return absl::MakeConstSpan(chain).first(static_cast<size_t>(n));
+  const auto blocks = static_cast<int64_t>(prompt.size()) / hash_block_size_;
+  if (!prompt_hashes.empty() &&
+      static_cast<int64_t>(prompt_hashes.size()) != blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block manager: ", prompt_hashes.size(),
+        " prompt hashes for a prompt of ", blocks, " full pages",
+        one_page_size_ ? ""
+                       : absl::StrCat(" of ", hash_block_size_,
+                                      " tokens (the groups' hash block)")));
+  }
+  absl::Span<const BlockHash> chain = prompt_hashes;
+  if (chain.empty()) {
+    // One page size: group 0's hasher is the block hasher.
+    BlockHasher& hasher =
+        block_hasher_.has_value() ? *block_hasher_ : groups_[0]->hasher_;
+    const absl::Span<BlockHash> out = block_hasher_.has_value()
+                                          ? absl::MakeSpan(block_chain_)
+                                          : absl::MakeSpan(chains_[0]);
+    KVBLOCK_ASSIGN_OR_RETURN(const int64_t n,
+                             HashChain(hasher, prompt, extra, out));
+    chain = absl::MakeConstSpan(out).first(static_cast<size_t>(n));
+  }
+  for (size_t g = 0; g < specs_.size(); ++g) {
+    const auto per_page =
+        static_cast<size_t>(specs_[g].page_size / hash_block_size_);
+    if (per_page == 1) {
+      hashes_[g] = chain;
+      continue;
+    }
+    // A page is named by its last block's hash.
+    const size_t pages = chain.size() / per_page;
+    std::vector<BlockHash>& own = chains_[g];
+    for (size_t page = 0; page < pages; ++page) {
+      own[page] = chain[(page + 1) * per_page - 1];
+    }
+    hashes_[g] = absl::MakeConstSpan(own).first(pages);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<AdmissionPlan> GroupCoordinator::PlanGroups(
     absl::Span<const TokenId> prompt, const HashExtraKeys& extra,
     absl::Span<const BlockHash> prompt_hashes, const AdmitOptions& admit) {
   const bool caching = options_.enable_prefix_caching;
-  if (caching && !prompt_hashes.empty() && !one_page_size_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "block manager: prompt_hashes serve KV cache groups of one page size; "
-        "group 0 has pages of ",
-        specs_[0].page_size, " tokens, another of other sizes: pass none"));
-  }
   const int32_t num_groups = static_cast<int32_t>(groups_.size());
   for (int32_t g = 0; g < num_groups; ++g) {
     KVBLOCK_RETURN_IF_ERROR(
         AdmissionPlanner::CheckPrompt(groups_[g]->config_, prompt, admit));
   }
-  const int64_t full_pages =
-      static_cast<int64_t>(prompt.size()) / specs_[0].page_size;
-  if (caching && !prompt_hashes.empty() &&
-      static_cast<int64_t>(prompt_hashes.size()) != full_pages) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "block manager: ", prompt_hashes.size(),
-        " prompt hashes for a prompt of ", full_pages, " full pages"));
-  }
   std::vector<absl::Span<const BlockHash>>& chains = hashes_;
   if (caching) {
-    for (int32_t g = 0; g < num_groups; ++g) {
-      // A group of an earlier group's page size has its chain.
-      const auto same = std::find_if(
-          specs_.begin(), specs_.begin() + g, [&](const KvCacheGroupSpec& s) {
-            return s.page_size == specs_[g].page_size;
-          });
-      if (same != specs_.begin() + g) {
-        chains[g] = chains[same - specs_.begin()];
-        continue;
-      }
-      KVBLOCK_ASSIGN_OR_RETURN(chains[g],
-                               GroupChain(g, prompt, extra, prompt_hashes));
-    }
+    KVBLOCK_RETURN_IF_ERROR(HashPrompt(prompt, extra, prompt_hashes));
   }
   if (caching && admit.read_prefix_cache) {
     finder_.Find(
@@ -327,8 +360,8 @@ absl::StatusOr<AppendResult> GroupCoordinator::AppendPrompt(
     absl::Span<const BlockHash> prompt_hashes) {
   if (!prompt_hashes.empty() && !one_page_size_) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "block manager: prompt_hashes serve KV cache groups of one page size; "
-        "pass none for sequence ",
+        "block manager: a prompt chunk's prompt_hashes serve KV cache groups "
+        "of one page size; pass none for sequence ",
         id));
   }
   AppendResult total;

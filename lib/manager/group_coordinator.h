@@ -29,9 +29,11 @@
 //
 // KV cache events: group 0 keeps the log, every group records into it, and
 // each record names its group (the pool keeps a cached page's group, the
-// log turns keys back into hashes). Limits: events and prompt_hashes need
-// groups of one page size (else Create refuses events, and each group
-// hashes the prompt at its own).
+// log turns keys back into hashes). Every group hashes its pages in hash
+// blocks of the groups' greatest common page size, so one chain of blocks
+// (Admit's prompt_hashes) names every group's pages. Limits: events and a
+// prompt chunk's prompt_hashes need groups of one page size (else Create
+// refuses events, and AppendPrompt the hashes).
 //
 // Thread safety: as BlockManager.
 #ifndef KVBLOCK_LIB_MANAGER_GROUP_COORDINATOR_H_
@@ -39,6 +41,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -107,7 +110,12 @@ class GroupCoordinator {
   absl::Span<const KvCacheGroupSpec> groups() const { return specs_; }
   // Every group's manager, group 0 first.
   absl::Span<BlockManagerImpl* const> group_managers() const { return groups_; }
-  // Whether prompt hashes serve every group (one page size).
+  // BlockManager::HashPrompt: the prompt's chain of hash blocks.
+  absl::StatusOr<int64_t> HashBlocks(absl::Span<const TokenId> prompt,
+                                     const HashExtraKeys& extra,
+                                     absl::Span<BlockHash> out) const;
+  // Whether the groups have one page size (a prompt chunk's hashes serve
+  // every group).
   bool one_page_size() const { return one_page_size_; }
   PageId null_page() const { return null_page_; }
   const PagedKvConfig& config() const { return config_; }
@@ -125,11 +133,12 @@ class GroupCoordinator {
   // OK, undone in every group else.
   template <typename Change>
   absl::Status Transact(Change&& change);
-  // The prompt's page hashes for group `group` (prompt_hashes when they
-  // serve it, else hashed into its chain scratch).
-  absl::StatusOr<absl::Span<const BlockHash>> GroupChain(
-      int32_t group, absl::Span<const TokenId> prompt,
-      const HashExtraKeys& extra, absl::Span<const BlockHash> prompt_hashes);
+  // Sets hashes_[g] to the prompt's page hashes in each group g: one chain
+  // of hash blocks (prompt_hashes, when given, or hashed here), of which a
+  // group of k blocks a page takes every k-th.
+  absl::Status HashPrompt(absl::Span<const TokenId> prompt,
+                          const HashExtraKeys& extra,
+                          absl::Span<const BlockHash> prompt_hashes);
   // Plans the admission in every group (plans_, and each group's planner
   // holding its hits) and returns the whole: pages summed over the groups.
   // `hashes_[g]` are set to the hashes each group registers under.
@@ -153,8 +162,12 @@ class GroupCoordinator {
   // Every group's reservations, which each group's Transaction saves.
   int32_t reserved_pages_ = 0;
   PageId null_page_ = kNoPage;
-  // Whether a caller's prompt_hashes serve every group (one page size).
+  // Whether the groups have one page size.
   bool one_page_size_ = true;
+  // The tokens of a hash block (HashPageSize), and with groups of several
+  // page sizes a hasher of pages of that size.
+  int32_t hash_block_size_ = 0;
+  mutable std::optional<BlockHasher> block_hasher_;
   GroupCacheHitFinder finder_;
   // groups_[0] is the BlockManager's; owned_ holds groups 1, 2, ....
   std::vector<BlockManagerImpl*> groups_;
@@ -165,6 +178,7 @@ class GroupCoordinator {
   // group's plan and registered hashes, the pinned hits.
   std::vector<BlockManagerImpl::Transaction> transactions_;
   std::vector<std::vector<BlockHash>> chains_;
+  std::vector<BlockHash> block_chain_;  // with several page sizes.
   GroupCacheHit hit_;
   std::vector<AdmissionPlan> plans_;
   std::vector<absl::Span<const BlockHash>> hashes_;

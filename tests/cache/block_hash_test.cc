@@ -193,6 +193,45 @@ TEST_CASE("a non-positive page_size is rejected with its value") {
           absl::string_view::npos);
 }
 
+TEST_CASE("a hash block size that does not divide the page is rejected") {
+  const int32_t hash_block_size = GENERATE(0, -4, 3, 32, 2147483647);
+  const absl::StatusOr<BlockHasher> hasher =
+      BlockHasher::Create(HashAlgorithm::kSha256, 16, hash_block_size);
+  REQUIRE_STATUS_IS(hasher, kInvalidArgument);
+  INFO(hasher.status().message());
+  REQUIRE(hasher.status().message().find(absl::StrCat(
+              "positive divisor of page_size 16, got ", hash_block_size)) !=
+          absl::string_view::npos);
+}
+
+TEST_CASE("a page of hash blocks is named by its last block's hash") {
+  const HashAlgorithm algorithm =
+      GENERATE(HashAlgorithm::kSha256, HashAlgorithm::kXxh3_128);
+  const HashExtraKeys extra = {"salt", 3};
+  BlockHasher blocks = MakeHasher(algorithm, 4);
+  absl::StatusOr<BlockHasher> created = BlockHasher::Create(algorithm, 8, 4);
+  REQUIRE_OK(created);
+  BlockHasher pages = *std::move(created);
+  REQUIRE(pages.page_size() == 8);
+  REQUIRE(pages.hash_block_size() == 4);
+  REQUIRE(MakeHasher(algorithm, 8).hash_block_size() == 8);
+
+  const std::vector<TokenId> tokens = Iota(1, 19);
+  std::vector<BlockHash> by_block(4), by_page(2);
+  REQUIRE(*HashChain(blocks, tokens, extra, absl::MakeSpan(by_block)) == 4);
+  REQUIRE(*HashChain(pages, tokens, extra, absl::MakeSpan(by_page)) == 2);
+  // One root for every multiple of the block: it names the block's size.
+  REQUIRE(pages.RootHash(extra) == blocks.RootHash(extra));
+  REQUIRE(by_page[0] == by_block[1]);
+  REQUIRE(by_page[1] == by_block[3]);
+  // The 4-token vectors (root0, v1, v2) name the first 8-token page.
+  REQUIRE(Hex(pages.HashPage(pages.RootHash({}), Iota(1, 8))) ==
+          VectorsOf(algorithm).v2);
+  // Without hash blocks an 8-token page is hashed whole, otherwise.
+  BlockHasher whole = MakeHasher(algorithm, 8);
+  REQUIRE(whole.HashPage(whole.RootHash(extra), Iota(1, 8)) != by_page[0]);
+}
+
 TEST_CASE("a chain hashes every full page and skips the partial tail") {
   const HashAlgorithm algorithm =
       GENERATE(HashAlgorithm::kSha256, HashAlgorithm::kXxh3_128);

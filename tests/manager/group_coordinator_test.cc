@@ -237,16 +237,39 @@ TEST_CASE("a manager of groups of two page sizes hits in their multiple") {
   REQUIRE_OK(plan);
   REQUIRE(plan->hit_tokens == 24);  // 28 would leave the 8-page group short.
   REQUIRE(plan->hit_pages == 6 + 3);
-  // prompt_hashes are one page size's: refused.
+  // Pages are hashed in blocks of 4 tokens, as vLLM hashes them: an
+  // 8-token page is named by its second block's hash, and prompt_hashes
+  // are the chain of blocks.
   std::vector<BlockHash> hashes(7);
-  REQUIRE_OK(manager->HashPrompt(prompt, {}, absl::MakeSpan(hashes)));
+  REQUIRE(*manager->HashPrompt(prompt, {}, absl::MakeSpan(hashes)) == 7);
+  std::vector<BlockHash> expected(7);
+  auto blocks = BlockHasher::Create(HashAlgorithm::kSha256, 4);
+  REQUIRE_OK(blocks);
+  REQUIRE_OK(HashChain(*blocks, prompt, {}, absl::MakeSpan(expected)));
+  REQUIRE(hashes == expected);
+  // Group 1's keys are salted: its pages' hashes, as events name them, are
+  // the chain's every second one.
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(manager->pool().EventHash(GroupPages(*manager, 1, 1)[i]) ==
+            expected[2 * i + 1]);
+  }
+  auto hinted = manager->PlanAdmission(prompt, {}, hashes);
+  REQUIRE_OK(hinted);
+  REQUIRE(hinted->hit_tokens == 24);
+  // A chain of the wrong length names the hash block.
   const BlockManagerSnapshot before = manager->Snapshot();
-  const auto refused = manager->Admit(2, prompt, {}, hashes);
+  const auto refused =
+      manager->Admit(2, prompt, {}, absl::MakeConstSpan(hashes).first(6));
   REQUIRE_STATUS_IS(refused, kInvalidArgument);
-  REQUIRE(std::string(refused.status().message()).find("one page size") !=
-          std::string::npos);
+  REQUIRE(std::string(refused.status().message())
+              .find("6 prompt hashes for a prompt of 7 full pages of 4 "
+                    "tokens") != std::string::npos);
   REQUIRE(manager->Snapshot() == before);
-  // A prompt chunk's hashes are refused alike.
+  REQUIRE_OK(manager->Admit(2, prompt, {}, hashes));
+  const std::vector<PageId> first = GroupPages(*manager, 1, 1);
+  const std::vector<PageId> second = GroupPages(*manager, 2, 1);
+  REQUIRE(std::equal(first.begin(), first.begin() + 3, second.begin()));
+  // A prompt chunk's hashes are refused.
   REQUIRE_OK(manager->Admit(3, prompt, {}, {}, {.prefill_tokens = 8}));
   const BlockManagerSnapshot chunked = manager->Snapshot();
   const auto chunk_refused = manager->AppendPrompt(
