@@ -404,16 +404,6 @@ absl::Status BatchCommit::Impl::Validate(const StepPlan& plan) {
         absl::StrCat("batch commit: the step would run ", next_batch,
                      " sequences, more than max_batch = ", max_batch_));
   }
-  if (coordinator_ != nullptr && !coordinator_->one_page_size()) {
-    for (const PromptChunk& chunk : plan.prompt_chunks) {
-      if (!chunk.prompt_hashes.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "batch commit: the prompt chunk of sequence ", chunk.id,
-            " has prompt_hashes, which serve KV cache groups of one page "
-            "size only: pass none"));
-      }
-    }
-  }
   return absl::OkStatus();
 }
 
@@ -660,9 +650,14 @@ absl::Status BatchCommit::Impl::AppendGroup(int32_t g, const StepPlan& plan) {
     const SlotId slot = RunningSlot(chunk.id);  // its old slot.
     const int32_t pages_before =
         static_cast<int32_t>(group.PagesAt(handles[slot])->size());
+    absl::Span<const BlockHash> hashes = chunk.prompt_hashes;
+    if (coordinator_ != nullptr) {
+      KVBLOCK_ASSIGN_OR_RETURN(
+          hashes, coordinator_->ChunkHashes(g, chunk.id, chunk.prompt_hashes));
+    }
     KVBLOCK_ASSIGN_OR_RETURN(
         const AppendResult result,
-        group.AppendPrompt(chunk.id, chunk.tokens, chunk.prompt_hashes));
+        group.AppendPrompt(chunk.id, chunk.tokens, hashes));
     new_pages_ += result.new_pages;
     if (result.new_pages == 0 && skip_first_[slot] < 0) continue;
     KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> pages,

@@ -209,22 +209,50 @@ absl::Status GroupCoordinator::HashPrompt(
                              HashChain(hasher, prompt, extra, out));
     chain = absl::MakeConstSpan(out).first(static_cast<size_t>(n));
   }
-  for (size_t g = 0; g < specs_.size(); ++g) {
-    const auto per_page =
-        static_cast<size_t>(specs_[g].page_size / hash_block_size_);
-    if (per_page == 1) {
-      hashes_[g] = chain;
-      continue;
-    }
-    // A page is named by its last block's hash.
-    const size_t pages = chain.size() / per_page;
-    std::vector<BlockHash>& own = chains_[g];
-    for (size_t page = 0; page < pages; ++page) {
-      own[page] = chain[(page + 1) * per_page - 1];
-    }
-    hashes_[g] = absl::MakeConstSpan(own).first(pages);
+  for (int32_t g = 0; g < static_cast<int32_t>(specs_.size()); ++g) {
+    hashes_[g] = PageHashes(g, chain);
   }
   return absl::OkStatus();
+}
+
+absl::Span<const BlockHash> GroupCoordinator::PageHashes(
+    int32_t group, absl::Span<const BlockHash> blocks) {
+  const auto per_page =
+      static_cast<size_t>(specs_[group].page_size / hash_block_size_);
+  if (per_page == 1) return blocks;
+  const size_t pages = blocks.size() / per_page;
+  std::vector<BlockHash>& own = chains_[group];
+  for (size_t page = 0; page < pages; ++page) {
+    own[page] = blocks[(page + 1) * per_page - 1];
+  }
+  return absl::MakeConstSpan(own).first(pages);
+}
+
+BlockHash GroupCoordinator::FirstBlockHash(absl::Span<const TokenId> prompt,
+                                           const HashExtraKeys& extra) {
+  const absl::Span<const TokenId> block =
+      prompt.first(static_cast<size_t>(hash_block_size_));
+  if (!block_hasher_.has_value()) {
+    return groups_[0]->planner_.FirstPageHash(block, extra);
+  }
+  return block_hasher_->HashPage(block_hasher_->RootHash(extra), block);
+}
+
+absl::StatusOr<absl::Span<const BlockHash>> GroupCoordinator::ChunkHashes(
+    int32_t group, SequenceId id, absl::Span<const BlockHash> prompt_hashes) {
+  if (one_page_size_ || prompt_hashes.empty()) return prompt_hashes;
+  BlockManagerImpl& first = *groups_[0];
+  KVBLOCK_ASSIGN_OR_RETURN(const SequenceHandle handle, first.HandleOf(id));
+  const int64_t blocks =
+      first.slab_.sequence(handle.index).prompt_end() / hash_block_size_;
+  if (static_cast<int64_t>(prompt_hashes.size()) != blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block manager: the ", prompt_hashes.size(),
+                     " prompt hashes of a chunk of sequence ", id,
+                     " are not its prompt's (", blocks, " full pages of ",
+                     hash_block_size_, " tokens, the groups' hash block)"));
+  }
+  return PageHashes(group, prompt_hashes);
 }
 
 absl::StatusOr<AdmissionPlan> GroupCoordinator::PlanGroups(
@@ -288,10 +316,10 @@ absl::StatusOr<AdmissionPlan> GroupCoordinator::Admit(
   KVBLOCK_RETURN_IF_ERROR(first.CheckNewId(id, "sequence"));
   KVBLOCK_ASSIGN_OR_RETURN(const AdmissionPlan plan,
                            PlanGroups(prompt, extra, prompt_hashes, admit));
-  // As one group's Admit: the caller's chain must start from this prompt.
+  // As one group's Admit: the caller's chain must start from this prompt
+  // (PlanGroups checked that it holds the prompt's blocks).
   if (!prompt_hashes.empty() && options_.enable_prefix_caching &&
-      first.planner_.FirstPageHash(prompt.first(specs_[0].page_size), extra) !=
-          prompt_hashes[0]) {
+      FirstBlockHash(prompt, extra) != prompt_hashes[0]) {
     return absl::InvalidArgumentError(
         absl::StrCat("block manager: prompt_hashes of sequence ", id,
                      " do not start from its prompt and extra keys"));
@@ -358,19 +386,14 @@ void GroupCoordinator::AddAppend(int32_t group, const AppendResult& part,
 absl::StatusOr<AppendResult> GroupCoordinator::AppendPrompt(
     SequenceId id, absl::Span<const TokenId> tokens,
     absl::Span<const BlockHash> prompt_hashes) {
-  if (!prompt_hashes.empty() && !one_page_size_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "block manager: a prompt chunk's prompt_hashes serve KV cache groups "
-        "of one page size; pass none for sequence ",
-        id));
-  }
   AppendResult total;
   KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
     KVBLOCK_RETURN_IF_ERROR(ReleaseSkipped(id));
     for (int32_t g = 0; g < static_cast<int32_t>(groups_.size()); ++g) {
-      KVBLOCK_ASSIGN_OR_RETURN(
-          const AppendResult part,
-          groups_[g]->AppendPrompt(id, tokens, prompt_hashes));
+      KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const BlockHash> hashes,
+                               ChunkHashes(g, id, prompt_hashes));
+      KVBLOCK_ASSIGN_OR_RETURN(const AppendResult part,
+                               groups_[g]->AppendPrompt(id, tokens, hashes));
       AddAppend(g, part, total);
     }
     return absl::OkStatus();

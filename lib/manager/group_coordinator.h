@@ -31,9 +31,8 @@
 // each record names its group (the pool keeps a cached page's group, the
 // log turns keys back into hashes). Every group hashes its pages in hash
 // blocks of the groups' greatest common page size, so one chain of blocks
-// (Admit's prompt_hashes) names every group's pages. Limits: events and a
-// prompt chunk's prompt_hashes need groups of one page size (else Create
-// refuses events, and AppendPrompt the hashes).
+// (the prompt_hashes of Admit and AppendPrompt) names every group's pages.
+// Limits: events need groups of one page size (else Create refuses them).
 //
 // Thread safety: as BlockManager.
 #ifndef KVBLOCK_LIB_MANAGER_GROUP_COORDINATOR_H_
@@ -114,8 +113,14 @@ class GroupCoordinator {
   absl::StatusOr<int64_t> HashBlocks(absl::Span<const TokenId> prompt,
                                      const HashExtraKeys& extra,
                                      absl::Span<BlockHash> out) const;
-  // Whether the groups have one page size (a prompt chunk's hashes serve
-  // every group).
+  // Group `group`'s page hashes for a prompt chunk of sequence `id`, from
+  // `prompt_hashes`, its whole prompt's chain of hash blocks (empty: none).
+  // BatchCommit passes them to the group's AppendPrompt. InvalidArgument
+  // unless the chain has the prompt's full hash blocks, or `id` is unknown.
+  absl::StatusOr<absl::Span<const BlockHash>> ChunkHashes(
+      int32_t group, SequenceId id, absl::Span<const BlockHash> prompt_hashes);
+  // Whether the groups have one page size (a prompt's hashes are every
+  // group's page hashes).
   bool one_page_size() const { return one_page_size_; }
   PageId null_page() const { return null_page_; }
   const PagedKvConfig& config() const { return config_; }
@@ -134,11 +139,20 @@ class GroupCoordinator {
   template <typename Change>
   absl::Status Transact(Change&& change);
   // Sets hashes_[g] to the prompt's page hashes in each group g: one chain
-  // of hash blocks (prompt_hashes, when given, or hashed here), of which a
-  // group of k blocks a page takes every k-th.
+  // of hash blocks (prompt_hashes, when given, or hashed here), of which
+  // PageHashes takes each group's.
   absl::Status HashPrompt(absl::Span<const TokenId> prompt,
                           const HashExtraKeys& extra,
                           absl::Span<const BlockHash> prompt_hashes);
+  // The hash of the prompt's first hash block. REQUIRES: the prompt holds
+  // one.
+  BlockHash FirstBlockHash(absl::Span<const TokenId> prompt,
+                           const HashExtraKeys& extra);
+  // Group `group`'s page hashes in a chain of hash blocks: the chain for
+  // pages of one block, else every k-th for pages of k (a page is named by
+  // its last block's hash), in chains_[group].
+  absl::Span<const BlockHash> PageHashes(int32_t group,
+                                         absl::Span<const BlockHash> blocks);
   // Plans the admission in every group (plans_, and each group's planner
   // holding its hits) and returns the whole: pages summed over the groups.
   // `hashes_[g]` are set to the hashes each group registers under.

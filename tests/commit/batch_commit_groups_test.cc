@@ -163,32 +163,45 @@ TEST_CASE("a chunked prompt's rows show its window's skips") {
   REQUIRE_OK(f.commit->CheckInvariants());
 }
 
-TEST_CASE("a chunk's prompt hashes are refused for groups of two page sizes") {
+TEST_CASE("a chunk's prompt hashes serve groups of two page sizes") {
   using enum AttentionKind;
   // Pages of 4 and 8 tokens: the table is as wide as the 4-token group's.
-  Fixture f(128, {GroupSpec(kFull, 4), GroupSpec(kFull, 8)}, 16);
+  const std::vector<KvCacheGroupSpec> groups = {GroupSpec(kFull, 4),
+                                                GroupSpec(kFull, 8)};
+  Fixture f(128, groups, 16);
+  Fixture plain(128, groups, 16);
   const Tokens prompt = TokenRange(1, 32);
   const JoinRequest joins[] = {
       {.id = 1, .tokens = prompt, .admit = {.prefill_tokens = 8}}};
   REQUIRE_OK(f.commit->Commit({.joins = joins}));
+  REQUIRE_OK(plain.commit->Commit({.joins = joins}));
   std::vector<BlockHash> hashes(8);
   REQUIRE_OK(f.manager->HashPrompt(prompt, {}, absl::MakeSpan(hashes)));
+  // The chain of 4-token hash blocks: a chain of 8-token pages is refused
+  // by the step, which changes nothing.
+  const PromptChunk short_chain[] = {
+      {.id = 1,
+       .tokens = absl::MakeConstSpan(prompt).subspan(8, 8),
+       .prompt_hashes = absl::MakeConstSpan(hashes).first(4)}};
+  const BlockManagerSnapshot before = f.manager->Snapshot();
+  const std::vector<Pages> rows = f.Rows();
+  const auto refused = f.commit->Commit({.prompt_chunks = short_chain});
+  REQUIRE_STATUS_IS(refused, kInvalidArgument);
+  REQUIRE(std::string(refused.status().message())
+              .find("8 full pages of 4 tokens") != std::string::npos);
+  REQUIRE(f.manager->Snapshot() == before);
+  REQUIRE(f.Rows() == rows);
+  // With the chain each group files its pages as it would hash them.
   const PromptChunk chunk[] = {
       {.id = 1,
        .tokens = absl::MakeConstSpan(prompt).subspan(8, 8),
        .prompt_hashes = hashes}};
-  const BlockManagerSnapshot before = f.manager->Snapshot();
-  const std::vector<Pages> rows = f.Rows();
-  const auto refused = f.commit->Commit({.prompt_chunks = chunk});
-  REQUIRE_STATUS_IS(refused, kInvalidArgument);
-  REQUIRE(std::string(refused.status().message()).find("one page size") !=
-          std::string::npos);
-  REQUIRE(f.manager->Snapshot() == before);
-  REQUIRE(f.Rows() == rows);
-  // Without hashes each group hashes the chunk itself.
-  const PromptChunk plain[] = {
+  const PromptChunk unhashed[] = {
       {.id = 1, .tokens = absl::MakeConstSpan(prompt).subspan(8, 8)}};
-  REQUIRE_OK(f.commit->Commit({.prompt_chunks = plain}));
+  REQUIRE_OK(f.commit->Commit({.prompt_chunks = chunk}));
+  REQUIRE_OK(plain.commit->Commit({.prompt_chunks = unhashed}));
+  REQUIRE(f.manager->Snapshot() == plain.manager->Snapshot());
+  REQUIRE(f.Rows() == plain.Rows());
   REQUIRE_OK(f.commit->CheckInvariants());
 }
 

@@ -242,6 +242,7 @@ class Runner {
           Model::Sequence copy = seq;
           model_.sequences[child] = copy;
           prompts_[child] = prompts_.at(id);
+          prompt_hashes_[child] = prompt_hashes_.at(id);
         }
         return;
       }
@@ -268,10 +269,20 @@ class Runner {
     const int64_t expected_hit =
         scenario_.ample ? model_.BruteForceHit(prompt) : -1;
     const SequenceId id = next_id_++;
+    // Half the prompts come hashed, as a scheduler hashes them on arrival:
+    // one chain of hash blocks for every group.
+    std::vector<BlockHash> hashes;
+    if (Uniform(0, 1) == 0) {
+      hashes.resize(prompt.size());
+      const absl::StatusOr<int64_t> blocks =
+          manager_->HashPrompt(prompt, {}, absl::MakeSpan(hashes));
+      REQUIRE_OK(blocks);
+      hashes.resize(static_cast<size_t>(*blocks));
+    }
     AdmissionPlan plan;
     if (!Try([&] {
-          absl::StatusOr<AdmissionPlan> admitted =
-              manager_->Admit(id, prompt, {}, {}, {.prefill_tokens = prefill});
+          absl::StatusOr<AdmissionPlan> admitted = manager_->Admit(
+              id, prompt, {}, hashes, {.prefill_tokens = prefill});
           if (admitted.ok()) plan = *admitted;
           return admitted.status();
         })) {
@@ -288,6 +299,7 @@ class Runner {
     seq.tokens.assign(prompt.begin(), prompt.begin() + end);
     model_.Computed(seq.tokens);
     prompts_[id] = prompt;
+    prompt_hashes_[id] = std::move(hashes);
     model_.sequences[id] = seq;
   }
 
@@ -297,7 +309,10 @@ class Runner {
     const int64_t count =
         std::min<int64_t>(seq.prompt_end - done, Uniform(1, 24));
     const Tokens chunk(prompt.begin() + done, prompt.begin() + done + count);
-    if (Try([&] { return manager_->AppendPrompt(id, chunk).status(); })) {
+    const std::vector<BlockHash>& hashes = prompt_hashes_.at(id);
+    if (Try([&] {
+          return manager_->AppendPrompt(id, chunk, hashes).status();
+        })) {
       model_.Skip(seq);
       seq.tokens.insert(seq.tokens.end(), chunk.begin(), chunk.end());
       model_.Computed(seq.tokens);
@@ -355,6 +370,8 @@ class Runner {
   std::unique_ptr<BlockManager> manager_;
   std::vector<Tokens> bases_;
   std::map<SequenceId, Tokens> prompts_;
+  // Each prompt's chain of hash blocks, when it was admitted with one.
+  std::map<SequenceId, std::vector<BlockHash>> prompt_hashes_;
   SequenceId next_id_ = 0;
   TokenId next_token_ = 1'000'000;
   int64_t failures_ = 0;

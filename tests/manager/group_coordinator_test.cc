@@ -269,15 +269,66 @@ TEST_CASE("a manager of groups of two page sizes hits in their multiple") {
   const std::vector<PageId> first = GroupPages(*manager, 1, 1);
   const std::vector<PageId> second = GroupPages(*manager, 2, 1);
   REQUIRE(std::equal(first.begin(), first.begin() + 3, second.begin()));
-  // A prompt chunk's hashes are refused.
-  REQUIRE_OK(manager->Admit(3, prompt, {}, {}, {.prefill_tokens = 8}));
-  const BlockManagerSnapshot chunked = manager->Snapshot();
-  const auto chunk_refused = manager->AppendPrompt(
-      3, Tokens(prompt.begin() + 8, prompt.begin() + 16), hashes);
-  REQUIRE_STATUS_IS(chunk_refused, kInvalidArgument);
-  REQUIRE(std::string(chunk_refused.status().message()).find("one page size") !=
+}
+
+TEST_CASE("a prompt chunk's hashes serve groups of two page sizes") {
+  // Two managers take the same chunks, one with the prompt's chain of hash
+  // blocks and one hashing them itself: they end the same.
+  const Tokens prompt = TokenRange(1, 29);
+  auto hinted = MakeManager(Config(256), {Full(4), Full(8)});
+  auto plain = MakeManager(Config(256), {Full(4), Full(8)});
+  std::vector<BlockHash> hashes(7);
+  REQUIRE(*hinted->HashPrompt(prompt, {}, absl::MakeSpan(hashes)) == 7);
+  for (auto* manager : {hinted.get(), plain.get()}) {
+    REQUIRE_OK(manager->Admit(1, prompt, {}, {}, {.prefill_tokens = 4}));
+  }
+  const Tokens chunk(prompt.begin() + 4, prompt.begin() + 20);
+  // A chain of the wrong length names the hash block, changing nothing.
+  const BlockManagerSnapshot before = hinted->Snapshot();
+  const auto refused =
+      hinted->AppendPrompt(1, chunk, absl::MakeConstSpan(hashes).first(3));
+  REQUIRE_STATUS_IS(refused, kInvalidArgument);
+  REQUIRE(std::string(refused.status().message())
+              .find("the 3 prompt hashes of a chunk of sequence 1 are not its "
+                    "prompt's (7 full pages of 4 tokens") != std::string::npos);
+  REQUIRE(hinted->Snapshot() == before);
+  REQUIRE_OK(hinted->AppendPrompt(1, chunk, hashes));
+  REQUIRE_OK(plain->AppendPrompt(1, chunk));
+  REQUIRE(hinted->Snapshot() == plain->Snapshot());
+  // The 8-token group's second page (tokens 8 to 15) is named by the
+  // fourth block's hash.
+  REQUIRE(hinted->pool().EventHash(GroupPages(*hinted, 1, 1)[1]) == hashes[3]);
+  const Tokens rest(prompt.begin() + 20, prompt.end());
+  REQUIRE_OK(hinted->AppendPrompt(1, rest, hashes));
+  REQUIRE_OK(plain->AppendPrompt(1, rest));
+  REQUIRE(hinted->Snapshot() == plain->Snapshot());
+  REQUIRE_OK(hinted->CheckInvariants());
+}
+
+TEST_CASE("prompt hashes are checked at their first block") {
+  // Group 0's pages are two hash blocks: a prompt of 6 tokens fills no page
+  // of it and one block.
+  auto manager = MakeManager(Config(256), {Full(8), Full(4)});
+  const Tokens prompt = TokenRange(1, 6);
+  std::vector<BlockHash> hashes(1);
+  REQUIRE(*manager->HashPrompt(prompt, {}, absl::MakeSpan(hashes)) == 1);
+  const BlockManagerSnapshot before = manager->Snapshot();
+  const auto salted =
+      manager->Admit(1, prompt, {.cache_salt = "other"}, hashes);
+  REQUIRE_STATUS_IS(salted, kInvalidArgument);
+  REQUIRE(std::string(salted.status().message())
+              .find("do not start from its prompt and extra keys") !=
           std::string::npos);
-  REQUIRE(manager->Snapshot() == chunked);
+  REQUIRE(manager->Snapshot() == before);
+  REQUIRE_OK(manager->Admit(1, prompt, {}, hashes));
+  // A longer prompt: group 0's page is named by the second block's hash.
+  const Tokens longer = TokenRange(1, 20);
+  std::vector<BlockHash> chain(5);
+  REQUIRE(*manager->HashPrompt(longer, {}, absl::MakeSpan(chain)) == 5);
+  REQUIRE(chain[0] == hashes[0]);
+  REQUIRE_OK(manager->Admit(2, longer, {}, chain));
+  REQUIRE(manager->pool().EventHash(GroupPages(*manager, 2, 0)[1]) == chain[3]);
+  REQUIRE_OK(manager->CheckInvariants());
 }
 
 TEST_CASE("prompt hashes serve groups of one page size") {
