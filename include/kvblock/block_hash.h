@@ -50,8 +50,10 @@
 // names b, each block is a page of b tokens above, and the page's hash is
 // its last block's. One chain of b-token blocks then names the pages of
 // every multiple of b, as vLLM's groups of different block sizes share the
-// hashes of its hash block size. With b = n (the default) this is the
-// format above.
+// hashes of its hash block size (vLLM names a larger block by its blocks'
+// hashes joined; the last alone names the same prefix, as it chains the
+// others, and keeps a page's hash 32 bytes). With b = n (the default) this
+// is the format above.
 //
 // Design choices:
 //   - The root is a pure function of the algorithm, the page size and the
@@ -173,7 +175,7 @@ class BlockHasher {
   // page_size / hash_block_size chained blocks of `hash_block_size` tokens,
   // a page named by its last block's hash (see "Hash blocks" above): the
   // KV cache groups of a model, whose pages are multiples of one hash
-  // block, share one chain, as vLLM hashes them. Create(a, n) is
+  // block, share one chain, as vLLM's groups share its. Create(a, n) is
   // Create(a, n, n). Errors: as Create, and InvalidArgument (naming both)
   // unless `hash_block_size` is a positive divisor of `page_size`.
   static absl::StatusOr<BlockHasher> Create(HashAlgorithm algorithm,

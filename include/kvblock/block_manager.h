@@ -230,8 +230,8 @@ class BlockManager {
   // calls by sequence (Pages, NumTokens, ...) answer for group 0. An
   // AdmissionPlan's pages (hit, revived, new, reserved) are summed over the
   // groups; its hit_tokens are the hit every group serves. Pages are
-  // hashed as vLLM hashes them, in blocks of the groups' greatest common
-  // page size (BlockHasher's hash blocks; a page is named by its last
+  // hashed in blocks of the groups' greatest common page size, as vLLM
+  // hashes them (BlockHasher's hash blocks; a page is named by its last
   // block's hash), and each group files its pages under keys of its own;
   // Admit's and AppendPrompt's prompt_hashes are that chain of blocks.
   // Limits: KV cache events (each naming its group) need groups of one page

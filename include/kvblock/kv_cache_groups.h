@@ -21,9 +21,9 @@
 // A page whose tokens are all skipped is released and its table entry points
 // at the null page. A prefix hit is a multiple of the least common multiple
 // of the page sizes (kvblock/group_cache_hit.h); a BlockManager hashes a
-// prompt once, in blocks of the page sizes' greatest common divisor (a
-// group's page is named by its last block's hash, as vLLM names it), and
-// files each group's pages under keys of that group's own.
+// prompt once, in blocks of the page sizes' greatest common divisor, as
+// vLLM does (a group's page is named by its last block's hash), and files
+// each group's pages under keys of that group's own.
 //
 // Complexity: every function is O(groups). Thread safety: plain values.
 #ifndef KVBLOCK_KV_CACHE_GROUPS_H_

@@ -132,12 +132,13 @@ class DecodeWorkload {
  public:
   // Creates the stack and fills the batch; false (with the error reported to
   // `state`) on failure.
-  // `groups`: 1, or 2 for gpt-oss's KV cache groups (full attention and a
-  // 128-token sliding window).
+  // `groups`: KV cache groups, 1 or 2, the first full attention when there
+  // are two; `window`: the last group's sliding window (0: full attention).
+  // Two groups with a window of 128 are gpt-oss's.
   bool Init(benchmark::State& state, int32_t batch, int32_t width,
             HashAlgorithm hash, bool prefix_caching, bool hash_on_arrival,
             int32_t drafts, bool hold_drafts, int32_t groups = 1,
-            int32_t window = 128) {
+            int32_t window = 0) {
     batch_ = batch;
     hash_on_arrival_ = hash_on_arrival;
     drafts_ = drafts;
@@ -153,18 +154,20 @@ class DecodeWorkload {
     BlockManagerOptions options;
     options.hash_algorithm = hash;
     options.enable_prefix_caching = prefix_caching;
+    const KvCacheGroupSpec full{.kind = AttentionKind::kFull,
+                                .page_size = kPageSize,
+                                .sliding_window = 0,
+                                .attention_chunk_size = 0,
+                                .eagle = false};
+    KvCacheGroupSpec last = full;
+    if (window > 0) {
+      last.kind = AttentionKind::kSlidingWindow;
+      last.sliding_window = window;
+    }
     if (groups == 2) {
-      const KvCacheGroupSpec full{.kind = AttentionKind::kFull,
-                                  .page_size = kPageSize,
-                                  .sliding_window = 0,
-                                  .attention_chunk_size = 0,
-                                  .eagle = false};
-      KvCacheGroupSpec second = full;
-      if (window > 0) {
-        second.kind = AttentionKind::kSlidingWindow;
-        second.sliding_window = window;
-      }
-      options.kv_cache_groups = {full, second};
+      options.kv_cache_groups = {full, last};
+    } else if (window > 0) {
+      options.kv_cache_groups = {last};
     }
     auto manager = BlockManager::Create(config, options);
     if (!manager.ok()) return Fail(state, manager.status());
@@ -442,10 +445,11 @@ BENCHMARK(BM_CommitDecodeStep)
     ->UseManualTime();
 
 // BM_CommitDecodeStep's whole step (upload, SHA-256, prefix caching, prompts
-// hashed on arrival) for a model of one KV cache group or of gpt-oss's two
-// (full attention and a 128-token sliding window, one table of both groups'
-// rows), or of two full-attention groups: what a second group costs a step,
-// and what its window's skips cost.
+// hashed on arrival) for a model of one KV cache group (full attention, or a
+// 128-token sliding window alone), of gpt-oss's two (full attention and a
+// 128-token sliding window, one table of both groups' rows), or of two
+// full-attention groups: what a second group costs a step, and what its
+// window's skips cost.
 void BM_CommitDecodeStepGroups(benchmark::State& state) {
   if (!crypto_allocations_counted) {
     state.SkipWithError("OpenSSL allocated before its allocator was replaced");
@@ -462,11 +466,11 @@ void BM_CommitDecodeStepGroups(benchmark::State& state) {
   }
   RunDecodeSteps(state, workload, batch, /*upload=*/true, /*cold=*/false);
 }
-// window: the second group's sliding window (0: full attention, a second
-// group that skips nothing).
+// window: the last group's sliding window (0: full attention, a group that
+// skips nothing).
 BENCHMARK(BM_CommitDecodeStepGroups)
     ->ArgNames({"batch", "width", "groups", "window"})
-    ->ArgsProduct({{64, 256, 1024}, {256}, {1}, {0}})
+    ->ArgsProduct({{64, 256, 1024}, {256}, {1}, {0, 128}})
     ->ArgsProduct({{64, 256, 1024}, {256}, {2}, {0, 128}})
     ->UseManualTime();
 
