@@ -233,9 +233,9 @@ class BlockManager {
   // hashed in blocks of the groups' greatest common page size, as vLLM
   // hashes them (BlockHasher's hash blocks; a page is named by its last
   // block's hash), and each group files its pages under keys of its own;
-  // Admit's and AppendPrompt's prompt_hashes are that chain of blocks.
-  // Limits: KV cache events (each naming its group) need groups of one page
-  // size.
+  // Admit's and AppendPrompt's prompt_hashes are that chain of blocks. KV
+  // cache events name each page's group and hold its group's page of
+  // tokens.
   int32_t num_groups() const;
   // Whether the manager keeps kv_cache_groups other than the default one
   // (a full-attention group of the config's page size).

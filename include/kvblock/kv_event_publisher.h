@@ -94,13 +94,14 @@ struct KvEventPublisherOptions {
   // A scheduler thread kept off it (pinned elsewhere) no longer shares its
   // core with them when the kernel places them beside it.
   int32_t cpu = -1;
-  // Tokens a page: BlockStored's block_size.
+  // Tokens a page: BlockStored's block_size for a model of one group (and
+  // for an event of a group past kv_cache_groups).
   int32_t block_size = 16;
   // The model's KV cache groups (BlockManagerOptions::kv_cache_groups), for
-  // each event's kv_cache_spec_kind and kv_cache_spec_sliding_window by its
-  // group_idx; empty: one full-attention group. Every group's page_size is
-  // block_size (InvalidArgument else). An event of a group past the list is
-  // sent as full attention.
+  // each event's block_size (its group's page_size, as vLLM sends each
+  // group's), kv_cache_spec_kind and kv_cache_spec_sliding_window by its
+  // group_idx; empty: one full-attention group. An event of a group past
+  // the list is sent as a full-attention group of block_size.
   std::vector<KvCacheGroupSpec> kv_cache_groups = {};
   // vLLM's encodings: maps with a "type" key (the default, vLLM since
   // mid-2026) or tagged arrays ["BlockStored", field, ...] (before).

@@ -48,8 +48,9 @@ struct KvCacheEvent {
   // kBlockStored.
   std::vector<BlockHash> block_hashes;
   // kBlockStored: the hash of the page before the first (none when the
-  // first is a prompt's first page), its tokens (page_size a page), and the
-  // extra keys the hashes include. Unset when the pool was called directly.
+  // first is a prompt's first page), its tokens (its group's page size a page),
+  // and the extra keys the hashes include. Unset when the pool was called
+  // directly.
   std::optional<BlockHash> parent_block_hash;
   std::vector<TokenId> token_ids;
   std::string cache_salt;
@@ -88,7 +89,6 @@ class KvEventBatch {
   friend std::string EncodeKvEventBatch(double ts, const KvEventBatch& batch,
                                         const KvEventPublisherOptions& options);
   std::unique_ptr<internal::CacheEventLog> log_;
-  int32_t page_size_ = 0;
 };
 
 }  // namespace kvblock

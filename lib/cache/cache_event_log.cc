@@ -2,6 +2,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "cache/cache_event_log.h"
 
+#include <cassert>
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -42,15 +43,18 @@ void CacheEventLog::BeginRun(int64_t first_page, const BlockHash& parent,
                              absl::Span<const TokenId> tokens,
                              absl::string_view cache_salt, int64_t adapter_id,
                              int32_t group) {
+  assert(hashes.empty() || tokens.size() % hashes.size() == 0);
   open_run_ = static_cast<int32_t>(runs_.size());
   run_cursor_ = 0;
-  runs_.push_back({.hashes_offset = hashes_.size(),
-                   .tokens_offset = tokens_.size(),
-                   .salt_offset = salts_.size(),
-                   .salt_size = cache_salt.size(),
-                   .adapter_id = adapter_id,
-                   .group = group,
-                   .has_parent = first_page > 0});
+  runs_.push_back(
+      {.hashes_offset = hashes_.size(),
+       .tokens_offset = tokens_.size(),
+       .page_size = hashes.empty() ? 0 : tokens.size() / hashes.size(),
+       .salt_offset = salts_.size(),
+       .salt_size = cache_salt.size(),
+       .adapter_id = adapter_id,
+       .group = group,
+       .has_parent = first_page > 0});
   hashes_.push_back(parent);
   hashes_.insert(hashes_.end(), hashes.begin(), hashes.end());
   tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
@@ -169,10 +173,9 @@ size_t CacheEventLog::EventEnd(size_t begin, size_t end) const {
   return next;
 }
 
-size_t CacheEventLog::BuildEvents(int32_t page_size, size_t begin, size_t end,
+size_t CacheEventLog::BuildEvents(size_t begin, size_t end,
                                   std::vector<KvCacheEvent>& out,
                                   size_t used) const {
-  const auto page = static_cast<size_t>(page_size);
   for (size_t i = begin; i < end;) {
     const size_t last = EventEnd(i, end);
     KvCacheEvent& event = NextEvent(out, used, kind(i));
@@ -186,7 +189,7 @@ size_t CacheEventLog::BuildEvents(int32_t page_size, size_t begin, size_t end,
     for (; i < last; ++i) {
       if (event.kind == KvCacheEvent::Kind::kAllBlocksCleared) continue;
       event.block_hashes.push_back(hash(i));
-      const absl::Span<const TokenId> page_tokens = tokens(i, page);
+      const absl::Span<const TokenId> page_tokens = tokens(i);
       event.token_ids.insert(event.token_ids.end(), page_tokens.begin(),
                              page_tokens.end());
     }

@@ -49,8 +49,9 @@ class CacheEventLog {
 
   // From BlockManager: the next hashes.size() registrations are pages
   // [first_page, ...) of a sequence of KV cache group `group` after
-  // `parent` (its chain before them), holding `tokens`, under extra keys
-  // `cache_salt` and `adapter_id`.
+  // `parent` (its chain before them), holding `tokens` (the same number a
+  // page: the group's page size), under extra keys `cache_salt` and
+  // `adapter_id`.
   void BeginRun(int64_t first_page, const BlockHash& parent,
                 absl::Span<const BlockHash> hashes,
                 absl::Span<const TokenId> tokens, absl::string_view cache_salt,
@@ -98,11 +99,12 @@ class CacheEventLog {
     if (page_in_run == 0 && !run->has_parent) return nullptr;
     return &hashes_[run->hashes_offset + page_in_run];
   }
-  absl::Span<const TokenId> tokens(size_t i, size_t page_size) const {
+  absl::Span<const TokenId> tokens(size_t i) const {
     const Run* run = RunOf(i);
     if (run == nullptr) return {};
     return absl::MakeConstSpan(tokens_).subspan(
-        run->tokens_offset + records_[i].index * page_size, page_size);
+        run->tokens_offset + records_[i].index * run->page_size,
+        run->page_size);
   }
   absl::string_view cache_salt(size_t i) const {
     const Run* run = RunOf(i);
@@ -117,12 +119,12 @@ class CacheEventLog {
   // Builds records [begin, end) as events (EventEnd's) into `out`
   // from index `used` on, reusing the buffers of the events already there;
   // returns the index after the last (`out` may hold more, stale, after
-  // it). `page_size`: tokens a page.
-  size_t BuildEvents(int32_t page_size, size_t begin, size_t end,
-                     std::vector<KvCacheEvent>& out, size_t used) const;
+  // it).
+  size_t BuildEvents(size_t begin, size_t end, std::vector<KvCacheEvent>& out,
+                     size_t used) const;
   // Appends every record as events to `out`.
-  void AppendEventsTo(int32_t page_size, std::vector<KvCacheEvent>& out) const {
-    BuildEvents(page_size, 0, records_.size(), out, out.size());
+  void AppendEventsTo(std::vector<KvCacheEvent>& out) const {
+    BuildEvents(0, records_.size(), out, out.size());
   }
   // Forgets every record, keeping the buffers.
   void Clear();
@@ -159,6 +161,7 @@ class CacheEventLog {
     // hash a page.
     size_t hashes_offset = 0;
     size_t tokens_offset = 0;  // in tokens_, page_size a page.
+    size_t page_size = 0;      // tokens a page: its group's page size.
     size_t salt_offset = 0;    // in salts_.
     size_t salt_size = 0;
     int64_t adapter_id = 0;

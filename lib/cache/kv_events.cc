@@ -24,7 +24,7 @@ int64_t KvEventBatch::num_changes() const {
 }
 
 void KvEventBatch::AppendTo(std::vector<KvCacheEvent>& out) const {
-  if (log_ != nullptr) log_->AppendEventsTo(page_size_, out);
+  if (log_ != nullptr) log_->AppendEventsTo(out);
 }
 
 void KvEventBatch::Clear() {

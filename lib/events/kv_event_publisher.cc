@@ -310,8 +310,9 @@ struct PackedConstant {
   std::array<char, kCapacity> bytes{};
   size_t size = 0;
 };
-// A KV cache group's: its kv_cache_spec_kind and sliding window.
+// A KV cache group's: its block size, kv_cache_spec_kind and sliding window.
 struct GroupConstants {
+  PackedConstant lora;         // block_size and its value, lora_id's key.
   PackedConstant kind;         // kv_cache_spec_kind and its value.
   PackedConstant stored_tail;  // kv_cache_spec_sliding_window and its value.
 };
@@ -319,7 +320,6 @@ struct PackedConstants {
   PackedConstant stored_head;  // BlockStored's head and block_hashes' key.
   PackedConstant parent;       // parent_block_hash's key.
   PackedConstant tokens;       // token_ids' key.
-  PackedConstant lora;         // block_size and its value, lora_id's key.
   PackedConstant extra;        // medium, lora_name (nil), extra_keys' key.
   PackedConstant group;        // group_idx's key (its value is the event's).
   // By group (options.kv_cache_groups, at least one); a group past them
@@ -356,11 +356,6 @@ PackedConstants PackConstants(const Options& options) {
   pack(packed.parent,
        [&](Packer& pk) { Key(pk, options, "parent_block_hash"); });
   pack(packed.tokens, [&](Packer& pk) { Key(pk, options, "token_ids"); });
-  pack(packed.lora, [&](Packer& pk) {
-    Key(pk, options, "block_size");
-    pk.pack_int32(options.block_size);
-    Key(pk, options, "lora_id");
-  });
   pack(packed.extra, [&](Packer& pk) {
     Key(pk, options, "medium");
     PackString(pk, "GPU");
@@ -371,6 +366,11 @@ PackedConstants PackConstants(const Options& options) {
   pack(packed.group, [&](Packer& pk) { Key(pk, options, "group_idx"); });
   const auto pack_group = [&](const KvCacheGroupSpec& spec) {
     GroupConstants constants;
+    pack(constants.lora, [&](Packer& pk) {
+      Key(pk, options, "block_size");
+      pk.pack_int32(spec.page_size);
+      Key(pk, options, "lora_id");
+    });
     pack(constants.kind, [&](Packer& pk) {
       Key(pk, options, "kv_cache_spec_kind");
       const absl::string_view kind = AttentionKindName(spec.kind);
@@ -448,9 +448,8 @@ class BuiltEvent {
 // grouping (CacheEventLog::EventEnd): nothing is built or allocated.
 class LoggedEvent {
  public:
-  LoggedEvent(const internal::CacheEventLog& log, size_t begin, size_t end,
-              size_t page_size)
-      : log_(log), begin_(begin), end_(end), page_size_(page_size) {}
+  LoggedEvent(const internal::CacheEventLog& log, size_t begin, size_t end)
+      : log_(log), begin_(begin), end_(end) {}
   KvCacheEvent::Kind kind() const { return log_.kind(begin_); }
   size_t num_pages() const { return end_ - begin_; }
   template <typename Visit>
@@ -459,12 +458,10 @@ class LoggedEvent {
   }
   const BlockHash* parent() const { return log_.parent(begin_); }
   // Every page of an event has tokens, or it is one page without.
-  size_t num_tokens() const {
-    return log_.tokens(begin_, page_size_).size() * num_pages();
-  }
+  size_t num_tokens() const { return log_.tokens(begin_).size() * num_pages(); }
   template <typename Visit>
   void ForEachTokens(Visit&& visit) const {
-    for (size_t i = begin_; i < end_; ++i) visit(log_.tokens(i, page_size_));
+    for (size_t i = begin_; i < end_; ++i) visit(log_.tokens(i));
   }
   int64_t adapter_id() const { return log_.adapter_id(begin_); }
   absl::string_view cache_salt() const { return log_.cache_salt(begin_); }
@@ -474,7 +471,6 @@ class LoggedEvent {
   const internal::CacheEventLog& log_;
   size_t begin_;
   size_t end_;
-  size_t page_size_;
 };
 
 template <typename Event>
@@ -504,7 +500,8 @@ void PackEvent(Packer& pk, PayloadBuffer& buffer, const Event& event,
       event.ForEachTokens([&](absl::Span<const TokenId> tokens) {
         PackTokenValues(buffer, tokens);
       });
-      Append(buffer, packed.lora);
+      const GroupConstants& group = packed.Of(event.group());
+      Append(buffer, group.lora);
       if (event.adapter_id() != 0) {
         pk.pack_int64(event.adapter_id());
       } else {
@@ -524,7 +521,6 @@ void PackEvent(Packer& pk, PayloadBuffer& buffer, const Event& event,
       }
       Append(buffer, packed.group);
       pk.pack_int32(event.group());
-      const GroupConstants& group = packed.Of(event.group());
       Append(buffer, group.kind);
       Append(buffer, group.stored_tail);
       return;
@@ -587,8 +583,7 @@ size_t EncodeEvents(PayloadBuffer& buffer, double ts,
 // found once (the batch's head counts them).
 size_t EncodeLogged(PayloadBuffer& buffer, double ts,
                     const internal::CacheEventLog& log, size_t begin,
-                    size_t end, size_t page_size,
-                    const KvEventPublisherOptions& options,
+                    size_t end, const KvEventPublisherOptions& options,
                     const PackedConstants& packed,
                     std::vector<size_t>& event_ends) {
   event_ends.clear();
@@ -598,8 +593,7 @@ size_t EncodeLogged(PayloadBuffer& buffer, double ts,
   EncodeBatch(buffer, ts, event_ends.size(), options, [&](Packer& pk) {
     size_t first = begin;
     for (const size_t last : event_ends) {
-      PackEvent(pk, buffer, LoggedEvent(log, first, last, page_size), options,
-                packed);
+      PackEvent(pk, buffer, LoggedEvent(log, first, last), options, packed);
       first = last;
     }
   });
@@ -623,8 +617,7 @@ std::string EncodeKvEventBatch(double ts, const KvEventBatch& batch,
   PayloadBuffer buffer;
   std::vector<size_t> event_ends;
   EncodeLogged(buffer, ts, *batch.log_, 0,
-               static_cast<size_t>(batch.log_->num_records()),
-               static_cast<size_t>(batch.page_size_), options,
+               static_cast<size_t>(batch.log_->num_records()), options,
                PackConstants(options), event_ends);
   return std::string(buffer.data(), buffer.size());
 }
@@ -687,7 +680,6 @@ struct KvEventPublisher::State {
     std::vector<KvCacheEvent> events;
     size_t records_begin = 0;
     size_t records_end = 0;
-    int32_t page_size = 0;
   };
 
   explicit State(KvEventPublisherOptions o)
@@ -787,9 +779,7 @@ void KvEventPublisher::State::Run() {
       const size_t count =
           batch.events.empty()
               ? EncodeLogged(buffer, batch.ts, taken_log, batch.records_begin,
-                             batch.records_end,
-                             static_cast<size_t>(batch.page_size), options,
-                             packed, event_ends)
+                             batch.records_end, options, packed, event_ends)
               : EncodeEvents(buffer, batch.ts, batch.events, options, packed);
       if (Send(std::move(payload))) {
         sent_events += static_cast<int64_t>(count);
@@ -968,14 +958,6 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
   }
   if (!options.kv_cache_groups.empty()) {
     KVBLOCK_RETURN_IF_ERROR(ValidateKvCacheGroups(options.kv_cache_groups));
-    for (size_t g = 0; g < options.kv_cache_groups.size(); ++g) {
-      if (options.kv_cache_groups[g].page_size != options.block_size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("kv event publisher: KV cache group ", g,
-                         " has pages of ", options.kv_cache_groups[g].page_size,
-                         " tokens, block_size is ", options.block_size));
-      }
-    }
   }
   if (DigestSize(options.hash_algorithm) == 0) {
     return absl::InvalidArgumentError(
@@ -986,7 +968,12 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
   auto state = std::make_unique<State>(std::move(options));
   {
     const auto changes = static_cast<size_t>(state->options.reserved_changes);
-    const auto page_size = static_cast<size_t>(state->options.block_size);
+    // A change's tokens at most: the largest group's page.
+    int32_t largest = state->options.block_size;
+    for (const KvCacheGroupSpec& group : state->options.kv_cache_groups) {
+      largest = std::max(largest, group.page_size);
+    }
+    const auto page_size = static_cast<size_t>(largest);
     state->queue_log.Reserve(changes, page_size);
     state->taken_log.Reserve(changes, page_size);
     // A change's bytes at most: its hash, tokens of 5 bytes, and its share
@@ -1060,7 +1047,6 @@ bool KvEventPublisher::Publish(KvEventBatch& batch) {
   if (batch.empty()) return true;
   const bool queued = state_->Queue([&](State::Queued& queued) {
     internal::CacheEventLog& log = state_->queue_log;
-    queued.page_size = batch.page_size_;
     if (log.empty()) {
       // No queued batch holds records: exchange the buffers.
       log.Swap(*batch.log_);

@@ -104,7 +104,8 @@ BlockManagerImpl::BlockManagerImpl(const PagedKvConfig& config,
     return;
   }
   const auto changes = static_cast<size_t>(options_.reserved_kv_changes);
-  const auto page_size = static_cast<size_t>(config.page_size);
+  const auto page_size =
+      static_cast<size_t>(std::max(config.page_size, scope.event_page_size));
   owned_events_ = std::make_unique<internal::CacheEventLog>();
   owned_events_->Reserve(changes, page_size);
   spare_events_ = std::make_unique<internal::CacheEventLog>();
@@ -181,7 +182,7 @@ absl::Status BlockManagerImpl::CheckKvEventsTakeable() const {
 absl::Status BlockManagerImpl::TakeKvEvents(std::vector<KvCacheEvent>& out) {
   KVBLOCK_RETURN_IF_ERROR(CheckKvEventsTakeable());
   // Built here; the log keeps its buffers.
-  events_->AppendEventsTo(config_.page_size, out);
+  events_->AppendEventsTo(out);
   events_->Clear();
   return absl::OkStatus();
 }
@@ -197,7 +198,6 @@ absl::Status BlockManagerImpl::TakeKvEvents(KvEventBatch& batch) {
   // into one batch passes the same grown buffers back and forth.
   batch.log_->Clear();
   batch.log_->Swap(*events_);
-  batch.page_size_ = config_.page_size;
   return absl::OkStatus();
 }
 

@@ -71,6 +71,9 @@ struct GroupScope {
   // With KV cache events: the log group 0 keeps, which every group records
   // into (null: this manager keeps its own).
   CacheEventLog* events = nullptr;
+  // The tokens of the largest page recorded into the log this manager
+  // keeps, which it reserves for (0: its own page size).
+  int32_t event_page_size = 0;
 };
 
 struct AppendManyResult {

@@ -18,15 +18,6 @@ absl::StatusOr<GroupCoordinator::Created> GroupCoordinator::Create(
     const PagedKvConfig& config, const BlockManagerOptions& options) {
   const std::vector<KvCacheGroupSpec>& specs = options.kv_cache_groups;
   KVBLOCK_RETURN_IF_ERROR(ValidateKvCacheGroups(specs));
-  if (options.enable_kv_events &&
-      std::any_of(specs.begin(), specs.end(), [&](const auto& g) {
-        return g.page_size != specs[0].page_size;
-      })) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "block manager: KV cache events need the groups' pages of one size; "
-        "group 0 has ",
-        specs[0].page_size, " tokens, another group other sizes"));
-  }
   const bool windows = std::any_of(specs.begin(), specs.end(), [](auto& g) {
     return g.kind != AttentionKind::kFull;
   });
@@ -106,6 +97,10 @@ absl::StatusOr<GroupCoordinator::Created> GroupCoordinator::Create(
         break;
       }
     }
+    int32_t largest_page = 0;
+    for (const KvCacheGroupSpec& spec : specs) {
+      largest_page = std::max(largest_page, spec.page_size);
+    }
     for (size_t g = 0; g < specs.size(); ++g) {
       const GroupScope scope{
           .index = static_cast<int32_t>(g),
@@ -116,7 +111,8 @@ absl::StatusOr<GroupCoordinator::Created> GroupCoordinator::Create(
           .hash_memo = memo_of[g],
           // Group 0 keeps the log; the others record
           // into it.
-          .events = g == 0 ? nullptr : self.groups_[0]->events_};
+          .events = g == 0 ? nullptr : self.groups_[0]->events_,
+          .event_page_size = largest_page};
       auto group = std::make_unique<BlockManagerImpl>(
           group_configs[g], options, *self.pool_, std::move(hashers[g]), scope);
       self.groups_.push_back(group.get());

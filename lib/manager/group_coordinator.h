@@ -31,8 +31,9 @@
 // each record names its group (the pool keeps a cached page's group, the
 // log turns keys back into hashes). Every group hashes its pages in hash
 // blocks of the groups' greatest common page size, so one chain of blocks
-// (the prompt_hashes of Admit and AppendPrompt) names every group's pages.
-// Limits: events need groups of one page size (else Create refuses them).
+// (the prompt_hashes of Admit and AppendPrompt, and a router's hashes of
+// the events' tokens) names every group's pages; an event's tokens are its
+// group's pages.
 //
 // Thread safety: as BlockManager.
 #ifndef KVBLOCK_LIB_MANAGER_GROUP_COORDINATOR_H_

@@ -26,6 +26,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -236,15 +237,25 @@ TEST_CASE("events carry their KV cache group's index and spec") {
     }
     REQUIRE(Field(list.via.array.ptr[1], "group_idx").as<int32_t>() == group);
   }
-  // A group of another page size than block_size is refused.
-  options.endpoint = "inproc://groups";
+  // Each event's block_size is its group's page size, as vLLM sends each
+  // group's; a group past the options' has block_size.
+  options.block_size = 3 * kPageSize;
   options.kv_cache_groups = {
       testing::GroupSpec(AttentionKind::kFull, kPageSize),
       testing::GroupSpec(AttentionKind::kSlidingWindow, 2 * kPageSize, 128)};
-  const auto refused = KvEventPublisher::Create(options);
-  REQUIRE_STATUS_IS(refused, kInvalidArgument);
-  REQUIRE(std::string(refused.status().message()).find("group 1") !=
-          std::string::npos);
+  for (const auto& [group, block_size] :
+       {std::pair{0, kPageSize}, {1, 2 * kPageSize}, {5, 3 * kPageSize}}) {
+    INFO("group " << group);
+    events[0].group_idx = group;
+    const std::string payload = EncodeKvEventBatch(1.0, events, options);
+    const msgpack::object_handle handle =
+        msgpack::unpack(payload.data(), payload.size());
+    const msgpack::object& stored =
+        handle.get().via.array.ptr[1].via.array.ptr[0];
+    REQUIRE(Field(stored, "block_size").as<int32_t>() == block_size);
+  }
+  options.endpoint = "inproc://groups";
+  REQUIRE_OK(KvEventPublisher::Create(options));
 }
 
 using testing::TokenRange;
@@ -253,13 +264,24 @@ using testing::TokenRange;
 // bytes as its built events, in every encoding, over random admissions (two
 // salts, two adapters), appends, frees, evictions and resets.
 TEST_CASE("a recorded batch packs as its built events do") {
+  // One group, or two of pages of 4 and 8 tokens, whose records hold pages
+  // of each group's size.
+  const bool two_sizes = GENERATE(false, true);
+  INFO("two page sizes " << two_sizes);
   PagedKvConfig config;
-  config.num_pages = 12;
+  config.num_pages = two_sizes ? 24 : 12;
   config.page_size = kPageSize;
   config.max_pages_per_seq = 8;
   config.max_batch = 8;
-  auto manager = BlockManager::Create(config, {.enable_kv_events = true});
+  BlockManagerOptions manager_options{.enable_kv_events = true};
+  if (two_sizes) {
+    manager_options.kv_cache_groups = {
+        testing::GroupSpec(AttentionKind::kFull, kPageSize),
+        testing::GroupSpec(AttentionKind::kFull, 2 * kPageSize)};
+  }
+  auto manager = BlockManager::Create(config, manager_options);
   REQUIRE_OK(manager);
+  int64_t large_pages = 0;
   std::mt19937 rng(11);
   std::vector<SequenceId> live;
   KvEventBatch recorded;
@@ -301,6 +323,7 @@ TEST_CASE("a recorded batch packs as its built events do") {
         options.encoding = encoding;
         options.hash_form = hashes;
         options.data_parallel_rank = 3;
+        options.kv_cache_groups = manager_options.kv_cache_groups;
         REQUIRE(EncodeKvEventBatch(2.5, recorded, options) ==
                 EncodeKvEventBatch(2.5, events, options));
       }
@@ -311,8 +334,15 @@ TEST_CASE("a recorded batch packs as its built events do") {
       salted += !event.cache_salt.empty();
       adapted += event.adapter_id != 0;
       chained += event.parent_block_hash.has_value();
+      if (event.kind == KvCacheEvent::Kind::kBlockStored &&
+          event.group_idx == 1) {
+        REQUIRE(event.token_ids.size() ==
+                2 * kPageSize * event.block_hashes.size());
+        large_pages += static_cast<int64_t>(event.block_hashes.size());
+      }
     }
   }
+  REQUIRE((large_pages > 0) == two_sizes);
   REQUIRE(batches >= testing::RandomRunLength(100));
   // Every kind and field was packed.
   for (const int64_t count : kinds) REQUIRE(count > 0);
