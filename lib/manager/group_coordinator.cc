@@ -195,14 +195,11 @@ absl::Status GroupCoordinator::HashPrompt(
   }
   absl::Span<const BlockHash> chain = prompt_hashes;
   if (chain.empty()) {
-    // One page size: group 0's hasher is the block hasher.
-    BlockHasher& hasher =
-        block_hasher_.has_value() ? *block_hasher_ : groups_[0]->hasher_;
+    // One page size: group 0's chain is the chain of blocks.
     const absl::Span<BlockHash> out = block_hasher_.has_value()
                                           ? absl::MakeSpan(block_chain_)
                                           : absl::MakeSpan(chains_[0]);
-    KVBLOCK_ASSIGN_OR_RETURN(const int64_t n,
-                             HashChain(hasher, prompt, extra, out));
+    KVBLOCK_ASSIGN_OR_RETURN(const int64_t n, HashBlocks(prompt, extra, out));
     chain = absl::MakeConstSpan(out).first(static_cast<size_t>(n));
   }
   for (int32_t g = 0; g < static_cast<int32_t>(specs_.size()); ++g) {
