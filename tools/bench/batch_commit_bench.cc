@@ -134,11 +134,12 @@ class DecodeWorkload {
   // `state`) on failure.
   // `groups`: KV cache groups, 1 or 2, the first full attention when there
   // are two; `window`: the last group's sliding window (0: full attention).
-  // Two groups with a window of 128 are gpt-oss's.
+  // Two groups with a window of 128 are gpt-oss's. `pool_pages_per_seq`:
+  // pages of the pool a sequence and group (0: 16, or 48 with drafts).
   bool Init(benchmark::State& state, int32_t batch, int32_t width,
             HashAlgorithm hash, bool prefix_caching, bool hash_on_arrival,
             int32_t drafts, bool hold_drafts, int32_t groups = 1,
-            int32_t window = 0) {
+            int32_t window = 0, int32_t pool_pages_per_seq = 0) {
     batch_ = batch;
     hash_on_arrival_ = hash_on_arrival;
     drafts_ = drafts;
@@ -150,7 +151,10 @@ class DecodeWorkload {
     config.max_batch = batch;
     // Steady state: about half the pool in use, the rest cached pages that
     // the steps evict.
-    config.num_pages = (drafts > 0 ? 48 : 16) * batch * groups;
+    config.num_pages = (pool_pages_per_seq > 0 ? pool_pages_per_seq
+                        : drafts > 0           ? 48
+                                               : 16) *
+                       batch * groups;
     BlockManagerOptions options;
     options.hash_algorithm = hash;
     options.enable_prefix_caching = prefix_caching;
@@ -461,17 +465,22 @@ void BM_CommitDecodeStepGroups(benchmark::State& state) {
                      HashAlgorithm::kSha256, /*prefix_caching=*/true,
                      /*hash_on_arrival=*/true, /*drafts=*/0,
                      /*hold_drafts=*/true, static_cast<int32_t>(state.range(2)),
-                     static_cast<int32_t>(state.range(3)))) {
+                     static_cast<int32_t>(state.range(3)),
+                     static_cast<int32_t>(state.range(4)))) {
     return;
   }
   RunDecodeSteps(state, workload, batch, /*upload=*/true, /*cold=*/false);
 }
 // window: the last group's sliding window (0: full attention, a group that
-// skips nothing).
+// skips nothing). pool: pages of the pool a running sequence and group (16:
+// the short sequences' own; 256: a pool of 4k-token sequences, as users
+// run). One group at batch 2048 holds the pages, table rows and sequences'
+// state of two groups at batch 1024: what a second group costs beyond its
+// memory.
 BENCHMARK(BM_CommitDecodeStepGroups)
-    ->ArgNames({"batch", "width", "groups", "window"})
-    ->ArgsProduct({{64, 256, 1024}, {256}, {1}, {0, 128}})
-    ->ArgsProduct({{64, 256, 1024}, {256}, {2}, {0, 128}})
+    ->ArgNames({"batch", "width", "groups", "window", "pool"})
+    ->ArgsProduct({{64, 256, 1024, 2048}, {256}, {1}, {0, 128}, {16, 256}})
+    ->ArgsProduct({{64, 256, 1024}, {256}, {2}, {0, 128}, {16, 256}})
     ->UseManualTime();
 
 }  // namespace
