@@ -37,6 +37,31 @@
 // does) puts its continuation nearer the LRU head than its prefix, so a shared
 // prefix outlives the continuations that extend it.
 //
+// The host tier (BlockPoolOptions::host_pages; lib/cache/host_tier.h): pages
+// of pinned host memory that keep cached pages the pool evicts, with an LRU
+// list of their own. When Allocate evicts a cached page whose key the host
+// tier lacks, the page is stored there (write-back; with
+// HostWritePolicy::kWriteThrough every newly cached page is stored after the
+// step that computes it, and an eviction moves nothing); a prefix hit that
+// continues in the host tier loads a page back (LoadFromHost). The pool
+// moves no bytes: it lists each move as a HostCopy, in copy batches that the
+// caller takes (TakeHostCopies; BatchCommit's StepResult::host_copies) and
+// runs:
+//   - after the forward pass of the batch before (a store reads KV that pass
+//     computed) and before its own step's forward pass and copy-on-write
+//     copies;
+//   - every kDeviceToHost copy first, then every kHostToDevice copy; within
+//     a direction in any order (one batched call): no two copies of a batch
+//     write the same page, a host page that a batch loads from is never
+//     stored into in it, and a device page a batch loads into is not handed
+//     out again before the batch is taken (released, it stays parked with a
+//     reference of the pool's until then).
+// A page cached in the open batch may not hold all its KV yet (the batch's
+// forward pass computes it): evicted in that batch, it is not stored. Host
+// pages that the open batch uses are not evicted; when every host page is so
+// used, an evicted page is not stored. KV cache events report host stores and
+// host evictions as medium "CPU".
+//
 // Transactions: between `BeginTransaction()` and `CommitTransaction()` the pool
 // journals the inverse of every change; `RollbackTransaction()` replays the
 // journal backwards and restores refcounts, free-stack order, LRU order, the
@@ -80,6 +105,7 @@ namespace kvblock {
 class PrefixIndex;  // internal: lib/cache/prefix_index.h
 namespace internal {
 class CacheEventLog;  // lib/cache/cache_event_log.h
+class HostTier;       // lib/cache/host_tier.h
 }  // namespace internal
 
 // What `BlockPool::Writable` decided.
@@ -100,6 +126,29 @@ struct CopyOnWrite {
   friend bool operator==(const CopyOnWrite&, const CopyOnWrite&) = default;
 };
 
+// A page moved between the pool and its host tier: the K and V of device
+// page `device_page` in every layer, and host page `host_page`.
+struct HostCopy {
+  enum class Direction : uint8_t {
+    kDeviceToHost = 0,  // a store: the device page's KV into the host page.
+    kHostToDevice = 1,  // a load: the host page's KV into the device page.
+  };
+  PageId device_page = kNoPage;
+  HostPageId host_page = kNoHostPage;
+  Direction direction = Direction::kDeviceToHost;
+
+  friend bool operator==(const HostCopy&, const HostCopy&) = default;
+};
+
+// When the host tier stores a cached page (see the BlockPool comment).
+enum class HostWritePolicy : int32_t {
+  // When the pool evicts it: only pages that leave the device move.
+  kWriteBack = 0,
+  // In the copy batch after the step that cached it (its KV computed), so
+  // that an eviction moves nothing: more stores, none on the eviction path.
+  kWriteThrough = 1,
+};
+
 // Which page with refcount 0 Allocate takes (see the BlockPool comment).
 enum class EvictionOrder : int32_t {
   // The free stack's top, and the least recently released cached page only
@@ -117,6 +166,9 @@ struct BlockPoolOptions {
   EvictionOrder eviction_order = EvictionOrder::kNeverCachedFirst;
   // Cache a page under a hash another page is cached under (behind it).
   bool index_duplicates = false;
+  // Pages of the host tier (0: none), in [0, kMaxNumPages].
+  int32_t host_pages = 0;
+  HostWritePolicy host_write_policy = HostWritePolicy::kWriteBack;
 };
 
 // Counters since creation. A rolled-back transaction restores them too.
@@ -136,6 +188,14 @@ struct BlockPoolStats {
   int64_t cache_registrations = 0;
   // Most pages used at once.
   int32_t peak_used = 0;
+  // Host tier: cached pages stored into it; pages loaded back from it
+  // (LoadFromHost); host pages whose key was dropped to make room; cached
+  // pages evicted without a store (allocated in the open copy batch, or
+  // every host page used by it).
+  int64_t host_stores = 0;
+  int64_t host_loads = 0;
+  int64_t host_evictions = 0;
+  int64_t host_store_skips = 0;
 
   friend bool operator==(const BlockPoolStats&,
                          const BlockPoolStats&) = default;
@@ -158,11 +218,30 @@ struct BlockPoolSnapshot {
   // first of a ring is used.
   std::vector<std::vector<PageId>> duplicates;
   BlockPoolStats stats;
+  // The host tier (all empty without one): its LRU list head to tail, its
+  // cached pages with their keys by host page, its free stack bottom to
+  // top, the host pages the open copy batch uses; the open batch's copies
+  // in order; the device pages cached in it and, of those, loaded in it;
+  // the pages parked until it is taken, and the pages waiting to be written
+  // through, in order.
+  std::vector<HostPageId> host_lru;
+  std::vector<std::pair<HostPageId, BlockHash>> host_cached;
+  std::vector<HostPageId> host_free;
+  std::vector<HostPageId> host_used;
+  std::vector<HostCopy> host_copies;
+  std::vector<PageId> fresh_pages;
+  std::vector<PageId> loaded_pages;
+  std::vector<PageId> parked;
+  std::vector<PageId> write_through;
 
   friend bool operator==(const BlockPoolSnapshot&,
                          const BlockPoolSnapshot&) = default;
   // A readable multi-line dump (hashes shortened to their first 4 bytes).
   std::string DebugString() const;
+
+ private:
+  // DebugString's host tier lines (none without one).
+  std::string HostDebugString() const;
 };
 
 class BlockPool {
@@ -173,11 +252,17 @@ class BlockPool {
     size_t journal_size = 0;
     BlockPoolStats stats;
     internal::CacheEventLogMark events;  // see set_event_log.
+    // The host tier's journal, and the open batch's lists.
+    size_t host_journal_size = 0;
+    size_t host_copies = 0;
+    size_t parked = 0;
+    size_t write_through = 0;
   };
 
   // A pool of `num_pages` free pages. InvalidArgument when `num_pages` is not
   // in [1, kMaxNumPages] (V page ids `p + num_pages` must fit int32) or an
-  // option is out of range (`max_refcount` < 1, `journal_reserve` < 0).
+  // option is out of range (`max_refcount` < 1, `journal_reserve` < 0,
+  // `host_pages` outside [0, kMaxNumPages]).
   static absl::StatusOr<std::unique_ptr<BlockPool>> Create(
       int32_t num_pages, BlockPoolOptions options = {});
 
@@ -264,9 +349,38 @@ class BlockPool {
   // Forgets every hash. Evictable pages become free, pushed in LRU order (so
   // the most recently released is allocated first; with kLeastRecentlyFreed
   // they keep their places in the queue); cached used pages stay used but are
-  // no longer found. FailedPrecondition inside a transaction (the reset is not
-  // journaled). On error, nothing changes. O(num_pages).
+  // no longer found. The host tier forgets every key too. FailedPrecondition
+  // inside a transaction (the reset is not journaled), and while host copies
+  // are not taken (their pages would be reused in their batch). On error,
+  // nothing changes. O(num_pages + host_pages).
   absl::Status ResetPrefixCache();
+
+  // Host tier ---------------------------------------------------------------
+
+  // The host page cached under `key` (a hash or a group's key, as
+  // RegisterCached took it); none without a host tier. Changes nothing.
+  std::optional<HostPageId> HostLookup(const BlockHash& key) const;
+
+  // Loads the host tier's page of `key` into a new device page (allocated as
+  // by Allocate, refcount 1), caches that page under `key` for KV cache group
+  // `group` and returns it; the load is listed in the open copy batch.
+  // FailedPrecondition without a host tier, when the tier lacks `key`, or
+  // when `key` is already cached on a device page; InvalidArgument for a
+  // group out of range; ResourceExhausted when every page is in use. On
+  // error, nothing changes.
+  absl::StatusOr<PageId> LoadFromHost(const BlockHash& key, int32_t group = 0);
+
+  // Appends the open copy batch's copies to `out`, in the order they were
+  // listed, and opens the next batch: the pages parked for the batch are
+  // released, and (kWriteThrough) the pages cached in it that the host tier
+  // lacks are stored in the new batch. FailedPrecondition inside a
+  // transaction. O(copies + parked + written-through pages).
+  absl::Status TakeHostCopies(std::vector<HostCopy>& out);
+  // The open copy batch's copies so far.
+  absl::Span<const HostCopy> host_copies() const { return host_copies_; }
+  // The device pages parked until the open batch is taken (each holds one
+  // reference of the pool's, besides any of the callers').
+  absl::Span<const PageId> parked_pages() const { return parked_; }
 
   // Transactions ------------------------------------------------------------
 
@@ -338,6 +452,9 @@ class BlockPool {
   // Pages with refcount > 0.
   int32_t NumUsed() const { return num_pages_ - NumFree(); }
   int32_t num_pages() const { return num_pages_; }
+  // The host tier's pages (0 without one) and those holding a cached page.
+  int32_t host_pages() const;
+  int32_t NumHostCached() const;
   int32_t max_refcount() const { return max_refcount_; }
   const BlockPoolStats& stats() const { return stats_; }
 
@@ -366,6 +483,9 @@ class BlockPool {
       // Uncache of evictable `page`: off the LRU list after `lru_prev`, its
       // `hash` dropped, pushed onto the free stack.
       kUncacheFree,
+      // With a host tier: `page`'s copy batch stamp was `prev` (before it
+      // was cached).
+      kStamp,
     };
     Op op;
     // kRegister: the group the page was cached for before (its group while
@@ -374,7 +494,8 @@ class BlockPool {
     PageId page;
     // kRevive: the LRU neighbour before `page`. kEvict, kUncache and
     // kUncacheFree: the page before `page` among the pages cached under
-    // `hash`, kNoPage when `page` was the one a lookup found.
+    // `hash`, kNoPage when `page` was the one a lookup found. kStamp: the
+    // stamp, as uint32_t.
     PageId prev;
     PageId lru_prev;  // kUncacheFree only.
     BlockHash hash;
@@ -382,6 +503,8 @@ class BlockPool {
 
   BlockPool(int32_t num_pages, const BlockPoolOptions& options);
 
+  // CheckInvariants of the host tier and the open copy batch.
+  absl::Status CheckHostTier() const;
   // CheckInvariants for one page: its cached state agrees with the index and
   // its duplicates' ring.
   absl::Status CheckCachedPage(PageId page) const;
@@ -391,8 +514,11 @@ class BlockPool {
   // The page checks of the hot paths are inline; their errors are built out
   // of line, only when a check fails.
   bool InRange(PageId page) const { return page >= 0 && page < num_pages_; }
+  // Used by a caller: a parked page's last reference is the pool's.
   bool IsUsed(PageId page) const {
-    return InRange(page) && pages_[page].refcount > 0;
+    return InRange(page) &&
+           pages_[page].refcount >
+               static_cast<int32_t>((pages_[page].batch & kParked) >> 30);
   }
   // InvalidArgument naming `page`, which is not InRange.
   absl::Status RangeError(PageId page) const;
@@ -401,6 +527,27 @@ class BlockPool {
   absl::Status UnusedError(PageId page) const;
   // Allocate() after the caller checked NumFree() > 0.
   PageId AllocateUnchecked();
+  // With a host tier: stores cached `page`, which Allocate is evicting, unless
+  // the tier holds its key already (then it is used) or it holds no KV yet.
+  void WriteBack(PageId page);
+  // Stores cached `page` (its key not in the host tier) into the open batch;
+  // false when every host page is used by it.
+  bool StoreToHost(PageId page);
+  // A page's copy batch stamp (PageState::batch): the batch that last
+  // cached it, and two flags of that batch: the page was loaded in it, and
+  // is parked (the pool holds its last reference until the batch is taken).
+  static constexpr uint32_t kLoaded = 1u << 31;
+  static constexpr uint32_t kParked = 1u << 30;
+  static constexpr uint32_t kBatchMask = kParked - 1;
+  bool CachedInBatch(PageId page) const {
+    return (pages_[page].batch & kBatchMask) == batch_;
+  }
+  bool LoadedInBatch(PageId page) const {
+    return (pages_[page].batch & (kBatchMask | kLoaded)) == (batch_ | kLoaded);
+  }
+  // Stamps `page` with the open batch and `flags`, keeping the flags it has
+  // from that batch; journaled.
+  void Stamp(PageId page, uint32_t flags = 0);
   // Evicting `victim`: prefetches for the two evictions after it.
   void PrefetchNextEvictions(PageId victim) const;
   void Journal(UndoRecord::Op op, PageId page, PageId prev = kNoPage,
@@ -452,7 +599,10 @@ class BlockPool {
     uint8_t cached = 0;
     // The KV cache group `hash` is a key of (RegisterCached's), for events.
     uint8_t group = 0;
+    // With a host tier: its copy batch stamp (kLoaded, kParked below).
+    uint32_t batch = 0;
   };
+  static_assert(sizeof(PageState) == 64);
   static constexpr uint8_t kIndexed = 1;
   static constexpr uint8_t kDuplicate = 2;
   // By page id; entry num_pages_ is the LRU sentinel: its lru_next is the
@@ -481,6 +631,17 @@ class BlockPool {
   std::vector<UndoRecord> journal_;
   int32_t depth_ = 0;
   internal::CacheEventLog* events_ = nullptr;
+
+  // The host tier (null without one), its policy, the open copy batch's
+  // number (in [1, kBatchMask]) and lists: its copies, the pages parked until
+  // it is taken (see TakeHostCopies), and (kWriteThrough) the pages cached in
+  // it.
+  std::unique_ptr<internal::HostTier> host_;
+  const HostWritePolicy host_write_policy_;
+  uint32_t batch_ = 1;
+  std::vector<HostCopy> host_copies_;
+  std::vector<PageId> parked_;
+  std::vector<PageId> write_through_;
 };
 
 }  // namespace kvblock

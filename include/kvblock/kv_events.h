@@ -7,7 +7,10 @@
 // newly registered (consecutive pages of one registration in one event, with
 // the hash of the page before the first and the pages' tokens),
 // BlockRemoved for cached pages evicted or uncached, AllBlocksCleared for a
-// reset. BlockManager records them with BlockManagerOptions::
+// reset. A pool with a host tier (BlockPoolOptions::host_pages) also reports
+// the pages stored into it and dropped from it, with medium kCpu, as vLLM's
+// OffloadingConnector reports its CPU tier: hashes only, no chain, tokens or
+// extra keys. BlockManager records them with BlockManagerOptions::
 // enable_kv_events and hands them out with TakeKvEvents; a step that rolls
 // back leaves none.
 #ifndef KVBLOCK_KV_EVENTS_H_
@@ -43,7 +46,10 @@ std::string EncodeKvEventBatch(double ts, const KvEventBatch& batch,
 
 struct KvCacheEvent {
   enum class Kind : uint8_t { kBlockStored, kBlockRemoved, kAllBlocksCleared };
+  // Where the pages are: the device pool ("GPU") or its host tier ("CPU").
+  enum class Medium : uint8_t { kGpu, kCpu };
   Kind kind = Kind::kBlockStored;
+  Medium medium = Medium::kGpu;
   // kBlockStored and kBlockRemoved: the pages' hashes, in chain order for
   // kBlockStored.
   std::vector<BlockHash> block_hashes;

@@ -23,6 +23,11 @@ inline constexpr PageId kNoPage = -1;
 // 2^31.
 inline constexpr int32_t kMaxNumPages = (1 << 30) - 1;
 
+// A page of the host tier (BlockPoolOptions::host_pages): pinned host memory
+// that keeps evicted cached pages, in [0, host_pages).
+using HostPageId = int32_t;
+inline constexpr HostPageId kNoHostPage = -1;
+
 // A row of the batched device page table, in [0, max_batch).
 using SlotId = int32_t;
 inline constexpr SlotId kNoSlot = -1;

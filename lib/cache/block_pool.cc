@@ -17,6 +17,7 @@
 #include "base/reservation.h"
 #include "cache/cache_event_log.h"
 #include "cache/group_key.h"
+#include "cache/host_tier.h"
 #include "cache/prefix_index.h"
 #include "kvblock/kv_cache_groups.h"
 #include "kvblock/status_macros.h"
@@ -50,7 +51,36 @@ std::string BlockPoolSnapshot::DebugString() const {
                     [](std::string* out, const std::vector<PageId>& ring) {
                       absl::StrAppend(out, "(", absl::StrJoin(ring, " "), ")");
                     }),
-      "]\n");
+      "]\n", HostDebugString());
+}
+
+std::string BlockPoolSnapshot::HostDebugString() const {
+  if (host_lru.empty() && host_free.empty()) return "";
+  std::string cached_text;
+  for (const auto& [page, hash] : host_cached) {
+    absl::StrAppend(&cached_text, cached_text.empty() ? "" : " ", page, ":",
+                    ShortHash(hash));
+  }
+  return absl::StrCat(
+      "host_lru: [", absl::StrJoin(host_lru, " "), "]\nhost_cached: [",
+      cached_text, "]\nhost_free: [", absl::StrJoin(host_free, " "),
+      "]\nhost_used: [", absl::StrJoin(host_used, " "), "]\nhost_copies: [",
+      absl::StrJoin(host_copies, " ",
+                    [](std::string* out, const HostCopy& copy) {
+                      const bool load =
+                          copy.direction == HostCopy::Direction::kHostToDevice;
+                      absl::StrAppend(out, load ? "h" : "d",
+                                      load ? copy.host_page : copy.device_page,
+                                      ">", load ? "d" : "h",
+                                      load ? copy.device_page : copy.host_page);
+                    }),
+      "]\nfresh: [", absl::StrJoin(fresh_pages, " "), "] loaded: [",
+      absl::StrJoin(loaded_pages, " "), "] parked: [",
+      absl::StrJoin(parked, " "), "] write_through: [",
+      absl::StrJoin(write_through, " "),
+      "]\nhost stats: stores=", stats.host_stores, " loads=", stats.host_loads,
+      " evictions=", stats.host_evictions, " skips=", stats.host_store_skips,
+      "\n");
 }
 
 absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(
@@ -70,11 +100,23 @@ absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(
         absl::StrCat("block pool: journal_reserve must be non-negative, got ",
                      options.journal_reserve));
   }
+  if (options.host_pages < 0 || options.host_pages > kMaxNumPages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block pool: host_pages must be in [0, ", kMaxNumPages,
+                     "], got ", options.host_pages));
+  }
   internal::Reservation reservation("block pool");
   reservation.Add(int64_t{num_pages} + 1, sizeof(PageState));
   reservation.Add(1, PrefixIndex::ReservedBytes(num_pages));
   reservation.Add(num_pages, sizeof(PageId));  // the free stack.
   reservation.Add(options.journal_reserve, sizeof(UndoRecord));
+  if (options.host_pages > 0) {
+    reservation.Add(1, internal::HostTier::ReservedBytes(
+                           options.host_pages, options.journal_reserve));
+    // The open batch's copies, and its parked and written-through pages.
+    reservation.Add(options.journal_reserve, sizeof(HostCopy));
+    reservation.Add(2 * int64_t{options.journal_reserve}, sizeof(PageId));
+  }
   KVBLOCK_RETURN_IF_ERROR(reservation.Check());
   std::unique_ptr<BlockPool> pool;
   KVBLOCK_RETURN_IF_ERROR(
@@ -88,7 +130,15 @@ BlockPool::BlockPool(int32_t num_pages, const BlockPoolOptions& options)
       eviction_order_(options.eviction_order),
       index_duplicates_(options.index_duplicates),
       pages_(num_pages + 1),
-      index_(std::make_unique<PrefixIndex>(num_pages)) {
+      index_(std::make_unique<PrefixIndex>(num_pages)),
+      host_write_policy_(options.host_write_policy) {
+  if (options.host_pages > 0) {
+    host_ = std::make_unique<internal::HostTier>(options.host_pages,
+                                                 options.journal_reserve);
+    host_copies_.reserve(options.journal_reserve);
+    parked_.reserve(options.journal_reserve);
+    write_through_.reserve(options.journal_reserve);
+  }
   pages_[num_pages_].lru_prev = num_pages_;
   pages_[num_pages_].lru_next = num_pages_;
   free_stack_.reserve(num_pages_);
@@ -120,7 +170,10 @@ absl::Status BlockPool::UnusedError(PageId page) const {
   if (!InRange(page)) return RangeError(page);
   return absl::FailedPreconditionError(
       absl::StrCat("block pool: page ", page, " is not in use (",
-                   pages_[page].cached ? "evictable" : "free", ")"));
+                   pages_[page].refcount > 0 ? "parked until its load runs"
+                   : pages_[page].cached     ? "evictable"
+                                             : "free",
+                   ")"));
 }
 
 inline void BlockPool::Journal(UndoRecord::Op op, PageId page, PageId prev,
@@ -224,6 +277,7 @@ PageId BlockPool::AllocateUnchecked() {
       if (events_ != nullptr && reported) {
         events_->Removed(pages_[page].hash, pages_[page].group);
       }
+      if (host_ != nullptr) WriteBack(page);
     } else {
       Journal(UndoRecord::Op::kPopLru, page);
     }
@@ -232,6 +286,44 @@ PageId BlockPool::AllocateUnchecked() {
   ++stats_.allocations;
   NoteUsed();
   return page;
+}
+
+void BlockPool::Stamp(PageId page, uint32_t flags) {
+  const uint32_t old = pages_[page].batch;
+  const uint32_t kept =
+      (old & kBatchMask) == batch_ ? old & (kLoaded | kParked) : 0;
+  Journal(UndoRecord::Op::kStamp, page, static_cast<PageId>(old));
+  pages_[page].batch = batch_ | kept | flags;
+}
+
+void BlockPool::WriteBack(PageId page) {
+  // Cached in the open batch, its KV is not all computed yet.
+  if (CachedInBatch(page)) {
+    ++stats_.host_store_skips;
+    return;
+  }
+  const HostPageId held = host_->Find(pages_[page].hash);
+  if (held != kNoHostPage) {
+    host_->Use(held, /*batch=*/0);
+    return;
+  }
+  if (!StoreToHost(page)) ++stats_.host_store_skips;
+}
+
+bool BlockPool::StoreToHost(PageId page) {
+  const PageState& state = pages_[page];
+  internal::HostTier::Evicted evicted;
+  const HostPageId host_page =
+      host_->Store(state.hash, state.group, batch_, evicted);
+  if (host_page == kNoHostPage) return false;
+  if (evicted.any) {
+    ++stats_.host_evictions;
+    if (events_ != nullptr) events_->HostRemoved(evicted.key, evicted.group);
+  }
+  if (events_ != nullptr) events_->HostStored(state.hash, state.group);
+  host_copies_.push_back({page, host_page, HostCopy::Direction::kDeviceToHost});
+  ++stats_.host_stores;
+  return true;
 }
 
 absl::StatusOr<PageId> BlockPool::Allocate() {
@@ -276,6 +368,13 @@ absl::Status BlockPool::Retain(PageId page) {
 absl::Status BlockPool::Release(PageId page) {
   if (!IsUsed(page)) return UnusedError(page);
   PageState& state = pages_[page];
+  if (state.refcount == 1 && host_ != nullptr && LoadedInBatch(page)) {
+    // Its load is not run yet: the pool keeps the reference until the
+    // batch is taken, so that the page is not handed out in it.
+    Stamp(page, kParked);
+    parked_.push_back(page);
+    return absl::OkStatus();
+  }
   if (--state.refcount > 0) {
     Journal(UndoRecord::Op::kDropRef, page);
     return absl::OkStatus();
@@ -371,6 +470,11 @@ absl::StatusOr<PageId> BlockPool::RegisterCached(PageId page,
   if (duplicate) LinkDuplicate(indexed, page);
   ++num_cached_;
   if (stored) ++stats_.cache_registrations;
+  if (host_ != nullptr) Stamp(page);
+  if (stored && host_ != nullptr &&
+      host_write_policy_ == HostWritePolicy::kWriteThrough) {
+    write_through_.push_back(page);
+  }
   Journal(UndoRecord::Op::kRegister, page, kNoPage, hash, group_before);
   return indexed;
 }
@@ -472,6 +576,12 @@ absl::Status BlockPool::ResetPrefixCache() {
         "(depth ",
         depth_, ")"));
   }
+  if (!host_copies_.empty() || !parked_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("block pool: cannot reset the prefix cache with ",
+                     host_copies_.size(), " host copies and ", parked_.size(),
+                     " parked pages not taken (TakeHostCopies)"));
+  }
   while (!lru_holds_free() && num_evictable_ > 0) {
     const PageId page = pages_[num_pages_].lru_next;
     Unlink(page);
@@ -484,15 +594,105 @@ absl::Status BlockPool::ResetPrefixCache() {
   }
   index_->Clear();
   num_cached_ = 0;
+  if (host_ != nullptr) host_->Clear();
+  write_through_.clear();
   if (events_ != nullptr) events_->Cleared();
+  return absl::OkStatus();
+}
+
+int32_t BlockPool::host_pages() const {
+  return host_ != nullptr ? host_->num_pages() : 0;
+}
+
+int32_t BlockPool::NumHostCached() const {
+  return host_ != nullptr ? host_->num_cached() : 0;
+}
+
+std::optional<HostPageId> BlockPool::HostLookup(const BlockHash& key) const {
+  if (host_ == nullptr) return std::nullopt;
+  const HostPageId page = host_->Find(key);
+  if (page == kNoHostPage) return std::nullopt;
+  return page;
+}
+
+absl::StatusOr<PageId> BlockPool::LoadFromHost(const BlockHash& key,
+                                               int32_t group) {
+  if (host_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "block pool: LoadFromHost without a host tier (host_pages is 0)");
+  }
+  if (group < 0 || group >= kMaxKvCacheGroups) {
+    return absl::InvalidArgumentError(absl::StrCat("block pool: group ", group,
+                                                   " is not in [0, ",
+                                                   kMaxKvCacheGroups, ")"));
+  }
+  const HostPageId host_page = host_->Find(key);
+  if (host_page == kNoHostPage) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block pool: the host tier does not hold ", ShortHash(key), "..."));
+  }
+  if (const std::optional<PageId> cached = Lookup(key)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("block pool: ", ShortHash(key),
+                     "... is cached on device page ", *cached));
+  }
+  if (NumFree() == 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("block pool: no page to load into, all ", num_pages_,
+                     " pages are in use"));
+  }
+  if (internal::FaultInjection::ShouldFail()) return InjectedAllocationFault();
+  // Used by the batch first: the allocation may store an evicted page,
+  // which never evicts a host page the batch uses.
+  host_->Use(host_page, batch_);
+  const PageId page = AllocateUnchecked();
+  host_copies_.push_back({page, host_page, HostCopy::Direction::kHostToDevice});
+  ++stats_.host_loads;
+  // Cannot fail: `page` is used and uncached, `group` checked, and no page
+  // is indexed under `key`.
+  KVBLOCK_RETURN_IF_ERROR(RegisterCached(page, key, group).status());
+  Stamp(page, kLoaded);
+  return page;
+}
+
+absl::Status BlockPool::TakeHostCopies(std::vector<HostCopy>& out) {
+  if (depth_ > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "block pool: cannot take host copies inside a transaction (depth ",
+        depth_, ")"));
+  }
+  out.insert(out.end(), host_copies_.begin(), host_copies_.end());
+  host_copies_.clear();
+  if (host_ == nullptr) return absl::OkStatus();
+  batch_ = batch_ == kBatchMask ? 1 : batch_ + 1;  // 0 stamps nothing.
+  for (const PageId page : parked_) {
+    pages_[page].batch &= ~kParked;
+    KVBLOCK_RETURN_IF_ERROR(Release(page));  // cannot fail: it is used.
+  }
+  parked_.clear();
+  for (const PageId page : write_through_) {
+    // Computed by the batch's forward pass: stored in the next batch,
+    // unless it left the cache or the host tier has its key.
+    if (pages_[page].cached && host_->Find(pages_[page].hash) == kNoHostPage) {
+      if (!StoreToHost(page)) ++stats_.host_store_skips;
+    }
+  }
+  write_through_.clear();
   return absl::OkStatus();
 }
 
 BlockPool::Savepoint BlockPool::BeginTransaction() {
   ++depth_;
   return Savepoint{
-      depth_, journal_.size(), stats_,
-      events_ != nullptr ? events_->mark() : internal::CacheEventLogMark{}};
+      .depth = depth_,
+      .journal_size = journal_.size(),
+      .stats = stats_,
+      .events =
+          events_ != nullptr ? events_->mark() : internal::CacheEventLogMark{},
+      .host_journal_size = host_ != nullptr ? host_->journal_size() : 0,
+      .host_copies = host_copies_.size(),
+      .parked = parked_.size(),
+      .write_through = write_through_.size()};
 }
 
 absl::Status BlockPool::CommitTransaction(const Savepoint& savepoint) {
@@ -501,7 +701,10 @@ absl::Status BlockPool::CommitTransaction(const Savepoint& savepoint) {
         "block pool: savepoint of depth ", savepoint.depth,
         " is not the innermost open transaction (depth ", depth_, ")"));
   }
-  if (--depth_ == 0) journal_.clear();
+  if (--depth_ == 0) {
+    journal_.clear();
+    if (host_ != nullptr) host_->ForgetJournal();
+  }
   return absl::OkStatus();
 }
 
@@ -514,6 +717,12 @@ absl::Status BlockPool::RollbackTransaction(const Savepoint& savepoint) {
   while (journal_.size() > savepoint.journal_size) {
     Undo(journal_.back());
     journal_.pop_back();
+  }
+  if (host_ != nullptr) {
+    host_->Rollback(savepoint.host_journal_size);
+    host_copies_.resize(savepoint.host_copies);
+    parked_.resize(savepoint.parked);
+    write_through_.resize(savepoint.write_through);
   }
   stats_ = savepoint.stats;
   if (events_ != nullptr) events_->Truncate(savepoint.events);
@@ -601,6 +810,9 @@ void BlockPool::Undo(const UndoRecord& record) {
       Recache(page, record.hash, record.prev);
       LinkAfter(record.lru_prev, page);
       break;
+    case UndoRecord::Op::kStamp:
+      pages_[page].batch = static_cast<uint32_t>(record.prev);
+      break;
   }
 }
 
@@ -676,6 +888,58 @@ absl::Status BlockPool::CheckInvariants() const {
   if (depth_ < 0 || (depth_ == 0 && !journal_.empty())) {
     return broken("journal holds ", journal_.size(), " records at depth ",
                   depth_);
+  }
+  if (host_ != nullptr) return CheckHostTier();
+  if (!host_copies_.empty() || !parked_.empty() || !write_through_.empty()) {
+    return broken("host copies or pages listed without a host tier");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BlockPool::CheckHostTier() const {
+  auto broken = [](auto&&... parts) {
+    return absl::InternalError(absl::StrCat("block pool: ", parts...));
+  };
+  KVBLOCK_RETURN_IF_ERROR(host_->CheckInvariants());
+  std::vector<int32_t> parked(num_pages_, 0);
+  for (const PageId page : parked_) {
+    if (!InRange(page) || !LoadedInBatch(page) ||
+        (pages_[page].batch & kParked) == 0) {
+      return broken("parked page ", page,
+                    " is not stamped as loaded and parked in the open batch");
+    }
+    if (++parked[page] > 1 || pages_[page].refcount < 1) {
+      return broken("parked page ", page, " is parked ", parked[page],
+                    " times with refcount ", pages_[page].refcount);
+    }
+  }
+  for (PageId page = 0; page < num_pages_; ++page) {
+    if ((pages_[page].batch & kParked) != 0 && parked[page] == 0) {
+      return broken("page ", page, " is stamped parked but not parked");
+    }
+  }
+  std::vector<uint8_t> loaded(num_pages_, 0);
+  std::vector<uint8_t> stored(host_->num_pages(), 0);
+  for (const HostCopy& copy : host_copies_) {
+    if (!InRange(copy.device_page) || copy.host_page < 0 ||
+        copy.host_page >= host_->num_pages()) {
+      return broken("host copy of device page ", copy.device_page,
+                    " and host page ", copy.host_page, " is out of range");
+    }
+    if (!host_->UsedBy(copy.host_page, batch_)) {
+      return broken("host page ", copy.host_page,
+                    " is copied but not stamped with the open batch");
+    }
+    const bool load = copy.direction == HostCopy::Direction::kHostToDevice;
+    uint8_t& written = load ? loaded[copy.device_page] : stored[copy.host_page];
+    if (written++ != 0) {
+      return broken(load ? "device page " : "host page ",
+                    load ? copy.device_page : copy.host_page,
+                    " is written twice in the open batch");
+    }
+  }
+  for (const PageId page : write_through_) {
+    if (!InRange(page)) return broken("write-through page ", page);
   }
   return absl::OkStatus();
 }
@@ -756,6 +1020,19 @@ BlockPoolSnapshot BlockPool::Snapshot() const {
                      *std::min_element(b.begin(), b.end());
             });
   snapshot.stats = stats_;
+  if (host_ != nullptr) {
+    snapshot.host_lru = host_->LruOrder();
+    snapshot.host_cached = host_->Cached();
+    snapshot.host_free = host_->FreeStack();
+    snapshot.host_used = host_->UsedBy(batch_);
+    snapshot.host_copies = host_copies_;
+    for (PageId page = 0; page < num_pages_; ++page) {
+      if (CachedInBatch(page)) snapshot.fresh_pages.push_back(page);
+      if (LoadedInBatch(page)) snapshot.loaded_pages.push_back(page);
+    }
+    snapshot.parked = parked_;
+    snapshot.write_through = write_through_;
+  }
   return snapshot;
 }
 

@@ -132,6 +132,7 @@ KvCacheEvent& NextEvent(std::vector<KvCacheEvent>& out, size_t& used,
   event.token_ids.clear();
   event.cache_salt.clear();
   event.adapter_id = 0;
+  event.medium = KvCacheEvent::Medium::kGpu;
   return event;
 }
 
@@ -144,7 +145,10 @@ size_t CacheEventLog::EventEnd(size_t begin, size_t end) const {
     case Kind::kCleared:
       return next;
     case Kind::kRemoved:
-      while (next < end && records_[next].kind == Kind::kRemoved &&
+    case Kind::kHostStored:
+    case Kind::kHostRemoved:
+      // Consecutive pages of one kind and group; host stores have no chain.
+      while (next < end && records_[next].kind == first.kind &&
              records_[next].group == first.group) {
         ++next;
       }
@@ -180,6 +184,7 @@ size_t CacheEventLog::BuildEvents(size_t begin, size_t end,
     const size_t last = EventEnd(i, end);
     KvCacheEvent& event = NextEvent(out, used, kind(i));
     event.group_idx = group(i);
+    event.medium = medium(i);
     if (event.kind == KvCacheEvent::Kind::kBlockStored) {
       if (const BlockHash* chain = parent(i)) event.parent_block_hash = *chain;
       const absl::string_view salt = cache_salt(i);

@@ -46,6 +46,13 @@ class CacheEventLog {
     AddHashed(Kind::kRemoved, SaltKey(key, GroupKeySalt(group)), group);
   }
   void Cleared() { Add(Kind::kCleared, -1, 0, 0); }
+  // From BlockPool's host tier: `key` stored into it, or dropped from it.
+  void HostStored(const BlockHash& key, int32_t group) {
+    AddHashed(Kind::kHostStored, SaltKey(key, GroupKeySalt(group)), group);
+  }
+  void HostRemoved(const BlockHash& key, int32_t group) {
+    AddHashed(Kind::kHostRemoved, SaltKey(key, GroupKeySalt(group)), group);
+  }
 
   // From BlockManager: the next hashes.size() registrations are pages
   // [first_page, ...) of a sequence of KV cache group `group` after
@@ -73,13 +80,22 @@ class CacheEventLog {
   KvCacheEvent::Kind kind(size_t i) const {
     switch (records_[i].kind) {
       case Kind::kStored:
+      case Kind::kHostStored:
         return KvCacheEvent::Kind::kBlockStored;
       case Kind::kRemoved:
+      case Kind::kHostRemoved:
         return KvCacheEvent::Kind::kBlockRemoved;
       case Kind::kCleared:
         break;
     }
     return KvCacheEvent::Kind::kAllBlocksCleared;
+  }
+  // Record i's tier: the host tier's stores and removals are kCpu.
+  KvCacheEvent::Medium medium(size_t i) const {
+    return records_[i].kind == Kind::kHostStored ||
+                   records_[i].kind == Kind::kHostRemoved
+               ? KvCacheEvent::Medium::kCpu
+               : KvCacheEvent::Medium::kGpu;
   }
   // Record i's KV cache group (0 for a reset).
   int32_t group(size_t i) const { return records_[i].group; }
@@ -144,7 +160,13 @@ class CacheEventLog {
   void Swap(CacheEventLog& other);
 
  private:
-  enum class Kind : uint8_t { kStored, kRemoved, kCleared };
+  enum class Kind : uint8_t {
+    kStored,
+    kRemoved,
+    kCleared,
+    kHostStored,
+    kHostRemoved
+  };
   // Small, as every byte of them crosses to the publisher thread's core:
   // each hash is kept once, in hashes_.
   struct Record {

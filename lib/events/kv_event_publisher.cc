@@ -439,6 +439,7 @@ class BuiltEvent {
   int64_t adapter_id() const { return event_.adapter_id; }
   absl::string_view cache_salt() const { return event_.cache_salt; }
   int32_t group() const { return event_.group_idx; }
+  KvCacheEvent::Medium medium() const { return event_.medium; }
 
  private:
   const KvCacheEvent& event_;
@@ -466,6 +467,7 @@ class LoggedEvent {
   int64_t adapter_id() const { return log_.adapter_id(begin_); }
   absl::string_view cache_salt() const { return log_.cache_salt(begin_); }
   int32_t group() const { return log_.group(begin_); }
+  KvCacheEvent::Medium medium() const { return log_.medium(begin_); }
 
  private:
   const internal::CacheEventLog& log_;
@@ -481,14 +483,48 @@ void PackHashes(Packer& pk, PayloadBuffer& buffer, const Event& event,
       [&](const BlockHash& hash) { PackHash(pk, buffer, hash, options); });
 }
 
+// The fields after block_hashes of a host-tier (CPU) event, as vLLM's
+// OffloadingConnector fills them: no chain, tokens, block size, adapter,
+// extra keys or group.
+void PackHostTail(Packer& pk, const Options& options, bool stored) {
+  const auto nil = [&](std::string_view name) {
+    Key(pk, options, name);
+    pk.pack_nil();
+  };
+  if (stored) {
+    nil("parent_block_hash");
+    Key(pk, options, "token_ids");
+    pk.pack_array(0);
+    Key(pk, options, "block_size");
+    pk.pack_int32(0);
+    nil("lora_id");
+  }
+  Key(pk, options, "medium");
+  PackString(pk, "CPU");
+  if (stored) {
+    nil("lora_name");
+    nil("extra_keys");
+  }
+  nil("group_idx");
+  if (stored) {
+    nil("kv_cache_spec_kind");
+    nil("kv_cache_spec_sliding_window");
+  }
+}
+
 // Event: BuiltEvent or LoggedEvent.
 template <typename Event>
 void PackEvent(Packer& pk, PayloadBuffer& buffer, const Event& event,
                const Options& options, const PackedConstants& packed) {
+  const bool host = event.medium() == KvCacheEvent::Medium::kCpu;
   switch (event.kind()) {
     case KvCacheEvent::Kind::kBlockStored: {
       Append(buffer, packed.stored_head);
       PackHashes(pk, buffer, event, options);
+      if (host) {
+        PackHostTail(pk, options, /*stored=*/true);
+        return;
+      }
       Append(buffer, packed.parent);
       if (const BlockHash* parent = event.parent()) {
         PackHash(pk, buffer, *parent, options);
@@ -528,6 +564,10 @@ void PackEvent(Packer& pk, PayloadBuffer& buffer, const Event& event,
     case KvCacheEvent::Kind::kBlockRemoved:
       Append(buffer, packed.removed_head);
       PackHashes(pk, buffer, event, options);
+      if (host) {
+        PackHostTail(pk, options, /*stored=*/false);
+        return;
+      }
       Append(buffer, packed.removed_tail);
       pk.pack_int32(event.group());
       return;

@@ -6,7 +6,12 @@
 // correct model (vectors and a std::map, linear scans), and after every step
 // the pool's invariants hold and its Snapshot() equals the model's, stats
 // included. Transactions are modelled by copying the whole model. Every run
-// is repeated with vLLM's options (one queue, every duplicate cached).
+// is repeated with vLLM's options (one queue, every duplicate cached), and
+// with a host tier (write-back and write-through). With a host tier the test
+// also keeps every page's content (the key whose KV it holds): each taken
+// copy batch runs as the contract says (stores, then loads, then the
+// forward pass computing the pages cached in the batch), and then every
+// cached page, device and host, must hold its own key.
 #include <algorithm>
 #include <cstdint>
 #include <map>
@@ -17,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "kvblock/block_pool.h"
+#include "kvblock/kv_cache_groups.h"
 #include "kvblock/sequence_table.h"
 #include "pool_test_util.h"
 #include "test_util.h"
@@ -44,14 +50,93 @@ struct ModelPool {
   std::vector<std::pair<PageId, BlockHash>> cached;
   BlockPoolStats stats;
 
-  ModelPool(int32_t num_pages, int32_t max_rc, bool vllm)
+  // The host tier (host_n 0: none).
+  static constexpr uint32_t kLoaded = 1u << 31;
+  static constexpr uint32_t kParked = 1u << 30;
+  static constexpr uint32_t kBatchMask = kParked - 1;
+  int32_t host_n = 0;
+  bool write_through = false;
+  uint32_t batch = 1;
+  std::vector<uint32_t> stamp;                             // by device page.
+  std::vector<HostPageId> host_free;                       // bottom to top.
+  std::vector<std::pair<HostPageId, BlockHash>> host_lru;  // head first.
+  std::vector<uint32_t> host_stamp;                        // by host page.
+  std::vector<HostCopy> copies;
+  std::vector<PageId> parked;
+  std::vector<PageId> written_through;
+
+  ModelPool(int32_t num_pages, int32_t max_rc, bool vllm, int32_t host_pages,
+            bool through)
       : n(num_pages),
         max_refcount(max_rc),
         one_queue(vllm),
         duplicates(vllm),
-        refcount(num_pages, 0) {
+        refcount(num_pages, 0),
+        host_n(host_pages),
+        write_through(through),
+        stamp(num_pages, 0) {
     for (PageId p = 0; p < n; ++p) lru.push_back(p);
     if (!one_queue) free_stack.assign(lru.rbegin(), lru.rend()), lru.clear();
+    ClearHost();
+  }
+
+  void ClearHost() {
+    host_free.clear();
+    for (HostPageId h = host_n - 1; h >= 0; --h) host_free.push_back(h);
+    host_lru.clear();
+    host_stamp.assign(host_n, 0);
+  }
+  std::optional<HostPageId> HostFind(const BlockHash& key) const {
+    for (const auto& [page, k] : host_lru) {
+      if (k == key) return page;
+    }
+    return std::nullopt;
+  }
+  void HostUse(HostPageId h, uint32_t with_batch) {
+    auto it = std::find_if(host_lru.begin(), host_lru.end(),
+                           [h](const auto& entry) { return entry.first == h; });
+    const auto entry = *it;
+    host_lru.erase(it);
+    host_lru.push_back(entry);
+    if (with_batch != 0) host_stamp[h] = with_batch;
+  }
+  // Stores cached page `p` (key `key`, not in the host tier).
+  bool StoreToHost(PageId p, const BlockHash& key) {
+    HostPageId h;
+    if (!host_free.empty()) {
+      h = host_free.back();
+      host_free.pop_back();
+    } else {
+      h = host_lru.front().first;
+      if (host_stamp[h] == batch) return false;
+      host_lru.erase(host_lru.begin());
+      ++stats.host_evictions;
+    }
+    host_lru.emplace_back(h, key);
+    host_stamp[h] = batch;
+    copies.push_back({p, h, HostCopy::Direction::kDeviceToHost});
+    ++stats.host_stores;
+    return true;
+  }
+  void Stamp(PageId p, uint32_t flags) {
+    const uint32_t kept =
+        (stamp[p] & kBatchMask) == batch ? stamp[p] & (kLoaded | kParked) : 0;
+    stamp[p] = batch | kept | flags;
+  }
+  bool Parked(PageId p) const { return (stamp[p] & kParked) != 0; }
+  bool LoadedInBatch(PageId p) const {
+    return (stamp[p] & (kBatchMask | kLoaded)) == (batch | kLoaded);
+  }
+  // Whether a caller holds a reference: a parked page's last is the pool's.
+  bool Used(PageId p) const { return refcount[p] > (Parked(p) ? 1 : 0); }
+  void WriteBack(PageId p, const BlockHash& key) {
+    if ((stamp[p] & kBatchMask) == batch) {
+      ++stats.host_store_skips;
+    } else if (const std::optional<HostPageId> h = HostFind(key)) {
+      HostUse(*h, 0);
+    } else if (!StoreToHost(p, key)) {
+      ++stats.host_store_skips;
+    }
   }
 
   std::optional<BlockHash> CachedHash(PageId p) const {
@@ -87,9 +172,10 @@ struct ModelPool {
     } else {
       page = lru.front();
       lru.erase(lru.begin());
-      if (IsCached(page)) {
+      if (const std::optional<BlockHash> key = CachedHash(page)) {
         Forget(page);
         ++stats.evictions;
+        if (host_n > 0) WriteBack(page, *key);
       }
     }
     refcount[page] = 1;
@@ -104,7 +190,7 @@ struct ModelPool {
   }
   Code Retain(PageId p) {
     if (!InRange(p)) return Code::kInvalidArgument;
-    if (refcount[p] == 0 || refcount[p] == max_refcount) {
+    if (!Used(p) || refcount[p] == max_refcount) {
       return Code::kFailedPrecondition;
     }
     ++refcount[p];
@@ -112,7 +198,12 @@ struct ModelPool {
   }
   Code Release(PageId p) {
     if (!InRange(p)) return Code::kInvalidArgument;
-    if (refcount[p] == 0) return Code::kFailedPrecondition;
+    if (!Used(p)) return Code::kFailedPrecondition;
+    if (refcount[p] == 1 && host_n > 0 && LoadedInBatch(p)) {
+      Stamp(p, kParked);
+      parked.push_back(p);
+      return Code::kOk;
+    }
     if (--refcount[p] == 0) {
       // Without `duplicates`, a second copy of a hash is cached only while
       // it is used.
@@ -125,7 +216,7 @@ struct ModelPool {
   Code Writable(PageId p, CopyOnWrite& cow) {
     if (p != kNoPage) {
       if (!InRange(p)) return Code::kInvalidArgument;
-      if (refcount[p] == 0) return Code::kFailedPrecondition;
+      if (!Used(p)) return Code::kFailedPrecondition;
       if (refcount[p] == 1) {
         Forget(p);
         cow = {Kind::kExisting, p, kNoPage};
@@ -145,7 +236,7 @@ struct ModelPool {
   }
   Code Register(PageId p, const BlockHash& hash, PageId& holder) {
     if (!InRange(p)) return Code::kInvalidArgument;
-    if (refcount[p] == 0) return Code::kFailedPrecondition;
+    if (!Used(p)) return Code::kFailedPrecondition;
     for (const auto& [page, h] : cached) {
       if (page != p) continue;
       if (!(h == hash)) return Code::kFailedPrecondition;
@@ -155,7 +246,49 @@ struct ModelPool {
     const std::optional<PageId> other = Lookup(hash);
     holder = other.value_or(p);
     cached.emplace_back(p, hash);
-    if (!other || duplicates) ++stats.cache_registrations;
+    const bool stored = !other || duplicates;
+    if (stored) ++stats.cache_registrations;
+    if (host_n > 0) {
+      Stamp(p, 0);
+      if (stored && write_through) written_through.push_back(p);
+    }
+    return Code::kOk;
+  }
+  Code LoadFromHost(const BlockHash& key, int32_t group, PageId& page) {
+    if (host_n == 0) return Code::kFailedPrecondition;
+    if (group < 0 || group >= kMaxKvCacheGroups) {
+      return Code::kInvalidArgument;
+    }
+    const std::optional<HostPageId> h = HostFind(key);
+    if (!h || Lookup(key)) return Code::kFailedPrecondition;
+    if (NumFree() == 0) return Code::kResourceExhausted;
+    HostUse(*h, batch);
+    page = AllocateOne();
+    copies.push_back({page, *h, HostCopy::Direction::kHostToDevice});
+    ++stats.host_loads;
+    PageId holder;
+    Register(page, key, holder);
+    Stamp(page, kLoaded);
+    return Code::kOk;
+  }
+  Code Take(std::vector<HostCopy>& out) {
+    if (depth > 0) return Code::kFailedPrecondition;
+    out = copies;
+    copies.clear();
+    if (host_n == 0) return Code::kOk;
+    batch = batch == kBatchMask ? 1 : batch + 1;
+    for (const PageId p : parked) {
+      stamp[p] &= ~kParked;
+      Release(p);
+    }
+    parked.clear();
+    for (const PageId p : written_through) {
+      const std::optional<BlockHash> key = CachedHash(p);
+      if (key && !HostFind(*key) && !StoreToHost(p, *key)) {
+        ++stats.host_store_skips;
+      }
+    }
+    written_through.clear();
     return Code::kOk;
   }
   Code Uncache(PageId p, bool& was_cached) {
@@ -195,11 +328,14 @@ struct ModelPool {
   }
   Code Reset() {
     if (depth > 0) return Code::kFailedPrecondition;
+    if (!copies.empty() || !parked.empty()) return Code::kFailedPrecondition;
     if (!one_queue) {
       free_stack.insert(free_stack.end(), lru.begin(), lru.end());
       lru.clear();
     }
     cached.clear();
+    ClearHost();
+    written_through.clear();
     return Code::kOk;
   }
 
@@ -224,6 +360,23 @@ struct ModelPool {
     }
     for (auto& [first, ring] : rings) s.duplicates.push_back(ring);
     s.stats = stats;
+    if (host_n > 0) {
+      for (const auto& [page, key] : host_lru) s.host_lru.push_back(page);
+      s.host_cached.assign(host_lru.begin(), host_lru.end());
+      std::sort(s.host_cached.begin(), s.host_cached.end(),
+                [](const auto& a, const auto& b) { return a.first < b.first; });
+      s.host_free = host_free;
+      for (HostPageId h = 0; h < host_n; ++h) {
+        if (host_stamp[h] == batch) s.host_used.push_back(h);
+      }
+      s.host_copies = copies;
+      for (PageId p = 0; p < n; ++p) {
+        if ((stamp[p] & kBatchMask) == batch) s.fresh_pages.push_back(p);
+        if (LoadedInBatch(p)) s.loaded_pages.push_back(p);
+      }
+      s.parked = parked;
+      s.write_through = written_through;
+    }
     return s;
   }
 };
@@ -321,6 +474,9 @@ enum class Op {
   kCommitTransaction,
   kRollbackTransaction,
   kResetPrefixCache,
+  kLoadFromHost,
+  kTakeHostCopies,
+  kHostLookup,
 };
 
 // Each operation with its relative frequency.
@@ -347,19 +503,44 @@ constexpr struct {
     {Op::kCommitTransaction, 3, "commit_transaction"},
     {Op::kRollbackTransaction, 3, "rollback_transaction"},
     {Op::kResetPrefixCache, 2, "reset_prefix_cache"},
+    {Op::kLoadFromHost, 8, "load_from_host"},
+    {Op::kTakeHostCopies, 10, "take_host_copies"},
+    {Op::kHostLookup, 2, "host_lookup"},
+};
+
+// A run's pool: its size, options and host tier.
+struct RunShape {
+  uint32_t seed = 0;
+  int32_t num_pages = 0;
+  int32_t max_refcount = 0;
+  bool vllm = false;
+  int32_t host_pages = 0;
+  bool write_through = false;
 };
 
 class RandomRun {
  public:
-  RandomRun(uint32_t seed, int32_t num_pages, int32_t max_refcount, bool vllm)
-      : rng_(seed),
-        pool_(NewPool(num_pages, {.max_refcount = max_refcount,
-                                  .journal_reserve = 16,
-                                  .eviction_order =
-                                      vllm ? EvictionOrder::kLeastRecentlyFreed
-                                           : EvictionOrder::kNeverCachedFirst,
-                                  .index_duplicates = vllm})),
-        world_{ModelPool(num_pages, max_refcount, vllm), {}, {}, {}} {
+  explicit RandomRun(const RunShape& shape)
+      : rng_(shape.seed),
+        pool_(NewPool(
+            shape.num_pages,
+            {.max_refcount = shape.max_refcount,
+             .journal_reserve = 16,
+             .eviction_order = shape.vllm ? EvictionOrder::kLeastRecentlyFreed
+                                          : EvictionOrder::kNeverCachedFirst,
+             .index_duplicates = shape.vllm,
+             .host_pages = shape.host_pages,
+             .host_write_policy = shape.write_through
+                                      ? HostWritePolicy::kWriteThrough
+                                      : HostWritePolicy::kWriteBack})),
+        world_{ModelPool(shape.num_pages, shape.max_refcount, shape.vllm,
+                         shape.host_pages, shape.write_through),
+               {},
+               {},
+               {}},
+        device_content_(shape.num_pages),
+        host_content_(shape.host_pages),
+        loaded_key_(shape.num_pages) {
     for (int32_t capacity : {6, 6, 6, 4}) {
       world_.tables.emplace_back(capacity);
       world_.model_tables.emplace_back();
@@ -369,6 +550,7 @@ class RandomRun {
   // Runs `steps` random operations, checking everything after each, counts
   // them by name, and returns the pool's final stats.
   BlockPoolStats Run(int steps, std::map<std::string, int>& counts) {
+    counts_ = &counts;
     int total_weight = 0;
     for (const auto& op : kOps) total_weight += op.weight;
     for (int step = 0; step < steps; ++step) {
@@ -441,6 +623,52 @@ class RandomRun {
     const auto& cached = world_.model.cached;
     if (cached.empty() || Chance(40)) return AnyHash();
     return cached[Uniform(0, static_cast<int>(cached.size()) - 1)].second;
+  }
+  // A key: mostly one the host tier holds and the device does not.
+  BlockHash PickHostKey() {
+    const auto& host = world_.model.host_lru;
+    if (host.empty() || Chance(20)) return PickHash();
+    return host[Uniform(0, static_cast<int>(host.size()) - 1)].second;
+  }
+
+  // Runs taken copy batch `copies` on the pages' contents as the contract
+  // says: stores, then loads, then the forward pass that computes the pages
+  // `open` (the snapshot before the take) cached in the batch; then every
+  // cached page must hold its key, but the host pages the next batch
+  // stores into (write-through).
+  void RunCopies(const std::vector<HostCopy>& copies,
+                 const BlockPoolSnapshot& open) {
+    for (const HostCopy& copy : copies) {
+      if (copy.direction == HostCopy::Direction::kDeviceToHost) {
+        host_content_[copy.host_page] = device_content_[copy.device_page];
+      }
+    }
+    for (const HostCopy& copy : copies) {
+      if (copy.direction == HostCopy::Direction::kHostToDevice) {
+        device_content_[copy.device_page] = host_content_[copy.host_page];
+        INFO("load into device page " << copy.device_page);
+        REQUIRE(device_content_[copy.device_page] ==
+                loaded_key_[copy.device_page]);
+      }
+    }
+    for (const auto& [page, key] : open.cached) {
+      if (std::binary_search(open.fresh_pages.begin(), open.fresh_pages.end(),
+                             page)) {
+        device_content_[page] = key;
+      }
+    }
+    const BlockPoolSnapshot now = pool_->Snapshot();
+    for (const auto& [page, key] : now.cached) {
+      INFO("device page " << page);
+      REQUIRE(device_content_[page] == key);
+    }
+    for (const auto& [page, key] : now.host_cached) {
+      const bool pending = std::any_of(
+          now.host_copies.begin(), now.host_copies.end(),
+          [page = page](const HostCopy& c) { return c.host_page == page; });
+      INFO("host page " << page);
+      if (!pending) REQUIRE(host_content_[page] == key);
+    }
   }
   void DropHeld(PageId page) {
     auto it = std::find(world_.held.begin(), world_.held.end(), page);
@@ -631,6 +859,38 @@ class RandomRun {
       case Op::kResetPrefixCache:
         expected_ = model.Reset();
         return pool_->ResetPrefixCache().code();
+      case Op::kLoadFromHost: {
+        const BlockHash key = PickHostKey();
+        const int32_t group = Chance(3) ? kMaxKvCacheGroups : 0;
+        PageId expected = kNoPage;
+        expected_ = model.LoadFromHost(key, group, expected);
+        auto page = pool_->LoadFromHost(key, group);
+        if (page.ok()) {
+          REQUIRE(*page == expected);
+          world_.held.push_back(*page);
+          loaded_key_[*page] = key;
+        }
+        return page.status().code();
+      }
+      case Op::kTakeHostCopies: {
+        std::vector<HostCopy> expected;
+        expected_ = model.Take(expected);
+        const BlockPoolSnapshot open = pool_->Snapshot();
+        std::vector<HostCopy> copies;
+        const absl::Status status = pool_->TakeHostCopies(copies);
+        if (status.ok()) {
+          REQUIRE(copies == expected);
+          if (!copies.empty()) ++(*counts_)["(host copies taken)"];
+          if (pool_->host_pages() > 0) RunCopies(copies, open);
+        }
+        return status.code();
+      }
+      case Op::kHostLookup: {
+        const BlockHash key = PickHostKey();
+        REQUIRE(pool_->HostLookup(key) == model.HostFind(key));
+        expected_ = Code::kOk;
+        return Code::kOk;
+      }
     }
     return Code::kUnknown;
   }
@@ -640,6 +900,12 @@ class RandomRun {
   World world_;
   std::vector<Saved> saved_;
   absl::StatusCode expected_ = Code::kOk;
+  // The key whose KV each device and host page holds (unset: none yet).
+  std::vector<std::optional<BlockHash>> device_content_;
+  std::vector<std::optional<BlockHash>> host_content_;
+  // By device page: the key of its last load.
+  std::vector<std::optional<BlockHash>> loaded_key_;
+  std::map<std::string, int>* counts_ = nullptr;  // Run's.
 };
 
 TEST_CASE("random operations match the reference model") {
@@ -660,9 +926,11 @@ TEST_CASE("random operations match the reference model") {
   for (const auto& run : runs) {
     INFO("seed " << run.seed << ", " << run.num_pages << " pages, max refcount "
                  << run.max_refcount << (vllm ? ", vLLM's options" : ""));
-    const BlockPoolStats stats =
-        RandomRun(run.seed, run.num_pages, run.max_refcount, vllm)
-            .Run(kStepsPerRun, counts);
+    const BlockPoolStats stats = RandomRun({.seed = run.seed,
+                                            .num_pages = run.num_pages,
+                                            .max_refcount = run.max_refcount,
+                                            .vllm = vllm})
+                                     .Run(kStepsPerRun, counts);
     totals.evictions += stats.evictions;
     totals.cow_copies += stats.cow_copies;
     totals.cache_revivals += stats.cache_revivals;
@@ -682,6 +950,45 @@ TEST_CASE("random operations match the reference model") {
   // Steps that left some hash cached on more than one page.
   CAPTURE(counts["(duplicates held)"]);
   REQUIRE(counts["(duplicates held)"] > 5000);
+}
+
+TEST_CASE("random operations with a host tier match the reference model") {
+  const bool vllm = GENERATE(false, true);
+  const bool write_through = GENERATE(false, true);
+  // {seed, pages, host pages}: host tiers smaller and larger than the pool.
+  const struct {
+    uint32_t seed;
+    int32_t num_pages;
+    int32_t host_pages;
+  } runs[] = {{11, 12, 6}, {12, 8, 24}, {13, 16, 16}, {14, 6, 3}};
+  constexpr int kStepsPerRun = 30000;
+  std::map<std::string, int> counts;
+  BlockPoolStats totals;
+  for (const auto& run : runs) {
+    INFO("seed " << run.seed << ", " << run.num_pages << " pages, "
+                 << run.host_pages << " host pages"
+                 << (vllm ? ", vLLM's options" : "")
+                 << (write_through ? ", write-through" : ""));
+    const BlockPoolStats stats = RandomRun({.seed = run.seed,
+                                            .num_pages = run.num_pages,
+                                            .max_refcount = 4,
+                                            .vllm = vllm,
+                                            .host_pages = run.host_pages,
+                                            .write_through = write_through})
+                                     .Run(kStepsPerRun, counts);
+    totals.host_stores += stats.host_stores;
+    totals.host_loads += stats.host_loads;
+    totals.host_evictions += stats.host_evictions;
+    totals.host_store_skips += stats.host_store_skips;
+  }
+  CAPTURE(totals.host_stores, totals.host_loads, totals.host_evictions,
+          totals.host_store_skips, counts["(host copies taken)"]);
+  REQUIRE(totals.host_stores > 250);
+  REQUIRE(totals.host_loads > 200);
+  REQUIRE(totals.host_evictions > 30);
+  REQUIRE(totals.host_store_skips > 100);
+  REQUIRE(counts["(host copies taken)"] > 250);
+  REQUIRE(counts["load_from_host"] > 1000);
 }
 
 }  // namespace

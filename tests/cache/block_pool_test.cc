@@ -788,6 +788,275 @@ TEST_CASE("steady-state operations do not allocate memory") {
   }
 }
 
+// Host tier ------------------------------------------------------------------
+
+using Direction = HostCopy::Direction;
+
+HostCopy Store(PageId device, HostPageId host) {
+  return {device, host, Direction::kDeviceToHost};
+}
+HostCopy Load(HostPageId host, PageId device) {
+  return {device, host, Direction::kHostToDevice};
+}
+
+std::vector<HostCopy> TakeCopies(BlockPool& pool) {
+  std::vector<HostCopy> copies;
+  REQUIRE_OK(pool.TakeHostCopies(copies));
+  return copies;
+}
+
+// A pool of `num_pages` with a host tier of `host_pages`, every page cached
+// under TestHash(100 + page), evictable in LRU order 0, 1, ..., in a closed
+// copy batch (so their KV counts as computed).
+std::unique_ptr<BlockPool> CachedPoolWithHost(
+    int32_t num_pages, int32_t host_pages,
+    HostWritePolicy policy = HostWritePolicy::kWriteBack) {
+  auto pool = NewPool(num_pages,
+                      {.host_pages = host_pages, .host_write_policy = policy});
+  const std::vector<PageId> pages = CachedPages(*pool, num_pages, 100);
+  for (const PageId page : pages) REQUIRE_OK(pool->Release(page));
+  TakeCopies(*pool);
+  TakeCopies(*pool);  // the stores written through, if any.
+  REQUIRE(pool->host_copies().empty());
+  return pool;
+}
+
+TEST_CASE("create rejects a host tier out of range") {
+  REQUIRE_STATUS_IS(BlockPool::Create(4, {.host_pages = -1}), kInvalidArgument);
+  const auto big = BlockPool::Create(4, {.host_pages = kMaxNumPages + 1});
+  REQUIRE_STATUS_IS(big, kInvalidArgument);
+  REQUIRE(std::string(big.status().message()).find("host_pages") !=
+          std::string::npos);
+  auto pool = NewPool(4, {.host_pages = 8});
+  REQUIRE(pool->host_pages() == 8);
+  REQUIRE(pool->NumHostCached() == 0);
+  REQUIRE(NewPool(4)->host_pages() == 0);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("an evicted cached page is stored in the host tier, then loaded") {
+  auto pool = CachedPoolWithHost(2, 4);
+  // Page 0, the LRU head, is evicted: its KV goes to host page 0.
+  REQUIRE(MustAllocate(*pool) == 0);
+  REQUIRE(pool->HostLookup(TestHash(100)) == 0);
+  REQUIRE(!pool->Lookup(TestHash(100)).has_value());
+  REQUIRE(pool->stats().host_stores == 1);
+  REQUIRE(TakeCopies(*pool) == std::vector<HostCopy>{Store(0, 0)});
+  REQUIRE_OK(pool->Release(0));  // uncached: back on the free stack.
+
+  // A hit in the host tier loads the page into a new device page, cached.
+  auto loaded = pool->LoadFromHost(TestHash(100));
+  REQUIRE_OK(loaded);
+  REQUIRE(*loaded == 0);
+  REQUIRE(pool->RefCount(0) == 1);
+  REQUIRE(pool->Lookup(TestHash(100)) == 0);
+  REQUIRE(pool->HostLookup(TestHash(100)) == 0);  // the host copy stays.
+  REQUIRE(pool->stats().host_loads == 1);
+  REQUIRE(std::vector<HostCopy>(pool->host_copies().begin(),
+                                pool->host_copies().end()) ==
+          std::vector<HostCopy>{Load(0, 0)});
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("a load that evicts lists the store before it") {
+  auto pool = CachedPoolWithHost(2, 4);
+  REQUIRE_OK(pool->Release(MustAllocate(*pool)));  // evicts and stores 0.
+  TakeCopies(*pool);
+  REQUIRE(MustAllocate(*pool) == 0);  // the free page: the load must evict.
+  auto loaded = pool->LoadFromHost(TestHash(100));
+  REQUIRE_OK(loaded);
+  REQUIRE(*loaded == 1);
+  REQUIRE(TakeCopies(*pool) == std::vector<HostCopy>{Store(1, 1), Load(0, 1)});
+  REQUIRE(pool->HostLookup(TestHash(101)) == 1);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("a page cached in the open batch is not stored when evicted") {
+  auto pool = NewPool(1, {.host_pages = 2});
+  const PageId page = MustAllocate(*pool);
+  REQUIRE_OK(pool->RegisterCached(page, TestHash(1)));
+  REQUIRE_OK(pool->Release(page));
+  // Its KV is computed by this batch's forward pass, which has not run.
+  REQUIRE(MustAllocate(*pool) == page);
+  REQUIRE(pool->NumHostCached() == 0);
+  REQUIRE(pool->stats().host_store_skips == 1);
+  REQUIRE(pool->host_copies().empty());
+  // Cached in one batch and evicted in the next, it is stored.
+  REQUIRE_OK(pool->RegisterCached(page, TestHash(2)));
+  REQUIRE_OK(pool->Release(page));
+  TakeCopies(*pool);
+  REQUIRE(MustAllocate(*pool) == page);
+  REQUIRE(TakeCopies(*pool) == std::vector<HostCopy>{Store(page, 0)});
+  REQUIRE(pool->HostLookup(TestHash(2)) == 0);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("a key the host tier holds is used, not stored again") {
+  auto pool = CachedPoolWithHost(2, 2);
+  REQUIRE_OK(pool->Release(MustAllocate(*pool)));  // stores 100 in host 0.
+  TakeCopies(*pool);
+  auto loaded = pool->LoadFromHost(TestHash(100));  // into free page 0.
+  REQUIRE_OK(loaded);
+  REQUIRE(*loaded == 0);
+  REQUIRE_OK(pool->Release(*loaded));
+  REQUIRE(TakeCopies(*pool) == std::vector<HostCopy>{Load(0, 0)});
+  // Evicting page 1 stores 101 in host page 1; evicting page 0 again finds
+  // its key in host page 0: no copy, and host page 0 becomes the tail.
+  PageId pages[2];
+  REQUIRE_OK(pool->AllocateN(absl::MakeSpan(pages)));
+  REQUIRE(pages[0] == 1);
+  REQUIRE(pages[1] == 0);
+  REQUIRE(TakeCopies(*pool) == std::vector<HostCopy>{Store(1, 1)});
+  REQUIRE(pool->stats().host_stores == 2);
+  REQUIRE(pool->Snapshot().host_lru == std::vector<HostPageId>{1, 0});
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("a host tier full of the open batch's pages evicts none of them") {
+  auto pool = CachedPoolWithHost(3, 2);
+  PageId pages[3];
+  REQUIRE_OK(pool->AllocateN(absl::MakeSpan(pages)));  // evicts 0, 1, 2.
+  // Both host pages hold this batch's stores: 102 finds no room.
+  REQUIRE(pool->HostLookup(TestHash(100)) == 0);
+  REQUIRE(pool->HostLookup(TestHash(101)) == 1);
+  REQUIRE(!pool->HostLookup(TestHash(102)).has_value());
+  REQUIRE(pool->stats().host_store_skips == 1);
+  REQUIRE(pool->stats().host_evictions == 0);
+  // In the next batch the host LRU head (100) makes room.
+  REQUIRE_OK(pool->RegisterCached(pages[2], TestHash(103)));
+  REQUIRE_OK(pool->Release(pages[2]));
+  TakeCopies(*pool);
+  REQUIRE(MustAllocate(*pool) == pages[2]);
+  REQUIRE(!pool->HostLookup(TestHash(100)).has_value());
+  REQUIRE(pool->HostLookup(TestHash(103)) == 0);
+  REQUIRE(pool->stats().host_evictions == 1);
+  REQUIRE(TakeCopies(*pool) == std::vector<HostCopy>{Store(pages[2], 0)});
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("a page loaded in the open batch is parked when released") {
+  auto pool = CachedPoolWithHost(2, 2);
+  REQUIRE_OK(pool->Release(MustAllocate(*pool)));  // stores 100.
+  TakeCopies(*pool);
+  auto loaded = pool->LoadFromHost(TestHash(100));
+  REQUIRE_OK(loaded);
+  const int32_t free_before = pool->NumFree();
+  // Its load is still to run: released, it is not handed out in the batch.
+  REQUIRE_OK(pool->Release(*loaded));
+  REQUIRE(pool->RefCount(*loaded) == 1);
+  REQUIRE(pool->NumFree() == free_before);
+  REQUIRE(pool->parked_pages() ==
+          absl::MakeConstSpan(std::vector<PageId>{*loaded}));
+  // A hit may still take it.
+  REQUIRE_OK(pool->AcquireCached(absl::MakeConstSpan(&*loaded, 1)));
+  REQUIRE(pool->RefCount(*loaded) == 2);
+  REQUIRE_OK(pool->Release(*loaded));
+  REQUIRE_OK(pool->CheckInvariants());
+  REQUIRE_STATUS_IS(pool->ResetPrefixCache(), kFailedPrecondition);
+  // Taking the batch releases the pool's reference: evictable now.
+  TakeCopies(*pool);
+  REQUIRE(pool->RefCount(*loaded) == 0);
+  REQUIRE(pool->parked_pages().empty());
+  REQUIRE(pool->NumFree() == free_before + 1);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("write-through stores a page in the batch after it is cached") {
+  auto pool = NewPool(2, {.host_pages = 4,
+                          .host_write_policy = HostWritePolicy::kWriteThrough});
+  const PageId page = MustAllocate(*pool);
+  REQUIRE_OK(pool->RegisterCached(page, TestHash(1)));
+  REQUIRE(pool->Snapshot().write_through == std::vector<PageId>{page});
+  // Its KV is computed by the forward pass after this batch's copies: the
+  // store goes into the next batch.
+  REQUIRE(TakeCopies(*pool).empty());
+  REQUIRE(pool->HostLookup(TestHash(1)) == 0);
+  REQUIRE(TakeCopies(*pool) == std::vector<HostCopy>{Store(page, 0)});
+  // Evicting it then moves nothing.
+  REQUIRE_OK(pool->Release(page));
+  PageId pages[2];
+  REQUIRE_OK(pool->AllocateN(absl::MakeSpan(pages)));
+  REQUIRE(pool->host_copies().empty());
+  REQUIRE(pool->stats().host_stores == 1);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("a rolled-back transaction undoes its tier moves") {
+  for (const HostWritePolicy policy :
+       {HostWritePolicy::kWriteBack, HostWritePolicy::kWriteThrough}) {
+    auto pool = CachedPoolWithHost(3, 2, policy);
+    REQUIRE_OK(pool->Release(MustAllocate(*pool)));  // 100 in the tier.
+    TakeCopies(*pool);
+    REQUIRE(pool->HostLookup(TestHash(100)).has_value());
+    const BlockPoolSnapshot before = pool->Snapshot();
+    const BlockPool::Savepoint savepoint = pool->BeginTransaction();
+    auto loaded = pool->LoadFromHost(TestHash(100));
+    REQUIRE_OK(loaded);
+    PageId pages[2];
+    REQUIRE_OK(pool->AllocateN(absl::MakeSpan(pages)));  // evicts 1 and 2.
+    REQUIRE_OK(pool->RegisterCached(pages[0], TestHash(7)));
+    REQUIRE_OK(pool->Release(*loaded));  // parked.
+    REQUIRE(!pool->host_copies().empty());
+    REQUIRE(pool->parked_pages().size() == 1);
+    REQUIRE_OK(pool->CheckInvariants());
+    REQUIRE_OK(pool->RollbackTransaction(savepoint));
+    REQUIRE(pool->Snapshot() == before);
+    REQUIRE_OK(pool->CheckInvariants());
+  }
+}
+
+TEST_CASE("LoadFromHost refuses what it cannot load, changing nothing") {
+  REQUIRE_STATUS_IS(NewPool(2)->LoadFromHost(TestHash(1)), kFailedPrecondition);
+  auto pool = CachedPoolWithHost(2, 2);
+  REQUIRE_OK(pool->Release(MustAllocate(*pool)));  // stores 100.
+  TakeCopies(*pool);
+  const BlockPoolSnapshot before = pool->Snapshot();
+  const auto missing = pool->LoadFromHost(TestHash(5));
+  REQUIRE_STATUS_IS(missing, kFailedPrecondition);
+  REQUIRE(std::string(missing.status().message()).find("does not hold") !=
+          std::string::npos);
+  REQUIRE_STATUS_IS(pool->LoadFromHost(TestHash(100), -1), kInvalidArgument);
+  REQUIRE_STATUS_IS(pool->LoadFromHost(TestHash(100), kMaxKvCacheGroups),
+                    kInvalidArgument);
+  REQUIRE(pool->Snapshot() == before);
+  // 101 is cached on device page 1 and held by the host tier once stored.
+  PageId pages[2];
+  REQUIRE_OK(pool->AllocateN(absl::MakeSpan(pages)));  // every page used.
+  TakeCopies(*pool);
+  const BlockPoolSnapshot full = pool->Snapshot();
+  const auto exhausted = pool->LoadFromHost(TestHash(100));
+  REQUIRE_STATUS_IS(exhausted, kResourceExhausted);
+  REQUIRE(pool->Snapshot() == full);
+  REQUIRE_OK(pool->Release(pages[0]));
+  REQUIRE_OK(pool->RegisterCached(pages[1], TestHash(101)));
+  const auto on_device = pool->LoadFromHost(TestHash(101));
+  REQUIRE_STATUS_IS(on_device, kFailedPrecondition);
+  REQUIRE(std::string(on_device.status().message()).find("device page") !=
+          std::string::npos);
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("host copies are taken outside transactions; reset clears the tier") {
+  auto pool = CachedPoolWithHost(2, 2);
+  const PageId page = MustAllocate(*pool);  // stores 100.
+  const BlockPool::Savepoint savepoint = pool->BeginTransaction();
+  std::vector<HostCopy> copies;
+  REQUIRE_STATUS_IS(pool->TakeHostCopies(copies), kFailedPrecondition);
+  REQUIRE(copies.empty());
+  REQUIRE_OK(pool->CommitTransaction(savepoint));
+  const auto refused = pool->ResetPrefixCache();
+  REQUIRE_STATUS_IS(refused, kFailedPrecondition);
+  REQUIRE(std::string(refused.message()).find("1 host copies") !=
+          std::string::npos);
+  REQUIRE_OK(pool->TakeHostCopies(copies));
+  REQUIRE(copies == std::vector<HostCopy>{Store(page, 0)});
+  REQUIRE_OK(pool->ResetPrefixCache());
+  REQUIRE(pool->NumHostCached() == 0);
+  REQUIRE(!pool->HostLookup(TestHash(100)).has_value());
+  REQUIRE(pool->Snapshot().host_free == std::vector<HostPageId>{1, 0});
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
 }  // namespace
 TEST_CASE("a cached page's group names its event hash, and rolls back") {
   auto pool = BlockPool::Create(2).value();

@@ -1,0 +1,235 @@
+// Copyright 2026 The kvblock Authors.
+// SPDX-License-Identifier: Apache-2.0
+#include "cache/host_tier.h"
+
+#include <cassert>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cache/prefix_index.h"
+
+namespace kvblock::internal {
+
+HostTier::HostTier(int32_t num_pages, int32_t journal_reserve)
+    : num_pages_(num_pages),
+      pages_(static_cast<size_t>(num_pages) + 1),
+      index_(std::make_unique<PrefixIndex>(num_pages)) {
+  free_.reserve(num_pages);
+  Clear();
+  journal_.reserve(journal_reserve);
+}
+
+HostTier::~HostTier() = default;
+
+int64_t HostTier::ReservedBytes(int32_t num_pages, int32_t journal_reserve) {
+  return (int64_t{num_pages} + 1) * int64_t{sizeof(PageState)} +
+         int64_t{num_pages} * int64_t{sizeof(HostPageId)} +
+         PrefixIndex::ReservedBytes(num_pages) +
+         int64_t{journal_reserve} * int64_t{sizeof(UndoRecord)};
+}
+
+HostPageId HostTier::Find(const BlockHash& key) const {
+  return index_->Find(key, [this](PageId page) -> const BlockHash& {
+    return pages_[page].key;
+  });
+}
+
+void HostTier::LinkAfter(HostPageId prev, HostPageId page) {
+  const HostPageId next = pages_[prev].lru_next;
+  pages_[page].lru_prev = prev;
+  pages_[page].lru_next = next;
+  pages_[prev].lru_next = page;
+  pages_[next].lru_prev = page;
+}
+
+void HostTier::Unlink(HostPageId page) {
+  const HostPageId prev = pages_[page].lru_prev;
+  const HostPageId next = pages_[page].lru_next;
+  pages_[prev].lru_next = next;
+  pages_[next].lru_prev = prev;
+  pages_[page].lru_prev = kNoHostPage;
+  pages_[page].lru_next = kNoHostPage;
+}
+
+void HostTier::Index(HostPageId page, const BlockHash& key, int32_t group) {
+  PageState& state = pages_[page];
+  state.key = key;
+  state.tag = PrefixIndex::Tag(key);
+  state.group = static_cast<uint8_t>(group);
+  state.cached = 1;
+  // Room by construction: at most num_pages_ keys, each cached once.
+  [[maybe_unused]] const PageId indexed = index_->Insert(
+      state.tag, key, page,
+      [this](PageId p) -> const BlockHash& { return pages_[p].key; });
+  assert(indexed == page);
+  ++num_cached_;
+}
+
+void HostTier::Unindex(HostPageId page) {
+  [[maybe_unused]] const bool erased = index_->Erase(pages_[page].tag, page);
+  assert(erased);
+  pages_[page].cached = 0;
+  --num_cached_;
+}
+
+HostPageId HostTier::Store(const BlockHash& key, int32_t group, uint32_t batch,
+                           Evicted& evicted) {
+  evicted.any = false;
+  HostPageId page;
+  UndoRecord record{};
+  if (!free_.empty()) {
+    page = free_.back();
+    free_.pop_back();
+    record.op = UndoRecord::Op::kStoreFree;
+  } else {
+    page = pages_[num_pages_].lru_next;
+    if (page == num_pages_ || pages_[page].batch == batch) return kNoHostPage;
+    record.op = UndoRecord::Op::kStoreEvict;
+    record.key = pages_[page].key;
+    record.group = pages_[page].group;
+    evicted = {true, pages_[page].key, pages_[page].group};
+    Unlink(page);
+    Unindex(page);
+  }
+  record.page = page;
+  record.batch = pages_[page].batch;
+  journal_.push_back(record);
+  Index(page, key, group);
+  pages_[page].batch = batch;
+  LinkAfter(tail(), page);
+  return page;
+}
+
+void HostTier::Use(HostPageId page, uint32_t batch) {
+  PageState& state = pages_[page];
+  journal_.push_back({.op = UndoRecord::Op::kUse,
+                      .group = 0,
+                      .page = page,
+                      .lru_prev = state.lru_prev,
+                      .batch = state.batch,
+                      .key = {}});
+  Unlink(page);
+  LinkAfter(tail(), page);
+  if (batch != 0) state.batch = batch;
+}
+
+void HostTier::Rollback(size_t mark) {
+  while (journal_.size() > mark) {
+    const UndoRecord& record = journal_.back();
+    const HostPageId page = record.page;
+    switch (record.op) {
+      case UndoRecord::Op::kStoreFree:
+        Unlink(page);
+        Unindex(page);
+        free_.push_back(page);
+        break;
+      case UndoRecord::Op::kStoreEvict:
+        // It was the head when it was evicted.
+        Unlink(page);
+        Unindex(page);
+        Index(page, record.key, record.group);
+        LinkAfter(num_pages_, page);
+        break;
+      case UndoRecord::Op::kUse:
+        Unlink(page);
+        LinkAfter(record.lru_prev, page);
+        break;
+    }
+    pages_[page].batch = record.batch;
+    journal_.pop_back();
+  }
+}
+
+void HostTier::Clear() {
+  for (PageState& state : pages_) state = PageState{};
+  pages_[num_pages_].lru_prev = num_pages_;
+  pages_[num_pages_].lru_next = num_pages_;
+  free_.clear();
+  for (HostPageId page = num_pages_ - 1; page >= 0; --page) {
+    free_.push_back(page);
+  }
+  index_->Clear();
+  num_cached_ = 0;
+  journal_.clear();
+}
+
+absl::Status HostTier::CheckInvariants() const {
+  auto broken = [](auto&&... parts) {
+    return absl::InternalError(absl::StrCat("host tier: ", parts...));
+  };
+  std::vector<uint8_t> listed(num_pages_, 0);  // 1 free, 2 on the LRU list.
+  for (const HostPageId page : free_) {
+    if (page < 0 || page >= num_pages_) {
+      return broken("free stack holds bad page ", page);
+    }
+    if (listed[page] != 0) return broken("page ", page, " is free twice");
+    listed[page] = 1;
+  }
+  int32_t walked = 0;
+  for (HostPageId prev = num_pages_, page = pages_[num_pages_].lru_next;
+       page != num_pages_; prev = page, page = pages_[page].lru_next) {
+    if (page < 0 || page >= num_pages_ || walked == num_pages_) {
+      return broken("lru list is broken at page ", page);
+    }
+    if (pages_[page].lru_prev != prev) {
+      return broken("lru page ", page, " links back to ", pages_[page].lru_prev,
+                    ", not ", prev);
+    }
+    if (listed[page] != 0) {
+      return broken("lru page ", page, " is also free");
+    }
+    listed[page] = 2;
+    ++walked;
+  }
+  int32_t cached = 0;
+  for (HostPageId page = 0; page < num_pages_; ++page) {
+    const PageState& state = pages_[page];
+    if (listed[page] == 0) return broken("page ", page, " is on no list");
+    if ((listed[page] == 2) != (state.cached != 0)) {
+      return broken("page ", page, " (cached ", static_cast<int>(state.cached),
+                    ") is on the wrong list");
+    }
+    if (!state.cached) continue;
+    ++cached;
+    if (state.tag != PrefixIndex::Tag(state.key) || Find(state.key) != page) {
+      return broken("cached page ", page, " is not indexed under its key");
+    }
+  }
+  if (cached != num_cached_ || index_->size() != num_cached_) {
+    return broken(cached, " cached pages, counted ", num_cached_, ", indexed ",
+                  index_->size());
+  }
+  return index_->CheckInvariants(
+      [this](PageId p) -> const BlockHash& { return pages_[p].key; });
+}
+
+std::vector<HostPageId> HostTier::LruOrder() const {
+  std::vector<HostPageId> order;
+  order.reserve(num_cached_);
+  for (HostPageId page = pages_[num_pages_].lru_next; page != num_pages_;
+       page = pages_[page].lru_next) {
+    order.push_back(page);
+  }
+  return order;
+}
+
+std::vector<std::pair<HostPageId, BlockHash>> HostTier::Cached() const {
+  std::vector<std::pair<HostPageId, BlockHash>> cached;
+  cached.reserve(num_cached_);
+  for (HostPageId page = 0; page < num_pages_; ++page) {
+    if (pages_[page].cached) cached.emplace_back(page, pages_[page].key);
+  }
+  return cached;
+}
+
+std::vector<HostPageId> HostTier::UsedBy(uint32_t batch) const {
+  std::vector<HostPageId> used;
+  for (HostPageId page = 0; page < num_pages_; ++page) {
+    if (pages_[page].batch == batch) used.push_back(page);
+  }
+  return used;
+}
+
+}  // namespace kvblock::internal
