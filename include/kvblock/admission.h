@@ -29,14 +29,19 @@ struct AdmissionPlan {
   int32_t hit_pages = 0;      // whole pages served from the prefix cache.
   int64_t hit_tokens = 0;     // hit_pages * page_size.
   int32_t revived_pages = 0;  // of the hits, pages now evictable.
-  int32_t new_pages = 0;      // fresh pages to allocate.
+  // Of the hits, pages the host tier holds (BlockManagerOptions::
+  // host_pages): each is loaded into a new page.
+  int32_t host_hit_pages = 0;
+  int32_t new_pages = 0;  // fresh pages to allocate.
   // Prompt tokens the admitting step computes: after the hits, at most
   // AdmitOptions::prefill_tokens.
   int64_t computed_tokens = 0;
   // Pages reserved for the rest of the prompt (reserve_prompt_pages).
   int32_t reserved_pages = 0;
-  // Allocatable pages the admission consumes: revived + new.
-  int32_t pages_consumed() const { return revived_pages + new_pages; }
+  // Allocatable pages the admission consumes: revived + loaded + new.
+  int32_t pages_consumed() const {
+    return revived_pages + host_hit_pages + new_pages;
+  }
 };
 
 }  // namespace kvblock

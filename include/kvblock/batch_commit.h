@@ -138,6 +138,12 @@ struct StepResult {
   // Of `copies`, those made for drafts (a shared partial page under new
   // draft slots).
   int32_t draft_copies = 0;
+  // With a host tier (BlockManagerOptions::host_pages): the step's copy
+  // batch (BlockPool::TakeHostCopies; with the copies of any calls made on
+  // the manager since the last step). Run every kDeviceToHost copy, then
+  // every kHostToDevice copy, after the last step's forward pass and before
+  // `copies` and this step's.
+  absl::Span<const HostCopy> host_copies = {};
 };
 
 // Host time of Commit's parts, summed over the calls made while phase timing

@@ -287,6 +287,14 @@ class BlockManager {
   // often than every step bounds them with this.
   int64_t pending_kv_changes() const;
 
+  // With a host tier (BlockManagerOptions::host_pages): appends to `out` the
+  // copies between the device and the host tier since the last call (the
+  // open copy batch; see BlockPool::TakeHostCopies for the order they run
+  // in) and opens the next batch. A scheduler that runs its steps through
+  // BatchCommit gets them in each StepResult instead. FailedPrecondition
+  // inside a step. Without a host tier, appends nothing.
+  absl::Status TakeHostCopies(std::vector<HostCopy>& out);
+
   // Internal when any invariant of the header comment is broken.
   absl::Status CheckInvariants() const;
 

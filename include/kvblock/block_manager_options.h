@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvblock/block_hash.h"
+#include "kvblock/block_pool.h"
 #include "kvblock/kv_cache_groups.h"
 
 namespace kvblock {
@@ -43,6 +44,14 @@ struct BlockManagerOptions {
   // sequence's tables hold max_pages_per_seq * page_size tokens in every
   // group. Empty: one full-attention group of the config's page size.
   std::vector<KvCacheGroupSpec> kv_cache_groups = {};
+  // The host tier (kvblock/block_pool.h): pages of pinned host memory that
+  // keep the cached pages the pool evicts, so that a prefix hit on them is a
+  // copy back rather than a recomputation (0: none). Needs prefix caching;
+  // one KV cache group only, for now. With a host tier, Admit takes hits
+  // from it after the device's, and the copies are taken every step
+  // (BatchCommit's StepResult::host_copies, or TakeHostCopies).
+  int32_t host_pages = 0;
+  HostWritePolicy host_write_policy = HostWritePolicy::kWriteBack;
 };
 
 // The most BlockManagerOptions::reserved_kv_changes may ask for.

@@ -23,11 +23,17 @@ struct BlockManagerStats {
   int64_t preemptions = 0;        // Preempt calls.
   int64_t prompt_tokens = 0;      // tokens of admitted prompts (whole).
   int64_t prefix_hit_tokens = 0;  // of those, served from the cache.
+  int64_t host_hit_tokens = 0;    // of those, loaded from the host tier.
   int64_t prompt_chunks = 0;      // AppendPrompt calls.
   int64_t appended_tokens = 0;    // tokens added by Append (not prompts).
   int64_t draft_slots = 0;        // draft slots set by SetDrafts.
   int64_t cow_copies = 0;
-  int64_t evictions = 0;     // cached pages reused for other content.
+  int64_t evictions = 0;  // cached pages reused for other content.
+  // The host tier's: cached pages stored into it and loaded back from it,
+  // and host pages whose key it dropped to make room (BlockPoolStats).
+  int64_t host_stores = 0;
+  int64_t host_loads = 0;
+  int64_t host_evictions = 0;
   int32_t pages_in_use = 0;  // pages with refcount > 0.
   int32_t peak_pages_in_use = 0;
   friend bool operator==(const BlockManagerStats&,

@@ -122,6 +122,7 @@ class BatchCommit::Impl {
   internal::AppendManyResult appended_;
   std::vector<SlotId> changed_slots_;
   std::vector<PageCopy> copies_;
+  std::vector<HostCopy> host_copies_;  // the step's copy batch.
   std::vector<KVPageTableRowUpdate> rows_;
   absl::flat_hash_set<SequenceId> joining_;
   std::vector<SequenceId> joined_ids_;  // what joining_ holds.
@@ -245,6 +246,9 @@ absl::StatusOr<StepResult> BatchCommit::Impl::Commit(const StepPlan& plan) {
     KVBLOCK_RETURN_IF_ERROR(groups_[g]->CommitStep());
   }
   Adopt(plan);
+  host_copies_.clear();
+  // Cannot fail: the step is closed. (Without a host tier, nothing.)
+  KVBLOCK_RETURN_IF_ERROR(manager_.pool().TakeHostCopies(host_copies_));
   return StepResult{
       .old_to_new = absl::MakeConstSpan(old_to_new_),
       .batch = batch_,
@@ -254,6 +258,7 @@ absl::StatusOr<StepResult> BatchCommit::Impl::Commit(const StepPlan& plan) {
       .copy_groups = copy_groups_,
       .new_pages = new_pages_,
       .draft_copies = draft_copies_,
+      .host_copies = host_copies_,
   };
 }
 

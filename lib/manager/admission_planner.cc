@@ -87,9 +87,16 @@ absl::StatusOr<AdmissionPlan> AdmissionPlanner::Plan(
     for (int64_t i = 0; i < max_hits; ++i) {
       hash_through(i + 1);
       const std::optional<PageId> page = pool.Lookup(chain[i]);
-      if (!page.has_value()) break;
-      hit_pages_[plan.hit_pages++] = *page;
-      if (pool.RefCount(*page) == 0) ++plan.revived_pages;
+      if (page.has_value()) {
+        hit_pages_[plan.hit_pages++] = *page;
+        if (pool.RefCount(*page) == 0) ++plan.revived_pages;
+        continue;
+      }
+      // Not on the device: a page the host tier holds is a hit too, loaded
+      // into a new page (kNoPage here).
+      if (!pool.HostLookup(chain[i]).has_value()) break;
+      hit_pages_[plan.hit_pages++] = kNoPage;
+      ++plan.host_hit_pages;
     }
   }
   plan.hit_tokens = int64_t{plan.hit_pages} * page_size;

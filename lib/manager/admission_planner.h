@@ -4,7 +4,8 @@
 // Internal: AdmissionPlanner, how BlockManager plans the admission of a
 // prompt: its page hashes (the caller's, or hashed here page by page, as far
 // as the lookups and the pages the admission fills need), its whole-page
-// prefix hits in the pool's cache (walking the chain until the first miss,
+// prefix hits in the pool's cache and its host tier (walking the chain until
+// the first page neither holds,
 // and leaving the last page to recompute when the whole prompt is cached, as
 // vLLM does), the tokens the admitting step computes (chunked prefill), and
 // the pages it needs now and reserves for later. The hit pages stay here for
@@ -62,7 +63,8 @@ class AdmissionPlanner {
                                   absl::Span<const TokenId> prompt,
                                   const AdmitOptions& admit);
 
-  // The first `n` hit pages the last Plan found.
+  // The first `n` hit pages the last Plan found; kNoPage for a page of the
+  // host tier.
   absl::Span<const PageId> hits(int32_t n) const {
     return absl::MakeConstSpan(hit_pages_).first(n);
   }

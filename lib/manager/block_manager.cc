@@ -299,6 +299,9 @@ BlockManagerStats BlockManagerImpl::stats() const {
   const BlockPoolStats& pool = pool_->stats();
   stats.cow_copies = pool.cow_copies;
   stats.evictions = pool.evictions;
+  stats.host_stores = pool.host_stores;
+  stats.host_loads = pool.host_loads;
+  stats.host_evictions = pool.host_evictions;
   stats.pages_in_use = pool_->NumUsed();
   stats.peak_pages_in_use = pool.peak_used;
   return stats;
@@ -332,22 +335,44 @@ absl::StatusOr<std::unique_ptr<BlockManager>> BlockManager::Create(
         "block manager: reserved_kv_changes must be in [0, ",
         kMaxReservedKvChanges, "], got ", options.reserved_kv_changes));
   }
-  if (!options.kv_cache_groups.empty() &&
-      !(options.kv_cache_groups.size() == 1 &&
-        options.kv_cache_groups[0] ==
-            KvCacheGroupSpec{.kind = AttentionKind::kFull,
-                             .page_size = config.page_size,
-                             .sliding_window = 0,
-                             .attention_chunk_size = 0,
-                             .eagle = false})) {
+  if (options.host_pages < 0 || options.host_pages > kMaxNumPages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block manager: host_pages must be in [0, ", kMaxNumPages,
+                     "], got ", options.host_pages));
+  }
+  if (options.host_pages > 0 && !options.enable_prefix_caching) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block manager: host_pages = ", options.host_pages,
+        " needs prefix caching (the host tier keeps cached pages)"));
+  }
+  const bool one_default_group =
+      options.kv_cache_groups.empty() ||
+      (options.kv_cache_groups.size() == 1 &&
+       options.kv_cache_groups[0] ==
+           KvCacheGroupSpec{.kind = AttentionKind::kFull,
+                            .page_size = config.page_size,
+                            .sliding_window = 0,
+                            .attention_chunk_size = 0,
+                            .eagle = false});
+  if (options.host_pages > 0 && !one_default_group) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block manager: host_pages = ", options.host_pages, " with ",
+        options.kv_cache_groups.size(),
+        " KV cache groups: the host tier serves one full-attention group "
+        "only, for now"));
+  }
+  if (!one_default_group) {
     KVBLOCK_ASSIGN_OR_RETURN(
         internal::GroupCoordinator::Created created,
         internal::GroupCoordinator::Create(config, options));
     return std::unique_ptr<BlockManager>(new BlockManager(
         std::move(created.first_group), std::move(created.coordinator)));
   }
-  KVBLOCK_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool,
-                           BlockPool::Create(config.num_pages));
+  KVBLOCK_ASSIGN_OR_RETURN(
+      std::unique_ptr<BlockPool> pool,
+      BlockPool::Create(config.num_pages,
+                        {.host_pages = options.host_pages,
+                         .host_write_policy = options.host_write_policy}));
   KVBLOCK_ASSIGN_OR_RETURN(
       BlockHasher hasher,
       BlockHasher::Create(options.hash_algorithm, config.page_size));
@@ -487,6 +512,10 @@ absl::Status BlockManager::TakeKvEvents(KvEventBatch& batch) {
 
 int64_t BlockManager::pending_kv_changes() const {
   return impl_->pending_kv_changes();
+}
+
+absl::Status BlockManager::TakeHostCopies(std::vector<HostCopy>& out) {
+  return impl_->pool().TakeHostCopies(out);
 }
 
 absl::Status BlockManager::CheckInvariants() const {

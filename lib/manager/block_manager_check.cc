@@ -19,6 +19,8 @@ absl::Status BlockManagerImpl::CheckInvariants() const {
   std::vector<int32_t> references(config_.num_pages, 0);
   int64_t reserved = 0;
   KVBLOCK_RETURN_IF_ERROR(CheckSequences(absl::MakeSpan(references), reserved));
+  // A parked page's last reference is the pool's (BlockPool::parked_pages).
+  for (const PageId page : pool_->parked_pages()) ++references[page];
   for (PageId page = 0; page < config_.num_pages; ++page) {
     if (pool_->RefCount(page) != references[page]) {
       return absl::InternalError(absl::StrCat(

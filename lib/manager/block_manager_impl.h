@@ -451,6 +451,12 @@ class BlockManagerImpl {
                             const HashExtraKeys& extra,
                             const AdmissionPlan& plan,
                             absl::Span<const BlockHash> hashes);
+  // AdmitPlanned's hits when some are the host tier's: takes the device's
+  // hits, loads the host tier's (each a registration of its own) and adds
+  // them all to the sequence at `entry`.
+  absl::Status TakeHits(int32_t entry, absl::Span<const TokenId> prompt,
+                        const HashExtraKeys& extra, const AdmissionPlan& plan,
+                        absl::Span<const BlockHash> hashes);
 
   const PagedKvConfig config_;
   const BlockManagerOptions options_;

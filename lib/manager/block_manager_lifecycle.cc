@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "cache/cache_event_log.h"
 #include "kvblock/status_macros.h"
 #include "manager/block_manager_impl.h"
 
@@ -102,7 +103,9 @@ absl::Status BlockManagerImpl::AdmitPlanned(
     seq.StartPrompt(static_cast<int64_t>(prompt.size()));
     cold.reserves = plan.reserved_pages > 0;
     reserved_pages_ += plan.reserved_pages;
-    if (plan.hit_pages > 0) {
+    if (plan.host_hit_pages > 0) {
+      KVBLOCK_RETURN_IF_ERROR(TakeHits(entry, prompt, extra, plan, hashes));
+    } else if (plan.hit_pages > 0) {
       // The pages the plan found: no second lookup.
       const absl::Span<const PageId> hits = planner_.hits(plan.hit_pages);
       if (skips_pages()) {
@@ -139,8 +142,43 @@ absl::Status BlockManagerImpl::AdmitPlanned(
     ++stats_.admitted;
     stats_.prompt_tokens += seq.prompt_end();
     stats_.prefix_hit_tokens += plan.hit_tokens;
+    stats_.host_hit_tokens += int64_t{plan.host_hit_pages} * config_.page_size;
     return absl::OkStatus();
   });
+}
+
+absl::Status BlockManagerImpl::TakeHits(int32_t entry,
+                                        absl::Span<const TokenId> prompt,
+                                        const HashExtraKeys& extra,
+                                        const AdmissionPlan& plan,
+                                        absl::Span<const BlockHash> hashes) {
+  const absl::Span<const PageId> hits = planner_.hits(plan.hit_pages);
+  const absl::Span<PageId> pages =
+      absl::MakeSpan(page_scratch_).first(plan.hit_pages);
+  std::copy(hits.begin(), hits.end(), pages.begin());
+  // The device's hits first, so that the loads' allocations evict none.
+  for (const PageId page : hits) {
+    if (page == kNoPage) continue;
+    KVBLOCK_RETURN_IF_ERROR(
+        pool_->AcquireCached(absl::MakeConstSpan(&page, 1)));
+  }
+  const SequenceCold& cold = slab_.cold(entry);
+  const int64_t page_size = config_.page_size;
+  for (int32_t i = 0; i < plan.hit_pages; ++i) {
+    if (hits[i] != kNoPage) continue;
+    // A page of one registration run, so that its KV cache event names its
+    // chain and tokens as a computed page's would.
+    if (events_ != nullptr) {
+      events_->BeginRun(i, i > 0 ? hashes[i - 1] : hasher_.RootHash(extra),
+                        hashes.subspan(i, 1),
+                        prompt.subspan(i * page_size, page_size),
+                        cold.cache_salt, cold.adapter_id, scope_.index);
+    }
+    KVBLOCK_ASSIGN_OR_RETURN(pages[i],
+                             pool_->LoadFromHost(hashes[i], scope_.index));
+    if (events_ != nullptr) events_->EndRun();
+  }
+  return slab_.sequence(entry).Grow(pages, plan.hit_tokens, 0);
 }
 
 // Fork and removal ------------------------------------------------------------

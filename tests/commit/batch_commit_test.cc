@@ -28,6 +28,13 @@ PagedKvConfig SmallConfig() {
   return config;
 }
 
+// `count` tokens first, first + 1, ....
+std::vector<TokenId> TokenRangeOf(TokenId first, int32_t count) {
+  std::vector<TokenId> tokens(count);
+  for (int32_t i = 0; i < count; ++i) tokens[i] = first + i;
+  return tokens;
+}
+
 std::vector<SlotId> OldToNew(const StepResult& result, int32_t old_batch) {
   return {result.old_to_new.begin(), result.old_to_new.begin() + old_batch};
 }
@@ -606,6 +613,57 @@ TEST_CASE("pool exhausted half-way through the appends rolls the step back") {
     REQUIRE(f.manager->stats().preemptions == 1);
     REQUIRE_OK(f.commit->CheckInvariants());
   }
+}
+
+TEST_CASE("a step's host copies come with it; a failed step lists none") {
+  PagedKvConfig config = SmallConfig();
+  config.num_pages = 6;
+  CommitFixture f(config, {.host_pages = 8});
+  const std::vector<TokenId> a = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  const std::vector<TokenId> b = TokenRangeOf(100, 16);
+  const std::vector<TokenId> c = TokenRangeOf(200, 8);
+  const JoinRequest join_a[] = {{.id = 1, .tokens = a}};
+  auto step1 = f.commit->Commit({.joins = join_a});
+  REQUIRE_OK(step1);
+  REQUIRE(step1->host_copies.empty());
+  const SequenceId finish_a[] = {1};
+  REQUIRE_OK(f.commit->Commit({.finished = finish_a}));  // 2 pages cached.
+  // B takes the 4 free pages, C evicts A's 2 cached ones: stored.
+  const JoinRequest join_bc[] = {{.id = 2, .tokens = b},
+                                 {.id = 3, .tokens = c}};
+  auto step3 = f.commit->Commit({.joins = join_bc});
+  REQUIRE_OK(step3);
+  REQUIRE(step3->host_copies.size() == 2);
+  for (const HostCopy& copy : step3->host_copies) {
+    REQUIRE(copy.direction == HostCopy::Direction::kDeviceToHost);
+  }
+  const SequenceId finish_bc[] = {2, 3};
+  REQUIRE_OK(f.commit->Commit({.finished = finish_bc}));
+  const CommitState before = f.Capture();
+
+  // A comes back: 2 loads, but D's 6 pages do not fit beside them.
+  const std::vector<TokenId> d = TokenRangeOf(300, 16);
+  const JoinRequest join_ad[] = {{.id = 4, .tokens = a},
+                                 {.id = 5, .tokens = d}};
+  REQUIRE_STATUS_IS(f.commit->Commit({.joins = join_ad}), kResourceExhausted);
+  REQUIRE(f.Capture() == before);
+  REQUIRE(f.manager->pool().host_copies().empty());
+
+  const JoinRequest join_a_again[] = {{.id = 4, .tokens = a}};
+  auto step5 = f.commit->Commit({.joins = join_a_again});
+  REQUIRE_OK(step5);
+  int loads = 0;
+  for (const HostCopy& copy : step5->host_copies) {
+    if (copy.direction == HostCopy::Direction::kHostToDevice) ++loads;
+  }
+  REQUIRE(loads == 2);
+  REQUIRE(f.manager->stats().host_hit_tokens == 8);
+  REQUIRE(f.Row(0) == f.manager->Pages(4).value());
+  // Between steps nothing is left to take.
+  std::vector<HostCopy> taken;
+  REQUIRE_OK(f.manager->TakeHostCopies(taken));
+  REQUIRE(taken.empty());
+  REQUIRE_OK(f.commit->CheckInvariants());
 }
 
 TEST_CASE("create rejects a table of another geometry") {

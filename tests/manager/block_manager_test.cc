@@ -2,6 +2,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kvblock/block_manager.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -729,6 +730,193 @@ TEST_CASE("stats count tokens, forks, frees and preemptions") {
   REQUIRE(stats.pages_in_use == 0);
   REQUIRE(stats.peak_pages_in_use == 3);
   REQUIRE_STATUS_IS(manager->NumTokens(1), kNotFound);
+}
+
+// Host tier
+// --------------------------------------------------------------------
+
+std::vector<HostCopy> TakeCopies(BlockManager& manager) {
+  std::vector<HostCopy> copies;
+  REQUIRE_OK(manager.TakeHostCopies(copies));
+  return copies;
+}
+
+// The loads of `copies`, in order.
+std::vector<HostCopy> Loads(const std::vector<HostCopy>& copies) {
+  std::vector<HostCopy> loads;
+  for (const HostCopy& copy : copies) {
+    if (copy.direction == HostCopy::Direction::kHostToDevice) {
+      loads.push_back(copy);
+    }
+  }
+  return loads;
+}
+
+// 8 pages of 4 tokens, a host tier of 16: prompt A (4 full pages and one
+// token) computed, freed, then evicted by an unrelated 8-page prompt B into
+// the host tier; every copy batch taken.
+std::unique_ptr<BlockManager> ManagerWithAInHost(
+    BlockManagerOptions options = {}) {
+  options.host_pages = 16;
+  auto manager = MakeManager(Config(8), options);
+  AdmitOk(*manager, 1, TokenRange(1, 17));
+  REQUIRE_OK(manager->Free(1));
+  TakeCopies(*manager);
+  AdmitOk(*manager, 2, TokenRange(1000, 32));  // evicts A's 4 cached pages.
+  REQUIRE_OK(manager->Free(2));
+  const std::vector<HostCopy> stores = TakeCopies(*manager);
+  REQUIRE(stores.size() == 4);
+  for (const HostCopy& copy : stores) {
+    REQUIRE(copy.direction == HostCopy::Direction::kDeviceToHost);
+  }
+  REQUIRE(manager->stats().host_stores == 4);
+  return manager;
+}
+
+TEST_CASE("a prompt evicted to the host tier is loaded back when it returns") {
+  auto manager = ManagerWithAInHost();
+  const std::vector<TokenId> prompt = TokenRange(1, 17);
+  auto planned = manager->PlanAdmission(prompt);
+  REQUIRE_OK(planned);
+  REQUIRE(planned->hit_pages == 4);
+  REQUIRE(planned->host_hit_pages == 4);
+  REQUIRE(planned->new_pages == 1);
+  REQUIRE(planned->pages_consumed() == 5);
+  const AdmissionPlan plan = AdmitOk(*manager, 3, prompt);
+  REQUIRE(plan.hit_tokens == 16);
+  REQUIRE(plan.host_hit_pages == 4);
+  REQUIRE(plan.computed_tokens == 1);
+  const Pages pages = PagesOf(*manager, 3);
+  // Each page it takes evicts one of B's, stored first.
+  const std::vector<HostCopy> copies = TakeCopies(*manager);
+  REQUIRE(copies.size() == 9);
+  const std::vector<HostCopy> loads = Loads(copies);
+  REQUIRE(loads.size() == 4);
+  for (int i = 0; i < 4; ++i) {
+    REQUIRE(loads[i].direction == HostCopy::Direction::kHostToDevice);
+    REQUIRE(loads[i].device_page == pages[i]);
+  }
+  const BlockManagerStats stats = manager->stats();
+  REQUIRE(stats.prefix_hit_tokens == 16);
+  REQUIRE(stats.host_hit_tokens == 16);
+  REQUIRE(stats.host_loads == 4);
+  // The loaded pages are cached again: a fourth admission hits the device.
+  auto again = manager->PlanAdmission(prompt);
+  REQUIRE_OK(again);
+  REQUIRE(again->hit_pages == 4);
+  REQUIRE(again->host_hit_pages == 0);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("hits continue from the device into the host tier") {
+  auto manager = ManagerWithAInHost();
+  // Prompt A's first two pages come back on the device through a prompt
+  // that shares them; the next two are the host tier's.
+  AdmitOk(*manager, 3, TokenRange(1, 9));
+  TakeCopies(*manager);
+  const AdmissionPlan plan = AdmitOk(*manager, 4, TokenRange(1, 17));
+  REQUIRE(plan.hit_pages == 4);
+  REQUIRE(plan.host_hit_pages == 2);
+  REQUIRE(plan.revived_pages == 0);
+  const Pages three = PagesOf(*manager, 3);
+  const Pages four = PagesOf(*manager, 4);
+  REQUIRE(four[0] == three[0]);
+  REQUIRE(four[1] == three[1]);
+  const std::vector<HostCopy> loads = Loads(TakeCopies(*manager));
+  REQUIRE(loads.size() == 2);
+  REQUIRE(loads[0].device_page == four[2]);
+  REQUIRE(loads[1].device_page == four[3]);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("an admission that cannot load its hits changes nothing") {
+  auto manager = ManagerWithAInHost();
+  AdmitOk(*manager, 3, TokenRange(500, 24));  // 6 of the 8 pages.
+  TakeCopies(*manager);
+  const BlockManagerSnapshot before = manager->Snapshot();
+  // 4 loads and a new page need 5 allocatable pages; 2 are.
+  const auto refused = manager->Admit(4, TokenRange(1, 17));
+  REQUIRE_STATUS_IS(refused, kResourceExhausted);
+  REQUIRE(manager->Snapshot() == before);
+  REQUIRE(TakeCopies(*manager).empty());
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("a host tier is refused without prefix caching or with groups") {
+  const auto no_cache = BlockManager::Create(
+      Config(8), {.enable_prefix_caching = false, .host_pages = 4});
+  REQUIRE_STATUS_IS(no_cache, kInvalidArgument);
+  REQUIRE(std::string(no_cache.status().message()).find("prefix caching") !=
+          std::string::npos);
+  REQUIRE_STATUS_IS(BlockManager::Create(Config(8), {.host_pages = -1}),
+                    kInvalidArgument);
+  BlockManagerOptions groups{.host_pages = 4};
+  groups.kv_cache_groups = {{.kind = AttentionKind::kFull, .page_size = 4},
+                            {.kind = AttentionKind::kSlidingWindow,
+                             .page_size = 4,
+                             .sliding_window = 8}};
+  const auto hybrid = BlockManager::Create(Config(16), groups);
+  REQUIRE_STATUS_IS(hybrid, kInvalidArgument);
+  REQUIRE(std::string(hybrid.status().message()).find("one full-attention") !=
+          std::string::npos);
+  // Without a host tier there is nothing to take.
+  auto manager = MakeManager(Config(8));
+  AdmitOk(*manager, 1, TokenRange(1, 9));
+  REQUIRE(TakeCopies(*manager).empty());
+}
+
+TEST_CASE("host tier events: CPU stores and removals, loads stored on GPU") {
+  BlockManagerOptions options{.enable_kv_events = true};
+  options.host_pages = 16;
+  auto manager = ManagerWithAInHost(options);
+  std::vector<KvCacheEvent> events;
+  REQUIRE_OK(manager->TakeKvEvents(events));
+  // A's four pages were removed from the GPU and stored on the CPU, with
+  // the hashes a router knows them by.
+  std::vector<BlockHash> stored_a;
+  for (const KvCacheEvent& event : events) {
+    if (event.kind == KvCacheEvent::Kind::kBlockStored &&
+        event.medium == KvCacheEvent::Medium::kGpu && stored_a.empty()) {
+      stored_a = event.block_hashes;
+    }
+  }
+  REQUIRE(stored_a.size() == 4);
+  std::vector<BlockHash> cpu_stored;
+  for (const KvCacheEvent& event : events) {
+    if (event.medium != KvCacheEvent::Medium::kCpu) continue;
+    REQUIRE(event.kind == KvCacheEvent::Kind::kBlockStored);
+    REQUIRE(!event.parent_block_hash.has_value());
+    REQUIRE(event.token_ids.empty());
+    cpu_stored.insert(cpu_stored.end(), event.block_hashes.begin(),
+                      event.block_hashes.end());
+  }
+  // Evicted from the LRU head: the continuation first.
+  REQUIRE(cpu_stored ==
+          std::vector<BlockHash>(stored_a.rbegin(), stored_a.rend()));
+  // Loading A back stores its pages on the GPU, with chain and tokens.
+  AdmitOk(*manager, 3, TokenRange(1, 17));
+  events.clear();
+  REQUIRE_OK(manager->TakeKvEvents(events));
+  // Each load's page evicts one of B's first (a GPU removal and a CPU
+  // store): the loads are events of their own, each naming its parent.
+  std::vector<BlockHash> gpu_stored;
+  std::vector<TokenId> tokens;
+  for (const KvCacheEvent& event : events) {
+    if (event.kind != KvCacheEvent::Kind::kBlockStored ||
+        event.medium != KvCacheEvent::Medium::kGpu) {
+      continue;
+    }
+    if (gpu_stored.empty()) {
+      REQUIRE(!event.parent_block_hash.has_value());
+    } else {
+      REQUIRE(event.parent_block_hash == gpu_stored.back());
+    }
+    gpu_stored.insert(gpu_stored.end(), event.block_hashes.begin(),
+                      event.block_hashes.end());
+    tokens.insert(tokens.end(), event.token_ids.begin(), event.token_ids.end());
+  }
+  REQUIRE(gpu_stored == stored_a);
+  REQUIRE(tokens == TokenRange(1, 16));
 }
 
 }  // namespace
