@@ -104,6 +104,27 @@ constexpr bool DecodeHeadDimSupported(int32_t head_dim) {
 int LaunchCopyPages(const PagedKvPool& pool, const int32_t* copies,
                     int64_t num_copies, void* stream);
 
+// One copy of the host tier (the layout of kvblock::HostCopy): device page
+// `device_page` and host page `host_page`, direction 0 a store (device to
+// host), 1 a load (host to device).
+struct HostPageCopy {
+  int32_t device_page;
+  int32_t host_page;
+  uint8_t direction;
+};
+
+// Runs the copies of `copies` whose direction is `direction`, each the K and
+// V page of every layer, in one launch; copies of the other direction and
+// ids out of range are skipped. 16-byte vector copies when the pools and the
+// page size allow it.
+//   host: [host_pages, num_layers, 2, page_size, num_kv_heads, head_dim] of
+//     pool.dtype, pinned host memory the kernel reaches in place.
+//   copies: [num_copies], device-readable.
+// REQUIRES: no two copies of `direction` write the same page.
+int LaunchHostCopies(const PagedKvPool& pool, void* host, int32_t host_pages,
+                     const HostPageCopy* copies, int64_t num_copies,
+                     uint8_t direction, void* stream);
+
 // Writes the K and V rows of `num_tokens` new tokens into layer `layer`: token
 // `i` goes to position `positions[i]` of slot `slots[i]`, i.e. to row
 // `positions[i] % page_size` of page `table[slots[i]][half][positions[i] /

@@ -1,8 +1,9 @@
 // Copyright 2026 The kvblock Authors.
 // SPDX-License-Identifier: Apache-2.0
 //
-// Kernels over the paged KV pool: copy-on-write page copy, KV write, KV
-// gather, paged decode attention and export to FlashInfer's CSR layout. Each
+// Kernels over the paged KV pool: copy-on-write page copy, the host tier's
+// copies, KV write, KV gather, paged decode attention and export to
+// FlashInfer's CSR layout. Each
 // call validates its arguments, then runs on `device`: the CUDA kernels of
 // kernels/ on a CUDA device (enqueued on `stream`, asynchronous), the CPU
 // references of lib/ on Device::Host() (synchronous; `stream` is ignored).
@@ -40,6 +41,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kvblock/block_pool.h"
 #include "kvblock/config.h"
 #include "kvblock/device.h"
 #include "kvblock/types.h"
@@ -99,6 +101,35 @@ struct CsrPageIndex {
 // that is a source or repeated.
 absl::Status CopyPages(Device& device, const KvPool& pool, const PageId* copies,
                        int64_t num_copies, Stream stream);
+
+// The host tier's KV (non-owning): `num_pages` host pages, each the K and V
+// of one page in every layer: [num_pages, num_layers, 2, page_size,
+// num_kv_heads, head_dim] of the pool's dtype, contiguous, in pinned memory
+// of `device` (Device::AllocatePinned, which a CUDA kernel reads and writes
+// in place; plain host memory on the host device).
+struct HostKvPool {
+  void* data = nullptr;
+  int32_t num_pages = 0;
+};
+
+// Bytes of one host page, what one HostCopy moves: 2 * num_layers *
+// config.PageBytes(). REQUIRES: config.Validate() passes.
+int64_t HostPageBytes(const PagedKvConfig& config);
+
+// Runs a copy batch of the host tier (BlockPool::TakeHostCopies,
+// BatchCommit's StepResult::host_copies): every kDeviceToHost copy (device
+// page `device_page`'s K and V in every layer into host page `host_page`),
+// then every kHostToDevice copy (the other way), one launch each, none for
+// zero copies. `copies`: HostCopy [num_copies], in memory the device reads
+// (device memory or pinned host memory on CUDA). Enqueue it on a stream of
+// its own after the previous step's forward pass, and make this step's
+// copy-on-write copies and forward pass wait for it (an event). Errors:
+// InvalidArgument for a negative count, a null pointer, an invalid pool, a
+// host pool of no pages or misaligned, or (host device) a page out of range,
+// an unknown direction, or two copies of a direction writing the same page.
+absl::Status RunHostCopies(Device& device, const KvPool& pool,
+                           const HostKvPool& host, const HostCopy* copies,
+                           int64_t num_copies, Stream stream);
 
 // Writes the K and V rows of `tokens` into layer `layer` through
 // `page_table`; a token with slot kNoSlot is skipped (padding). Two tokens

@@ -6,6 +6,7 @@
 #include "kvblock/kernels.h"
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
@@ -33,6 +34,17 @@ static_assert(static_cast<int32_t>(kernels::KvDType::kBf16) ==
               static_cast<int32_t>(DType::kBf16));
 static_assert(static_cast<int32_t>(kernels::KvDType::kF32) ==
               static_cast<int32_t>(DType::kF32));
+
+// A HostCopy list is read by the kernel as HostPageCopy.
+static_assert(sizeof(HostCopy) == sizeof(kernels::HostPageCopy));
+static_assert(offsetof(HostCopy, device_page) ==
+              offsetof(kernels::HostPageCopy, device_page));
+static_assert(offsetof(HostCopy, host_page) ==
+              offsetof(kernels::HostPageCopy, host_page));
+static_assert(offsetof(HostCopy, direction) ==
+              offsetof(kernels::HostPageCopy, direction));
+static_assert(static_cast<uint8_t>(HostCopy::Direction::kDeviceToHost) == 0 &&
+              static_cast<uint8_t>(HostCopy::Direction::kHostToDevice) == 1);
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 // The decode grid puts slots in gridDim.z and KV heads in gridDim.y.
@@ -172,6 +184,41 @@ absl::Status CopyPages(Device& device, const KvPool& pool, const PageId* copies,
       [&] {
         return kernels::LaunchCopyPages(KernelPool(pool), copies, num_copies,
                                         stream);
+      });
+}
+
+int64_t HostPageBytes(const PagedKvConfig& config) {
+  return 2 * int64_t{config.num_layers} * config.PageBytes();
+}
+
+absl::Status RunHostCopies(Device& device, const KvPool& pool,
+                           const HostKvPool& host, const HostCopy* copies,
+                           int64_t num_copies, Stream stream) {
+  KVBLOCK_RETURN_IF_ERROR(ValidatePool(pool));
+  if (host.data == nullptr) return Invalid("host: data is null");
+  if (host.num_pages < 1) {
+    return Invalid("host: num_pages ", host.num_pages, " is not positive");
+  }
+  KVBLOCK_RETURN_IF_ERROR(
+      RequireAligned(DTypeSize(pool.config.dtype), {{"host.data", host.data}}));
+  if (num_copies < 0) return Invalid("num_copies ", num_copies, " is negative");
+  if (num_copies == 0) return absl::OkStatus();
+  KVBLOCK_RETURN_IF_ERROR(RequireNonNull({{"copies", copies}}));
+  return Dispatch(
+      device, "RunHostCopies",
+      [&] {
+        return internal::RunHostCopiesReference(pool, host, copies, num_copies);
+      },
+      [&] {
+        const auto* list =
+            reinterpret_cast<const kernels::HostPageCopy*>(copies);
+        for (const uint8_t direction : {0, 1}) {
+          const int error = kernels::LaunchHostCopies(
+              KernelPool(pool), host.data, host.num_pages, list, num_copies,
+              direction, stream);
+          if (error != 0) return error;
+        }
+        return 0;
       });
 }
 

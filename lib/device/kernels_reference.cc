@@ -238,6 +238,69 @@ absl::Status CopyPagesReference(const KvPool& pool, const PageId* copies,
   return absl::OkStatus();
 }
 
+absl::Status RunHostCopiesReference(const KvPool& pool, const HostKvPool& host,
+                                    const HostCopy* copies,
+                                    int64_t num_copies) {
+  const PagedKvConfig& c = pool.config;
+  // Pages written: host pages by stores, device pages by loads.
+  absl::flat_hash_set<int64_t> written;
+  for (int64_t i = 0; i < num_copies; ++i) {
+    const HostCopy& copy = copies[i];
+    const auto bad = [&](auto&&... parts) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("copies[", i, "] = (device page ", copy.device_page,
+                       ", host page ", copy.host_page, ", direction ",
+                       static_cast<int>(copy.direction), "): ", parts...));
+    };
+    if (copy.device_page < 0 || copy.device_page >= c.num_pages) {
+      return bad("device page outside [0, num_pages = ", c.num_pages, ")");
+    }
+    if (copy.host_page < 0 || copy.host_page >= host.num_pages) {
+      return bad("host page outside [0, host.num_pages = ", host.num_pages,
+                 ")");
+    }
+    const bool store = copy.direction == HostCopy::Direction::kDeviceToHost;
+    if (!store && copy.direction != HostCopy::Direction::kHostToDevice) {
+      return bad("unknown direction");
+    }
+    // Stores write host pages (keys >= 0), loads device pages (< 0).
+    const int64_t key = store ? copy.host_page : -1 - int64_t{copy.device_page};
+    if (!written.insert(key).second) {
+      return bad(store ? "its host page" : "its device page",
+                 " is written by an earlier copy of its direction");
+    }
+  }
+  const int64_t page_bytes = c.PageBytes();
+  auto* pool_bytes = static_cast<uint8_t*>(pool.data);
+  auto* host_bytes = static_cast<uint8_t*>(host.data);
+  for (const HostCopy::Direction direction :
+       {HostCopy::Direction::kDeviceToHost,
+        HostCopy::Direction::kHostToDevice}) {
+    for (int64_t i = 0; i < num_copies; ++i) {
+      const HostCopy& copy = copies[i];
+      if (copy.direction != direction) continue;
+      for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+        for (int64_t half = 0; half < 2; ++half) {
+          uint8_t* device_page =
+              pool_bytes + (layer * 2 * c.num_pages + half * c.num_pages +
+                            copy.device_page) *
+                               page_bytes;
+          uint8_t* host_page =
+              host_bytes +
+              ((int64_t{copy.host_page} * c.num_layers + layer) * 2 + half) *
+                  page_bytes;
+          if (direction == HostCopy::Direction::kDeviceToHost) {
+            std::memcpy(host_page, device_page, page_bytes);
+          } else {
+            std::memcpy(device_page, host_page, page_bytes);
+          }
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WriteKvReference(const KvPool& pool, int32_t layer,
                               const DeviceTensor& page_table,
                               const KvTokens& tokens) {

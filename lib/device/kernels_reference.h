@@ -64,6 +64,12 @@ void DenseDecodeAttention(const DenseKv& kv, const DecodeQuery& query,
 // reference gathers the KV and calls DenseDecodeAttention.
 absl::Status CopyPagesReference(const KvPool& pool, const PageId* copies,
                                 int64_t num_copies);
+
+// RunHostCopies on the host: every id, direction and written page checked
+// first (InvalidArgument naming the copy, nothing written), then the stores
+// in order, then the loads.
+absl::Status RunHostCopiesReference(const KvPool& pool, const HostKvPool& host,
+                                    const HostCopy* copies, int64_t num_copies);
 absl::Status WriteKvReference(const KvPool& pool, int32_t layer,
                               const DeviceTensor& page_table,
                               const KvTokens& tokens);

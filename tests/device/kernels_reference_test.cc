@@ -13,6 +13,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kvblock/config.h"
@@ -235,6 +236,106 @@ TEST_CASE("bad copies are refused and change nothing") {
                       kInvalidArgument);
   }
   REQUIRE(kv.Snapshot() == before);
+}
+
+TEST_CASE("host copies store, then load, the K and V of every layer") {
+  // 6 device pages, 3 layers; a host tier of 4 pages.
+  HostPagedKv kv(MakeConfig(DType::kBf16, 6, 2, 3, 2, 3, 1, 4), {});
+  kv.FillRandomBytes(11);
+  const PagedKvConfig& config = kv.config();
+  const int64_t page_bytes = config.PageBytes();
+  REQUIRE(HostPageBytes(config) == 2 * 3 * page_bytes);
+  Bytes host_bytes(4 * HostPageBytes(config));
+  std::mt19937 rng(12);
+  for (unsigned char& b : host_bytes) b = rng() & 0xff;
+  const HostKvPool host{host_bytes.data(), 4};
+  const Bytes device_before = kv.Snapshot();
+  const Bytes host_before = host_bytes;
+  using D = HostCopy::Direction;
+  // Listed load first: stores still run first, so page 2 is loaded with
+  // what the store of device page 5 wrote into host page 1.
+  const std::vector<HostCopy> copies = {{2, 1, D::kHostToDevice},
+                                        {5, 1, D::kDeviceToHost},
+                                        {0, 3, D::kDeviceToHost},
+                                        {4, 0, D::kHostToDevice}};
+  REQUIRE_OK(RunHostCopies(kv.device(), kv.pool(), host, copies.data(),
+                           static_cast<int64_t>(copies.size()), nullptr));
+  Bytes device_expected = device_before;
+  Bytes host_expected = host_before;
+  const auto host_at = [&](HostPageId page, int32_t layer, int32_t half) {
+    return ((int64_t{page} * 3 + layer) * 2 + half) * page_bytes;
+  };
+  for (int32_t layer = 0; layer < 3; ++layer) {
+    for (int32_t half = 0; half < 2; ++half) {
+      const PageId v = half * config.num_pages;
+      std::memcpy(&host_expected[host_at(1, layer, half)],
+                  &device_before[kv.RowOffset(layer, 5 + v, 0)], page_bytes);
+      std::memcpy(&host_expected[host_at(3, layer, half)],
+                  &device_before[kv.RowOffset(layer, 0 + v, 0)], page_bytes);
+      std::memcpy(&device_expected[kv.RowOffset(layer, 2 + v, 0)],
+                  &host_expected[host_at(1, layer, half)], page_bytes);
+      std::memcpy(&device_expected[kv.RowOffset(layer, 4 + v, 0)],
+                  &host_before[host_at(0, layer, half)], page_bytes);
+    }
+  }
+  REQUIRE(kv.Snapshot() == device_expected);
+  REQUIRE(host_bytes == host_expected);
+}
+
+TEST_CASE("bad host copies are refused and change nothing") {
+  HostPagedKv kv(MakeConfig(DType::kF16, 4, 1, 2, 2, 2, 1, 4), {});
+  kv.FillRandomBytes(13);
+  Bytes host_bytes(3 * HostPageBytes(kv.config()), 7);
+  const HostKvPool host{host_bytes.data(), 3};
+  const Bytes device_before = kv.Snapshot();
+  const Bytes host_before = host_bytes;
+  using D = HostCopy::Direction;
+  auto run = [&](const std::vector<HostCopy>& copies) {
+    return RunHostCopies(kv.device(), kv.pool(), host, copies.data(),
+                         static_cast<int64_t>(copies.size()), nullptr);
+  };
+  SECTION("pages out of range") {
+    REQUIRE_STATUS_IS(run({{0, 0, D::kDeviceToHost}, {4, 1, D::kDeviceToHost}}),
+                      kInvalidArgument);
+    const auto host_page = run({{0, 3, D::kHostToDevice}});
+    REQUIRE_STATUS_IS(host_page, kInvalidArgument);
+    REQUIRE(std::string(host_page.message()).find("host page 3") !=
+            std::string::npos);
+    REQUIRE_STATUS_IS(run({{-1, 0, D::kHostToDevice}}), kInvalidArgument);
+  }
+  SECTION("a page written twice in one direction") {
+    REQUIRE_STATUS_IS(run({{0, 2, D::kDeviceToHost}, {1, 2, D::kDeviceToHost}}),
+                      kInvalidArgument);
+    REQUIRE_STATUS_IS(run({{3, 0, D::kHostToDevice}, {3, 1, D::kHostToDevice}}),
+                      kInvalidArgument);
+  }
+  SECTION("an unknown direction") {
+    REQUIRE_STATUS_IS(run({{0, 0, static_cast<D>(2)}}), kInvalidArgument);
+  }
+  SECTION("bad pools, counts and pointers") {
+    const std::vector<HostCopy> one = {{0, 0, D::kDeviceToHost}};
+    REQUIRE_STATUS_IS(
+        RunHostCopies(kv.device(), kv.pool(), host, one.data(), -1, nullptr),
+        kInvalidArgument);
+    REQUIRE_STATUS_IS(
+        RunHostCopies(kv.device(), kv.pool(), host, nullptr, 1, nullptr),
+        kInvalidArgument);
+    REQUIRE_STATUS_IS(RunHostCopies(kv.device(), kv.pool(), {nullptr, 3},
+                                    one.data(), 1, nullptr),
+                      kInvalidArgument);
+    REQUIRE_STATUS_IS(
+        RunHostCopies(kv.device(), kv.pool(), {host_bytes.data(), 0},
+                      one.data(), 1, nullptr),
+        kInvalidArgument);
+    REQUIRE_STATUS_IS(
+        RunHostCopies(kv.device(), kv.pool(), {host_bytes.data() + 1, 3},
+                      one.data(), 1, nullptr),
+        kInvalidArgument);
+    REQUIRE_OK(
+        RunHostCopies(kv.device(), kv.pool(), host, nullptr, 0, nullptr));
+  }
+  REQUIRE(kv.Snapshot() == device_before);
+  REQUIRE(host_bytes == host_before);
 }
 
 TEST_CASE("write then gather round-trips for every dtype") {

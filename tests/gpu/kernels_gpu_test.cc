@@ -192,6 +192,50 @@ TEST_CASE("gpu page copy equals the reference", "[gpu]") {
   REQUIRE(kv.CudaPoolBytes() == kv.host_pool_bytes());
 }
 
+TEST_CASE("gpu host copies equal the reference", "[gpu]") {
+  const Shape shape =
+      GENERATE(Shape{DType::kBf16, 16, 8, 128}, Shape{DType::kF16, 3, 1, 13},
+               Shape{DType::kF32, 17, 2, 5});
+  const int32_t num_copies = GENERATE(0, 1, 40);
+  INFO("page_size " << shape.page_size << " head_dim " << shape.head_dim
+                    << " copies " << num_copies);
+  const PagedKvConfig config = MakeConfig(shape, 96, 1, 1, 3);
+  PagedKvPair kv(config, {}, 4);
+  constexpr int32_t kHostPages = 64;
+  const size_t host_bytes = kHostPages * HostPageBytes(config);
+  // The same host tier contents on the host device and in pinned memory.
+  Bytes host_tier(host_bytes);
+  std::mt19937 rng(5);
+  for (unsigned char& b : host_tier) b = rng() & 0xff;
+  absl::StatusOr<PinnedBuffer> pinned = kv.cuda().AllocatePinned(host_bytes);
+  REQUIRE_OK(pinned);
+  std::memcpy(pinned->data(), host_tier.data(), host_bytes);
+  // Alternating stores and loads over distinct pages of each direction.
+  std::vector<PageId> device_pages(config.num_pages);
+  std::iota(device_pages.begin(), device_pages.end(), 0);
+  std::shuffle(device_pages.begin(), device_pages.end(), rng);
+  std::vector<HostPageId> host_pages(kHostPages);
+  std::iota(host_pages.begin(), host_pages.end(), 0);
+  std::shuffle(host_pages.begin(), host_pages.end(), rng);
+  std::vector<HostCopy> copies;
+  for (int32_t i = 0; i < num_copies; ++i) {
+    copies.push_back({device_pages[i], host_pages[i],
+                      i % 2 == 0 ? HostCopy::Direction::kDeviceToHost
+                                 : HostCopy::Direction::kHostToDevice});
+  }
+  const DeviceBuffer cuda_copies = ToDevice(kv.cuda(), copies);
+  REQUIRE_OK(RunHostCopies(kv.host(), kv.host_pool(),
+                           {host_tier.data(), kHostPages}, copies.data(),
+                           num_copies, nullptr));
+  REQUIRE_OK(RunHostCopies(
+      kv.cuda(), kv.cuda_pool(), {pinned->data(), kHostPages},
+      static_cast<const HostCopy*>(cuda_copies.data()), num_copies, nullptr));
+  REQUIRE_OK(kv.cuda().Synchronize(nullptr));
+  REQUIRE(kv.CudaPoolBytes() == kv.host_pool_bytes());
+  const auto* tier = static_cast<const unsigned char*>(pinned->data());
+  REQUIRE(Bytes(tier, tier + host_bytes) == host_tier);
+}
+
 TEST_CASE("gpu write and gather equal the reference", "[gpu]") {
   const Shape shape =
       GENERATE(Shape{DType::kBf16, 16, 8, 128}, Shape{DType::kF16, 5, 2, 64},

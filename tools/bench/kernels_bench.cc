@@ -1,9 +1,11 @@
 // Copyright 2026 The kvblock Authors.
 // SPDX-License-Identifier: Apache-2.0
 //
-// Kernels of kvblock/kernels.h: page copy, KV write, KV gather and paged
-// decode attention, plus a device-to-device memcpy as the bandwidth ceiling
-// (tools/gpu-check divides each kernel's rate by it). On CUDA device 0 when
+// Kernels of kvblock/kernels.h: page copy, the host tier's copies, KV write,
+// KV gather and paged decode attention, plus a device-to-device memcpy as the
+// bandwidth ceiling (tools/gpu-check divides each kernel's rate by it) and,
+// for the host tier, pinned host-device memcpys of as many bytes as the
+// copy batch (its ceiling over PCIe or NVLink). On CUDA device 0 when
 // there is one, at batch 64 x 4096 tokens (8 KV heads, head_dim 128, bf16,
 // pages of 16 tokens); otherwise on the host device (the CPU references) at
 // batch 4 x 256 tokens, 2 KV heads, head_dim 64.
@@ -161,6 +163,65 @@ void BM_KernelD2DCopy(benchmark::State& state) {
   });
 }
 BENCHMARK(BM_KernelD2DCopy)->UseManualTime();
+
+// The host tier's copies: a batch of a quarter of the pool's pages (K and V,
+// 4 layers) stored into (direction 0) or loaded from (1) pinned host pages,
+// one RunHostCopies launch; on CUDA the kernel reads and writes the host
+// memory in place, over the bus. Also the copy engine's rate for as many
+// bytes (`memcpy:1`: cudaMemcpyAsync between pinned and device memory, one
+// contiguous block), the ceiling the kernel's rate is set against.
+void BM_KernelHostCopies(benchmark::State& state) {
+  constexpr int32_t kLayers = 4;
+  const bool load = state.range(0) != 0;
+  const bool memcpy_only = state.range(1) != 0;
+  Device& device = BenchDevice();
+  absl::StatusOr<PagedSetup> setup = PagedSetup::Create(device, kLayers);
+  if (!setup.ok()) {
+    state.SkipWithError(setup.status().ToString().c_str());
+    return;
+  }
+  const int32_t num_copies = setup->config.num_pages / 4;
+  const auto bytes = static_cast<size_t>(num_copies) *
+                     static_cast<size_t>(HostPageBytes(setup->config));
+  absl::StatusOr<PinnedBuffer> host = device.AllocatePinned(bytes);
+  if (!host.ok()) {
+    state.SkipWithError(host.status().ToString().c_str());
+    return;
+  }
+  if (memcpy_only) {
+    TimeLaunches(state, static_cast<int64_t>(bytes), [&] {
+      return load ? device.CopyToDevice(host->data(), setup->pool.data(), bytes,
+                                        nullptr)
+                  : device.CopyToHost(setup->pool.data(), host->data(), bytes,
+                                      nullptr);
+    });
+    return;
+  }
+  std::vector<HostCopy> list;
+  for (int32_t i = 0; i < num_copies; ++i) {
+    // Every second device page: the kernel gathers and scatters pages.
+    list.push_back({2 * i, i,
+                    load ? HostCopy::Direction::kHostToDevice
+                         : HostCopy::Direction::kDeviceToHost});
+  }
+  absl::StatusOr<DeviceBuffer> copies = Upload(device, list);
+  if (!copies.ok()) {
+    state.SkipWithError(copies.status().ToString().c_str());
+    return;
+  }
+  TimeLaunches(state, static_cast<int64_t>(bytes), [&] {
+    return RunHostCopies(device, setup->kv_pool(), {host->data(), num_copies},
+                         static_cast<const HostCopy*>(copies->data()),
+                         num_copies, nullptr);
+  });
+  state.counters["pages"] = num_copies;
+}
+// bytes_per_second here counts the bytes that cross the bus once (the
+// direction's), not read plus written: a bus moves them one way.
+BENCHMARK(BM_KernelHostCopies)
+    ->ArgNames({"load", "memcpy"})
+    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->UseManualTime();
 
 // Copy-on-write of a quarter of the pages (K and V, 4 layers): sources in the
 // first half of the pool, destinations in the second.
