@@ -3,9 +3,10 @@
 //
 // KvEventPublisher on loopback, every wait bounded: the wire format of a
 // batch in both encodings and both hash forms, decoded with msgpack as a
-// router would; a subscriber that rebuilds the cached set of a random
-// manager run from the events alone; replay from 0 and from the middle for
-// a late subscriber; a full queue that drops and counts; a malformed
+// router would; a host tier's CPU events with exactly the fields vLLM's
+// OffloadingConnector sends; a subscriber that rebuilds the cached set of a
+// random manager run from the events alone; replay from 0 and from the
+// middle for a late subscriber; a full queue that drops and counts; a malformed
 // replay request that gets no reply; a subscriber that never reads, which
 // the bound in bytes on what ZeroMQ holds keeps from growing the process;
 // the replay ring's bound in bytes; threads pinned to a cpu; and the
@@ -349,6 +350,204 @@ TEST_CASE("a recorded batch packs as its built events do") {
   REQUIRE((salted > 0 && adapted > 0 && chained > 0));
   REQUIRE(EncodeKvEventBatch(1.0, KvEventBatch(), Options()) ==
           EncodeKvEventBatch(1.0, std::vector<KvCacheEvent>(), Options()));
+}
+
+// An event's type and its fields in order, as (name, value), from either
+// encoding (a tagged array's names are the ones of the wire format's tables).
+struct DecodedEvent {
+  std::string type;
+  std::vector<std::pair<std::string, const msgpack::object*>> fields;
+  const msgpack::object& operator[](const std::string& name) const {
+    for (const auto& [key, value] : fields) {
+      if (key == name) return *value;
+    }
+    FAIL("no field " << name);
+    return *fields.front().second;
+  }
+};
+DecodedEvent Decode(const msgpack::object& event, Options::Encoding encoding) {
+  DecodedEvent decoded;
+  if (encoding == Options::Encoding::kMap) {
+    REQUIRE(event.type == msgpack::type::MAP);
+    REQUIRE(event.via.map.size >= 1);
+    REQUIRE(event.via.map.ptr[0].key.as<std::string>() == "type");
+    decoded.type = event.via.map.ptr[0].val.as<std::string>();
+    for (uint32_t i = 1; i < event.via.map.size; ++i) {
+      decoded.fields.emplace_back(event.via.map.ptr[i].key.as<std::string>(),
+                                  &event.via.map.ptr[i].val);
+    }
+    return decoded;
+  }
+  REQUIRE(event.type == msgpack::type::ARRAY);
+  decoded.type = event.via.array.ptr[0].as<std::string>();
+  static const std::vector<std::string> kStored = {
+      "block_hashes",
+      "parent_block_hash",
+      "token_ids",
+      "block_size",
+      "lora_id",
+      "medium",
+      "lora_name",
+      "extra_keys",
+      "group_idx",
+      "kv_cache_spec_kind",
+      "kv_cache_spec_sliding_window"};
+  static const std::vector<std::string> kRemoved = {"block_hashes", "medium",
+                                                    "group_idx"};
+  const std::vector<std::string>& names =
+      decoded.type == "BlockStored" ? kStored : kRemoved;
+  REQUIRE(event.via.array.size == names.size() + 1);
+  for (size_t i = 0; i < names.size(); ++i) {
+    decoded.fields.emplace_back(names[i], &event.via.array.ptr[i + 1]);
+  }
+  return decoded;
+}
+
+// A hash as the options send it: the digest's last 8 bytes as a big-endian
+// uint64, or the 32-byte SHA-256 digest as bin.
+bool HashIs(const msgpack::object& sent, const BlockHash& hash,
+            Options::HashForm form) {
+  if (form == Options::HashForm::kBytes) {
+    return sent.type == msgpack::type::BIN &&
+           std::string(sent.via.bin.ptr, sent.via.bin.size) ==
+               std::string(hash.bytes.begin(), hash.bytes.end());
+  }
+  uint64_t low = 0;
+  for (size_t i = hash.bytes.size() - 8; i < hash.bytes.size(); ++i) {
+    low = low << 8 | hash.bytes[i];
+  }
+  return sent.type == msgpack::type::POSITIVE_INTEGER &&
+         sent.as<uint64_t>() == low;
+}
+
+// A manager with a host tier of 4 pages records: prompt A (salted, with an
+// adapter) cached and freed; prompt B evicting A's four pages into the host
+// tier (which fills it); prompt C evicting two of B's, each store dropping
+// one of A's from the host tier. The CPU events are packed as vLLM's
+// OffloadingConnector sends them (hashes, no chain, tokens, block size,
+// adapter, extra keys or group), in both encodings and hash forms.
+TEST_CASE("host tier events are packed as vLLM's CPU events, in either form") {
+  PagedKvConfig config;
+  config.num_pages = 8;
+  config.page_size = kPageSize;
+  config.max_pages_per_seq = 8;
+  config.max_batch = 8;
+  auto manager =
+      BlockManager::Create(config, {.enable_kv_events = true, .host_pages = 4});
+  REQUIRE_OK(manager);
+  BlockManager& bm = **manager;
+  std::vector<HostCopy> copies;
+  REQUIRE_OK(bm.Admit(1, TokenRange(1, 17),
+                      {.cache_salt = "tenant", .adapter_id = 9}));
+  REQUIRE_OK(bm.Free(1));
+  REQUIRE_OK(bm.TakeHostCopies(copies));
+  REQUIRE_OK(bm.Admit(2, TokenRange(1000, 32)));
+  REQUIRE_OK(bm.Free(2));
+  REQUIRE_OK(bm.TakeHostCopies(copies));
+  REQUIRE_OK(bm.Admit(3, TokenRange(2000, 8)));
+  REQUIRE_OK(bm.TakeHostCopies(copies));
+  REQUIRE(copies.size() == 6);  // stores: A's 4, then 2 of B's.
+  REQUIRE(bm.stats().host_evictions == 2);
+
+  KvEventBatch recorded;
+  REQUIRE_OK(bm.TakeKvEvents(recorded));
+  std::vector<KvCacheEvent> events;
+  recorded.AppendTo(events);
+  // The hashes the GPU events named A's and B's pages by.
+  std::vector<BlockHash> gpu_a;
+  std::vector<BlockHash> cpu_stored;
+  std::vector<BlockHash> cpu_removed;
+  for (const KvCacheEvent& event : events) {
+    const bool stored = event.kind == KvCacheEvent::Kind::kBlockStored;
+    if (event.medium == KvCacheEvent::Medium::kGpu) {
+      if (stored && event.adapter_id == 9) gpu_a = event.block_hashes;
+      continue;
+    }
+    std::vector<BlockHash>& into = stored ? cpu_stored : cpu_removed;
+    into.insert(into.end(), event.block_hashes.begin(),
+                event.block_hashes.end());
+  }
+  REQUIRE(gpu_a.size() == 4);
+  REQUIRE(cpu_stored.size() == 6);
+  // A's pages went to the host tier continuation first (the LRU order of
+  // the device), and the host tier dropped them in the order it stored
+  // them.
+  REQUIRE(std::vector<BlockHash>(cpu_stored.begin(), cpu_stored.begin() + 4) ==
+          std::vector<BlockHash>(gpu_a.rbegin(), gpu_a.rend()));
+  REQUIRE(cpu_removed ==
+          std::vector<BlockHash>(cpu_stored.begin(), cpu_stored.begin() + 2));
+
+  for (const auto encoding :
+       {Options::Encoding::kMap, Options::Encoding::kTaggedArray}) {
+    for (const auto form :
+         {Options::HashForm::kInt64, Options::HashForm::kBytes}) {
+      INFO("tagged arrays " << (encoding == Options::Encoding::kTaggedArray)
+                            << ", bytes "
+                            << (form == Options::HashForm::kBytes));
+      Options options;
+      options.block_size = kPageSize;
+      options.encoding = encoding;
+      options.hash_form = form;
+      const std::string payload = EncodeKvEventBatch(2.5, recorded, options);
+      // The records pack as the events built from them.
+      REQUIRE(payload == EncodeKvEventBatch(2.5, events, options));
+      const msgpack::object_handle handle =
+          msgpack::unpack(payload.data(), payload.size());
+      const msgpack::object& list = handle.get().via.array.ptr[1];
+      REQUIRE(list.via.array.size == events.size());
+      size_t next_stored = 0;
+      size_t next_removed = 0;
+      for (uint32_t i = 0; i < list.via.array.size; ++i) {
+        const DecodedEvent event = Decode(list.via.array.ptr[i], encoding);
+        if (event["medium"].as<std::string>() == "GPU") {
+          // A GPU event keeps its group (an int) and its own fields.
+          REQUIRE(event["group_idx"].as<int32_t>() == 0);
+          if (event.type == "BlockStored") {
+            REQUIRE(event["block_size"].as<int32_t>() == kPageSize);
+          }
+          continue;
+        }
+        REQUIRE(event["medium"].as<std::string>() == "CPU");
+        std::vector<std::string> names;
+        for (const auto& field : event.fields) names.push_back(field.first);
+        const msgpack::object& hashes = event["block_hashes"];
+        REQUIRE(hashes.type == msgpack::type::ARRAY);
+        std::vector<BlockHash>& expected =
+            event.type == "BlockStored" ? cpu_stored : cpu_removed;
+        size_t& next = event.type == "BlockStored" ? next_stored : next_removed;
+        for (uint32_t h = 0; h < hashes.via.array.size; ++h) {
+          REQUIRE(next < expected.size());
+          REQUIRE(HashIs(hashes.via.array.ptr[h], expected[next++], form));
+        }
+        if (event.type == "BlockRemoved") {
+          REQUIRE(names == std::vector<std::string>{"block_hashes", "medium",
+                                                    "group_idx"});
+          REQUIRE(event["group_idx"].is_nil());
+          continue;
+        }
+        REQUIRE(event.type == "BlockStored");
+        REQUIRE(names == std::vector<std::string>{
+                             "block_hashes", "parent_block_hash", "token_ids",
+                             "block_size", "lora_id", "medium", "lora_name",
+                             "extra_keys", "group_idx", "kv_cache_spec_kind",
+                             "kv_cache_spec_sliding_window"});
+        REQUIRE(event["parent_block_hash"].is_nil());
+        REQUIRE(event["token_ids"].type == msgpack::type::ARRAY);
+        REQUIRE(event["token_ids"].via.array.size == 0);
+        REQUIRE(event["block_size"].type == msgpack::type::POSITIVE_INTEGER);
+        REQUIRE(event["block_size"].as<int32_t>() == 0);
+        // A's pages carry a salt and an adapter on the GPU; not on the CPU.
+        for (const char* nil :
+             {"lora_id", "lora_name", "extra_keys", "group_idx",
+              "kv_cache_spec_kind", "kv_cache_spec_sliding_window"}) {
+          INFO(nil);
+          REQUIRE(event[nil].is_nil());
+        }
+      }
+      REQUIRE(next_stored == cpu_stored.size());
+      REQUIRE(next_removed == cpu_removed.size());
+    }
+  }
 }
 
 // One message from `socket`, waiting at most kTimeoutMs; empty on timeout.
