@@ -577,3 +577,169 @@ def test_threads_sharing_a_manager_and_its_commit_are_serialized():
     commit.check_invariants()
     manager.check_invariants()
     assert manager.num_allocatable == config.num_pages
+
+
+# Host tier -----------------------------------------------------------------
+
+STORE = kvblock.HostCopyDirection.DEVICE_TO_HOST
+LOAD = kvblock.HostCopyDirection.HOST_TO_DEVICE
+
+
+def host_manager(host_pages=16, **options):
+    """8 pages of 4 tokens and a host tier of `host_pages`."""
+    settings = kvblock.BlockManagerOptions()
+    settings.host_pages = host_pages
+    for name, value in options.items():
+        setattr(settings, name, value)
+    return kvblock.BlockManager(make_config(num_pages=8), settings)
+
+
+def test_host_tier_options_and_their_refusals():
+    options = kvblock.BlockManagerOptions()
+    assert options.host_pages == 0
+    assert options.host_write_policy == kvblock.HostWritePolicy.WRITE_BACK
+    options.host_write_policy = kvblock.HostWritePolicy.WRITE_THROUGH
+    assert options.host_write_policy == kvblock.HostWritePolicy.WRITE_THROUGH
+    with pytest.raises(kvblock.InvalidArgumentError, match="prefix caching"):
+        host_manager(enable_prefix_caching=False)
+    with pytest.raises(kvblock.InvalidArgumentError, match="host_pages"):
+        host_manager(host_pages=-1)
+    groups = [kvblock.KvCacheGroupSpec(page_size=4),
+              kvblock.KvCacheGroupSpec(kvblock.AttentionKind.SLIDING_WINDOW,
+                                       page_size=4, sliding_window=8)]
+    with pytest.raises(kvblock.InvalidArgumentError,
+                       match="one full-attention"):
+        host_manager(kv_cache_groups=groups)
+    # Without a host tier there is nothing to take, in the same dtype.
+    plain = kvblock.BlockManager(make_config(num_pages=8))
+    plain.admit(1, np.arange(9, dtype=np.int32))
+    copies = plain.take_host_copies()
+    assert copies.dtype == kvblock.HOST_COPY_DTYPE and len(copies) == 0
+    assert plain.num_host_cached == 0
+
+
+def test_host_copy_rows_have_the_cpp_layout():
+    dtype = kvblock.HOST_COPY_DTYPE
+    assert dtype.itemsize == 12
+    assert dtype.names == ("device_page", "host_page", "direction")
+    assert [dtype.fields[name][1] for name in dtype.names] == [0, 4, 8]
+    assert (int(STORE), int(LOAD)) == (0, 1)
+    rows = np.zeros(2, dtype=dtype)
+    rows["direction"][1] = LOAD
+    assert (rows["direction"] == LOAD).tolist() == [False, True]
+
+
+def test_a_prompt_evicted_to_the_host_tier_is_loaded_back():
+    manager = host_manager()
+    prompt_a = np.arange(1, 18, dtype=np.int32)  # 4 full pages and a token.
+    manager.admit(1, prompt_a)
+    manager.free(1)
+    # Write-back: nothing moves until the pool evicts A's cached pages.
+    assert len(manager.take_host_copies()) == 0
+    manager.admit(2, np.arange(1000, 1032, dtype=np.int32))  # all 8 pages.
+    manager.free(2)
+    stores = manager.take_host_copies()
+    assert len(stores) == 4 and (stores["direction"] == STORE).all()
+    assert len(set(stores["host_page"].tolist())) == 4
+    assert manager.num_host_cached == 4
+    assert manager.stats["host_stores"] == 4
+    assert len(manager.take_host_copies()) == 0  # taken once.
+
+    planned = manager.plan_admission(prompt_a)
+    assert (planned.hit_pages, planned.host_hit_pages) == (4, 4)
+    assert planned.new_pages == 1 and planned.pages_consumed == 5
+    plan = manager.admit(3, prompt_a)
+    assert plan.hit_tokens == 16 and plan.host_hit_pages == 4
+    pages = manager.pages(3)
+    copies = manager.take_host_copies()
+    loads = copies[copies["direction"] == LOAD]
+    # Each page it takes evicts one of B's (stored): 5 stores, 4 loads into
+    # A's first four pages, from the host pages A went to.
+    assert len(copies) == 9 and len(loads) == 4
+    assert loads["device_page"].tolist() == pages[:4]
+    assert set(loads["host_page"].tolist()) == set(stores["host_page"].tolist())
+    stats = manager.stats
+    assert stats["prefix_hit_tokens"] == 16 and stats["host_hit_tokens"] == 16
+    assert stats["host_loads"] == 4 and stats["host_stores"] == 9
+    assert stats["host_evictions"] == 0
+    # Loaded, A's pages are device hits again.
+    manager.free(3)
+    again = manager.plan_admission(prompt_a)
+    assert (again.hit_pages, again.host_hit_pages) == (4, 0)
+    manager.check_invariants()
+
+
+def test_write_through_stores_in_the_batch_after_the_step():
+    manager = host_manager(
+        host_write_policy=kvblock.HostWritePolicy.WRITE_THROUGH)
+    manager.admit(1, np.arange(1, 18, dtype=np.int32))
+    # Cached in this batch: stored in the next one, once its KV is computed.
+    assert len(manager.take_host_copies()) == 0
+    stores = manager.take_host_copies()
+    assert len(stores) == 4 and (stores["direction"] == STORE).all()
+    assert manager.num_host_cached == 4
+    manager.check_invariants()
+
+
+def test_a_step_carries_its_host_copies():
+    config = make_config(num_pages=8, max_batch=4)
+    options = kvblock.BlockManagerOptions()
+    options.host_pages = 16
+    manager = kvblock.BlockManager(config, options)
+    table = kvblock.KVPageTable(4, 8, 8, kvblock.Device.host())
+    commit = kvblock.BatchCommit(manager, table)
+    prompt_a = np.arange(1, 18, dtype=np.int32)
+    step = commit.commit(joins=[kvblock.Join(1, prompt_a)])
+    assert len(step.host_copies) == 0
+    assert step.host_copies.dtype == kvblock.HOST_COPY_DTYPE
+    commit.commit(finished=[1])
+    step = commit.commit(
+        joins=[kvblock.Join(2, np.arange(1000, 1032, dtype=np.int32))])
+    assert len(step.host_copies) == 4
+    assert (step.host_copies["direction"] == STORE).all()
+    assert not step.host_copies.flags.writeable  # a view, as `copies`.
+    commit.commit(finished=[2])
+    step = commit.commit(joins=[kvblock.Join(3, prompt_a)])
+    loads = step.host_copies[step.host_copies["direction"] == LOAD]
+    assert loads["device_page"].tolist() == manager.pages(3)[:4]
+    assert manager.stats["host_hit_tokens"] == 16
+    # The manager's batch was the step's: nothing is left to take.
+    assert len(manager.take_host_copies()) == 0
+    commit.check_invariants()
+
+
+def test_block_pool_host_tier_stores_loads_and_parks():
+    pool = kvblock.BlockPool(4, host_pages=2)
+    assert pool.host_pages == 2 and pool.num_host_cached == 0
+    hashes = [bytes([i]) * 32 for i in range(1, 5)]
+    pages = [pool.allocate() for _ in hashes]
+    for page, digest in zip(pages, hashes):
+        pool.register_cached(page, digest)
+    assert len(pool.take_host_copies()) == 0  # cached in that batch.
+    for page in pages:
+        pool.release(page)
+    page = pool.allocate()  # evicts the LRU head, stored first.
+    assert page == pages[0] and pool.lookup(hashes[0]) is None
+    (store,) = pool.host_copies
+    assert (store["device_page"], store["direction"]) == (page, STORE)
+    assert pool.host_lookup(hashes[0]) == store["host_page"]
+    assert pool.take_host_copies().tolist() == [
+        (page, store["host_page"], int(STORE))]
+    with pytest.raises(kvblock.FailedPreconditionError, match="host tier"):
+        pool.load_from_host(hashes[1])  # on the device still.
+    loaded = pool.load_from_host(hashes[0])  # into the next evicted page.
+    assert pool.lookup(hashes[0]) == loaded and pool.ref_count(loaded) == 1
+    copies = pool.host_copies
+    assert copies["direction"].tolist() == [STORE, LOAD]
+    assert copies["device_page"].tolist() == [loaded, loaded]
+    # Released in its batch, a loaded page is held until the batch is taken.
+    pool.release(loaded)
+    assert pool.parked_pages == [loaded] and pool.num_used == 2
+    with pytest.raises(kvblock.FailedPreconditionError, match="not taken"):
+        pool.reset_prefix_cache()
+    assert len(pool.take_host_copies()) == 2
+    assert pool.parked_pages == [] and pool.num_used == 1
+    stats = pool.stats
+    assert (stats["host_stores"], stats["host_loads"]) == (2, 1)
+    assert stats["host_evictions"] == 0
+    pool.check_invariants()

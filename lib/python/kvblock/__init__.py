@@ -4,7 +4,8 @@
 
 The classes are the C++ library's (kvblock._kvblock, pybind11): PagedKvConfig,
 BlockPool, BlockManagerOptions, BlockManager, Device, KVPageTable, BatchCommit with Join
-and PromptChunk. Token ids, counts and slot maps are numpy arrays; a step's
+and PromptChunk. A host tier's copies are numpy arrays of HOST_COPY_DTYPE rows
+(device_page, host_page, direction: a HostCopyDirection). Token ids, counts and slot maps are numpy arrays; a step's
 results are read-only views valid until the next commit. Every error is a
 kvblock.Error, whose subclasses name the status code and also derive from
 the matching built-in (InvalidArgumentError is a ValueError, NotFoundError a
@@ -31,7 +32,10 @@ try:
         DType,
         Error,
         FailedPreconditionError,
+        HOST_COPY_DTYPE,
         HashAlgorithm,
+        HostCopyDirection,
+        HostWritePolicy,
         InternalError,
         InvalidArgumentError,
         Join,
@@ -69,7 +73,10 @@ __all__ = [
     "DType",
     "Error",
     "FailedPreconditionError",
+    "HOST_COPY_DTYPE",
     "HashAlgorithm",
+    "HostCopyDirection",
+    "HostWritePolicy",
     "InternalError",
     "InvalidArgumentError",
     "Join",

@@ -1,6 +1,7 @@
 # Copyright 2026 The kvblock Authors.
 # SPDX-License-Identifier: Apache-2.0
 # Type stubs of kvblock._kvblock: module.cc's classes, and vllm_*.cc's.
+import enum
 from typing import Any, Callable, Iterator, Optional, Sequence, TypedDict
 
 import numpy as np
@@ -43,8 +44,22 @@ class PagedKvConfig:
     @property
     def max_tokens_per_seq(self) -> int: ...
 
+class HostWritePolicy:
+    WRITE_BACK: HostWritePolicy
+    WRITE_THROUGH: HostWritePolicy
+
+class HostCopyDirection(enum.IntEnum):
+    DEVICE_TO_HOST = 0
+    HOST_TO_DEVICE = 1
+
+# A host copy's row: device_page int32, host_page int32, direction uint8 (a
+# HostCopyDirection value); 12 bytes, the C++ HostCopy's layout.
+HOST_COPY_DTYPE: np.dtype
+HostCopies = npt.NDArray[np.void]
+
 class BlockPool:
-    def __init__(self, num_pages: int) -> None: ...
+    def __init__(self, num_pages: int, host_pages: int = 0,
+                 host_write_policy: HostWritePolicy = ...) -> None: ...
     def allocate(self) -> int: ...
     def retain(self, page: int) -> None: ...
     def release(self, page: int) -> None: ...
@@ -52,6 +67,17 @@ class BlockPool:
     def register_cached(self, page: int, hash: bytes) -> int: ...
     def lookup(self, hash: bytes) -> Optional[int]: ...
     def ref_count(self, page: int) -> int: ...
+    def host_lookup(self, hash: bytes) -> Optional[int]: ...
+    def load_from_host(self, hash: bytes) -> int: ...
+    def take_host_copies(self) -> HostCopies: ...
+    @property
+    def host_copies(self) -> HostCopies: ...
+    @property
+    def parked_pages(self) -> list[int]: ...
+    @property
+    def host_pages(self) -> int: ...
+    @property
+    def num_host_cached(self) -> int: ...
     @property
     def num_pages(self) -> int: ...
     @property
@@ -91,11 +117,14 @@ class BlockManagerOptions:
     enable_kv_events: bool
     reserved_kv_changes: int
     kv_cache_groups: list[KvCacheGroupSpec]
+    host_pages: int
+    host_write_policy: HostWritePolicy
     def __init__(self) -> None: ...
 
 class AdmissionPlan:
     hit_pages: int
     hit_tokens: int
+    host_hit_pages: int
     revived_pages: int
     new_pages: int
     computed_tokens: int
@@ -132,6 +161,10 @@ class ManagerStats(TypedDict):
     evictions: int
     pages_in_use: int
     peak_pages_in_use: int
+    host_hit_tokens: int
+    host_stores: int
+    host_loads: int
+    host_evictions: int
 
 class KvCacheEvent:
     @property
@@ -144,6 +177,8 @@ class KvCacheEvent:
     cache_salt: str
     adapter_id: int
     group_idx: int
+    @property
+    def medium(self) -> str: ...  # GPU, or CPU (the host tier)
 
 class BlockManager:
     def __init__(self, config: PagedKvConfig,
@@ -196,6 +231,9 @@ class BlockManager:
     def config(self) -> PagedKvConfig: ...
     def reset_prefix_cache(self) -> None: ...
     def take_kv_events(self) -> list[KvCacheEvent]: ...
+    def take_host_copies(self) -> HostCopies: ...
+    @property
+    def num_host_cached(self) -> int: ...
     def check_invariants(self) -> None: ...
 
 class Device:
@@ -256,6 +294,8 @@ class StepResult:
     def new_pages(self) -> int: ...
     @property
     def draft_copies(self) -> int: ...
+    @property
+    def host_copies(self) -> HostCopies: ...
 
 class BatchCommit:
     def __init__(self, manager: BlockManager, table: KVPageTable) -> None: ...

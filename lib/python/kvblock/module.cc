@@ -15,6 +15,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -121,7 +122,50 @@ py::dict StatsDict(const BlockManagerStats& s) {
       "appended_tokens"_a = s.appended_tokens, "draft_slots"_a = s.draft_slots,
       "cow_copies"_a = s.cow_copies, "evictions"_a = s.evictions,
       "pages_in_use"_a = s.pages_in_use,
-      "peak_pages_in_use"_a = s.peak_pages_in_use);
+      "peak_pages_in_use"_a = s.peak_pages_in_use,
+      "host_hit_tokens"_a = s.host_hit_tokens, "host_stores"_a = s.host_stores,
+      "host_loads"_a = s.host_loads, "host_evictions"_a = s.host_evictions);
+}
+
+// The numpy dtype of a HostCopy, in its C++ layout (so that a copy batch
+// goes to RunHostCopies, or the caller's copy code, as it is):
+// device_page int32, host_page int32, direction uint8 (HostCopyDirection),
+// 12 bytes a row.
+py::dtype HostCopyDtype() {
+  static_assert(sizeof(HostCopy) == 12);
+  static_assert(offsetof(HostCopy, device_page) == 0);
+  static_assert(offsetof(HostCopy, host_page) == 4);
+  static_assert(offsetof(HostCopy, direction) == 8);
+  static_assert(sizeof(HostCopy::Direction) == 1);
+  py::list names;
+  names.append("device_page");
+  names.append("host_page");
+  names.append("direction");
+  py::list formats;
+  formats.append("i4");
+  formats.append("i4");
+  formats.append("u1");
+  py::list offsets;
+  offsets.append(0);
+  offsets.append(4);
+  offsets.append(8);
+  return py::dtype(names, formats, offsets, sizeof(HostCopy));
+}
+
+// `copies` as a read-only array of HostCopyDtype rows: a view kept alive by
+// `owner`, or (no owner) a copy the array owns.
+py::array HostCopiesArray(absl::Span<const HostCopy> copies,
+                          py::handle owner = py::handle()) {
+  // Never destroyed: a static's destructor would run after the
+  // interpreter is gone.
+  static const py::dtype* const dtype = new py::dtype(HostCopyDtype());
+  py::array array(*dtype, {static_cast<py::ssize_t>(copies.size())}, {},
+                  copies.data(), owner);
+  if (owner) {
+    py::detail::array_proxy(array.ptr())->flags &=
+        ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  }
+  return array;
 }
 
 // A device and where DLPack says it is.
@@ -238,6 +282,29 @@ void BindConfig(py::module_& m) {
       .value("FULL", AttentionKind::kFull)
       .value("SLIDING_WINDOW", AttentionKind::kSlidingWindow)
       .value("CHUNKED_LOCAL", AttentionKind::kChunkedLocal);
+  py::enum_<HostWritePolicy>(
+      m, "HostWritePolicy",
+      "When the host tier stores a cached page: WRITE_BACK when the pool "
+      "evicts it, WRITE_THROUGH in the copy batch after the step that "
+      "cached it.")
+      .value("WRITE_BACK", HostWritePolicy::kWriteBack)
+      .value("WRITE_THROUGH", HostWritePolicy::kWriteThrough);
+  // An IntEnum, so that a HOST_COPY_DTYPE array's `direction` field (its
+  // values) compares equal to it: numpy compares a pybind11 enum as an
+  // object, equal to nothing.
+  py::object direction = py::module_::import("enum").attr("IntEnum")(
+      "HostCopyDirection",
+      py::make_tuple(
+          py::make_tuple("DEVICE_TO_HOST",
+                         static_cast<int>(HostCopy::Direction::kDeviceToHost)),
+          py::make_tuple("HOST_TO_DEVICE",
+                         static_cast<int>(HostCopy::Direction::kHostToDevice))),
+      "module"_a = "kvblock");
+  direction.attr("__doc__") =
+      "A host copy's direction, the `direction` field of a HOST_COPY_DTYPE "
+      "row: DEVICE_TO_HOST (a store) or HOST_TO_DEVICE (a load).";
+  m.attr("HostCopyDirection") = direction;
+  m.attr("HOST_COPY_DTYPE") = HostCopyDtype();
   py::class_<KvCacheGroupSpec>(
       m, "KvCacheGroupSpec",
       "One KV cache group of a hybrid model: its attention kind, page size, "
@@ -279,10 +346,18 @@ void BindConfig(py::module_& m) {
       .def_readwrite("kv_cache_groups", &BlockManagerOptions::kv_cache_groups,
                      "The model's KV cache groups (a list of "
                      "KvCacheGroupSpec; assign a whole list). Empty: one "
-                     "full-attention group of the config's page size.");
+                     "full-attention group of the config's page size.")
+      .def_readwrite("host_pages", &BlockManagerOptions::host_pages,
+                     "Pages of the host tier, which keeps the cached pages "
+                     "the pool evicts (0: none). Needs prefix caching and "
+                     "one full-attention group.")
+      .def_readwrite("host_write_policy",
+                     &BlockManagerOptions::host_write_policy);
   py::class_<AdmissionPlan>(m, "AdmissionPlan")
       .def_readonly("hit_pages", &AdmissionPlan::hit_pages)
       .def_readonly("hit_tokens", &AdmissionPlan::hit_tokens)
+      .def_readonly("host_hit_pages", &AdmissionPlan::host_hit_pages,
+                    "Of the hits, pages loaded from the host tier.")
       .def_readonly("revived_pages", &AdmissionPlan::revived_pages)
       .def_readonly("new_pages", &AdmissionPlan::new_pages)
       .def_readonly("computed_tokens", &AdmissionPlan::computed_tokens)
@@ -364,8 +439,16 @@ void BindEvents(py::module_& m) {
       .def_readonly("cache_salt", &KvCacheEvent::cache_salt)
       .def_readonly("adapter_id", &KvCacheEvent::adapter_id)
       .def_readonly("group_idx", &KvCacheEvent::group_idx)
+      .def_property_readonly(
+          "medium",
+          [](const KvCacheEvent& e) {
+            return e.medium == KvCacheEvent::Medium::kCpu ? "CPU" : "GPU";
+          },
+          "Where the pages are: \"GPU\" (the pool) or \"CPU\" (its host "
+          "tier: hashes only, no parent, tokens, salt or adapter).")
       .def("__repr__", [](const KvCacheEvent& e) {
         return std::string("KvCacheEvent(") + KindName(e.kind) + ", " +
+               (e.medium == KvCacheEvent::Medium::kCpu ? "CPU, " : "") +
                std::to_string(e.block_hashes.size()) + " pages)";
       });
 }
@@ -386,10 +469,14 @@ void BindPool(py::module_& m) {
       m, "BlockPool",
       "The refcounted page pool with its prefix cache: pages, refcounts, "
       "copy-on-write, cached pages and their LRU eviction.")
-      .def(py::init([](int32_t num_pages) {
-             return ValueOrThrow(BlockPool::Create(num_pages));
+      .def(py::init([](int32_t num_pages, int32_t host_pages,
+                       HostWritePolicy host_write_policy) {
+             return ValueOrThrow(BlockPool::Create(
+                 num_pages, {.host_pages = host_pages,
+                             .host_write_policy = host_write_policy}));
            }),
-           "num_pages"_a)
+           "num_pages"_a, "host_pages"_a = 0,
+           "host_write_policy"_a = HostWritePolicy::kWriteBack)
       .def("allocate", [](BlockPool& p) { return ValueOrThrow(p.Allocate()); })
       .def(
           "retain",
@@ -437,6 +524,46 @@ void BindPool(py::module_& m) {
       .def_property_readonly("num_evictable", &BlockPool::NumEvictable)
       .def_property_readonly("num_cached", &BlockPool::NumCached)
       .def_property_readonly("num_used", &BlockPool::NumUsed)
+      .def(
+          "host_lookup",
+          [](const BlockPool& p, const py::bytes& hash) -> py::object {
+            const std::optional<HostPageId> page = p.HostLookup(HashOf(hash));
+            if (!page.has_value()) return py::none();
+            return py::int_(*page);
+          },
+          "hash"_a, "The host page cached under `hash`, or None.")
+      .def(
+          "load_from_host",
+          [](BlockPool& p, const py::bytes& hash) {
+            return ValueOrThrow(p.LoadFromHost(HashOf(hash)));
+          },
+          "hash"_a,
+          "Loads the host tier's page of `hash` into a new page (refcount 1, "
+          "cached under `hash`) and returns it; the load is listed in the "
+          "open copy batch.")
+      .def(
+          "take_host_copies",
+          [](BlockPool& p) {
+            std::vector<HostCopy> copies;
+            ThrowIfError(p.TakeHostCopies(copies));
+            return HostCopiesArray(copies);
+          },
+          "The open copy batch (HOST_COPY_DTYPE rows, in order), and opens "
+          "the next one: run every store (DEVICE_TO_HOST), then every load.")
+      .def_property_readonly(
+          "host_copies",
+          [](const BlockPool& p) { return HostCopiesArray(p.host_copies()); },
+          "The open copy batch's copies so far (a copy).")
+      .def_property_readonly(
+          "parked_pages",
+          [](const BlockPool& p) {
+            const absl::Span<const PageId> parked = p.parked_pages();
+            return std::vector<PageId>(parked.begin(), parked.end());
+          },
+          "Pages loaded and released in the open batch, held by the pool "
+          "until it is taken.")
+      .def_property_readonly("host_pages", &BlockPool::host_pages)
+      .def_property_readonly("num_host_cached", &BlockPool::NumHostCached)
       .def("reset_prefix_cache",
            [](BlockPool& p) { ThrowIfError(p.ResetPrefixCache()); })
       .def("check_invariants",
@@ -448,7 +575,10 @@ void BindPool(py::module_& m) {
             "cow_copies"_a = s.cow_copies, "cache_hits"_a = s.cache_hits,
             "cache_revivals"_a = s.cache_revivals,
             "cache_registrations"_a = s.cache_registrations,
-            "peak_used"_a = s.peak_used);
+            "peak_used"_a = s.peak_used, "host_stores"_a = s.host_stores,
+            "host_loads"_a = s.host_loads,
+            "host_evictions"_a = s.host_evictions,
+            "host_store_skips"_a = s.host_store_skips);
       });
 }
 
@@ -733,6 +863,29 @@ void BindManager(py::module_& m) {
           },
           "The KV cache events since the last call, in order (with "
           "BlockManagerOptions.enable_kv_events; between steps).")
+      .def(
+          "take_host_copies",
+          [](PyBlockManager& self) {
+            std::vector<HostCopy> copies;
+            {
+              const ObjectLock lock(self.mutex, "BlockManager");
+              ThrowIfError(self.manager->TakeHostCopies(copies));
+            }
+            return HostCopiesArray(copies);
+          },
+          "The copies between the pool and its host tier since the last "
+          "call (HOST_COPY_DTYPE rows, in order; empty without a host "
+          "tier), and opens the next batch. Run every store "
+          "(DEVICE_TO_HOST), then every load, after the last forward pass "
+          "and before the next. A BatchCommit's steps carry theirs in "
+          "StepResult.host_copies instead.")
+      .def_property_readonly(
+          "num_host_cached",
+          [](PyBlockManager& self) {
+            const ObjectLock lock(self.mutex, "BlockManager");
+            return self.manager->pool().NumHostCached();
+          },
+          "Host tier pages holding a cached page (0 without a host tier).")
       .def("check_invariants", [](PyBlockManager& self) {
         const ObjectLock lock(self.mutex, "BlockManager");
         const BlockManager& bm = *self.manager;
@@ -893,9 +1046,18 @@ void BindCommit(py::module_& m) {
                              [](const PyStepResult& r) { return r.step.batch; })
       .def_property_readonly(
           "new_pages", [](const PyStepResult& r) { return r.step.new_pages; })
-      .def_property_readonly("draft_copies", [](const PyStepResult& r) {
-        return r.step.draft_copies;
-      });
+      .def_property_readonly(
+          "draft_copies",
+          [](const PyStepResult& r) { return r.step.draft_copies; })
+      .def_property_readonly(
+          "host_copies",
+          [](const PyStepResult& r) {
+            return HostCopiesArray(r.step.host_copies, r.commit);
+          },
+          "With a host tier: the step's copy batch, HOST_COPY_DTYPE rows "
+          "(device_page, host_page, direction). Run every store "
+          "(DEVICE_TO_HOST), then every load, before `copies` and the "
+          "step's forward pass.");
   py::class_<PyBatchCommit>(
       m, "BatchCommit",
       "Applies one scheduler step as a transaction and compacts it into the "
