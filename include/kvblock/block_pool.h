@@ -494,8 +494,8 @@ class BlockPool {
     PageId page;
     // kRevive: the LRU neighbour before `page`. kEvict, kUncache and
     // kUncacheFree: the page before `page` among the pages cached under
-    // `hash`, kNoPage when `page` was the one a lookup found. kStamp: the
-    // stamp, as uint32_t.
+    // `hash`, kNoPage when `page` was the one a lookup found. kStamp and
+    // kRegister: the page's copy batch stamp before, as uint32_t.
     PageId prev;
     PageId lru_prev;  // kUncacheFree only.
     BlockHash hash;
@@ -545,8 +545,9 @@ class BlockPool {
   bool LoadedInBatch(PageId page) const {
     return (pages_[page].batch & (kBatchMask | kLoaded)) == (batch_ | kLoaded);
   }
-  // Stamps `page` with the open batch and `flags`, keeping the flags it has
-  // from that batch; journaled.
+  // `page`'s stamp with the open batch and `flags`, keeping the flags it has
+  // from that batch; Stamp sets it, journaled.
+  uint32_t StampFor(PageId page, uint32_t flags) const;
   void Stamp(PageId page, uint32_t flags = 0);
   // Evicting `victim`: prefetches for the two evictions after it.
   void PrefetchNextEvictions(PageId victim) const;

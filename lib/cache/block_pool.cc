@@ -257,6 +257,9 @@ inline void BlockPool::PrefetchNextEvictions(PageId victim) const {
   const PageState& next = pages_[pages_[victim].lru_next];
   index_->Prefetch(next.tag);
   __builtin_prefetch(&pages_[next.lru_next]);
+  // Its write-back looks its key up in the host tier (the same tag, the
+  // host index's bucket), and may drop the host LRU head.
+  if (host_ != nullptr) host_->PrefetchStore(next.tag);
 }
 
 PageId BlockPool::AllocateUnchecked() {
@@ -288,12 +291,17 @@ PageId BlockPool::AllocateUnchecked() {
   return page;
 }
 
-void BlockPool::Stamp(PageId page, uint32_t flags) {
+uint32_t BlockPool::StampFor(PageId page, uint32_t flags) const {
   const uint32_t old = pages_[page].batch;
   const uint32_t kept =
       (old & kBatchMask) == batch_ ? old & (kLoaded | kParked) : 0;
-  Journal(UndoRecord::Op::kStamp, page, static_cast<PageId>(old));
-  pages_[page].batch = batch_ | kept | flags;
+  return batch_ | kept | flags;
+}
+
+void BlockPool::Stamp(PageId page, uint32_t flags) {
+  Journal(UndoRecord::Op::kStamp, page,
+          static_cast<PageId>(pages_[page].batch));
+  pages_[page].batch = StampFor(page, flags);
 }
 
 void BlockPool::WriteBack(PageId page) {
@@ -302,7 +310,8 @@ void BlockPool::WriteBack(PageId page) {
     ++stats_.host_store_skips;
     return;
   }
-  const HostPageId held = host_->Find(pages_[page].hash);
+  // The page's index tag is the host index's too (one Tag function).
+  const HostPageId held = host_->Find(pages_[page].hash, pages_[page].tag);
   if (held != kNoHostPage) {
     host_->Use(held, /*batch=*/0);
     return;
@@ -314,7 +323,7 @@ bool BlockPool::StoreToHost(PageId page) {
   const PageState& state = pages_[page];
   internal::HostTier::Evicted evicted;
   const HostPageId host_page =
-      host_->Store(state.hash, state.group, batch_, evicted);
+      host_->Store(state.hash, state.tag, state.group, batch_, evicted);
   if (host_page == kNoHostPage) return false;
   if (evicted.any) {
     ++stats_.host_evictions;
@@ -470,12 +479,16 @@ absl::StatusOr<PageId> BlockPool::RegisterCached(PageId page,
   if (duplicate) LinkDuplicate(indexed, page);
   ++num_cached_;
   if (stored) ++stats_.cache_registrations;
-  if (host_ != nullptr) Stamp(page);
-  if (stored && host_ != nullptr &&
-      host_write_policy_ == HostWritePolicy::kWriteThrough) {
-    write_through_.push_back(page);
+  // Its stamp before rides in the record (`prev`), undone with it.
+  const uint32_t stamp_before = state.batch;
+  if (host_ != nullptr) {
+    state.batch = StampFor(page, 0);
+    if (stored && host_write_policy_ == HostWritePolicy::kWriteThrough) {
+      write_through_.push_back(page);
+    }
   }
-  Journal(UndoRecord::Op::kRegister, page, kNoPage, hash, group_before);
+  Journal(UndoRecord::Op::kRegister, page, static_cast<PageId>(stamp_before),
+          hash, group_before);
   return indexed;
 }
 
@@ -682,7 +695,7 @@ absl::Status BlockPool::TakeHostCopies(std::vector<HostCopy>& out) {
 }
 
 BlockPool::Savepoint BlockPool::BeginTransaction() {
-  ++depth_;
+  if (++depth_ == 1 && host_ != nullptr) host_->set_journaling(true);
   return Savepoint{
       .depth = depth_,
       .journal_size = journal_.size(),
@@ -703,7 +716,10 @@ absl::Status BlockPool::CommitTransaction(const Savepoint& savepoint) {
   }
   if (--depth_ == 0) {
     journal_.clear();
-    if (host_ != nullptr) host_->ForgetJournal();
+    if (host_ != nullptr) {
+      host_->ForgetJournal();
+      host_->set_journaling(false);
+    }
   }
   return absl::OkStatus();
 }
@@ -726,7 +742,7 @@ absl::Status BlockPool::RollbackTransaction(const Savepoint& savepoint) {
   }
   stats_ = savepoint.stats;
   if (events_ != nullptr) events_->Truncate(savepoint.events);
-  --depth_;
+  if (--depth_ == 0 && host_ != nullptr) host_->set_journaling(false);
   return absl::OkStatus();
 }
 
@@ -801,6 +817,7 @@ void BlockPool::Undo(const UndoRecord& record) {
     case UndoRecord::Op::kRegister:
       Unindex(page);
       pages_[page].group = record.group;
+      pages_[page].batch = static_cast<uint32_t>(record.prev);
       break;
     case UndoRecord::Op::kUncache:
       Recache(page, record.hash, record.prev);

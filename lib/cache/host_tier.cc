@@ -8,14 +8,24 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "cache/prefix_index.h"
 
 namespace kvblock::internal {
+namespace {
+
+// The index's room: twice the pages. Most of a write-back tier's lookups
+// miss (the evicted page's key is new to it), and a miss searches until a
+// bucket that no key passes: at half the load, it stops in the home
+// bucket far more often.
+int32_t IndexEntries(int32_t num_pages) {
+  return num_pages <= (1 << 29) ? 2 * num_pages : (1 << 30);
+}
+
+}  // namespace
 
 HostTier::HostTier(int32_t num_pages, int32_t journal_reserve)
     : num_pages_(num_pages),
       pages_(static_cast<size_t>(num_pages) + 1),
-      index_(std::make_unique<PrefixIndex>(num_pages)) {
+      index_(std::make_unique<PrefixIndex>(IndexEntries(num_pages))) {
   free_.reserve(num_pages);
   Clear();
   journal_.reserve(journal_reserve);
@@ -26,12 +36,16 @@ HostTier::~HostTier() = default;
 int64_t HostTier::ReservedBytes(int32_t num_pages, int32_t journal_reserve) {
   return (int64_t{num_pages} + 1) * int64_t{sizeof(PageState)} +
          int64_t{num_pages} * int64_t{sizeof(HostPageId)} +
-         PrefixIndex::ReservedBytes(num_pages) +
+         PrefixIndex::ReservedBytes(IndexEntries(num_pages)) +
          int64_t{journal_reserve} * int64_t{sizeof(UndoRecord)};
 }
 
 HostPageId HostTier::Find(const BlockHash& key) const {
-  return index_->Find(key, [this](PageId page) -> const BlockHash& {
+  return Find(key, PrefixIndex::Tag(key));
+}
+
+HostPageId HostTier::Find(const BlockHash& key, uint32_t tag) const {
+  return index_->Find(tag, key, [this](PageId page) -> const BlockHash& {
     return pages_[page].key;
   });
 }
@@ -53,10 +67,11 @@ void HostTier::Unlink(HostPageId page) {
   pages_[page].lru_next = kNoHostPage;
 }
 
-void HostTier::Index(HostPageId page, const BlockHash& key, int32_t group) {
+void HostTier::Index(HostPageId page, const BlockHash& key, uint32_t tag,
+                     int32_t group) {
   PageState& state = pages_[page];
   state.key = key;
-  state.tag = PrefixIndex::Tag(key);
+  state.tag = tag;
   state.group = static_cast<uint8_t>(group);
   state.cached = 1;
   // Room by construction: at most num_pages_ keys, each cached once.
@@ -74,8 +89,8 @@ void HostTier::Unindex(HostPageId page) {
   --num_cached_;
 }
 
-HostPageId HostTier::Store(const BlockHash& key, int32_t group, uint32_t batch,
-                           Evicted& evicted) {
+HostPageId HostTier::Store(const BlockHash& key, uint32_t tag, int32_t group,
+                           uint32_t batch, Evicted& evicted) {
   evicted.any = false;
   HostPageId page;
   UndoRecord record{};
@@ -86,6 +101,7 @@ HostPageId HostTier::Store(const BlockHash& key, int32_t group, uint32_t batch,
   } else {
     page = pages_[num_pages_].lru_next;
     if (page == num_pages_ || pages_[page].batch == batch) return kNoHostPage;
+    PrefetchAfter(page);
     record.op = UndoRecord::Op::kStoreEvict;
     record.key = pages_[page].key;
     record.group = pages_[page].group;
@@ -95,8 +111,8 @@ HostPageId HostTier::Store(const BlockHash& key, int32_t group, uint32_t batch,
   }
   record.page = page;
   record.batch = pages_[page].batch;
-  journal_.push_back(record);
-  Index(page, key, group);
+  if (journaling_) journal_.push_back(record);
+  Index(page, key, tag, group);
   pages_[page].batch = batch;
   LinkAfter(tail(), page);
   return page;
@@ -104,15 +120,32 @@ HostPageId HostTier::Store(const BlockHash& key, int32_t group, uint32_t batch,
 
 void HostTier::Use(HostPageId page, uint32_t batch) {
   PageState& state = pages_[page];
-  journal_.push_back({.op = UndoRecord::Op::kUse,
-                      .group = 0,
-                      .page = page,
-                      .lru_prev = state.lru_prev,
-                      .batch = state.batch,
-                      .key = {}});
+  if (journaling_) {
+    journal_.push_back({.op = UndoRecord::Op::kUse,
+                        .group = 0,
+                        .page = page,
+                        .lru_prev = state.lru_prev,
+                        .batch = state.batch,
+                        .key = {}});
+  }
   Unlink(page);
   LinkAfter(tail(), page);
   if (batch != 0) state.batch = batch;
+}
+
+void HostTier::PrefetchStore(uint32_t tag) const {
+  index_->Prefetch(tag);
+  // The head's own line and bucket: Store asked for them when it dropped
+  // the head before it (PrefetchAfter).
+  __builtin_prefetch(&pages_[pages_[num_pages_].lru_next]);
+}
+
+void HostTier::PrefetchAfter(HostPageId dropped) const {
+  // The next head's line came in at the store before this one: its tag
+  // names its bucket; the head after it is the line for the store after.
+  const PageState& next = pages_[pages_[dropped].lru_next];
+  index_->Prefetch(next.tag);
+  __builtin_prefetch(&pages_[next.lru_next]);
 }
 
 void HostTier::Rollback(size_t mark) {
@@ -129,7 +162,7 @@ void HostTier::Rollback(size_t mark) {
         // It was the head when it was evicted.
         Unlink(page);
         Unindex(page);
-        Index(page, record.key, record.group);
+        Index(page, record.key, PrefixIndex::Tag(record.key), record.group);
         LinkAfter(num_pages_, page);
         break;
       case UndoRecord::Op::kUse:

@@ -36,13 +36,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "cache/prefix_index.h"
 #include "kvblock/block_hash.h"
 #include "kvblock/types.h"
 
-namespace kvblock {
-class PrefixIndex;
-
-namespace internal {
+namespace kvblock::internal {
 
 class HostTier {
  public:
@@ -60,8 +58,10 @@ class HostTier {
   int32_t num_cached() const { return num_cached_; }
   int32_t num_free() const { return static_cast<int32_t>(free_.size()); }
 
-  // The page cached under `key`, or kNoHostPage. O(1) expected.
+  // The page cached under `key`, or kNoHostPage; `tag` is the key's
+  // PrefixIndex::Tag, which a caller that keeps it passes. O(1) expected.
   HostPageId Find(const BlockHash& key) const;
+  HostPageId Find(const BlockHash& key, uint32_t tag) const;
   // The key and KV cache group of cached `page`.
   const BlockHash& key(HostPageId page) const { return pages_[page].key; }
   int32_t group(HostPageId page) const { return pages_[page].group; }
@@ -82,13 +82,25 @@ class HostTier {
   // the page at the LRU tail, stamped with `batch`; kNoHostPage, changing
   // nothing, when no page is free and the head is used by `batch`.
   HostPageId Store(const BlockHash& key, int32_t group, uint32_t batch,
-                   Evicted& evicted);
+                   Evicted& evicted) {
+    return Store(key, PrefixIndex::Tag(key), group, batch, evicted);
+  }
+  // The same with the key's tag (PrefixIndex::Tag), which the caller keeps.
+  HostPageId Store(const BlockHash& key, uint32_t tag, int32_t group,
+                   uint32_t batch, Evicted& evicted);
   // Moves cached `page` to the LRU tail and, unless `batch` is 0, stamps it
   // as used by copy batch `batch` (a load from it).
   void Use(HostPageId page, uint32_t batch);
+  // Starts loading what a Find and Store of a key whose index tag is `tag`
+  // (PrefixIndex::Tag) will read: its home bucket, and the LRU head a store
+  // would drop with its bucket.
+  void PrefetchStore(uint32_t tag) const;
 
-  // Journal: a mark to roll back to, the rollback, and forgetting the
-  // records once the outermost transaction commits.
+  // Journal: records are kept only while a transaction is open
+  // (set_journaling, from BlockPool's outermost Begin to its end); a mark to
+  // roll back to, the rollback, and forgetting the records once the
+  // outermost transaction commits.
+  void set_journaling(bool on) { journaling_ = on; }
   size_t journal_size() const { return journal_.size(); }
   void Rollback(size_t mark);
   void ForgetJournal() { journal_.clear(); }
@@ -108,7 +120,8 @@ class HostTier {
   std::vector<HostPageId> UsedBy(uint32_t batch) const;
 
  private:
-  struct PageState {
+  // One cache line a page: a store or eviction touches one.
+  struct alignas(64) PageState {
     BlockHash key;  // while cached.
     uint32_t tag = 0;
     // LRU links of cached pages (kNoHostPage otherwise); entry num_pages_ is
@@ -134,10 +147,13 @@ class HostTier {
     BlockHash key;
   };
 
+  // Dropping LRU head `dropped`: prefetches for the two stores after it.
+  void PrefetchAfter(HostPageId dropped) const;
   void LinkAfter(HostPageId prev, HostPageId page);
   void Unlink(HostPageId page);
   HostPageId tail() const { return pages_[num_pages_].lru_prev; }
-  void Index(HostPageId page, const BlockHash& key, int32_t group);
+  void Index(HostPageId page, const BlockHash& key, uint32_t tag,
+             int32_t group);
   void Unindex(HostPageId page);
 
   const int32_t num_pages_;
@@ -145,10 +161,10 @@ class HostTier {
   std::vector<HostPageId> free_;  // top = back().
   int32_t num_cached_ = 0;
   std::unique_ptr<PrefixIndex> index_;
+  bool journaling_ = false;
   std::vector<UndoRecord> journal_;
 };
 
-}  // namespace internal
-}  // namespace kvblock
+}  // namespace kvblock::internal
 
 #endif  // KVBLOCK_LIB_CACHE_HOST_TIER_H_

@@ -89,7 +89,13 @@ class PrefixIndex {
   // The page indexed under `hash`, or kNoPage. O(1) expected.
   template <typename HashOf>
   PageId Find(const BlockHash& hash, const HashOf& hash_of) const {
-    const uint32_t tag = Tag(hash);
+    return Find(Tag(hash), hash, hash_of);
+  }
+  // The same for a caller that keeps the tag. REQUIRES: `tag` == Tag(hash).
+  template <typename HashOf>
+  PageId Find(uint32_t tag, const BlockHash& hash,
+              const HashOf& hash_of) const {
+    assert(tag == Tag(hash));
     const size_t home = Home(tag);
     for (size_t b = home;; b = Next(b)) {
       const Bucket& bucket = buckets_[b];

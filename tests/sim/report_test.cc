@@ -141,6 +141,56 @@ TEST_CASE("the report counts rejections past the listed ones") {
   REQUIRE(report["rejected_requests"].size() == 3);
 }
 
+TEST_CASE("with a host tier the report splits hits by tier and costs copies") {
+  SimResult result = SampleResult();
+  result.host_pages = 4000;
+  result.host_hit_tokens = 600;
+  result.host_stores = 30;
+  result.host_loads = 40;
+  result.host_bytes_stored = 30 * 8192;
+  result.host_bytes_loaded = 40 * 8192;
+  result.host_evictions = 5;
+  result.host_copy_ns = 2'500'000;
+  result.host_copy_ns_max_step = 60'000;
+  RunSetup setup = SampleSetup();
+  setup.config.manager.host_pages = 4000;
+  std::ostringstream out;
+  PrintReport(result, setup, out);
+  const std::string text = out.str();
+  for (const char* line : {
+           "  by tier         400 from the device (10.0%), 600 from the host "
+           "tier (15.0%)\n",
+           "host tier         4000 pages (write-back); 30 pages stored (245.8 "
+           "KB), 40 loaded (327.7 KB), 5 host pages reused; copies at 64 "
+           "GB/s: 2.50 ms in all, 5.0 us a step, at most 60.0 us\n",
+       }) {
+    INFO(line);
+    REQUIRE(text.find(line) != std::string::npos);
+  }
+  std::ostringstream json;
+  WriteJsonReport(result, setup, json);
+  const nlohmann::json report = nlohmann::json::parse(json.str());
+  REQUIRE(report["host_pages"] == 4000);
+  REQUIRE(report["device_hit_tokens"] == 400);
+  REQUIRE(report["host_hit_tokens"] == 600);
+  REQUIRE(report["host_stores"] == 30);
+  REQUIRE(report["host_loads"] == 40);
+  REQUIRE(report["host_bytes_stored"] == 30 * 8192);
+  REQUIRE(report["host_bytes_loaded"] == 40 * 8192);
+  REQUIRE(report["host_evictions"] == 5);
+  REQUIRE(report["host_copy_ns"] == 2'500'000);
+  REQUIRE(report["host_copy_ns_per_step"] == 5'000.0);
+  REQUIRE(report["host_copy_ns_max_step"] == 60'000);
+  REQUIRE(report["config"]["host_pages"] == 4000);
+  REQUIRE(report["config"]["host_bandwidth_gbps"] == 64.0);
+  REQUIRE(report["config"]["host_write_through"] == false);
+  // Without a host tier the text has neither line.
+  std::ostringstream plain;
+  PrintReport(SampleResult(), SampleSetup(), plain);
+  REQUIRE(plain.str().find("\nhost tier ") == std::string::npos);
+  REQUIRE(plain.str().find("by tier") == std::string::npos);
+}
+
 TEST_CASE("the JSON report has the design's fields") {
   std::ostringstream out;
   WriteJsonReport(SampleResult(), SampleSetup(), out);
@@ -187,7 +237,8 @@ TEST_CASE("the JSON report has the design's fields") {
   REQUIRE(report["table_setup_ns"] == 2'000'000);
   REQUIRE(report["host_ns_per_sequence_step"] == 50.0);
   const nlohmann::json& phases = report["host_ns_by_phase"];
-  REQUIRE(phases.size() == 9);
+  REQUIRE(phases.size() == 10);
+  REQUIRE(phases["host_copies"] == 0);
   REQUIRE(phases["planning"] == 1'000'000);
   REQUIRE(phases["admissions"] == 1'500'000);
   REQUIRE(phases["appends"] == 1'000'000);

@@ -13,6 +13,7 @@
 
 #include "base/group_spec_test_util.h"
 #include "kvblock/device.h"
+#include "kvblock/kernels.h"
 #include "kvblock/kv_events.h"
 #include "sim/models.h"
 #include "sim/random.h"
@@ -589,7 +590,10 @@ TEST_CASE("every built-in workload runs to completion with its pages back") {
   config.manager.hash_algorithm = HashAlgorithm::kXxh3_128;
   for (const WorkloadInfo& workload : Workloads()) {
     // Their own tests, below.
-    if (workload.name == "serving" || workload.name == "longcontext") continue;
+    if (workload.name == "serving" || workload.name == "longcontext" ||
+        workload.name == "chat") {
+      continue;
+    }
     INFO(workload.name);
     auto requests = MakeWorkload(workload.name, 7);
     REQUIRE_OK(requests);
@@ -665,6 +669,70 @@ TEST_CASE("the serving workload runs at its geometry; time adds up by phase") {
   REQUIRE(result.upload_ranges > 0);
   REQUIRE(result.upload_bytes <
           result.upload_ranges * (16 + 4 * int64_t{144}) / 4);
+}
+
+TEST_CASE(
+    "a host tier ten times the pool brings the chat workload's hits "
+    "back") {
+  // 2,000 pages forget a conversation between its turns; with ample pages
+  // three quarters of the prompt tokens hit.
+  SchedulerConfig config = WorkloadConfig(2000, 96, 64);
+  auto requests = MakeWorkload("chat", 1);
+  REQUIRE_OK(requests);
+  const SimResult small = RunChecked(config, *requests);
+  SchedulerConfig ample_config = config;
+  ample_config.kv.num_pages = 100000;
+  const SimResult ample = RunChecked(ample_config, *requests);
+  SchedulerConfig host_config = config;
+  host_config.manager.host_pages = 20000;
+  const SimResult host = RunChecked(host_config, *requests);
+  const auto rate = [](const SimResult& r) {
+    return static_cast<double>(r.prefix_hit_tokens) /
+           static_cast<double>(r.prompt_tokens);
+  };
+  CAPTURE(rate(small), rate(ample), rate(host));
+  REQUIRE(small.prompt_tokens == host.prompt_tokens);
+  REQUIRE(rate(small) < 0.05);
+  REQUIRE(rate(ample) > 0.70);
+  REQUIRE(rate(host) > rate(ample) - 0.05);
+  // The hits are the host tier's, each a page loaded back.
+  REQUIRE(small.host_hit_tokens == 0);
+  REQUIRE(host.host_hit_tokens > host.prefix_hit_tokens / 2);
+  REQUIRE(host.host_hit_tokens % config.kv.page_size == 0);
+  REQUIRE(host.host_loads >= host.host_hit_tokens / config.kv.page_size);
+  REQUIRE(host.host_stores > 0);
+  REQUIRE(host.host_bytes_stored ==
+          host.host_stores * HostPageBytes(host_config.kv));
+  // The timeline adds up to the totals; the modelled copy time too.
+  int64_t stores = 0, loads = 0, hits = 0, copy_ns = 0;
+  for (const StepRecord& record : host.timeline) {
+    stores += record.host_stores;
+    loads += record.host_loads;
+    hits += record.host_hit_tokens;
+    copy_ns += record.host_copy_ns;
+  }
+  REQUIRE(stores == host.host_stores);
+  REQUIRE(loads == host.host_loads);
+  REQUIRE(hits == host.host_hit_tokens);
+  REQUIRE(copy_ns == host.host_copy_ns);
+  REQUIRE(host.host_copy_ns > 0);
+  REQUIRE(host.host_ns_by_phase.host_copies_ns > 0);
+}
+
+TEST_CASE("write-through stores what is cached, and hits as write-back does") {
+  SchedulerConfig config = WorkloadConfig(256, 32, 64);
+  auto requests = MakeWorkload("multiturn", 2);
+  REQUIRE_OK(requests);
+  config.manager.host_pages = 4096;
+  const SimResult back = RunChecked(config, *requests);
+  config.manager.host_write_policy = HostWritePolicy::kWriteThrough;
+  const SimResult through = RunChecked(config, *requests);
+  CAPTURE(back.host_stores, through.host_stores, back.prefix_hit_tokens,
+          through.prefix_hit_tokens);
+  REQUIRE(back.host_hit_tokens > 0);
+  REQUIRE(through.host_stores > back.host_stores);
+  // A cached page is in the host tier before it can leave the pool.
+  REQUIRE(through.prefix_hit_tokens >= back.prefix_hit_tokens);
 }
 
 // The geometry the mixed workload needs, in few pages.
@@ -799,6 +867,15 @@ TEST_CASE("bad scheduler configs are rejected") {
   REQUIRE_STATUS_IS(created, kInvalidArgument);
   REQUIRE(created.status().message().find("spec_acceptance") !=
           absl::string_view::npos);
+  config = SmallConfig(16);
+  config.host_bandwidth_gbps = 0;
+  created = Scheduler::Create(config, *device);
+  REQUIRE_STATUS_IS(created, kInvalidArgument);
+  REQUIRE(created.status().message().find("host_bandwidth_gbps") !=
+          absl::string_view::npos);
+  config = SmallConfig(16);
+  config.host_page_bytes = -1;
+  REQUIRE_STATUS_IS(Scheduler::Create(config, *device), kInvalidArgument);
   // A host KV pool of 2^48 bytes, valid as a geometry, fits no machine.
   config = SmallConfig(16);
   config.kv.num_kv_heads = 1 << 20;

@@ -41,15 +41,20 @@ TEST_CASE("the CSV timeline has a header and one row per step") {
        .cow_copies = 0,
        .evictions = 3,
        .waiting = 0,
-       .limit = StepLimit::kNone},
+       .limit = StepLimit::kNone,
+       .host_hit_tokens = 32,
+       .host_stores = 3,
+       .host_loads = 2,
+       .host_copy_ns = 1500},
   };
   std::ostringstream out;
   WriteTimelineCsv(steps, out);
   REQUIRE(out.str() ==
           "step,batch,pages_used,hit_tokens,prompt_tokens,preemptions,"
-          "cow_copies,evictions,waiting,limit\n"
-          "0,2,9,16,40,0,1,0,4,pages\n"
-          "5,1,7,0,0,1,0,3,0,none\n");
+          "cow_copies,evictions,waiting,limit,host_hit_tokens,host_stores,"
+          "host_loads,host_copy_us\n"
+          "0,2,9,16,40,0,1,0,4,pages,0,0,0,0.000\n"
+          "5,1,7,0,0,1,0,3,0,none,32,3,2,1.500\n");
 }
 
 TEST_CASE("the SVG chart draws four bounded lines under its title") {

@@ -24,7 +24,7 @@ std::vector<Request> Make(absl::string_view name, uint64_t seed) {
 }
 
 TEST_CASE("every workload is deterministic for a seed and valid") {
-  REQUIRE(Workloads().size() == 8);
+  REQUIRE(Workloads().size() == 9);
   for (const WorkloadInfo& workload : Workloads()) {
     INFO(workload.name);
     const std::vector<Request> a = Make(workload.name, 42);

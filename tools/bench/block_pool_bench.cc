@@ -26,8 +26,10 @@ BlockHash BenchHash(uint32_t i) {
   return hash;
 }
 
-std::unique_ptr<BlockPool> MakePool(benchmark::State& state) {
-  auto pool = BlockPool::Create(static_cast<int32_t>(state.range(0)));
+// A pool of state.range(0) pages, with a host tier of `host` times as many.
+std::unique_ptr<BlockPool> MakePool(benchmark::State& state, int32_t host = 0) {
+  const auto num_pages = static_cast<int32_t>(state.range(0));
+  auto pool = BlockPool::Create(num_pages, {.host_pages = host * num_pages});
   if (!pool.ok()) {
     state.SkipWithError(pool.status().ToString().c_str());
     return nullptr;
@@ -37,8 +39,9 @@ std::unique_ptr<BlockPool> MakePool(benchmark::State& state) {
 
 // A pool whose every page is cached under BenchHash(page) and evictable,
 // released in page order (page 0 is the LRU head).
-std::unique_ptr<BlockPool> MakeCachedPool(benchmark::State& state) {
-  std::unique_ptr<BlockPool> pool = MakePool(state);
+std::unique_ptr<BlockPool> MakeCachedPool(benchmark::State& state,
+                                          int32_t host = 0) {
+  std::unique_ptr<BlockPool> pool = MakePool(state, host);
   if (pool == nullptr) return nullptr;
   std::vector<PageId> pages(pool->num_pages());
   bool ok = pool->AllocateN(absl::MakeSpan(pages)).ok();
@@ -130,18 +133,33 @@ BENCHMARK(BM_PoolAcquireCachedPrefixRevive)->Arg(1000)->Arg(1000000);
 
 // Allocation that evicts the LRU head (every page is cached and evictable);
 // the page is cached again under a new hash and released to the LRU tail.
+// With `host` (host pages per page of the pool), each eviction stores the
+// page in the host tier (its LRU head dropped once it is full), the copies
+// taken every 64 allocations, as a step takes them.
 void BM_PoolAllocateEvict(benchmark::State& state) {
-  std::unique_ptr<BlockPool> pool = MakeCachedPool(state);
+  std::unique_ptr<BlockPool> pool =
+      MakeCachedPool(state, static_cast<int32_t>(state.range(1)));
   if (pool == nullptr) return;
+  std::vector<HostCopy> copies;
+  copies.reserve(64);
   uint32_t next_hash = static_cast<uint32_t>(pool->num_pages());
   for (auto _ : state) {
     const PageId page = *pool->Allocate();
     pool->RegisterCached(page, BenchHash(next_hash++)).IgnoreError();
     pool->Release(page).IgnoreError();
+    if (next_hash % 64 == 0) {
+      copies.clear();
+      pool->TakeHostCopies(copies).IgnoreError();
+    }
   }
   state.SetItemsProcessed(state.iterations());
+  state.counters["host_stores"] =
+      benchmark::Counter(static_cast<double>(pool->stats().host_stores),
+                         benchmark::Counter::kAvgIterations);
 }
-BENCHMARK(BM_PoolAllocateEvict)->Arg(1000)->Arg(1000000);
+BENCHMARK(BM_PoolAllocateEvict)
+    ->ArgNames({"pages", "host"})
+    ->ArgsProduct({{1000, 1000000}, {0, 10}});
 
 // A transaction of kChain allocations (half of them evictions) rolled back;
 // items are pages.

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "kvblock/block_hash.h"
+#include "kvblock/kernels.h"
 #include "kvblock/version.h"
 #include "nlohmann/json.hpp"
 #include "sim/models.h"
@@ -75,11 +76,21 @@ std::vector<Phase> PhasesOf(const HostPhases& p) {
       {"page_table", "page table", "the step's row moves and updates",
        p.page_table_ns},
       {"upload", "upload", "the page-table patch to the device", p.upload_ns},
+      {"host_copies", "host copies", "copy list, the host tier's copies",
+       p.host_copies_ns},
       {"copy_on_write", "copy-on-write", "copy list, copy kernel, waits",
        p.copy_on_write_ns},
       {"kv_events", "kv events", "taking the events, handing them over",
        p.kv_events_ns},
   };
+}
+
+// "512 B", "3.4 KB", "5.6 MB" or "7.89 GB" (powers of 10^3).
+std::string FormatBytes(double bytes) {
+  if (bytes < 1e3) return absl::StrFormat("%.0f B", bytes);
+  if (bytes < 1e6) return absl::StrFormat("%.1f KB", bytes / 1e3);
+  if (bytes < 1e9) return absl::StrFormat("%.1f MB", bytes / 1e6);
+  return absl::StrFormat("%.2f GB", bytes / 1e9);
 }
 
 // "950 ns", "12.3 us", "4.56 ms" or "1.23 s".
@@ -152,6 +163,34 @@ void PrintReport(const SimResult& result, const RunSetup& setup,
       "prompt tokens     %d admitted, %d from the prefix cache "
       "(%.1f%% hit rate)\n",
       result.prompt_tokens, result.prefix_hit_tokens, 100 * rates.hit_rate);
+  if (result.host_pages > 0) {
+    const double prompts = static_cast<double>(result.prompt_tokens);
+    const int64_t device_hits =
+        result.prefix_hit_tokens - result.host_hit_tokens;
+    out << absl::StrFormat(
+        "  by tier         %d from the device (%.1f%%), %d from the host "
+        "tier (%.1f%%)\n",
+        device_hits, 100 * Ratio(static_cast<double>(device_hits), prompts),
+        result.host_hit_tokens,
+        100 * Ratio(static_cast<double>(result.host_hit_tokens), prompts));
+    out << absl::StrFormat(
+        "host tier         %d pages (%s); %d pages stored (%s), %d loaded "
+        "(%s), %d host pages reused; copies at %g GB/s: %s in all, %s a "
+        "step, at most %s\n",
+        result.host_pages,
+        config.manager.host_write_policy == HostWritePolicy::kWriteThrough
+            ? "write-through"
+            : "write-back",
+        result.host_stores,
+        FormatBytes(static_cast<double>(result.host_bytes_stored)),
+        result.host_loads,
+        FormatBytes(static_cast<double>(result.host_bytes_loaded)),
+        result.host_evictions, config.host_bandwidth_gbps,
+        FormatNanos(static_cast<double>(result.host_copy_ns)),
+        FormatNanos(Ratio(static_cast<double>(result.host_copy_ns),
+                          static_cast<double>(result.steps))),
+        FormatNanos(static_cast<double>(result.host_copy_ns_max_step)));
+  }
   out << absl::StrFormat(
       "generated tokens  %d (%d of them recomputed after a preemption)\n",
       result.generated_tokens, result.recomputed_tokens);
@@ -303,6 +342,20 @@ void WriteJsonReport(const SimResult& result, const RunSetup& setup,
   report["prompt_tokens"] = result.prompt_tokens;
   report["prefix_hit_tokens"] = result.prefix_hit_tokens;
   report["prefix_hit_rate"] = rates.hit_rate;
+  report["host_pages"] = result.host_pages;
+  report["device_hit_tokens"] =
+      result.prefix_hit_tokens - result.host_hit_tokens;
+  report["host_hit_tokens"] = result.host_hit_tokens;
+  report["host_stores"] = result.host_stores;
+  report["host_loads"] = result.host_loads;
+  report["host_bytes_stored"] = result.host_bytes_stored;
+  report["host_bytes_loaded"] = result.host_bytes_loaded;
+  report["host_evictions"] = result.host_evictions;
+  report["host_copy_ns"] = result.host_copy_ns;
+  report["host_copy_ns_per_step"] =
+      Ratio(static_cast<double>(result.host_copy_ns),
+            static_cast<double>(result.steps));
+  report["host_copy_ns_max_step"] = result.host_copy_ns_max_step;
   report["generated_tokens"] = result.generated_tokens;
   report["recomputed_tokens"] = result.recomputed_tokens;
   const auto stats_json = [](const StepStats& stats) {
@@ -412,6 +465,13 @@ void WriteJsonReport(const SimResult& result, const RunSetup& setup,
       {"num_kv_heads", config.kv.num_kv_heads},
       {"head_dim", config.kv.head_dim},
       {"dtype", std::string(DTypeName(config.kv.dtype))},
+      {"host_pages", config.manager.host_pages},
+      {"host_write_through",
+       config.manager.host_write_policy == HostWritePolicy::kWriteThrough},
+      {"host_bandwidth_gbps", config.host_bandwidth_gbps},
+      {"host_page_bytes", config.host_page_bytes > 0
+                              ? config.host_page_bytes
+                              : HostPageBytes(config.kv)},
   };
   out << report.dump(2) << '\n';
 }

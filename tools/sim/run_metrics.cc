@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "kvblock/block_hash.h"
+#include "kvblock/kernels.h"
 #include "kvblock/status_macros.h"
 
 namespace kvblock::sim {
@@ -19,9 +20,12 @@ void HostClock::Lap(int64_t HostPhases::*phase) {
 }
 
 RunMetrics::RunMetrics(const SchedulerConfig& config, int64_t requests)
-    : config_(config) {
+    : config_(config),
+      host_page_bytes_(config.host_page_bytes > 0 ? config.host_page_bytes
+                                                  : HostPageBytes(config.kv)) {
   result_.requests = requests;
   result_.num_pages = config.kv.num_pages;
+  result_.host_pages = config.manager.host_pages;
 }
 
 void RunMetrics::Complete(const RequestState& r) {
@@ -61,6 +65,12 @@ void RunMetrics::AddStep(const StepResult& step,
       .evictions = static_cast<int32_t>(after.evictions - before.evictions),
       .waiting = summary.waiting,
       .limit = summary.limit,
+      .host_hit_tokens = after.host_hit_tokens - before.host_hit_tokens,
+      .host_stores =
+          static_cast<int32_t>(after.host_stores - before.host_stores),
+      .host_loads = static_cast<int32_t>(after.host_loads - before.host_loads),
+      .host_copy_ns =
+          HostCopyNanos(static_cast<int64_t>(step.host_copies.size())),
   };
   switch (record.limit) {
     case StepLimit::kPages:
@@ -75,6 +85,9 @@ void RunMetrics::AddStep(const StepResult& step,
     case StepLimit::kNone:
       break;
   }
+  result_.host_copy_ns += record.host_copy_ns;
+  result_.host_copy_ns_max_step =
+      std::max(result_.host_copy_ns_max_step, record.host_copy_ns);
   result_.draft_copies += step.draft_copies;
   result_.peak_draft_pages =
       std::max(result_.peak_draft_pages, summary.draft_only_pages);
@@ -122,6 +135,12 @@ SimResult RunMetrics::Finish(const SchedulerState& state, double wall_seconds,
   result_.evictions = stats.evictions;
   result_.peak_pages_used = stats.peak_pages_in_use;
   result_.prompt_chunks = stats.prompt_chunks;
+  result_.host_hit_tokens = stats.host_hit_tokens;
+  result_.host_stores = stats.host_stores;
+  result_.host_loads = stats.host_loads;
+  result_.host_bytes_stored = stats.host_stores * host_page_bytes_;
+  result_.host_bytes_loaded = stats.host_loads * host_page_bytes_;
+  result_.host_evictions = stats.host_evictions;
   result_.mean_pages_used =
       result_.steps > 0 ? pages_used_sum_ / static_cast<double>(result_.steps)
                         : 0;
@@ -135,6 +154,12 @@ SimResult RunMetrics::Finish(const SchedulerState& state, double wall_seconds,
   result_.scheduler_thread_ns = scheduler_thread_ns;
   result_.wall_seconds = wall_seconds;
   return std::move(result_);
+}
+
+int64_t RunMetrics::HostCopyNanos(int64_t copies) const {
+  // Stores, then loads: one direction at a time at the bus's rate.
+  return static_cast<int64_t>(static_cast<double>(copies * host_page_bytes_) /
+                              config_.host_bandwidth_gbps);
 }
 
 void RunMetrics::FinishHostTime(const CommitPhaseTimes& commit) {

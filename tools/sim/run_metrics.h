@@ -112,6 +112,8 @@ class RunMetrics {
   void FinishKvEvents(const BlockManager& manager);
   // The steps' uploads: the page table's, less the one at start-up.
   void FinishUploads(const SchedulerState& state);
+  // The modelled time of `copies` host-tier copies (the config's bandwidth).
+  int64_t HostCopyNanos(int64_t copies) const;
 
   // The highest pages in use NoteGroupPages saw, and its scratch: by page,
   // the last count (its serial) that saw it.
@@ -120,6 +122,8 @@ class RunMetrics {
   uint32_t serial_ = 0;
 
   const SchedulerConfig& config_;
+  // Bytes a host-tier copy moves (SchedulerConfig::host_page_bytes).
+  const int64_t host_page_bytes_;
   SimResult result_;
   HostClock host_clock_;
   double pages_used_sum_ = 0;  // over committed steps.

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "kvblock/kernels.h"
 #include "kvblock/status_macros.h"
 #include "sim/request_queue.h"
 #include "sim/request_state.h"
@@ -156,7 +157,8 @@ absl::Status Runner::Step() {
   requests_.ReleaseDone();
   host_clock.Lap(&HostPhases::planning_ns);
   KVBLOCK_RETURN_IF_ERROR(HandOffKvEvents(/*force=*/false));
-  KVBLOCK_RETURN_IF_ERROR(executor_.RunDevice(step->copies, clock_));
+  KVBLOCK_RETURN_IF_ERROR(
+      executor_.RunDevice(step->copies, step->host_copies, clock_));
   const int32_t draft_only_pages =
       state_.config.spec_tokens > 0
           ? requests_.DraftOnlyPages(state_.config.kv.page_size)
@@ -300,6 +302,12 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
     return absl::InvalidArgumentError(absl::StrFormat(
         "spec_acceptance must be in [0, 1], got %g", config.spec_acceptance));
   }
+  if (!(config.host_bandwidth_gbps > 0) || config.host_page_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "host_bandwidth_gbps must be positive and host_page_bytes 0 or "
+        "positive, got %g and %d",
+        config.host_bandwidth_gbps, config.host_page_bytes));
+  }
   auto state = std::make_unique<SchedulerState>(device);
   state->config = config;
   BlockManagerOptions options = config.manager;
@@ -337,6 +345,21 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
                            device.AllocatePinned(list_bytes));
   KVBLOCK_ASSIGN_OR_RETURN(state->copy_list, device.Allocate(list_bytes));
   KVBLOCK_ASSIGN_OR_RETURN(state->copies_done, device.CreateEvent());
+  if (const int32_t host_pages = config.manager.host_pages; host_pages > 0) {
+    const auto host_bytes = static_cast<size_t>(host_pages) *
+                            static_cast<size_t>(HostPageBytes(config.kv));
+    if (host) KVBLOCK_RETURN_IF_ERROR(CheckFitsHostMemory(host_bytes));
+    KVBLOCK_ASSIGN_OR_RETURN(state->host_kv, device.AllocatePinned(host_bytes));
+    // Written once, as the pool is: no step pays for mapping it.
+    if (host) std::memset(state->host_kv.data(), 0, host_bytes);
+    // A step stores at most a page for each it allocates and loads at
+    // most one for each: twice the pool bounds a step's copies.
+    state->host_copy_capacity = 2 * static_cast<size_t>(config.kv.num_pages);
+    KVBLOCK_ASSIGN_OR_RETURN(
+        state->host_copy_staging,
+        device.AllocatePinned(state->host_copy_capacity * sizeof(HostCopy)));
+    KVBLOCK_ASSIGN_OR_RETURN(state->host_copies_done, device.CreateEvent());
+  }
   // The first upload sets every entry of the device table, O(max_batch x
   // max_pages_per_seq) once: done here, at start-up, as a serving engine
   // would, so that a run's host time is the steps' alone.

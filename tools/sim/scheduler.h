@@ -160,6 +160,15 @@ struct SchedulerConfig {
   // --timeline and --plot): memory that grows with the steps, which a
   // long --serve run without those flags does not keep.
   bool keep_timeline = true;
+  // The host tier (manager.host_pages > 0): the copies each step runs
+  // between the KV pool and pinned host pages are costed at
+  // host_bandwidth_gbps (10^9 bytes a second; positive) for pages of
+  // host_page_bytes (0: the simulated pool's, HostPageBytes(kv); set it to
+  // a real model's bytes a page over every layer, K and V, when the
+  // simulated pool is small), stores then loads: the time a step's copies
+  // keep its forward pass waiting, modelled, not measured.
+  double host_bandwidth_gbps = 64;
+  int64_t host_page_bytes = 0;
 };
 
 // The rejected requests SimResult::rejected lists; later ones are counted
@@ -192,6 +201,13 @@ struct StepRecord {
   int32_t evictions = 0;
   int32_t waiting = 0;  // requests arrived and queued after the step.
   StepLimit limit = StepLimit::kNone;
+  // The host tier's part of hit_tokens (loaded, not computed), the pages the
+  // step stored into it and loaded from it, and the modelled time of those
+  // copies (SchedulerConfig::host_bandwidth_gbps), in nanoseconds.
+  int64_t host_hit_tokens = 0;
+  int32_t host_stores = 0;
+  int32_t host_loads = 0;
+  int64_t host_copy_ns = 0;
 
   friend bool operator==(const StepRecord&, const StepRecord&) = default;
 };
@@ -214,6 +230,10 @@ struct HostPhases {
   int64_t page_table_ns = 0;
   int64_t bookkeeping_ns = 0;
   int64_t upload_ns = 0;  // KVPageTable::Upload.
+  // The host tier's copies: waiting for the previous list, staging the
+  // list, RunHostCopies (memcpy on the host device, a launch each way on
+  // CUDA).
+  int64_t host_copies_ns = 0;
   // Copy-on-write: waiting for the previous list, staging the copy list,
   // its copy, the copy kernel; and the wait for the device at the end.
   int64_t copy_on_write_ns = 0;
@@ -223,7 +243,8 @@ struct HostPhases {
 
   int64_t total_ns() const {
     return planning_ns + frees_ns + admissions_ns + appends_ns + page_table_ns +
-           bookkeeping_ns + upload_ns + copy_on_write_ns + kv_events_ns;
+           bookkeeping_ns + upload_ns + host_copies_ns + copy_on_write_ns +
+           kv_events_ns;
   }
   friend bool operator==(const HostPhases&, const HostPhases&) = default;
 };
@@ -278,6 +299,20 @@ struct SimResult {
   int64_t prompt_tokens = 0;
   int64_t prefix_hit_tokens = 0;
   int64_t generated_tokens = 0;
+  // The host tier (SchedulerConfig::manager.host_pages; all 0 without
+  // one): its pages, the part of prefix_hit_tokens it served, the pages
+  // stored into it and loaded from it and their bytes (at
+  // SchedulerConfig::host_page_bytes), the host pages it dropped to make
+  // room, and the copies' modelled time: in all and the longest step's.
+  int32_t host_pages = 0;
+  int64_t host_hit_tokens = 0;
+  int64_t host_stores = 0;
+  int64_t host_loads = 0;
+  int64_t host_bytes_stored = 0;
+  int64_t host_bytes_loaded = 0;
+  int64_t host_evictions = 0;
+  int64_t host_copy_ns = 0;
+  int64_t host_copy_ns_max_step = 0;
   // Of generated_tokens, those a preemption threw away (the request
   // restarted from its prompt and generated them again): a preempted
   // request's tokens times its running sequences.

@@ -37,6 +37,14 @@ struct SchedulerState {
   PinnedBuffer copy_staging;
   DeviceBuffer copy_list;
   DeviceEvent copies_done;
+  // The host tier's pages (HostKvPool: pinned, [host_pages, num_layers, 2,
+  // page_size, num_kv_heads, head_dim]) and a step's copy list, staged in
+  // pinned memory the device reads in place; `host_copies_done` completes
+  // when the staging may be rewritten. Unset without a host tier.
+  PinnedBuffer host_kv;
+  PinnedBuffer host_copy_staging;
+  size_t host_copy_capacity = 0;  // copies the staging holds.
+  DeviceEvent host_copies_done;
   // The whole-table upload Create makes: its time and what it sent.
   int64_t table_setup_ns = 0;
   KVPageTableUploadStats setup_uploads;

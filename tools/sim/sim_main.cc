@@ -137,6 +137,18 @@ ABSL_FLAG(int32_t, num_kv_heads, 2,
           "KV heads of the simulated model (sizes the KV pool the "
           "copy-on-write kernel copies in)");
 ABSL_FLAG(int32_t, head_dim, 64, "head dimension of the simulated model");
+ABSL_FLAG(int32_t, host_pages, 0,
+          "pages of the host tier (pinned host memory keeping cached pages "
+          "the pool evicts; 0: none)");
+ABSL_FLAG(bool, host_write_through, false,
+          "store every cached page in the host tier in the step after it is "
+          "computed (write-through), not when the pool evicts it");
+ABSL_FLAG(double, host_bandwidth, 64,
+          "GB/s (10^9 bytes a second) the host tier's copies are costed at, "
+          "one direction at a time (default: PCIe 5 x16)");
+ABSL_FLAG(int64_t, host_page_bytes, 0,
+          "bytes a host-tier copy is costed at (a page over every layer, K "
+          "and V; 0: the simulated pool's)");
 ABSL_FLAG(std::string, json, "", "also write the report as JSON to this file");
 ABSL_FLAG(std::string, timeline, "",
           "write one CSV row per step to this file (for tools/plot)");
@@ -219,6 +231,36 @@ absl::StatusOr<SchedulerConfig> ConfigFromFlags() {
       config.manager.kv_cache_groups,
       ModelGroups(absl::GetFlag(FLAGS_model),
                   absl::GetFlag(FLAGS_kv_cache_groups), config.kv.page_size));
+  config.manager.host_pages = absl::GetFlag(FLAGS_host_pages);
+  if (config.manager.host_pages < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--host_pages must be 0 or positive, got ", config.manager.host_pages));
+  }
+  if (config.manager.host_pages > 0 &&
+      !config.manager.kv_cache_groups.empty()) {
+    return absl::InvalidArgumentError(
+        "--host_pages serves a model of one full-attention group only "
+        "(--model=llama, no --kv_cache_groups)");
+  }
+  if (config.manager.host_pages > 0 && !config.manager.enable_prefix_caching) {
+    return absl::InvalidArgumentError(
+        "--host_pages needs --prefix_caching (the host tier keeps cached "
+        "pages)");
+  }
+  config.manager.host_write_policy = absl::GetFlag(FLAGS_host_write_through)
+                                         ? HostWritePolicy::kWriteThrough
+                                         : HostWritePolicy::kWriteBack;
+  config.host_bandwidth_gbps = absl::GetFlag(FLAGS_host_bandwidth);
+  if (!(config.host_bandwidth_gbps > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--host_bandwidth must be positive, got ", config.host_bandwidth_gbps));
+  }
+  config.host_page_bytes = absl::GetFlag(FLAGS_host_page_bytes);
+  if (config.host_page_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--host_page_bytes must be 0 or positive, got ",
+                     config.host_page_bytes));
+  }
   return config;
 }
 

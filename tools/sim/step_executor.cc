@@ -2,6 +2,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "sim/step_executor.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <limits>
 
@@ -83,10 +84,15 @@ absl::Status StepExecutor::GiveWay(int64_t clock) {
 }
 
 absl::Status StepExecutor::RunDevice(absl::Span<const PageCopy> copies,
+                                     absl::Span<const HostCopy> host_copies,
                                      int64_t clock) {
   HostClock& host_clock = metrics_.host_clock();
   KVBLOCK_RETURN_IF_ERROR(state_.table->Upload(nullptr).status());
   host_clock.Lap(&HostPhases::upload_ns);
+  if (!host_copies.empty()) {
+    KVBLOCK_RETURN_IF_ERROR(RunHostCopies(host_copies, clock));
+    host_clock.Lap(&HostPhases::host_copies_ns);
+  }
   if (copies.empty()) return absl::OkStatus();
   KVBLOCK_RETURN_IF_ERROR(RunCopies(copies, clock));
   host_clock.Lap(&HostPhases::copy_on_write_ns);
@@ -119,6 +125,27 @@ absl::Status StepExecutor::RunCopies(absl::Span<const PageCopy> copies,
                 static_cast<const PageId*>(state_.copy_list.data()),
                 static_cast<int64_t>(copies.size()), nullptr));
   return device.RecordEvent(state_.copies_done, nullptr);
+}
+
+absl::Status StepExecutor::RunHostCopies(absl::Span<const HostCopy> copies,
+                                         int64_t clock) {
+  if (copies.size() > state_.host_copy_capacity) {
+    return absl::InternalError(absl::StrFormat(
+        "step %d: %d host copies exceed the %d the host copy list holds", clock,
+        copies.size(), state_.host_copy_capacity));
+  }
+  Device& device = state_.device;
+  // The previous step's list may still be read from the staging.
+  KVBLOCK_RETURN_IF_ERROR(device.WaitEvent(state_.host_copies_done));
+  auto* staging = static_cast<HostCopy*>(state_.host_copy_staging.data());
+  std::copy(copies.begin(), copies.end(), staging);
+  const PagedKvConfig& kv = state_.config.kv;
+  KVBLOCK_RETURN_IF_ERROR(kvblock::RunHostCopies(
+      device, KvPool{.config = kv, .data = state_.kv_pool.data()},
+      HostKvPool{.data = state_.host_kv.data(),
+                 .num_pages = state_.config.manager.host_pages},
+      staging, static_cast<int64_t>(copies.size()), nullptr));
+  return device.RecordEvent(state_.host_copies_done, nullptr);
 }
 
 }  // namespace kvblock::sim

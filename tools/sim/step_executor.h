@@ -8,8 +8,9 @@
 // recently admitted request gives way and the step is planned and committed
 // again: first this step's admissions, latest first (they stay queued), then
 // running requests, preempted and re-queued, or rejected when one ran alone.
-// RunDevice then uploads the page table and runs the step's copy-on-write
-// copies through the copy kernel on the KV pool.
+// RunDevice then uploads the page table, runs the step's host-tier copies
+// (RunHostCopies between the KV pool and the pinned host pages) and its
+// copy-on-write copies through the copy kernel on the KV pool.
 //
 // Host time: the executor times none of the library calls it makes. The
 // commits (and their plans) are part of the step's planning phase, which
@@ -57,10 +58,13 @@ class StepExecutor {
   int32_t preemptions() const { return preemptions_; }
   bool pages_ran_out() const { return pages_ran_out_; }
 
-  // Uploads the page table and runs committed step `clock`'s `copies`,
-  // ending the upload and copy-on-write phases on the run's HostClock.
-  // Internal for more copies than the copy list holds; the device's errors.
-  absl::Status RunDevice(absl::Span<const PageCopy> copies, int64_t clock);
+  // Uploads the page table and runs committed step `clock`'s `host_copies`
+  // (the host tier's, stores then loads) and `copies` (copy-on-write),
+  // ending the upload, host-copy and copy-on-write phases on the run's
+  // HostClock. Internal for more copies than a list holds; the device's
+  // errors.
+  absl::Status RunDevice(absl::Span<const PageCopy> copies,
+                         absl::Span<const HostCopy> host_copies, int64_t clock);
 
  private:
   // The latest admitted running request gives way after the pool ran out:
@@ -68,6 +72,8 @@ class StepExecutor {
   absl::Status GiveWay(int64_t clock);
   // Stages `copies` and runs the copy kernel over them.
   absl::Status RunCopies(absl::Span<const PageCopy> copies, int64_t clock);
+  // Stages `copies` and runs them between the pool and the host tier.
+  absl::Status RunHostCopies(absl::Span<const HostCopy> copies, int64_t clock);
 
   SchedulerState& state_;
   StepPlanner& planner_;

@@ -121,12 +121,15 @@ void DrawPanel(std::ostream& out, int index, const std::string& title,
 
 void WriteTimelineCsv(absl::Span<const StepRecord> steps, std::ostream& out) {
   out << "step,batch,pages_used,hit_tokens,prompt_tokens,preemptions,"
-         "cow_copies,evictions,waiting,limit\n";
+         "cow_copies,evictions,waiting,limit,host_hit_tokens,host_stores,"
+         "host_loads,host_copy_us\n";
   for (const StepRecord& s : steps) {
-    out << absl::StrFormat("%d,%d,%d,%d,%d,%d,%d,%d,%d,%s\n", s.step, s.batch,
-                           s.pages_used, s.hit_tokens, s.prompt_tokens,
-                           s.preemptions, s.cow_copies, s.evictions, s.waiting,
-                           StepLimitName(s.limit));
+    out << absl::StrFormat("%d,%d,%d,%d,%d,%d,%d,%d,%d,%s,%d,%d,%d,%.3f\n",
+                           s.step, s.batch, s.pages_used, s.hit_tokens,
+                           s.prompt_tokens, s.preemptions, s.cow_copies,
+                           s.evictions, s.waiting, StepLimitName(s.limit),
+                           s.host_hit_tokens, s.host_stores, s.host_loads,
+                           static_cast<double>(s.host_copy_ns) / 1e3);
   }
 }
 

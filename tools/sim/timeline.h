@@ -9,7 +9,9 @@
 //
 // CSV columns (header row first): step, batch, pages_used, hit_tokens,
 // prompt_tokens, preemptions, cow_copies, evictions, waiting, limit (none,
-// pages, max_batch or token_budget), as StepRecord defines them.
+// pages, max_batch or token_budget), host_hit_tokens, host_stores,
+// host_loads and host_copy_us (host_copy_ns in microseconds), as StepRecord
+// defines them.
 //
 // The chart keeps at most kChartPoints points per line: longer runs are
 // bucketed (pages and batch show each bucket's maximum, the hit rate its

@@ -74,16 +74,22 @@ void AddSysprompt(Rng& rng, Shape shape, std::vector<Request>& out) {
 }
 
 // Conversations of 3 to 5 turns: each turn's prompt is the previous prompt,
-// the previous answer (its `output`) and a new user message, arriving a
-// little after the previous answer is complete.
-void AddMultiturn(Rng& rng, Shape shape, std::vector<Request>& out) {
+// the previous answer (its `output`) and a new user message, arriving
+// `think` steps (drawn from [min, max]) after the previous answer is
+// complete, at the earliest.
+struct ThinkTime {
+  int64_t min = 2;
+  int64_t max = 24;
+};
+void AddMultiturn(Rng& rng, Shape shape, std::vector<Request>& out,
+                  ThinkTime think = {}, absl::string_view prefix = "chat-") {
   for (int32_t c = 0; c < shape.count; ++c) {
     const int64_t turns = rng.Uniform(3, 5);
     std::vector<TokenId> history = RandomTokens(rng, rng.Uniform(48, 160));
     int64_t arrival = rng.Uniform(0, shape.span / 2);
     for (int64_t t = 0; t < turns; ++t) {
       Request request;
-      request.id = absl::StrCat("chat-", c, "-", t);
+      request.id = absl::StrCat(prefix, c, "-", t);
       request.arrival = arrival;
       request.prompt = history;
       request.max_tokens = rng.Uniform(24, 64);
@@ -91,7 +97,7 @@ void AddMultiturn(Rng& rng, Shape shape, std::vector<Request>& out) {
       history.insert(history.end(), request.output.begin(),
                      request.output.end());
       AppendRandomTokens(rng, rng.Uniform(16, 48), history);
-      arrival += request.max_tokens + rng.Uniform(2, 24);
+      arrival += request.max_tokens + rng.Uniform(think.min, think.max);
       out.push_back(std::move(request));
     }
   }
@@ -123,10 +129,21 @@ void AddLongContext(Rng& rng, Shape shape, std::vector<Request>& out) {
            out);
 }
 
+// The chat workload: many conversations whose users take a while to answer,
+// so that a small pool forgets a conversation between its turns.
+constexpr int32_t kChatConversations = 1216;
+constexpr int64_t kChatSpan = 6000;
+constexpr int64_t kChatThinkMin = 100;
+constexpr int64_t kChatThinkMax = 600;
+
 constexpr WorkloadInfo kWorkloads[] = {
     {"sysprompt", "requests sharing a few long system prompts, two tenants",
      1024},
     {"multiturn", "conversations whose next turn contains the last answer",
+     1024},
+    {"chat",
+     "1216 conversations of the multiturn shape whose users answer 100 to 600 "
+     "steps later: a pool of 2000 pages forgets them between turns",
      1024},
     {"parallel", "n = 4 parallel samples per prompt", 1024},
     {"beam", "beam search of width 4", 1024},
@@ -155,6 +172,10 @@ absl::StatusOr<std::vector<Request>> MakeWorkload(absl::string_view name,
     AddSysprompt(rng, {.count = 240, .span = kSpan}, requests);
   } else if (name == "multiturn") {
     AddMultiturn(rng, {.count = 48, .span = kSpan}, requests);
+  } else if (name == "chat") {
+    AddMultiturn(rng, {.count = kChatConversations, .span = kChatSpan},
+                 requests, {.min = kChatThinkMin, .max = kChatThinkMax},
+                 "conv-");
   } else if (name == "parallel") {
     AddParallel(rng, {.count = 64, .span = kSpan}, requests);
   } else if (name == "beam") {
