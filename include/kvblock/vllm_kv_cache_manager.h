@@ -42,6 +42,23 @@
 // makes BlockStored from each call's per-group `cached_from` / `cached_to`
 // (it has the tokens and the extra keys).
 //
+// The host tier (`host_pages`; one full-attention group), as vLLM's
+// OffloadingConnector serves its CPU tier to vLLM's scheduler: the pool's
+// host tier (kvblock/block_pool.h) keeps the cached blocks the pool evicts
+// (write-back) or every block once cached (write-through).
+// FindLongestCacheHit stays vLLM's (device blocks only);
+// GetNumNewMatchedTokens is the connector's get_num_new_matched_tokens: the
+// tokens of the full blocks after the device hit that the host tier can
+// load; AllocateSlots with that many `num_external_computed_tokens` loads
+// those blocks (cached again, under their hashes) instead of allocating
+// blank ones. The copies (block id, host page, direction) are the caller's
+// to run, in batches it takes with TakeHostCopies, before the forward pass
+// of the step that scheduled them; TakeHostEvents hands out the host tier's
+// stores and drops. Loaded blocks are not new blocks to zero
+// (TakeNewBlockIds): the load writes them whole. A loaded block that its
+// request frees before the batch is taken stays held by the pool until
+// then (so that no one else writes it before its load lands).
+//
 // Where kvblock differs: with two full-attention groups of different block
 // sizes and a third kind that cuts the hit, vLLM leaves the second full
 // group's hit longer than the hit; here every group's hit is exactly the
@@ -61,6 +78,7 @@
 #ifndef KVBLOCK_VLLM_KV_CACHE_MANAGER_H_
 #define KVBLOCK_VLLM_KV_CACHE_MANAGER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -70,6 +88,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -109,6 +128,12 @@ struct VllmKvCacheManagerOptions {
   bool enable_kv_cache_events = false;
   // vLLM's order by default; kNeverCachedFirst is kvblock's own.
   EvictionOrder eviction_order = EvictionOrder::kLeastRecentlyFreed;
+  // Pages of the host tier (0: none), in [0, kMaxNumPages]; with caching on
+  // and one full-attention group only, as BlockManager's host tier (a
+  // hybrid model's hit across groups would need the connector's fixed
+  // point over the host tier too).
+  int32_t host_pages = 0;
+  HostWritePolicy host_write_policy = HostWritePolicy::kWriteBack;
 };
 
 // One allocate_slots call, in vLLM's names and meanings.
@@ -157,7 +182,9 @@ class VllmKvCacheManager {
 
   // InvalidArgument when an option is out of range (the groups as
   // ValidateKvCacheGroups says, a page size that is not a multiple of
-  // block_size with caching on, EAGLE on a chunked-local group).
+  // block_size with caching on, EAGLE on a chunked-local group, host pages
+  // out of range or without caching or with other than one full-attention
+  // group).
   static absl::StatusOr<std::unique_ptr<VllmKvCacheManager>> Create(
       const VllmKvCacheManagerOptions& options);
 
@@ -181,7 +208,32 @@ class VllmKvCacheManager {
                       int64_t max_length, const GroupCacheHit& hit) const;
 
   // allocate_slots (see VllmSlotResult); InvalidArgument as the header says.
+  // With a host tier, the blocks of `num_external_computed_tokens` are
+  // loaded from it (each block past the hits that the computed tokens
+  // reach): InvalidArgument, before any change, when the host tier lacks
+  // one or it is cached on the device; FailedPrecondition, nothing changed,
+  // when the loads themselves drop one from a full host tier (a count that
+  // GetNumNewMatchedTokens gave for another state of the pool).
   absl::StatusOr<VllmSlotResult> AllocateSlots(const VllmSlotRequest& request);
+
+  // The OffloadingConnector's get_num_new_matched_tokens, for a request not
+  // yet allocated whose first `num_computed_tokens` tokens are its device
+  // hit (FindLongestCacheHit's): the tokens after them that
+  // AllocateSlots(num_external_computed_tokens = that) loads from the host
+  // tier. They end at a block boundary: the consecutive full blocks from
+  // block num_computed_tokens / block_size on that the host tier holds (and
+  // the device does not), counting only the ones that loading them all, in
+  // order, after taking the hit leaves in the host tier; 0 when that is
+  // less than a block. When they reach the prompt's end (a prompt of whole
+  // blocks) the count is one less: the connector loads the last block and
+  // vLLM recomputes the last token, and so does AllocateSlots with this
+  // count, in the same step (vLLM's connector loads asynchronously and
+  // steps back afterwards). 0 without a host tier. Changes nothing
+  // observable (it may try the loads in a transaction it rolls back).
+  // O(blocks counted, and the hit's when it tries them).
+  int64_t GetNumNewMatchedTokens(absl::Span<const BlockHash> block_hashes,
+                                 int64_t num_tokens,
+                                 int64_t num_computed_tokens);
 
   // cache_blocks: caches the request's full blocks within `num_tokens`
   // tokens under `block_hashes`; returns each group's [cached_from,
@@ -238,14 +290,34 @@ class VllmKvCacheManager {
   // empty without events.
   std::vector<RemovedBlock> TakeRemovedHashes();
 
+  // A change of the host tier: a block stored into it, or dropped from it
+  // to make room, named by its request hash (one full-attention group).
+  struct HostEvent {
+    bool removed = false;
+    BlockHash hash;
+    friend bool operator==(const HostEvent&, const HostEvent&) = default;
+  };
+  // The host tier's changes since the last call, in order; always empty
+  // without events or a host tier.
+  std::vector<HostEvent> TakeHostEvents();
+
+  // Appends the copies listed since the last call (the open copy batch:
+  // loads for AllocateSlots, stores of evicted blocks; `device_page` is the
+  // block id) to `out` and opens the next batch (BlockPool::TakeHostCopies:
+  // run every store, then every load, after the last step's forward pass
+  // and before the next). Appends nothing without a host tier.
+  absl::Status TakeHostCopies(std::vector<HostCopy>& out);
+
   // Blocks allocatable now (vLLM's get_num_free_blocks: the null block is not
   // free).
   int32_t NumFreeBlocks() const { return pool_->NumFree(); }
   // vLLM's get_usage: used blocks of the num_blocks - 1 real ones.
   double Usage() const;
-  // References on a block (the null block: 0, as vLLM's).
+  // References on a block (the null block: 0, as vLLM's); the pool's own
+  // on a loaded block parked until its copy batch is taken is left out.
   int32_t RefCount(PageId block) const {
-    return block == kNullBlock ? 0 : pool_->RefCount(block);
+    if (block == kNullBlock) return 0;
+    return pool_->RefCount(block) - (Parked(block) ? 1 : 0);
   }
   // The last request hash a cached block is keyed by, if it is cached.
   std::optional<BlockHash> CachedHash(PageId block) const {
@@ -262,6 +334,9 @@ class VllmKvCacheManager {
   bool CachesBlock(int32_t group, int64_t index) const {
     return CachesFullPage(groups_[group], index, finder_.alignment_tokens());
   }
+  // The host tier's pages (0 without one) and those holding a block.
+  int32_t host_pages() const { return pool_->host_pages(); }
+  int32_t NumHostCached() const { return pool_->NumHostCached(); }
   // Requests holding blocks (vLLM's len(req_to_blocks)).
   int32_t num_requests() const { return static_cast<int32_t>(by_id_.size()); }
   int32_t num_groups() const { return static_cast<int32_t>(groups_.size()); }
@@ -270,7 +345,8 @@ class VllmKvCacheManager {
   const VllmKvCacheManagerOptions& options() const { return options_; }
   const BlockPool& pool() const { return *pool_; }
 
-  // The pool's invariants, and every block a request holds is used by it.
+  // The pool's invariants, and every block a request holds is used by it
+  // (the pool's parked blocks besides).
   absl::Status CheckInvariants() const;
 
  private:
@@ -289,6 +365,20 @@ class VllmKvCacheManager {
                      std::vector<KvCacheGroupSpec> groups,
                      GroupCacheHitFinder finder,
                      std::unique_ptr<BlockPool> pool);
+  // Whether the pool holds `block` until the copy batch is taken.
+  bool Parked(PageId block) const {
+    const absl::Span<const PageId> parked = pool_->parked_pages();
+    return !parked.empty() &&
+           std::find(parked.begin(), parked.end(), block) != parked.end();
+  }
+  // Moves the event log's records into removed_ and host_events_.
+  void DrainEvents();
+  // Loads blocks [first, first + count) of `block_hashes` (their keys)
+  // from the host tier, in order, appending each to `blocks`; stops at the
+  // first load that fails and returns its error.
+  absl::Status LoadFromHost(std::vector<PageId>& blocks,
+                            absl::Span<const BlockHash> block_hashes,
+                            int64_t first, int64_t count);
   int64_t CeilBlocks(int32_t group, int64_t tokens) const {
     const int64_t size = groups_[group].page_size;
     return tokens / size + (tokens % size != 0 ? 1 : 0);
@@ -343,6 +433,9 @@ class VllmKvCacheManager {
   std::vector<Request> spare_requests_;
   GroupCacheHit hit_;  // FindLongestCacheHit's result.
   std::vector<std::vector<PageId>> new_blocks_;  // since TakeNewBlockIds.
+  // Events drained from the log, until taken.
+  std::vector<RemovedBlock> removed_;
+  std::vector<HostEvent> host_events_;
   // For groups of several hashes a block: block * (max_scale_ - 1) on, the
   // hashes before its key of the block's cached hash list.
   std::vector<BlockHash> hash_prefixes_;

@@ -69,13 +69,30 @@ absl::StatusOr<std::unique_ptr<VllmKvCacheManager>> VllmKvCacheManager::Create(
                  "asserts against it)");
     }
   }
+  if (options.host_pages < 0 || options.host_pages > kMaxNumPages) {
+    return bad("host_pages must be in [0, ", kMaxNumPages, "], got ",
+               options.host_pages);
+  }
+  if (options.host_pages > 0 && !options.enable_caching) {
+    return bad("host_pages = ", options.host_pages,
+               " needs caching on (the host tier keeps cached blocks)");
+  }
+  if (options.host_pages > 0 &&
+      (groups.size() != 1 || groups[0].kind != AttentionKind::kFull)) {
+    return bad("host_pages = ", options.host_pages, " with ", groups.size(),
+               " kv cache group", groups.size() == 1 ? " of " : "s, the first ",
+               AttentionKindName(groups[0].kind),
+               ": the host tier serves one full-attention group");
+  }
   KVBLOCK_ASSIGN_OR_RETURN(GroupCacheHitFinder finder,
                            GroupCacheHitFinder::Create(groups, kNullBlock));
   KVBLOCK_ASSIGN_OR_RETURN(
       std::unique_ptr<BlockPool> pool,
       BlockPool::Create(options.num_blocks,
                         {.eviction_order = options.eviction_order,
-                         .index_duplicates = true}));
+                         .index_duplicates = true,
+                         .host_pages = options.host_pages,
+                         .host_write_policy = options.host_write_policy}));
   return std::unique_ptr<VllmKvCacheManager>(new VllmKvCacheManager(
       options, std::move(groups), std::move(finder), std::move(pool)));
 }
@@ -507,6 +524,33 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
                  " blocks for external tokens; ", pool_->NumFree(),
                  " are free");
     }
+    // With a host tier, external tokens are its: each block is loaded.
+    if (pool_->host_pages() > 0) {
+      const GroupPlan& plan = plans_[0];
+      for (int64_t i = plan.after_hits;
+           i < plan.after_hits + plan.external_blocks; ++i) {
+        const int64_t needed = (i + 1) * Scale(0);
+        if (static_cast<int64_t>(slots.block_hashes.size()) < needed) {
+          return bad("has ", slots.block_hashes.size(),
+                     " block hashes; loading block ", i,
+                     " from the host tier needs ", needed);
+        }
+        const BlockHash key = Key(0, slots.block_hashes, i);
+        if (const std::optional<PageId> cached = pool_->Lookup(key)) {
+          return bad(slots.num_external_computed_tokens,
+                     " external computed tokens: block ", i,
+                     " is cached on the device (block ", *cached,
+                     "), not loaded from the host tier");
+        }
+        if (!pool_->HostLookup(key).has_value()) {
+          return bad(slots.num_external_computed_tokens,
+                     " external computed tokens: the host tier does not hold "
+                     "block ",
+                     i,
+                     " (get_num_new_matched_tokens counts the ones it holds)");
+        }
+      }
+    }
   }
   const bool cache = options_.enable_caching && !slots.delay_cache_blocks;
   const int64_t num_tokens_to_cache =
@@ -562,9 +606,23 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
       group.blocks.insert(group.blocks.end(), kept.begin(), kept.end());
       group.num_cached = static_cast<int32_t>(group.blocks.size());
     }
-    for (int32_t g = 0; g < num_groups(); ++g) {
-      KVBLOCK_RETURN_IF_ERROR(
-          Allocate(g, request->groups[g], plans_[g].external_blocks));
+    if (pool_->host_pages() > 0) {
+      // One group: its external blocks are the host tier's, loaded.
+      const absl::Status loaded =
+          LoadFromHost(request->groups[0].blocks, slots.block_hashes,
+                       plans_[0].after_hits, plans_[0].external_blocks);
+      if (!loaded.ok()) {
+        return absl::Status(
+            loaded.code(),
+            absl::StrCat(
+                "vllm kv cache manager: request ", slots.request_id,
+                ": loading its external tokens' blocks: ", loaded.message()));
+      }
+    } else {
+      for (int32_t g = 0; g < num_groups(); ++g) {
+        KVBLOCK_RETURN_IF_ERROR(
+            Allocate(g, request->groups[g], plans_[g].external_blocks));
+      }
     }
   }
   for (int32_t g = 0; g < num_groups(); ++g) {
@@ -581,6 +639,71 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
   std::move(undo).Cancel();
   KVBLOCK_RETURN_IF_ERROR(pool_->CommitTransaction(savepoint));
   return VllmSlotResult{.allocated = true, .groups = slots_};
+}
+
+absl::Status VllmKvCacheManager::LoadFromHost(
+    std::vector<PageId>& blocks, absl::Span<const BlockHash> block_hashes,
+    int64_t first, int64_t count) {
+  for (int64_t i = first; i < first + count; ++i) {
+    // Not new blocks to zero: the load writes them whole.
+    KVBLOCK_ASSIGN_OR_RETURN(
+        const PageId block,
+        pool_->LoadFromHost(Key(0, block_hashes, i), /*group=*/0));
+    blocks.push_back(block);
+  }
+  return absl::OkStatus();
+}
+
+int64_t VllmKvCacheManager::GetNumNewMatchedTokens(
+    absl::Span<const BlockHash> block_hashes, int64_t num_tokens,
+    int64_t num_computed_tokens) {
+  if (pool_->host_pages() == 0 || num_computed_tokens < 0) return 0;
+  const int64_t page_size = groups_[0].page_size;
+  const int64_t full_blocks =
+      std::min(std::max<int64_t>(num_tokens, 0) / page_size,
+               static_cast<int64_t>(block_hashes.size()) / Scale(0));
+  // The connector's: less than a block to load is no hit.
+  if (full_blocks * page_size - num_computed_tokens < page_size) return 0;
+  const int64_t start = num_computed_tokens / page_size;
+  int64_t end = start;
+  while (end < full_blocks) {
+    const BlockHash key = Key(0, block_hashes, end);
+    if (pool_->Lookup(key) || !pool_->HostLookup(key)) break;
+    ++end;
+  }
+  // Each load's new block may evict a cached one, whose store may drop a
+  // later block of the run from a full host tier: unless the tier has a
+  // free page for every store, the loads are tried, after the hit is taken
+  // as AllocateSlots takes it, and undone.
+  const int64_t count = end - start;
+  if (count > 0 && pool_->host_pages() - pool_->NumHostCached() < count) {
+    const BlockPool::Savepoint savepoint = pool_->BeginTransaction();
+    acquired_.clear();
+    for (int64_t i = 0; i < start; ++i) {
+      const std::optional<PageId> hit = pool_->Lookup(Key(0, block_hashes, i));
+      if (!hit) break;
+      acquired_.push_back(*hit);
+    }
+    if (static_cast<int64_t>(acquired_.size()) == start) {
+      pool_->AcquireCached(acquired_).IgnoreError();  // as the hit is taken.
+    }
+    end = start;
+    while (end < start + count &&
+           pool_->LoadFromHost(Key(0, block_hashes, end), 0).ok()) {
+      ++end;
+    }
+    pool_->RollbackTransaction(savepoint).IgnoreError();  // its own: cannot
+                                                          // fail.
+  }
+  const int64_t tokens = end * page_size - num_computed_tokens;
+  if (tokens < page_size) return 0;
+  // A prompt of whole blocks: its last token is computed again.
+  return end * page_size >= num_tokens ? num_tokens - 1 - num_computed_tokens
+                                       : tokens;
+}
+
+absl::Status VllmKvCacheManager::TakeHostCopies(std::vector<HostCopy>& out) {
+  return pool_->TakeHostCopies(out);
 }
 
 absl::StatusOr<absl::Span<const VllmGroupSlots>>
@@ -684,7 +807,7 @@ std::vector<int32_t> VllmKvCacheManager::GetNumCommonPrefixBlocks(
     // A window group's leading blocks are null: vLLM counts none.
     if (groups_[g].kind != AttentionKind::kFull) continue;
     for (PageId block : found->second.groups[g].blocks) {
-      if (pool_->RefCount(block) != num_requests()) break;
+      if (RefCount(block) != num_requests()) break;
       ++common[g];
     }
   }
@@ -705,13 +828,18 @@ absl::Span<const BlockHash> VllmKvCacheManager::CachedHashPrefix(
       .subspan(static_cast<size_t>(block) * (max_scale_ - 1), Scale(group) - 1);
 }
 
-std::vector<VllmKvCacheManager::RemovedBlock>
-VllmKvCacheManager::TakeRemovedHashes() {
-  std::vector<RemovedBlock> removed;
-  if (events_ == nullptr) return removed;
+void VllmKvCacheManager::DrainEvents() {
+  if (events_ == nullptr) return;
   for (size_t i = 0; i < static_cast<size_t>(events_->num_records()); ++i) {
-    if (events_->kind(i) != KvCacheEvent::Kind::kBlockRemoved) continue;
-    RemovedBlock& block = removed.emplace_back();
+    const KvCacheEvent::Kind kind = events_->kind(i);
+    if (events_->medium(i) == KvCacheEvent::Medium::kCpu) {
+      host_events_.push_back(
+          {.removed = kind == KvCacheEvent::Kind::kBlockRemoved,
+           .hash = events_->hash(i)});
+      continue;
+    }
+    if (kind != KvCacheEvent::Kind::kBlockRemoved) continue;
+    RemovedBlock& block = removed_.emplace_back();
     block.group = events_->group(i);
     const BlockHash& hash = events_->hash(i);
     if (block.group < num_groups() && Scale(block.group) > 1) {
@@ -726,7 +854,22 @@ VllmKvCacheManager::TakeRemovedHashes() {
     block.hashes.push_back(hash);
   }
   events_->Clear();
+}
+
+std::vector<VllmKvCacheManager::RemovedBlock>
+VllmKvCacheManager::TakeRemovedHashes() {
+  DrainEvents();
+  std::vector<RemovedBlock> removed;
+  removed.swap(removed_);
   return removed;
+}
+
+std::vector<VllmKvCacheManager::HostEvent>
+VllmKvCacheManager::TakeHostEvents() {
+  DrainEvents();
+  std::vector<HostEvent> events;
+  events.swap(host_events_);
+  return events;
 }
 
 double VllmKvCacheManager::Usage() const {
@@ -737,7 +880,8 @@ double VllmKvCacheManager::Usage() const {
 
 absl::Status VllmKvCacheManager::CheckInvariants() const {
   KVBLOCK_RETURN_IF_ERROR(pool_->CheckInvariants());
-  int64_t references = 1;  // The null block's.
+  // The null block's, and the pool's on each parked block.
+  int64_t references = 1 + static_cast<int64_t>(pool_->parked_pages().size());
   for (const auto& [id, request] : by_id_) {
     for (int32_t g = 0; g < num_groups(); ++g) {
       const GroupBlocks& group = request.groups[g];

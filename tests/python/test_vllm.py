@@ -9,7 +9,10 @@ vLLM's asserts with the vLLM-shaped stand-ins of vllm_standins.py; the
 hasher against cbor2 + hashlib, as vLLM's functions compute it; and a
 vLLM-style scheduler loop run against a reference model of vLLM's block
 pool (written here from vLLM's semantics), block ids compared call for
-call."""
+call. And the host tier in the OffloadingConnector's shape: its refusals, a
+prompt evicted to it and served from it on its next turn, and a serving
+loop whose copies run on a model of the device's and the host's KV, every
+token's KV it reads checked."""
 import collections
 import gc
 import random
@@ -1086,3 +1089,273 @@ def test_a_vllm_style_loop_gets_vllms_block_ids_call_for_call(seed,
                ("external", "delayed", "evicted", "lookahead")), \
         scheduler.paths
     assert manager.reset_prefix_cache()
+
+
+# The host tier ---------------------------------------------------------------
+
+STORE = kvblock.HostCopyDirection.DEVICE_TO_HOST
+LOAD = kvblock.HostCopyDirection.HOST_TO_DEVICE
+
+
+class KvMemory:
+    """The KV a worker holds, as the token each slot's KV is of: the device's
+    blocks and the host tier's pages, the copies run as a worker runs a
+    batch (every store, then every load), and a forward pass that checks
+    what attention reads before it writes what it computes."""
+
+    def __init__(self, num_blocks, block_size, host_pages):
+        self.block_size = block_size
+        self.device = [[None] * block_size for _ in range(num_blocks)]
+        self.host = [[None] * block_size for _ in range(host_pages)]
+        self.loads = 0
+
+    def run(self, copies):
+        assert copies.dtype == kvblock.HOST_COPY_DTYPE
+        for copy in copies[copies["direction"] == STORE]:
+            self.host[copy["host_page"]] = list(
+                self.device[copy["device_page"]])
+        for copy in copies[copies["direction"] == LOAD]:
+            self.device[copy["device_page"]] = list(
+                self.host[copy["host_page"]])
+            self.loads += 1
+
+    def forward(self, request, block_ids, start, end):
+        size = self.block_size
+        tokens = request.all_token_ids
+        for position in range(start):
+            block = self.device[block_ids[position // size]]
+            assert block[position % size] == tokens[position], \
+                (request.request_id, position)
+        for position in range(start, end):
+            self.device[block_ids[position // size]][position % size] = \
+                tokens[position]
+
+
+def cpu_events(events):
+    return [e for e in events if e.medium == "CPU"]
+
+
+def test_a_host_tier_is_refused_where_it_cannot_serve():
+    config = make_kv_cache_config(16, 8)
+    hybrid = KVCacheConfig(8, [], config.kv_cache_groups + [
+        KVCacheGroupSpec(["swa"], SlidingWindowSpec(16, 128))])
+    with pytest.raises(kvblock.InvalidArgumentError,
+                       match="the host tier serves one full-attention group"):
+        KVCacheManager(hybrid, 1024, 16, host_pages=4)
+    with pytest.raises(kvblock.InvalidArgumentError, match="needs caching"):
+        KVCacheManager(config, 1024, 16, enable_caching=False, host_pages=4)
+    with pytest.raises(kvblock.InvalidArgumentError, match="host_pages"):
+        KVCacheManager(config, 1024, 16, host_pages=-1)
+    with pytest.raises(ValueError, match="host_write_policy"):
+        KVCacheManager(config, 1024, 16, host_pages=4,
+                       host_write_policy="later")
+    # Without a host tier: no match, no copies, as without a connector.
+    manager = make_manager()
+    request = make_request("0", list(range(40)))
+    assert manager.get_num_new_matched_tokens(request, 0) == (0, False)
+    copies = manager.take_host_copies()
+    assert copies.dtype == kvblock.HOST_COPY_DTYPE and len(copies) == 0
+    assert manager.host_pages == 0 and manager.num_host_cached == 0
+
+
+def test_a_prompt_evicted_to_the_host_tier_is_served_from_it():
+    """A scheduler's turns: prompt a computed and finished, prompt b taking
+    every block (a's go to the host tier), then a again: no device hit,
+    the connector's count, its blocks loaded by allocate_slots and their
+    copies handed out, its KV what a computed; the events a router reads."""
+    manager = make_manager(block_size=4, num_blocks=11,
+                           enable_kv_cache_events=True, host_pages=8)
+    memory = KvMemory(11, 4, 8)
+    prompt = list(range(100, 117))  # 4 full blocks and a token.
+    a = make_request("a", prompt, block_size=4)
+    _, hits, new = admit(manager, a)
+    assert hits == 0 and manager.get_num_new_matched_tokens(a, 0) == (0, False)
+    memory.run(manager.take_host_copies())
+    memory.forward(a, manager_ids(manager, a), 0, 17)
+    manager.free(a)
+    b = make_request("b", list(range(500, 540)), block_size=4)  # 10 blocks.
+    admit(manager, b)
+    stores = manager.take_host_copies()
+    assert len(stores) == 4 and (stores["direction"] == STORE).all()
+    memory.run(stores)
+    memory.forward(b, manager_ids(manager, b), 0, 40)
+    manager.free(b)
+    events = manager.take_events()
+    (gpu_a,) = [e for e in events if isinstance(e, BlockStored) and
+                e.medium == "GPU" and e.token_ids[:1] == [100]]
+    # The connector's CPU events: after the manager's, raw digests (vLLM's
+    # connector does not convert them), continuation first.
+    stored = cpu_events(events)
+    assert events[-len(stored):] == stored
+    assert [e.block_hashes for e in stored] == [a.block_hashes[::-1]]
+    assert stored[0] == BlockStored(
+        block_hashes=a.block_hashes[::-1], parent_block_hash=None,
+        token_ids=[], block_size=0, lora_id=None, medium="CPU",
+        lora_name=None)
+    assert stored[0].extra_keys is None and stored[0].group_idx is None
+    assert stored[0].kv_cache_spec_kind is None
+    assert manager.num_host_cached == 4
+
+    # a's next turn (a new request of the same prompt).
+    again = make_request("a2", prompt, block_size=4)
+    blocks, hits = manager.get_computed_blocks(again)
+    assert hits == 0
+    external, load_async = manager.get_num_new_matched_tokens(again, hits)
+    assert (external, load_async) == (16, False)
+    new = manager.allocate_slots(again, again.num_tokens - external, hits,
+                                 blocks, num_external_computed_tokens=external)
+    held = manager_ids(manager, again)
+    assert len(held) == 5 and ids(new) == held[4:]  # loaded ones not new.
+    assert [manager.blocks[i].block_hash[:-4] for i in held[:4]] == \
+        again.block_hashes
+    copies = manager.take_host_copies()
+    loads = copies[copies["direction"] == LOAD]
+    assert loads["device_page"].tolist() == held[:4]
+    assert set(loads["host_page"].tolist()) == \
+        set(stores["host_page"].tolist())
+    memory.run(copies)
+    memory.forward(again, held, 16, 17)  # reads the loaded KV.
+    assert memory.loads == 4
+    # The loads are cached on the GPU again: BlockStored with chain and
+    # tokens, as vLLM's cache_blocks after a connector's load.
+    events = manager.take_events()
+    (loaded,) = [e for e in events if isinstance(e, BlockStored) and
+                 e.medium == "GPU"]
+    assert loaded.block_hashes == gpu_a.block_hashes
+    assert loaded.token_ids == prompt[:16] and loaded.parent_block_hash is None
+    # b's evicted blocks went to the host tier: four CPU stores (the fifth
+    # found every host page used by this batch).
+    assert [len(e.block_hashes) for e in cpu_events(events)] == [4]
+    manager.check_invariants()
+
+
+def test_a_prompt_of_whole_blocks_from_the_host_tier_computes_its_last():
+    manager = make_manager(block_size=4, num_blocks=11, host_pages=8)
+    prompt = list(range(100, 116))  # 4 full blocks.
+    admit(manager, make_request("a", prompt, block_size=4))
+    manager.free(make_request("a", prompt, block_size=4))
+    manager.take_host_copies()
+    b = make_request("b", list(range(500, 540)), block_size=4)
+    admit(manager, b)
+    manager.free(b)
+    manager.take_host_copies()
+    again = make_request("a2", prompt, block_size=4)
+    blocks, hits = manager.get_computed_blocks(again)
+    # The connector loads all 16 and vLLM computes the 16th again: 15,
+    # with the four blocks loaded in the same step.
+    assert manager.get_num_new_matched_tokens(again, hits) == (15, False)
+    new = manager.allocate_slots(again, 1, hits, blocks,
+                                 num_external_computed_tokens=15)
+    assert new.get_block_ids() == ([],)
+    copies = manager.take_host_copies()
+    assert (copies["direction"] == LOAD).sum() == 4
+    # A stale count (more than the host tier holds) is refused, unchanged.
+    other = make_request("c", list(range(900, 917)), block_size=4)
+    free = manager.num_free_blocks
+    with pytest.raises(kvblock.InvalidArgumentError,
+                       match="the host tier does not hold block 0"):
+        manager.allocate_slots(other, 1, num_external_computed_tokens=16)
+    assert manager.num_free_blocks == free
+    manager.check_invariants()
+
+
+def test_host_events_before_a_reset_go_out_before_it():
+    manager = make_manager(block_size=4, num_blocks=5,
+                           enable_kv_cache_events=True, host_pages=4)
+    a = make_request("a", list(range(16)), block_size=4)
+    admit(manager, a)
+    manager.free(a)
+    manager.take_host_copies()
+    b = make_request("b", list(range(100, 116)), block_size=4)
+    admit(manager, b)  # evicts a's 4: stored.
+    manager.free(b)
+    assert not manager.reset_prefix_cache()  # its copies are not taken.
+    manager.take_host_copies()
+    assert manager.reset_prefix_cache()
+    events = manager.take_events()
+    assert isinstance(events[-1], AllBlocksCleared)
+    assert [e.medium for e in events[-2:-1]] == ["CPU"]
+    assert manager.num_host_cached == 0
+    assert manager.get_num_new_matched_tokens(a, 0) == (0, False)
+
+
+@pytest.mark.parametrize("seed,policy", [(1, "write_back"), (2, "write_back"),
+                                         (3, "write_through")])
+def test_a_serving_loop_reads_the_kv_it_loads_from_the_host_tier(seed,
+                                                                   policy):
+    """vLLM's loop in small, with the connector's two calls: running
+    requests decode first (the latest preempted when blocks run out), then
+    waiting ones are admitted with their device hit and what the host tier
+    can load; each step's copies run before its forward pass, which checks
+    that every token's KV it reads is that token's. Multi-turn prompts
+    come back after the device evicted them. The CPU events rebuild the
+    host tier's contents."""
+    rng = random.Random(seed)
+    size, num_blocks, host_pages = 4, 24, 32
+    manager = make_manager(block_size=size, num_blocks=num_blocks,
+                           max_model_len=256, enable_kv_cache_events=True,
+                           host_pages=host_pages, host_write_policy=policy)
+    memory = KvMemory(num_blocks, size, host_pages)
+    bases = [[rng.randrange(1, 50) for _ in range(rng.randrange(12, 36))]
+             for _ in range(6)]
+    waiting, running = [], []
+    host, external_total, finished = set(), 0, 0
+    for step in range(400):
+        if rng.random() < 0.4:
+            prompt = rng.choice(bases) + [
+                rng.randrange(1, 50) for _ in range(rng.randrange(0, 6))]
+            waiting.append(make_request(f"r{step}", prompt, block_size=size,
+                                        max_tokens=rng.randrange(1, 8)))
+        scheduled = []
+        index = 0
+        while index < len(running):
+            request = running[index]
+            if manager.allocate_slots(request, 1) is None:
+                victim = running.pop()  # the latest, not scheduled yet.
+                manager.free(victim)
+                victim.num_computed_tokens = 0
+                waiting.insert(0, victim)
+                continue
+            scheduled.append((request, request.num_computed_tokens,
+                              request.num_tokens))
+            index += 1
+        while waiting and len(running) < 4:
+            request = waiting[0]
+            blocks, hits = manager.get_computed_blocks(request)
+            external, load_async = manager.get_num_new_matched_tokens(
+                request, hits)
+            assert not load_async
+            assert external == 0 or (hits + external) % size == 0 or \
+                hits + external == request.num_tokens - 1
+            new = manager.allocate_slots(
+                request, request.num_tokens - hits - external, hits, blocks,
+                num_external_computed_tokens=external)
+            if new is None:
+                break
+            waiting.pop(0)
+            external_total += external
+            scheduled.append((request, hits + external, request.num_tokens))
+            running.append(request)
+        memory.run(manager.take_host_copies())
+        for request, start, end in scheduled:
+            memory.forward(request, manager_ids(manager, request), start, end)
+            request.num_computed_tokens = end
+        for event in manager.take_events():
+            if event.medium != "CPU":
+                continue
+            for digest in event.block_hashes:
+                if isinstance(event, BlockRemoved):
+                    host.remove(digest)
+                else:
+                    assert digest not in host
+                    host.add(digest)
+        assert len(host) == manager.num_host_cached
+        for request, _, _ in scheduled:
+            if request.num_output_tokens == request.max_tokens:
+                running.remove(request)
+                manager.free(request)
+                finished += 1
+            else:
+                request.append_output_token_ids(rng.randrange(1, 50))
+        manager.check_invariants()
+    assert finished > 50 and memory.loads > 0 and external_total > 0

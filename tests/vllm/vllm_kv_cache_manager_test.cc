@@ -4,7 +4,8 @@
 // VllmKvCacheManager against vLLM v1's KVCacheManager contract (the cases of
 // vLLM's tests/v1/core/test_prefix_caching.py that the Python adapter's
 // conformance tests do not reach, and every error path). The block ids are
-// the ones vLLM's manager hands out for the same calls.
+// the ones vLLM's manager hands out for the same calls. The host tier: the
+// OffloadingConnector's count, the loads, their copies and events.
 #include "kvblock/vllm_kv_cache_manager.h"
 
 #include <algorithm>
@@ -832,6 +833,365 @@ TEST_CASE(
     REQUIRE(StateOf(*manager, "a") == before);
     REQUIRE_OK(manager->CheckInvariants());
   }
+}
+
+// Host tier
+// --------------------------------------------------------------------
+
+// 10 blocks of 16 tokens and a host tier of `host_pages`, events on.
+VllmKvCacheManagerOptions HostOptions(int32_t host_pages) {
+  VllmKvCacheManagerOptions options = kOptions;
+  options.enable_kv_cache_events = true;
+  options.host_pages = host_pages;
+  return options;
+}
+
+std::vector<HostCopy> TakeCopies(VllmKvCacheManager& manager) {
+  std::vector<HostCopy> copies;
+  REQUIRE_OK(manager.TakeHostCopies(copies));
+  return copies;
+}
+
+// The copies of `copies` in `direction`, in order.
+std::vector<HostCopy> OfDirection(const std::vector<HostCopy>& copies,
+                                  HostCopy::Direction direction) {
+  std::vector<HostCopy> found;
+  for (const HostCopy& copy : copies) {
+    if (copy.direction == direction) found.push_back(copy);
+  }
+  return found;
+}
+
+// The hashes of the host tier's stores (or drops) since the last call.
+std::vector<BlockHash> HostEvents(VllmKvCacheManager& manager, bool removed) {
+  std::vector<BlockHash> hashes;
+  for (const auto& event : manager.TakeHostEvents()) {
+    if (event.removed == removed) hashes.push_back(event.hash);
+  }
+  return hashes;
+}
+
+// Request `id` of `num_tokens` tokens, all new, computed and cached.
+void Prefill(VllmKvCacheManager& manager, absl::string_view id,
+             const std::vector<BlockHash>& hashes, int64_t num_tokens) {
+  auto result = manager.AllocateSlots({.request_id = id,
+                                       .block_hashes = hashes,
+                                       .num_tokens = num_tokens,
+                                       .num_new_tokens = num_tokens});
+  REQUIRE_OK(result);
+  REQUIRE(result->allocated);
+}
+
+// Prompt a (4 full blocks and a token) computed and freed, then evicted
+// into the host tier by prompt b, which takes all 10 blocks and is freed;
+// every copy batch and event taken.
+const std::vector<BlockHash> kA = Chain(1, 4);
+std::unique_ptr<VllmKvCacheManager> ManagerWithAInHost(int32_t host_pages) {
+  auto manager = NewManager(HostOptions(host_pages));
+  Prefill(*manager, "a", kA, 65);
+  manager->Free("a");
+  REQUIRE(TakeCopies(*manager).empty());  // write-back: nothing moved yet.
+  Prefill(*manager, "b", Chain(2, 10), 160);
+  manager->Free("b");
+  const std::vector<HostCopy> stores = TakeCopies(*manager);
+  REQUIRE(stores.size() == 4);
+  REQUIRE(OfDirection(stores, HostCopy::Direction::kDeviceToHost).size() == 4);
+  // Evicted continuation first (vLLM's queue: a freed request's tail
+  // first), each a CPU store under its request hash.
+  REQUIRE(HostEvents(*manager, false) ==
+          std::vector<BlockHash>{kA[3], kA[2], kA[1], kA[0]});
+  REQUIRE(manager->NumHostCached() == 4);
+  REQUIRE(Removed(*manager).size() == 4);  // the GPU's removals, apart.
+  manager->TakeNewBlockIds();
+  return manager;
+}
+
+TEST_CASE("create refuses a host tier it cannot serve") {
+  VllmKvCacheManagerOptions options = HostOptions(-1);
+  REQUIRE_STATUS_IS(VllmKvCacheManager::Create(options), kInvalidArgument);
+  options.host_pages = 4;
+  options.enable_caching = false;
+  auto uncached = VllmKvCacheManager::Create(options);
+  REQUIRE_STATUS_IS(uncached, kInvalidArgument);
+  REQUIRE(absl::StrContains(uncached.status().message(),
+                            "host_pages = 4 needs caching on"));
+  VllmKvCacheManagerOptions hybrid = HybridOptions();
+  hybrid.host_pages = 4;
+  auto two = VllmKvCacheManager::Create(hybrid);
+  REQUIRE_STATUS_IS(two, kInvalidArgument);
+  REQUIRE(
+      absl::StrContains(two.status().message(),
+                        "with 2 kv cache groups, the first full_attention"));
+  hybrid.kv_cache_groups.erase(hybrid.kv_cache_groups.begin());
+  auto window = VllmKvCacheManager::Create(hybrid);
+  REQUIRE_STATUS_IS(window, kInvalidArgument);
+  REQUIRE(absl::StrContains(window.status().message(),
+                            "1 kv cache group of sliding_window"));
+  // Without a host tier: nothing to match, copy or report.
+  auto manager = NewManager(kOptions);
+  Prefill(*manager, "a", kA, 65);
+  manager->Free("a");
+  REQUIRE(manager->GetNumNewMatchedTokens(kA, 65, 0) == 0);
+  REQUIRE(TakeCopies(*manager).empty());
+  REQUIRE(manager->TakeHostEvents().empty());
+  REQUIRE(manager->host_pages() == 0);
+}
+
+TEST_CASE("a prompt evicted to the host tier is loaded back on its turn") {
+  auto manager = ManagerWithAInHost(8);
+  // The scheduler's calls for a waiting request: the device hit (none),
+  // the connector's count, then allocate_slots with it as external tokens.
+  REQUIRE(HitOf(*manager, kA, 64).empty());
+  const State before = StateOf(*manager, "a");
+  REQUIRE(manager->GetNumNewMatchedTokens(kA, 65, 0) == 64);
+  REQUIRE(StateOf(*manager, "a") == before);
+  auto result = manager->AllocateSlots({.request_id = "a",
+                                        .block_hashes = kA,
+                                        .num_tokens = 65,
+                                        .num_new_tokens = 1,
+                                        .num_external_computed_tokens = 64});
+  REQUIRE_OK(result);
+  REQUIRE(result->allocated);
+  const Ids held = Held(*manager, "a");
+  REQUIRE(held.size() == 5);
+  // The loaded blocks are not new (vLLM's external blocks are not); they
+  // are cached again under their hashes, [0, 4) for BlockStored.
+  REQUIRE(result->groups[0].first_new_block == 4);
+  REQUIRE(result->groups[0].cached_from == 0);
+  REQUIRE(result->groups[0].cached_to == 4);
+  for (int i = 0; i < 4; ++i) REQUIRE(manager->CachedHash(held[i]) == kA[i]);
+  REQUIRE(HitOf(*manager, kA, 64) == Ids(held.begin(), held.begin() + 4));
+  // Not blocks to zero: the loads write them whole.
+  REQUIRE(manager->TakeNewBlockIds()[0] == Ids{held[4]});
+  // The batch: the four loads into a's blocks, and each block taken
+  // evicted one of b's: four stored in the host tier's free pages; the
+  // fifth found every host page used by the batch (stored into or loaded
+  // from) and was not stored.
+  const std::vector<HostCopy> copies = TakeCopies(*manager);
+  const auto loads = OfDirection(copies, HostCopy::Direction::kHostToDevice);
+  REQUIRE(OfDirection(copies, HostCopy::Direction::kDeviceToHost).size() == 4);
+  REQUIRE(manager->pool().stats().host_store_skips == 1);
+  REQUIRE(loads.size() == 4);
+  for (int i = 0; i < 4; ++i) REQUIRE(loads[i].device_page == held[i]);
+  REQUIRE(HostEvents(*manager, false).size() == 4);
+  REQUIRE(manager->TakeHostEvents().empty());
+  REQUIRE(Removed(*manager).size() == 5);  // b's five, on the GPU.
+  REQUIRE(manager->pool().stats().host_loads == 4);
+  // A second prompt of a's blocks is a device hit now.
+  REQUIRE(manager->GetNumNewMatchedTokens(kA, 65, 64) == 0);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("a failure anywhere in a call with loads undoes the loads too") {
+  auto manager = ManagerWithAInHost(4);  // full: the loads drop pages.
+  const State before = StateOf(*manager, "a");
+  const VllmSlotRequest slots = {.request_id = "a",
+                                 .block_hashes = kA,
+                                 .num_tokens = 65,
+                                 .num_new_tokens = 33,
+                                 .num_external_computed_tokens = 32};
+  int64_t faults = 0;
+  for (int64_t n = 1;; ++n) {
+    CAPTURE(n);
+    REQUIRE(n < 16);
+    internal::FaultInjection::FailNth(n);
+    auto failed = manager->AllocateSlots(slots);
+    internal::FaultInjection::Disarm();
+    if (failed.ok()) break;
+    ++faults;
+    REQUIRE(StateOf(*manager, "a") == before);
+    REQUIRE(manager->TakeHostEvents().empty());
+    REQUIRE(TakeCopies(*manager).empty());
+    REQUIRE_OK(manager->CheckInvariants());
+  }
+  REQUIRE(faults >= 3);  // two loads and the new blocks.
+  REQUIRE(OfDirection(TakeCopies(*manager), HostCopy::Direction::kHostToDevice)
+              .size() == 2);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("a prompt of whole blocks loads them all and computes its last") {
+  auto manager = NewManager(HostOptions(8));
+  Prefill(*manager, "a", kA, 64);
+  manager->Free("a");
+  TakeCopies(*manager);
+  Prefill(*manager, "b", Chain(2, 10), 160);
+  manager->Free("b");
+  TakeCopies(*manager);
+  // The connector would load all 64 tokens and vLLM compute the 64th
+  // again: 63 here, the last block loaded all the same.
+  REQUIRE(manager->GetNumNewMatchedTokens(kA, 64, 0) == 63);
+  auto result = manager->AllocateSlots({.request_id = "a",
+                                        .block_hashes = kA,
+                                        .num_tokens = 64,
+                                        .num_new_tokens = 1,
+                                        .num_external_computed_tokens = 63});
+  REQUIRE_OK(result);
+  REQUIRE(Held(*manager, "a").size() == 4);
+  REQUIRE(result->groups[0].first_new_block == 4);  // no block to compute.
+  REQUIRE(result->groups[0].cached_to == 4);
+  REQUIRE(OfDirection(TakeCopies(*manager), HostCopy::Direction::kHostToDevice)
+              .size() == 4);
+  // Less than a block past the hit is no match, as the connector's.
+  REQUIRE(manager->GetNumNewMatchedTokens(Chain(2, 10), 160, 150) == 0);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("a device hit continues into the host tier") {
+  auto manager = NewManager(HostOptions(8));
+  Prefill(*manager, "a", kA, 65);
+  manager->Free("a");  // queue: 6..10, then a's 5, 4, 3, 2, 1.
+  TakeCopies(*manager);
+  Prefill(*manager, "c", Chain(3, 8), 128);  // evicts a's 4 and 3.
+  manager->Free("c");
+  TakeCopies(*manager);
+  REQUIRE(HostEvents(*manager, false) == std::vector<BlockHash>{kA[3], kA[2]});
+  const Ids hit = HitOf(*manager, kA, 64);
+  REQUIRE(hit == Ids{1, 2});
+  REQUIRE(manager->GetNumNewMatchedTokens(kA, 65, 32) == 32);
+  // From block 0 the device holds the first: the connector's run starts
+  // after the hit it is given.
+  REQUIRE(manager->GetNumNewMatchedTokens(kA, 65, 0) == 0);
+  auto result = manager->AllocateSlots({.request_id = "a",
+                                        .block_hashes = kA,
+                                        .num_tokens = 65,
+                                        .num_new_tokens = 1,
+                                        .num_new_computed_tokens = 32,
+                                        .new_computed_blocks = OneGroup(hit),
+                                        .num_external_computed_tokens = 32});
+  REQUIRE_OK(result);
+  const Ids held = Held(*manager, "a");
+  REQUIRE(Ids(held.begin(), held.begin() + 2) == hit);
+  REQUIRE(result->groups[0].cached_from == 2);
+  REQUIRE(result->groups[0].cached_to == 4);
+  const auto loads =
+      OfDirection(TakeCopies(*manager), HostCopy::Direction::kHostToDevice);
+  REQUIRE(loads.size() == 2);
+  REQUIRE(loads[0].device_page == held[2]);
+  REQUIRE(loads[1].device_page == held[3]);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("loads that would drop a later block from a full host tier") {
+  // A host tier of 4 holds a's blocks alone, a[3] at its LRU head. Each
+  // load's new block evicts one of b's cached blocks, whose store drops the
+  // host tier's head: loading a[0] drops a[3], loading a[1] drops a[2].
+  auto manager = ManagerWithAInHost(4);
+  const State before = StateOf(*manager, "a");
+  REQUIRE(manager->GetNumNewMatchedTokens(kA, 65, 0) == 32);
+  REQUIRE(StateOf(*manager, "a") == before);  // the loads tried, undone.
+  REQUIRE(manager->TakeHostEvents().empty());
+  REQUIRE(Removed(*manager).empty());
+  // The four blocks the host tier holds now cannot all be loaded: refused,
+  // with nothing changed.
+  auto stale = manager->AllocateSlots({.request_id = "a",
+                                       .block_hashes = kA,
+                                       .num_tokens = 65,
+                                       .num_new_tokens = 1,
+                                       .num_external_computed_tokens = 64});
+  REQUIRE_STATUS_IS(stale, kFailedPrecondition);
+  REQUIRE(absl::StrContains(stale.status().message(),
+                            "request a: loading its external tokens' blocks"));
+  REQUIRE(StateOf(*manager, "a") == before);
+  REQUIRE(manager->TakeHostEvents().empty());
+  // The count asked for loads, and the rest is computed.
+  auto result = manager->AllocateSlots({.request_id = "a",
+                                        .block_hashes = kA,
+                                        .num_tokens = 65,
+                                        .num_new_tokens = 33,
+                                        .num_external_computed_tokens = 32});
+  REQUIRE_OK(result);
+  const Ids held = Held(*manager, "a");
+  REQUIRE(held.size() == 5);
+  REQUIRE(result->groups[0].first_new_block == 2);
+  const auto loads =
+      OfDirection(TakeCopies(*manager), HostCopy::Direction::kHostToDevice);
+  REQUIRE(loads.size() == 2);
+  REQUIRE(HostEvents(*manager, true) == std::vector<BlockHash>{kA[3], kA[2]});
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("a host tier's external tokens must be its blocks") {
+  auto manager = ManagerWithAInHost(8);
+  const State before = StateOf(*manager, "c");
+  // Prompt b's blocks are on the device.
+  const std::vector<BlockHash> b = Chain(2, 10);
+  auto cached = manager->AllocateSlots({.request_id = "c",
+                                        .block_hashes = b,
+                                        .num_tokens = 100,
+                                        .num_new_tokens = 1,
+                                        .num_external_computed_tokens = 32});
+  REQUIRE_STATUS_IS(cached, kInvalidArgument);
+  REQUIRE(absl::StrContains(cached.status().message(),
+                            "block 0 is cached on the device"));
+  REQUIRE(StateOf(*manager, "c") == before);
+  const std::vector<BlockHash> unknown = Chain(7, 4);
+  auto missing = manager->AllocateSlots({.request_id = "c",
+                                         .block_hashes = unknown,
+                                         .num_tokens = 65,
+                                         .num_new_tokens = 1,
+                                         .num_external_computed_tokens = 64});
+  REQUIRE_STATUS_IS(missing, kInvalidArgument);
+  REQUIRE(absl::StrContains(missing.status().message(),
+                            "the host tier does not hold block 0"));
+  auto short_chain =
+      manager->AllocateSlots({.request_id = "c",
+                              .block_hashes = absl::MakeConstSpan(kA).first(2),
+                              .num_tokens = 65,
+                              .num_new_tokens = 1,
+                              .num_external_computed_tokens = 64});
+  REQUIRE_STATUS_IS(short_chain, kInvalidArgument);
+  REQUIRE(absl::StrContains(short_chain.status().message(),
+                            "has 2 block hashes; loading block 2"));
+  REQUIRE(StateOf(*manager, "c") == before);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
+TEST_CASE("a loaded block its request frees before the batch is held") {
+  auto manager = ManagerWithAInHost(8);
+  REQUIRE_OK(manager->AllocateSlots({.request_id = "a",
+                                     .block_hashes = kA,
+                                     .num_tokens = 65,
+                                     .num_new_tokens = 1,
+                                     .num_external_computed_tokens = 64}));
+  const Ids held = Held(*manager, "a");
+  const int32_t free_before = manager->NumFreeBlocks();
+  manager->Free("a");  // e.g. aborted in the step that scheduled it.
+  // Its four loads have not landed: the pool holds those blocks, which no
+  // request does (ref_cnt 0), until the batch is taken.
+  REQUIRE(manager->NumFreeBlocks() == free_before + 1);
+  for (int i = 0; i < 4; ++i) REQUIRE(manager->RefCount(held[i]) == 0);
+  REQUIRE(manager->pool().parked_pages().size() == 4);
+  REQUIRE_OK(manager->CheckInvariants());
+  REQUIRE_FALSE(manager->ResetPrefixCache());  // copies not taken.
+  REQUIRE(TakeCopies(*manager).size() == 8);   // 4 loads, 4 stores.
+  REQUIRE(manager->NumFreeBlocks() == free_before + 5);
+  REQUIRE_OK(manager->CheckInvariants());
+  REQUIRE(manager->ResetPrefixCache());
+  REQUIRE(manager->NumHostCached() == 0);
+}
+
+TEST_CASE("write-through stores every block in the batch after it is cached") {
+  VllmKvCacheManagerOptions options = HostOptions(16);
+  options.host_write_policy = HostWritePolicy::kWriteThrough;
+  auto manager = NewManager(options);
+  Prefill(*manager, "a", kA, 65);
+  REQUIRE(TakeCopies(*manager).empty());  // its KV computed in this step.
+  const std::vector<HostCopy> stores = TakeCopies(*manager);
+  REQUIRE(stores.size() == 4);
+  for (int i = 0; i < 4; ++i)
+    REQUIRE(stores[i].device_page == Held(*manager, "a")[i]);
+  REQUIRE(HostEvents(*manager, false) == kA);
+  manager->Free("a");
+  // Evicted later, a's blocks move nothing: the host tier has them.
+  Prefill(*manager, "b", Chain(2, 10), 160);
+  REQUIRE(TakeCopies(*manager).empty());
+  REQUIRE(manager->NumHostCached() == 14);  // b's, stored in this batch.
+  // While b holds every block, no load finds a block to go to.
+  REQUIRE(manager->GetNumNewMatchedTokens(kA, 65, 0) == 0);
+  manager->Free("b");
+  REQUIRE(manager->GetNumNewMatchedTokens(kA, 65, 0) == 64);
+  REQUIRE_OK(manager->CheckInvariants());
 }
 
 }  // namespace

@@ -15,7 +15,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -24,6 +23,7 @@
 
 #include "absl/types/span.h"
 #include "dlpack_export.h"
+#include "host_copy_array.h"
 #include "int_array.h"
 #include "kvblock/batch_commit.h"
 #include "kvblock/block_hash.h"
@@ -125,47 +125,6 @@ py::dict StatsDict(const BlockManagerStats& s) {
       "peak_pages_in_use"_a = s.peak_pages_in_use,
       "host_hit_tokens"_a = s.host_hit_tokens, "host_stores"_a = s.host_stores,
       "host_loads"_a = s.host_loads, "host_evictions"_a = s.host_evictions);
-}
-
-// The numpy dtype of a HostCopy, in its C++ layout (so that a copy batch
-// goes to RunHostCopies, or the caller's copy code, as it is):
-// device_page int32, host_page int32, direction uint8 (HostCopyDirection),
-// 12 bytes a row.
-py::dtype HostCopyDtype() {
-  static_assert(sizeof(HostCopy) == 12);
-  static_assert(offsetof(HostCopy, device_page) == 0);
-  static_assert(offsetof(HostCopy, host_page) == 4);
-  static_assert(offsetof(HostCopy, direction) == 8);
-  static_assert(sizeof(HostCopy::Direction) == 1);
-  py::list names;
-  names.append("device_page");
-  names.append("host_page");
-  names.append("direction");
-  py::list formats;
-  formats.append("i4");
-  formats.append("i4");
-  formats.append("u1");
-  py::list offsets;
-  offsets.append(0);
-  offsets.append(4);
-  offsets.append(8);
-  return py::dtype(names, formats, offsets, sizeof(HostCopy));
-}
-
-// `copies` as a read-only array of HostCopyDtype rows: a view kept alive by
-// `owner`, or (no owner) a copy the array owns.
-py::array HostCopiesArray(absl::Span<const HostCopy> copies,
-                          py::handle owner = py::handle()) {
-  // Never destroyed: a static's destructor would run after the
-  // interpreter is gone.
-  static const py::dtype* const dtype = new py::dtype(HostCopyDtype());
-  py::array array(*dtype, {static_cast<py::ssize_t>(copies.size())}, {},
-                  copies.data(), owner);
-  if (owner) {
-    py::detail::array_proxy(array.ptr())->flags &=
-        ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
-  }
-  return array;
 }
 
 // A device and where DLPack says it is.

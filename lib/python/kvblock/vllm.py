@@ -52,6 +52,17 @@ What vLLM's scheduler and worker see is vLLM's:
   otherwise; hashes as vLLM sends them (the low 64 bits as an int, or the
   digest's bytes with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0).
 
+A host tier (`KVCacheManager(..., host_pages=N)`, one full-attention group):
+the blocks the pool evicts are kept in N pages of host memory and loaded
+back, as vLLM's OffloadingConnector serves its CPU tier.
+`get_num_new_matched_tokens(request, num_computed_tokens)` is the
+connector's (the tokens after the device hit the host tier can load, and
+False: the loads are not asynchronous), `allocate_slots(...,
+num_external_computed_tokens=N)` loads those blocks, `take_host_copies()`
+hands out the copies to run (block id, host page, direction; stores first,
+then loads, before the step's forward pass), and `take_events` adds the
+connector's CPU events. VLLM.md has the loop and the differences.
+
 Not supported (each refused with a clear error at construction): Mamba,
 cross-attention, sink and encoder-only specs, context parallelism with
 several groups (vLLM asserts against it too), and a metrics collector.
@@ -68,6 +79,7 @@ kvblock.FailedPreconditionError.
 """
 
 import hashlib
+import itertools
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -129,6 +141,11 @@ except ImportError:
                 self.hits += num_hits
 
 MEDIUM_GPU = "GPU"
+MEDIUM_CPU = "CPU"  # vLLM's CPULoadStoreSpec.medium()
+_HOST_WRITE_POLICIES = {
+    "write_back": _kvblock.HostWritePolicy.WRITE_BACK,
+    "write_through": _kvblock.HostWritePolicy.WRITE_THROUGH,
+}
 # vLLM's scheduler zeroes new blocks of these spec types only.
 _ZEROED_SPECS = ("FullAttentionSpec", "TQFullAttentionSpec")
 # vLLM's get_kv_cache_spec_kind, by class name, subclasses first.
@@ -381,7 +398,9 @@ class KVCacheManager:
                  log_stats: bool = False,
                  enable_kv_cache_events: bool = False,
                  dcp_world_size: int = 1, pcp_world_size: int = 1,
-                 metrics_collector=None, *, eviction_order: str = "vllm"):
+                 metrics_collector=None, *, eviction_order: str = "vllm",
+                 host_pages: int = 0,
+                 host_write_policy: str = "write_back"):
         groups = list(kv_cache_config.kv_cache_groups)
         if not groups:
             raise NotImplementedError(
@@ -392,6 +411,9 @@ class KVCacheManager:
         if eviction_order not in ("vllm", "kvblock"):
             raise ValueError(f"eviction_order must be 'vllm' or 'kvblock', "
                              f"got {eviction_order!r}")
+        if host_write_policy not in _HOST_WRITE_POLICIES:
+            raise ValueError(f"host_write_policy must be 'write_back' or "
+                             f"'write_through', got {host_write_policy!r}")
         world = dcp_world_size * pcp_world_size
         if len(groups) > 1 and world != 1:
             raise ValueError(
@@ -426,14 +448,17 @@ class KVCacheManager:
             max_num_batched_tokens=max_num_batched_tokens or 0,
             enable_caching=enable_caching, use_eagle=use_eagle,
             enable_kv_cache_events=enable_kv_cache_events,
-            vllm_eviction_order=eviction_order == "vllm", log_stats=log_stats)
+            vllm_eviction_order=eviction_order == "vllm", log_stats=log_stats,
+            host_pages=host_pages,
+            host_write_policy=_HOST_WRITE_POLICIES[host_write_policy])
         # The calls of every step are C++ functions bound to the manager,
         # put on this object: vLLM's scheduler calls them with no Python
         # frame in between. allocate_slots, get_computed_blocks and free
-        # take vLLM's arguments and return what vLLM's return (their
-        # docstrings, and vllm_bindings.cc).
-        (self.allocate_slots, self.get_computed_blocks,
-         self.free) = self._cpp.bind(
+        # take vLLM's arguments and return what vLLM's return, and
+        # get_num_new_matched_tokens what vLLM's OffloadingConnector's
+        # returns (their docstrings, and vllm_bindings.cc).
+        (self.allocate_slots, self.get_computed_blocks, self.free,
+         self.get_num_new_matched_tokens) = self._cpp.bind(
              self, [KVCacheBlock(i, self._cpp)
                     for i in range(kv_cache_config.num_blocks)],
              KVCacheBlocks, self.empty_kv_cache_blocks)
@@ -462,6 +487,16 @@ class KVCacheManager:
     @property
     def usage(self) -> float:
         return self._cpp.usage
+
+    @property
+    def host_pages(self) -> int:
+        """The host tier's pages (0: none)."""
+        return self._cpp.host_pages
+
+    @property
+    def num_host_cached(self) -> int:
+        """Host tier pages holding a block."""
+        return self._cpp.num_host_cached
 
     @property
     def num_free_blocks(self) -> int:
@@ -504,8 +539,12 @@ class KVCacheManager:
             self.empty_kv_cache_blocks
 
     def take_events(self) -> list:
+        """vLLM's events since the last call; with a host tier, the
+        OffloadingConnector's CPU events after them (vLLM's scheduler appends
+        the connector's to the manager's)."""
         if self._events is None:
             return []
+        self._record_host()
         events, self._events = self._events, []
         for event in events:
             if isinstance(event, BlockStored) and event.group_idx is not None:
@@ -513,6 +552,16 @@ class KVCacheManager:
                  event.kv_cache_spec_sliding_window) = \
                     self._event_metadata[event.group_idx]
         return events
+
+    def take_host_copies(self):
+        """The host tier's copies since the last call, a numpy array of
+        kvblock.HOST_COPY_DTYPE rows (device_page: the block id, host_page,
+        direction: kvblock.HostCopyDirection), in the order they were
+        listed; empty without a host tier. Run every DEVICE_TO_HOST row (a
+        store), then every HOST_TO_DEVICE row (a load), after the last
+        step's forward pass and before this step's: take them once a step,
+        after scheduling."""
+        return self._cpp.take_host_copies()
 
     def take_new_block_ids(self) -> list:
         """The new blocks of the groups vLLM zeroes (full attention)."""
@@ -545,9 +594,13 @@ class KVCacheManager:
             self._record_removed()
 
     def reset_prefix_cache(self) -> bool:
+        """vLLM's; with a host tier it forgets the host tier's blocks too,
+        and is refused (False) while copies are not taken."""
         if not self._cpp.reset_prefix_cache():
             return False
         if self._events is not None:
+            # The host tier's events before the reset go out before it.
+            self._record_host()
             self._events.append(AllBlocksCleared())
         return True
 
@@ -567,6 +620,21 @@ class KVCacheManager:
             self._events.append(BlockRemoved(
                 block_hashes=[self._external(digest)], medium=MEDIUM_GPU,
                 group_idx=group))
+
+    def _record_host(self) -> None:
+        """The host tier's stores and drops, as the OffloadingConnector's
+        take_events yields them: consecutive ones of a kind in one event,
+        the hashes the digests themselves (the connector's
+        get_offload_block_hash; vLLM converts only the manager's)."""
+        for removed, run in itertools.groupby(self._cpp.take_host_events(),
+                                              key=lambda event: event[0]):
+            hashes = [digest for _, digest in run]
+            self._events.append(
+                BlockRemoved(block_hashes=hashes, medium=MEDIUM_CPU)
+                if removed else
+                BlockStored(block_hashes=hashes, parent_block_hash=None,
+                            token_ids=[], block_size=0, lora_id=None,
+                            medium=MEDIUM_CPU, lora_name=None))
 
     def _joined(self, hashes, group: int, block: int) -> bytes:
         """vLLM's BlockHashListWithBlockSize entry `block` of `group`."""

@@ -5,7 +5,8 @@
 // Request objects as they are (vllm_request.h reads them).
 //
 // The calls a scheduler makes every step for every request (allocate_slots,
-// get_computed_blocks, free) are plain CPython functions (METH_FASTCALL)
+// get_computed_blocks, free, and with a host tier
+// get_num_new_matched_tokens) are plain CPython functions (METH_FASTCALL)
 // bound to the manager, which kvblock.vllm.KVCacheManager puts on itself:
 // vLLM's scheduler calls straight into C++, with no Python frame or
 // pybind11 dispatch on the way. Their arguments and results are vLLM's.
@@ -25,7 +26,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "host_copy_array.h"
 #include "kvblock/block_hash.h"
+#include "kvblock/block_pool.h"
 #include "kvblock/vllm_kv_cache_manager.h"
 #include "status_error.h"
 #include "vllm_request.h"
@@ -468,6 +471,31 @@ PyObject* Free(PyObject* self_object, PyObject* const* args, Py_ssize_t nargs,
   });
 }
 
+PyObject* GetNumNewMatchedTokens(PyObject* self_object, PyObject* const* args,
+                                 Py_ssize_t nargs, PyObject* kwnames) {
+  return Guarded([&]() -> py::object {
+    static const std::array<const char*, 2> kNames = {"request",
+                                                      "num_computed_tokens"};
+    static PyObject* const kTokens = Intern("num_tokens");
+    const Arguments<2> arguments("get_num_new_matched_tokens", kNames, 2, args,
+                                 nargs, kwnames);
+    PyManager& state = py::handle(self_object).cast<PyManager&>();
+    const Busy busy(state);
+    VllmKvCacheManager& manager = *state.manager;
+    const int64_t num_computed = arguments.Int(1);
+    if (manager.host_pages() == 0) return py::make_tuple(0, false);
+    PyObject* request = arguments[0];
+    const int64_t num_tokens = IntAttr(request, kTokens, "num_tokens");
+    const HeldChain held = ChainOf(request);
+    CheckWidth(state, *held.chain);
+    // Loaded in the step's copy batch, before its forward pass: not
+    // asynchronous (vLLM's load_kv_async).
+    return py::make_tuple(manager.GetNumNewMatchedTokens(
+                              held.chain->hashes(), num_tokens, num_computed),
+                          false);
+  });
+}
+
 PyMethodDef kFastCalls[] = {
     {"allocate_slots", AsPyCFunction(AllocateSlots),
      METH_FASTCALL | METH_KEYWORDS,
@@ -488,6 +516,13 @@ PyMethodDef kFastCalls[] = {
     {"free", AsPyCFunction(Free), METH_FASTCALL | METH_KEYWORDS,
      "free(request)\n\nvLLM's: frees the request's blocks, last first (its "
      "tail is evicted first)."},
+    {"get_num_new_matched_tokens", AsPyCFunction(GetNumNewMatchedTokens),
+     METH_FASTCALL | METH_KEYWORDS,
+     "get_num_new_matched_tokens(request, num_computed_tokens)\n\nThe "
+     "OffloadingConnector's: (the tokens after the request's device hit of "
+     "num_computed_tokens that the host tier can load, False: the loads run "
+     "in the step's copy batch, not asynchronously). (0, False) without a "
+     "host tier."},
 };
 
 // The digests of `hashes`, `width` bytes each (all of them for 0), joined.
@@ -536,7 +571,8 @@ void BindVllmManager(py::module_& m) {
                        int64_t max_model_len, int64_t max_num_batched_tokens,
                        bool enable_caching, bool use_eagle,
                        bool enable_kv_cache_events, bool vllm_eviction_order,
-                       bool log_stats) {
+                       bool log_stats, int32_t host_pages,
+                       HostWritePolicy host_write_policy) {
              PyManager made;
              made.manager = ValueOrThrow(VllmKvCacheManager::Create(
                  {.num_blocks = num_blocks,
@@ -549,17 +585,21 @@ void BindVllmManager(py::module_& m) {
                   .enable_kv_cache_events = enable_kv_cache_events,
                   .eviction_order = vllm_eviction_order
                                         ? EvictionOrder::kLeastRecentlyFreed
-                                        : EvictionOrder::kNeverCachedFirst}));
+                                        : EvictionOrder::kNeverCachedFirst,
+                  .host_pages = host_pages,
+                  .host_write_policy = host_write_policy}));
              made.log_stats = log_stats;
              return made;
            }),
            "num_blocks"_a, "block_size"_a, "kv_cache_groups"_a,
            "max_model_len"_a, "max_num_batched_tokens"_a, "enable_caching"_a,
            "use_eagle"_a, "enable_kv_cache_events"_a, "vllm_eviction_order"_a,
-           "log_stats"_a,
+           "log_stats"_a, "host_pages"_a = 0,
+           "host_write_policy"_a = HostWritePolicy::kWriteBack,
            "block_size: the request hashes' block size (vLLM's "
            "hash_block_size); kv_cache_groups: KvCacheGroupSpec a group "
-           "(empty: one full-attention group of block_size).")
+           "(empty: one full-attention group of block_size); host_pages: "
+           "the host tier's pages (0: none).")
       .def(
           "bind",
           [](py::object self, py::object adapter, py::object blocks,
@@ -581,7 +621,8 @@ void BindVllmManager(py::module_& m) {
           },
           "adapter"_a, "blocks"_a, "blocks_class"_a, "empty_blocks"_a,
           "Keeps the adapter and its block objects; returns allocate_slots, "
-          "get_computed_blocks and free bound to this manager.")
+          "get_computed_blocks, free and get_num_new_matched_tokens bound to "
+          "this manager.")
       .def(
           "cache_blocks",
           [](PyManager& self, py::handle request, int64_t num_tokens) {
@@ -661,6 +702,39 @@ void BindVllmManager(py::module_& m) {
           },
           "(group, digest) of each block evicted or uncached since the last "
           "call; a block of several request hashes has them joined.")
+      .def(
+          "take_host_events",
+          [](PyManager& self) {
+            const Busy busy(self);
+            py::list out;
+            for (const auto& event : self.manager->TakeHostEvents()) {
+              out.append(py::make_tuple(
+                  event.removed,
+                  JoinedDigest(absl::MakeConstSpan(&event.hash, 1),
+                               self.width)));
+            }
+            return out;
+          },
+          "(removed, digest) of each block the host tier stored (False) or "
+          "dropped (True) since the last call, in order.")
+      .def(
+          "take_host_copies",
+          [](PyManager& self) {
+            std::vector<HostCopy> copies;
+            {
+              const Busy busy(self);
+              ThrowIfError(self.manager->TakeHostCopies(copies));
+            }
+            return HostCopiesArray(copies);
+          },
+          "The copy batch since the last call, HOST_COPY_DTYPE rows "
+          "(device_page: the block id), and opens the next one.")
+      .def_property_readonly(
+          "host_pages",
+          [](const PyManager& self) { return self.manager->host_pages(); })
+      .def_property_readonly(
+          "num_host_cached",
+          [](const PyManager& self) { return self.manager->NumHostCached(); })
       .def(
           "add_prefix_cache_stats",
           [](PyManager& self, py::handle stats) {
