@@ -549,7 +549,7 @@ class BlockPool {
   // from that batch; Stamp sets it, journaled.
   uint32_t StampFor(PageId page, uint32_t flags) const;
   void Stamp(PageId page, uint32_t flags = 0);
-  // Evicting `victim`: prefetches for the two evictions after it.
+  // Evicting `victim`: prefetches for the evictions after it.
   void PrefetchNextEvictions(PageId victim) const;
   void Journal(UndoRecord::Op op, PageId page, PageId prev = kNoPage,
                const BlockHash& hash = BlockHash{}, uint8_t group = 0);

@@ -256,10 +256,17 @@ inline void BlockPool::PrefetchNextEvictions(PageId victim) const {
   // change in between only wastes a prefetch.
   const PageState& next = pages_[pages_[victim].lru_next];
   index_->Prefetch(next.tag);
-  __builtin_prefetch(&pages_[next.lru_next]);
-  // Its write-back looks its key up in the host tier (the same tag, the
-  // host index's bucket), and may drop the host LRU head.
-  if (host_ != nullptr) host_->PrefetchStore(next.tag);
+  if (host_ == nullptr) {
+    __builtin_prefetch(&pages_[next.lru_next]);
+    return;
+  }
+  // With a host tier each eviction also looks its key up there (the same
+  // tag, the host index's bucket) and may drop the host LRU head: those
+  // come two evictions ahead, from the line that came in at the last one,
+  // and the line after it is asked for now.
+  const PageState& after = pages_[next.lru_next];
+  host_->PrefetchStore(after.tag);
+  __builtin_prefetch(&pages_[after.lru_next]);
 }
 
 PageId BlockPool::AllocateUnchecked() {

@@ -136,16 +136,16 @@ void HostTier::Use(HostPageId page, uint32_t batch) {
 void HostTier::PrefetchStore(uint32_t tag) const {
   index_->Prefetch(tag);
   // The head's own line and bucket: Store asked for them when it dropped
-  // the head before it (PrefetchAfter).
-  __builtin_prefetch(&pages_[pages_[num_pages_].lru_next]);
+  // the heads before it (PrefetchAfter).
 }
 
 void HostTier::PrefetchAfter(HostPageId dropped) const {
-  // The next head's line came in at the store before this one: its tag
-  // names its bucket; the head after it is the line for the store after.
+  // Two stores ahead: the head after next came in at the store before this
+  // one, its tag names its bucket; the line after it is asked for now.
   const PageState& next = pages_[pages_[dropped].lru_next];
-  index_->Prefetch(next.tag);
-  __builtin_prefetch(&pages_[next.lru_next]);
+  const PageState& after = pages_[next.lru_next];
+  index_->Prefetch(after.tag);
+  __builtin_prefetch(&pages_[after.lru_next]);
 }
 
 void HostTier::Rollback(size_t mark) {

@@ -92,8 +92,8 @@ class HostTier {
   // as used by copy batch `batch` (a load from it).
   void Use(HostPageId page, uint32_t batch);
   // Starts loading what a Find and Store of a key whose index tag is `tag`
-  // (PrefixIndex::Tag) will read: its home bucket, and the LRU head a store
-  // would drop with its bucket.
+  // (PrefixIndex::Tag) will read: its home bucket. (The LRU heads a store
+  // drops, and their buckets, each store asks for ahead: PrefetchAfter.)
   void PrefetchStore(uint32_t tag) const;
 
   // Journal: records are kept only while a transaction is open
@@ -147,7 +147,8 @@ class HostTier {
     BlockHash key;
   };
 
-  // Dropping LRU head `dropped`: prefetches for the two stores after it.
+  // Dropping LRU head `dropped`: prefetches the line of the head three
+  // stores on and the bucket of the one two stores on.
   void PrefetchAfter(HostPageId dropped) const;
   void LinkAfter(HostPageId prev, HostPageId page);
   void Unlink(HostPageId page);

@@ -159,7 +159,7 @@ void BM_PoolAllocateEvict(benchmark::State& state) {
 }
 BENCHMARK(BM_PoolAllocateEvict)
     ->ArgNames({"pages", "host"})
-    ->ArgsProduct({{1000, 1000000}, {0, 10}});
+    ->ArgsProduct({{1000, 16384, 1000000}, {0, 10}});
 
 // A transaction of kChain allocations (half of them evictions) rolled back;
 // items are pages.
