@@ -370,6 +370,14 @@ class BlockPool {
   // error, nothing changes.
   absl::StatusOr<PageId> LoadFromHost(const BlockHash& key, int32_t group = 0);
 
+  // Marks the host pages of `keys` used by the open copy batch (each most
+  // recently used, in order), so that no store of the batch drops one: a
+  // caller that loads several keys uses them all first, since each load's
+  // page may evict a device page whose store would drop the next key.
+  // FailedPrecondition without a host tier or when it lacks a key. On
+  // error, nothing changes.
+  absl::Status UseHostPages(absl::Span<const BlockHash> keys);
+
   // Appends the open copy batch's copies to `out`, in the order they were
   // listed, and opens the next batch: the pages parked for the batch are
   // released, and (kWriteThrough) the pages cached in it that the host tier

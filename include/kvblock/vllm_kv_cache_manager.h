@@ -211,9 +211,9 @@ class VllmKvCacheManager {
   // With a host tier, the blocks of `num_external_computed_tokens` are
   // loaded from it (each block past the hits that the computed tokens
   // reach): InvalidArgument, before any change, when the host tier lacks
-  // one or it is cached on the device; FailedPrecondition, nothing changed,
-  // when the loads themselves drop one from a full host tier (a count that
-  // GetNumNewMatchedTokens gave for another state of the pool).
+  // one or it is cached on the device. The run's host pages are pinned to
+  // the step's copy batch before the first load, so that no store a load
+  // makes (its new block evicting a cached one) drops a later one.
   absl::StatusOr<VllmSlotResult> AllocateSlots(const VllmSlotRequest& request);
 
   // The OffloadingConnector's get_num_new_matched_tokens, for a request not
@@ -222,15 +222,12 @@ class VllmKvCacheManager {
   // AllocateSlots(num_external_computed_tokens = that) loads from the host
   // tier. They end at a block boundary: the consecutive full blocks from
   // block num_computed_tokens / block_size on that the host tier holds (and
-  // the device does not), counting only the ones that loading them all, in
-  // order, after taking the hit leaves in the host tier; 0 when that is
-  // less than a block. When they reach the prompt's end (a prompt of whole
-  // blocks) the count is one less: the connector loads the last block and
-  // vLLM recomputes the last token, and so does AllocateSlots with this
-  // count, in the same step (vLLM's connector loads asynchronously and
-  // steps back afterwards). 0 without a host tier. Changes nothing
-  // observable (it may try the loads in a transaction it rolls back).
-  // O(blocks counted, and the hit's when it tries them).
+  // the device does not); 0 when that is less than a block. When they reach the
+  // prompt's end (a prompt of whole blocks) the count is one less: the
+  // connector loads the last block and vLLM recomputes the last token, and so
+  // does AllocateSlots with this count, in the same step (vLLM's connector
+  // loads asynchronously and steps back afterwards). 0 without a host tier.
+  // Changes nothing. O(blocks counted).
   int64_t GetNumNewMatchedTokens(absl::Span<const BlockHash> block_hashes,
                                  int64_t num_tokens,
                                  int64_t num_computed_tokens);
@@ -463,6 +460,7 @@ class VllmKvCacheManager {
   std::vector<VllmGroupSlots> slots_;
   std::vector<size_t> new_blocks_before_;
   std::vector<PageId> acquired_;
+  std::vector<BlockHash> host_keys_;  // a run of loads' keys (LoadFromHost).
 };
 
 }  // namespace kvblock

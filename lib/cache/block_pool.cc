@@ -675,6 +675,22 @@ absl::StatusOr<PageId> BlockPool::LoadFromHost(const BlockHash& key,
   return page;
 }
 
+absl::Status BlockPool::UseHostPages(absl::Span<const BlockHash> keys) {
+  if (host_ == nullptr && !keys.empty()) {
+    return absl::FailedPreconditionError(
+        "block pool: UseHostPages without a host tier (host_pages is 0)");
+  }
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (host_->Find(keys[i]) == kNoHostPage) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("block pool: the host tier does not hold key ", i, " (",
+                       ShortHash(keys[i]), "...)"));
+    }
+  }
+  for (const BlockHash& key : keys) host_->Use(host_->Find(key), batch_);
+  return absl::OkStatus();
+}
+
 absl::Status BlockPool::TakeHostCopies(std::vector<HostCopy>& out) {
   if (depth_ > 0) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -156,12 +156,21 @@ absl::Status BlockManagerImpl::TakeHits(int32_t entry,
   const absl::Span<PageId> pages =
       absl::MakeSpan(page_scratch_).first(plan.hit_pages);
   std::copy(hits.begin(), hits.end(), pages.begin());
-  // The device's hits first, so that the loads' allocations evict none.
-  for (const PageId page : hits) {
-    if (page == kNoPage) continue;
+  // The device's hits first, so that the loads' allocations evict none;
+  // and every host hit used by the batch, so that the stores those
+  // allocations make drop none of them either.
+  const absl::Span<BlockHash> host_keys =
+      absl::MakeSpan(hash_scratch_).first(plan.host_hit_pages);
+  size_t next_key = 0;
+  for (int32_t i = 0; i < plan.hit_pages; ++i) {
+    if (hits[i] == kNoPage) {
+      host_keys[next_key++] = hashes[i];
+      continue;
+    }
     KVBLOCK_RETURN_IF_ERROR(
-        pool_->AcquireCached(absl::MakeConstSpan(&page, 1)));
+        pool_->AcquireCached(absl::MakeConstSpan(&hits[i], 1)));
   }
+  KVBLOCK_RETURN_IF_ERROR(pool_->UseHostPages(host_keys));
   const SequenceCold& cold = slab_.cold(entry);
   const int64_t page_size = config_.page_size;
   for (int32_t i = 0; i < plan.hit_pages; ++i) {

@@ -644,6 +644,14 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
 absl::Status VllmKvCacheManager::LoadFromHost(
     std::vector<PageId>& blocks, absl::Span<const BlockHash> block_hashes,
     int64_t first, int64_t count) {
+  // Every block of the run pinned first (as the connector's prepare_load
+  // pins them): a load's new block may evict a cached one, whose store
+  // must not drop a later block of the run from a full host tier.
+  host_keys_.clear();
+  for (int64_t i = first; i < first + count; ++i) {
+    host_keys_.push_back(Key(0, block_hashes, i));
+  }
+  KVBLOCK_RETURN_IF_ERROR(pool_->UseHostPages(host_keys_));
   for (int64_t i = first; i < first + count; ++i) {
     // Not new blocks to zero: the load writes them whole.
     KVBLOCK_ASSIGN_OR_RETURN(
@@ -670,30 +678,6 @@ int64_t VllmKvCacheManager::GetNumNewMatchedTokens(
     const BlockHash key = Key(0, block_hashes, end);
     if (pool_->Lookup(key) || !pool_->HostLookup(key)) break;
     ++end;
-  }
-  // Each load's new block may evict a cached one, whose store may drop a
-  // later block of the run from a full host tier: unless the tier has a
-  // free page for every store, the loads are tried, after the hit is taken
-  // as AllocateSlots takes it, and undone.
-  const int64_t count = end - start;
-  if (count > 0 && pool_->host_pages() - pool_->NumHostCached() < count) {
-    const BlockPool::Savepoint savepoint = pool_->BeginTransaction();
-    acquired_.clear();
-    for (int64_t i = 0; i < start; ++i) {
-      const std::optional<PageId> hit = pool_->Lookup(Key(0, block_hashes, i));
-      if (!hit) break;
-      acquired_.push_back(*hit);
-    }
-    if (static_cast<int64_t>(acquired_.size()) == start) {
-      pool_->AcquireCached(acquired_).IgnoreError();  // as the hit is taken.
-    }
-    end = start;
-    while (end < start + count &&
-           pool_->LoadFromHost(Key(0, block_hashes, end), 0).ok()) {
-      ++end;
-    }
-    pool_->RollbackTransaction(savepoint).IgnoreError();  // its own: cannot
-                                                          // fail.
   }
   const int64_t tokens = end * page_size - num_computed_tokens;
   if (tokens < page_size) return 0;

@@ -1036,6 +1036,35 @@ TEST_CASE("LoadFromHost refuses what it cannot load, changing nothing") {
   REQUIRE_OK(pool->CheckInvariants());
 }
 
+TEST_CASE("host pages used by the batch are kept from its stores") {
+  auto pool = CachedPoolWithHost(4, 2);
+  PageId pages[2];
+  REQUIRE_OK(pool->AllocateN(absl::MakeSpan(pages)));  // stores 100, 101.
+  for (const PageId page : pages) REQUIRE_OK(pool->Release(page));
+  TakeCopies(*pool);
+  const BlockPoolSnapshot before = pool->Snapshot();
+  const std::vector<BlockHash> missing = {TestHash(100), TestHash(7)};
+  const absl::Status refused = pool->UseHostPages(missing);
+  REQUIRE_STATUS_IS(refused, kFailedPrecondition);
+  REQUIRE(std::string(refused.message()).find("key 1") != std::string::npos);
+  REQUIRE(pool->Snapshot() == before);
+  REQUIRE_STATUS_IS(NewPool(2)->UseHostPages(missing), kFailedPrecondition);
+  // Both used: an eviction (of 102, after the two free pages) now stores
+  // nothing rather than drop one.
+  const std::vector<BlockHash> both = {TestHash(101), TestHash(100)};
+  REQUIRE_OK(pool->UseHostPages(both));
+  REQUIRE(pool->Snapshot().host_used == std::vector<HostPageId>{0, 1});
+  REQUIRE(pool->Snapshot().host_lru == std::vector<HostPageId>{1, 0});
+  PageId three[3];
+  REQUIRE_OK(pool->AllocateN(absl::MakeSpan(three)));
+  REQUIRE(pool->stats().evictions == 3);
+  REQUIRE(pool->host_copies().empty());
+  REQUIRE(pool->stats().host_store_skips == 1);
+  REQUIRE(pool->HostLookup(TestHash(100)).has_value());
+  REQUIRE(pool->HostLookup(TestHash(101)).has_value());
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
 TEST_CASE("host copies are taken outside transactions; reset clears the tier") {
   auto pool = CachedPoolWithHost(2, 2);
   const PageId page = MustAllocate(*pool);  // stores 100.

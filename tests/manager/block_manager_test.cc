@@ -829,6 +829,27 @@ TEST_CASE("hits continue from the device into the host tier") {
   REQUIRE_OK(manager->CheckInvariants());
 }
 
+TEST_CASE("loading a prompt's hits never drops a later one of them") {
+  // A host tier of 4 pages: each load takes a device page, whose eviction
+  // stores a page; that store must not drop the prompt's next hit.
+  auto manager = MakeManager(Config(8), {.host_pages = 4});
+  for (const auto& [id, prompt] :
+       {std::pair{1, TokenRange(1, 17)}, std::pair{2, TokenRange(1000, 32)},
+        std::pair{3, TokenRange(2000, 8)}}) {
+    AdmitOk(*manager, id, prompt);
+    REQUIRE_OK(manager->Free(id));
+    TakeCopies(*manager);
+  }
+  auto planned = manager->PlanAdmission(TokenRange(1, 17));
+  REQUIRE_OK(planned);
+  REQUIRE(planned->host_hit_pages > 1);
+  const AdmissionPlan plan = AdmitOk(*manager, 4, TokenRange(1, 17));
+  REQUIRE(plan.host_hit_pages == planned->host_hit_pages);
+  REQUIRE(Loads(TakeCopies(*manager)).size() ==
+          static_cast<size_t>(plan.host_hit_pages));
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
 TEST_CASE("an admission that cannot load its hits changes nothing") {
   auto manager = ManagerWithAInHost();
   AdmitOk(*manager, 3, TokenRange(500, 24));  // 6 of the 8 pages.

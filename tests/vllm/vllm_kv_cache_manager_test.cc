@@ -1072,42 +1072,30 @@ TEST_CASE("a device hit continues into the host tier") {
   REQUIRE_OK(manager->CheckInvariants());
 }
 
-TEST_CASE("loads that would drop a later block from a full host tier") {
+TEST_CASE("loads pin their run: none drops a later block of it") {
   // A host tier of 4 holds a's blocks alone, a[3] at its LRU head. Each
-  // load's new block evicts one of b's cached blocks, whose store drops the
-  // host tier's head: loading a[0] drops a[3], loading a[1] drops a[2].
+  // load's new block evicts one of b's cached blocks, whose store would
+  // drop the host tier's head; the run is pinned first (as the
+  // connector's prepare_load pins it), so those stores are skipped.
   auto manager = ManagerWithAInHost(4);
   const State before = StateOf(*manager, "a");
-  REQUIRE(manager->GetNumNewMatchedTokens(kA, 65, 0) == 32);
-  REQUIRE(StateOf(*manager, "a") == before);  // the loads tried, undone.
-  REQUIRE(manager->TakeHostEvents().empty());
-  REQUIRE(Removed(*manager).empty());
-  // The four blocks the host tier holds now cannot all be loaded: refused,
-  // with nothing changed.
-  auto stale = manager->AllocateSlots({.request_id = "a",
-                                       .block_hashes = kA,
-                                       .num_tokens = 65,
-                                       .num_new_tokens = 1,
-                                       .num_external_computed_tokens = 64});
-  REQUIRE_STATUS_IS(stale, kFailedPrecondition);
-  REQUIRE(absl::StrContains(stale.status().message(),
-                            "request a: loading its external tokens' blocks"));
-  REQUIRE(StateOf(*manager, "a") == before);
-  REQUIRE(manager->TakeHostEvents().empty());
-  // The count asked for loads, and the rest is computed.
+  REQUIRE(manager->GetNumNewMatchedTokens(kA, 65, 0) == 64);
+  REQUIRE(StateOf(*manager, "a") == before);  // a query changes nothing.
   auto result = manager->AllocateSlots({.request_id = "a",
                                         .block_hashes = kA,
                                         .num_tokens = 65,
-                                        .num_new_tokens = 33,
-                                        .num_external_computed_tokens = 32});
+                                        .num_new_tokens = 1,
+                                        .num_external_computed_tokens = 64});
   REQUIRE_OK(result);
-  const Ids held = Held(*manager, "a");
-  REQUIRE(held.size() == 5);
-  REQUIRE(result->groups[0].first_new_block == 2);
-  const auto loads =
-      OfDirection(TakeCopies(*manager), HostCopy::Direction::kHostToDevice);
-  REQUIRE(loads.size() == 2);
-  REQUIRE(HostEvents(*manager, true) == std::vector<BlockHash>{kA[3], kA[2]});
+  REQUIRE(Held(*manager, "a").size() == 5);
+  const std::vector<HostCopy> copies = TakeCopies(*manager);
+  const auto loads = OfDirection(copies, HostCopy::Direction::kHostToDevice);
+  REQUIRE(loads.size() == 4);
+  // Every host page was pinned by the loads: b's evicted blocks were not
+  // stored, and the host tier still holds all of a's.
+  REQUIRE(OfDirection(copies, HostCopy::Direction::kDeviceToHost).empty());
+  REQUIRE(manager->TakeHostEvents().empty());
+  REQUIRE(Removed(*manager).size() == 5);  // a's 5 blocks each evicted b's.
   REQUIRE_OK(manager->CheckInvariants());
 }
 
@@ -1187,8 +1175,19 @@ TEST_CASE("write-through stores every block in the batch after it is cached") {
   Prefill(*manager, "b", Chain(2, 10), 160);
   REQUIRE(TakeCopies(*manager).empty());
   REQUIRE(manager->NumHostCached() == 14);  // b's, stored in this batch.
-  // While b holds every block, no load finds a block to go to.
-  REQUIRE(manager->GetNumNewMatchedTokens(kA, 65, 0) == 0);
+  // The count is the host tier's, as the connector's; while b holds every
+  // block the loads find no block to go to: allocate_slots says so (vLLM's
+  // None), changing nothing.
+  REQUIRE(manager->GetNumNewMatchedTokens(kA, 65, 0) == 64);
+  auto full = manager->AllocateSlots({.request_id = "a",
+                                      .block_hashes = kA,
+                                      .num_tokens = 65,
+                                      .num_new_tokens = 1,
+                                      .num_external_computed_tokens = 64});
+  REQUIRE_OK(full);
+  REQUIRE(!full->allocated);
+  REQUIRE(OfDirection(TakeCopies(*manager), HostCopy::Direction::kHostToDevice)
+              .empty());
   manager->Free("b");
   REQUIRE(manager->GetNumNewMatchedTokens(kA, 65, 0) == 64);
   REQUIRE_OK(manager->CheckInvariants());
