@@ -120,7 +120,6 @@ void operator delete[](void* ptr, std::size_t) noexcept { std::free(ptr); }
 namespace kvblock {
 namespace {
 
-constexpr int32_t kPageSize = 16;
 constexpr int32_t kPrefixTokens = 4 * kPageSize;
 constexpr int32_t kMaxSuffixTokens = 2 * kPageSize;
 constexpr int32_t kWarmupSteps = 1000;

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "bench_device.h"
 #include "kvblock/block_hash.h"
 #include "kvblock/block_manager.h"
 #include "kvblock/config.h"
@@ -37,7 +38,6 @@
 namespace kvblock {
 namespace {
 
-constexpr int32_t kPageSize = 16;
 constexpr int32_t kMaxPagesPerSeq = 64;
 constexpr int32_t kMaxTokens = kPageSize * kMaxPagesPerSeq;
 // Ids of the sequences a benchmark runs; background ids start above.

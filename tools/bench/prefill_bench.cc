@@ -40,7 +40,6 @@
 namespace kvblock {
 namespace {
 
-constexpr int32_t kPageSize = 16;
 constexpr int32_t kWidth = 2048;  // pages of a row: 32k tokens.
 
 // A manager, its device table (uploaded whole once, as at a server's
