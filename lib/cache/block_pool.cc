@@ -18,6 +18,7 @@
 #include "cache/cache_event_log.h"
 #include "cache/group_key.h"
 #include "cache/host_tier.h"
+#include "cache/page_lists.h"
 #include "cache/prefix_index.h"
 #include "kvblock/kv_cache_groups.h"
 #include "kvblock/status_macros.h"
@@ -860,31 +861,11 @@ absl::Status BlockPool::CheckInvariants() const {
   auto broken = [](auto&&... parts) {
     return absl::InternalError(absl::StrCat("block pool: ", parts...));
   };
-  // 0 = used, 1 = free, 2 = evictable, as seen from the lists.
-  std::vector<uint8_t> listed(num_pages_, 0);
-  for (PageId page : free_stack_) {
-    if (page < 0 || page >= num_pages_) {
-      return broken("free stack holds bad page ", page);
-    }
-    if (listed[page] != 0) return broken("page ", page, " is free twice");
-    listed[page] = 1;
-  }
+  // Used pages are on no list, evictable ones on the LRU list.
+  std::vector<internal::Listed> listed;
   int32_t walked = 0;
-  for (PageId prev = num_pages_, page = pages_[num_pages_].lru_next;
-       page != num_pages_; prev = page, page = pages_[page].lru_next) {
-    if (page < 0 || page >= num_pages_ || walked == num_pages_) {
-      return broken("lru list is broken at page ", page);
-    }
-    if (pages_[page].lru_prev != prev) {
-      return broken("lru page ", page, " links back to ", pages_[page].lru_prev,
-                    ", not ", prev);
-    }
-    if (listed[page] != 0) {
-      return broken("lru page ", page, " is also on another list");
-    }
-    listed[page] = 2;
-    ++walked;
-  }
+  KVBLOCK_RETURN_IF_ERROR(internal::ListPages<PageState>(
+      "block pool", free_stack_, pages_, listed, walked));
   if (walked != num_evictable_) {
     return broken("lru list holds ", walked, " pages, counted ",
                   num_evictable_);
@@ -897,17 +878,19 @@ absl::Status BlockPool::CheckInvariants() const {
     if (refcount < 0 || refcount > max_refcount_) {
       return broken("page ", page, " has refcount ", refcount);
     }
-    const uint8_t expected = refcount > 0                                ? 0
-                             : (pages_[page].cached || lru_holds_free()) ? 2
-                                                                         : 1;
+    using internal::Listed;
+    const Listed expected = refcount > 0 ? Listed::kOnNone
+                            : (pages_[page].cached || lru_holds_free())
+                                ? Listed::kLru
+                                : Listed::kFree;
     if (listed[page] != expected) {
       return broken("page ", page, " (refcount ", refcount, ", cached ",
                     static_cast<int>(pages_[page].cached), ") is listed as ",
                     static_cast<int>(listed[page]), ", expected ",
                     static_cast<int>(expected));
     }
-    if (listed[page] != 2 && (pages_[page].lru_prev != kNoPage ||
-                              pages_[page].lru_next != kNoPage)) {
+    if (listed[page] != Listed::kLru && (pages_[page].lru_prev != kNoPage ||
+                                         pages_[page].lru_next != kNoPage)) {
       return broken("page ", page, " is off the lru list but linked");
     }
     num_used += refcount > 0 ? 1 : 0;

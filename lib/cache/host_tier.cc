@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cache/page_lists.h"
+#include "kvblock/status_macros.h"
 
 namespace kvblock::internal {
 namespace {
@@ -192,35 +194,17 @@ absl::Status HostTier::CheckInvariants() const {
   auto broken = [](auto&&... parts) {
     return absl::InternalError(absl::StrCat("host tier: ", parts...));
   };
-  std::vector<uint8_t> listed(num_pages_, 0);  // 1 free, 2 on the LRU list.
-  for (const HostPageId page : free_) {
-    if (page < 0 || page >= num_pages_) {
-      return broken("free stack holds bad page ", page);
-    }
-    if (listed[page] != 0) return broken("page ", page, " is free twice");
-    listed[page] = 1;
-  }
-  int32_t walked = 0;
-  for (HostPageId prev = num_pages_, page = pages_[num_pages_].lru_next;
-       page != num_pages_; prev = page, page = pages_[page].lru_next) {
-    if (page < 0 || page >= num_pages_ || walked == num_pages_) {
-      return broken("lru list is broken at page ", page);
-    }
-    if (pages_[page].lru_prev != prev) {
-      return broken("lru page ", page, " links back to ", pages_[page].lru_prev,
-                    ", not ", prev);
-    }
-    if (listed[page] != 0) {
-      return broken("lru page ", page, " is also free");
-    }
-    listed[page] = 2;
-    ++walked;
-  }
+  std::vector<Listed> listed;
+  int32_t lru_pages = 0;
+  KVBLOCK_RETURN_IF_ERROR(
+      ListPages<PageState>("host tier", free_, pages_, listed, lru_pages));
   int32_t cached = 0;
   for (HostPageId page = 0; page < num_pages_; ++page) {
     const PageState& state = pages_[page];
-    if (listed[page] == 0) return broken("page ", page, " is on no list");
-    if ((listed[page] == 2) != (state.cached != 0)) {
+    if (listed[page] == Listed::kOnNone) {
+      return broken("page ", page, " is on no list");
+    }
+    if ((listed[page] == Listed::kLru) != (state.cached != 0)) {
       return broken("page ", page, " (cached ", static_cast<int>(state.cached),
                     ") is on the wrong list");
     }
