@@ -538,9 +538,10 @@ class BlockPool {
   // With a host tier: stores cached `page`, which Allocate is evicting, unless
   // the tier holds its key already (then it is used) or it holds no KV yet.
   void WriteBack(PageId page);
-  // Stores cached `page` (its key not in the host tier) into the open batch;
-  // false when every host page is used by it.
-  bool StoreToHost(PageId page);
+  // Stores cached `page` into the open batch, listing its copy, unless the
+  // host tier holds its key already: returns that host page, else
+  // kNoHostPage (a skip counted when every host page is used by the batch).
+  HostPageId StoreToHost(PageId page);
   // A page's copy batch stamp (PageState::batch): the batch that last
   // cached it, and two flags of that batch: the page was loaded in it, and
   // is parked (the pool holds its last reference until the batch is taken).

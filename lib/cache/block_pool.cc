@@ -318,29 +318,32 @@ void BlockPool::WriteBack(PageId page) {
     ++stats_.host_store_skips;
     return;
   }
-  // The page's index tag is the host index's too (one Tag function).
-  const HostPageId held = host_->Find(pages_[page].hash, pages_[page].tag);
-  if (held != kNoHostPage) {
-    host_->Use(held, /*batch=*/0);
-    return;
-  }
-  if (!StoreToHost(page)) ++stats_.host_store_skips;
+  const HostPageId held = StoreToHost(page);
+  // Kept from before: used again, as a hit would.
+  if (held != kNoHostPage) host_->Use(held, /*batch=*/0);
 }
 
-bool BlockPool::StoreToHost(PageId page) {
+HostPageId BlockPool::StoreToHost(PageId page) {
   const PageState& state = pages_[page];
-  internal::HostTier::Evicted evicted;
-  const HostPageId host_page =
-      host_->Store(state.hash, state.tag, state.group, batch_, evicted);
-  if (host_page == kNoHostPage) return false;
-  if (evicted.any) {
+  // The page's index tag is the host index's too (one Tag function).
+  const internal::HostTier::Stored stored =
+      host_->Store(state.hash, state.tag, state.group, batch_);
+  if (stored.page == kNoHostPage) {
+    ++stats_.host_store_skips;
+    return kNoHostPage;
+  }
+  if (!stored.is_new) return stored.page;
+  if (stored.evicted.any) {
     ++stats_.host_evictions;
-    if (events_ != nullptr) events_->HostRemoved(evicted.key, evicted.group);
+    if (events_ != nullptr) {
+      events_->HostRemoved(stored.evicted.key, stored.evicted.group);
+    }
   }
   if (events_ != nullptr) events_->HostStored(state.hash, state.group);
-  host_copies_.push_back({page, host_page, HostCopy::Direction::kDeviceToHost});
+  host_copies_.push_back(
+      {page, stored.page, HostCopy::Direction::kDeviceToHost});
   ++stats_.host_stores;
-  return true;
+  return kNoHostPage;
 }
 
 absl::StatusOr<PageId> BlockPool::Allocate() {
@@ -710,9 +713,7 @@ absl::Status BlockPool::TakeHostCopies(std::vector<HostCopy>& out) {
   for (const PageId page : write_through_) {
     // Computed by the batch's forward pass: stored in the next batch,
     // unless it left the cache or the host tier has its key.
-    if (pages_[page].cached && host_->Find(pages_[page].hash) == kNoHostPage) {
-      if (!StoreToHost(page)) ++stats_.host_store_skips;
-    }
+    if (pages_[page].cached) StoreToHost(page);
   }
   write_through_.clear();
   return absl::OkStatus();

@@ -47,9 +47,7 @@ HostPageId HostTier::Find(const BlockHash& key) const {
 }
 
 HostPageId HostTier::Find(const BlockHash& key, uint32_t tag) const {
-  return index_->Find(tag, key, [this](PageId page) -> const BlockHash& {
-    return pages_[page].key;
-  });
+  return index_->Find(tag, key, key_of());
 }
 
 void HostTier::LinkAfter(HostPageId prev, HostPageId page) {
@@ -70,17 +68,13 @@ void HostTier::Unlink(HostPageId page) {
 }
 
 void HostTier::Index(HostPageId page, const BlockHash& key, uint32_t tag,
-                     int32_t group) {
+                     int32_t group, const PrefixIndex::Place& place) {
   PageState& state = pages_[page];
   state.key = key;
   state.tag = tag;
   state.group = static_cast<uint8_t>(group);
   state.cached = 1;
-  // Room by construction: at most num_pages_ keys, each cached once.
-  [[maybe_unused]] const PageId indexed = index_->Insert(
-      state.tag, key, page,
-      [this](PageId p) -> const BlockHash& { return pages_[p].key; });
-  assert(indexed == page);
+  index_->InsertAt(place, tag, page);
   ++num_cached_;
 }
 
@@ -91,9 +85,16 @@ void HostTier::Unindex(HostPageId page) {
   --num_cached_;
 }
 
-HostPageId HostTier::Store(const BlockHash& key, uint32_t tag, int32_t group,
-                           uint32_t batch, Evicted& evicted) {
-  evicted.any = false;
+HostTier::Stored HostTier::Store(const BlockHash& key, uint32_t tag,
+                                 int32_t group, uint32_t batch) {
+  Stored stored;
+  const PrefixIndex::Place place = index_->Locate(tag, key, key_of());
+  if (place.found != kNoPage) {
+    stored.page = place.found;
+    return stored;
+  }
+  // Room by construction: at most num_pages_ keys, each cached once.
+  assert(place.bucket != PrefixIndex::kNoBucket);
   HostPageId page;
   UndoRecord record{};
   if (!free_.empty()) {
@@ -102,22 +103,25 @@ HostPageId HostTier::Store(const BlockHash& key, uint32_t tag, int32_t group,
     record.op = UndoRecord::Op::kStoreFree;
   } else {
     page = pages_[num_pages_].lru_next;
-    if (page == num_pages_ || pages_[page].batch == batch) return kNoHostPage;
+    if (page == num_pages_ || pages_[page].batch == batch) return stored;
     PrefetchAfter(page);
     record.op = UndoRecord::Op::kStoreEvict;
     record.key = pages_[page].key;
     record.group = pages_[page].group;
-    evicted = {true, pages_[page].key, pages_[page].group};
+    stored.evicted = {true, pages_[page].key, pages_[page].group};
     Unlink(page);
+    // An erase leaves the free entry `place` names free.
     Unindex(page);
   }
   record.page = page;
   record.batch = pages_[page].batch;
   if (journaling_) journal_.push_back(record);
-  Index(page, key, tag, group);
+  Index(page, key, tag, group, place);
   pages_[page].batch = batch;
   LinkAfter(tail(), page);
-  return page;
+  stored.page = page;
+  stored.is_new = true;
+  return stored;
 }
 
 void HostTier::Use(HostPageId page, uint32_t batch) {
@@ -164,7 +168,11 @@ void HostTier::Rollback(size_t mark) {
         // It was the head when it was evicted.
         Unlink(page);
         Unindex(page);
-        Index(page, record.key, PrefixIndex::Tag(record.key), record.group);
+        {
+          const uint32_t tag = PrefixIndex::Tag(record.key);
+          Index(page, record.key, tag, record.group,
+                index_->Locate(tag, record.key, key_of()));
+        }
         LinkAfter(num_pages_, page);
         break;
       case UndoRecord::Op::kUse:
@@ -218,8 +226,7 @@ absl::Status HostTier::CheckInvariants() const {
     return broken(cached, " cached pages, counted ", num_cached_, ", indexed ",
                   index_->size());
   }
-  return index_->CheckInvariants(
-      [this](PageId p) -> const BlockHash& { return pages_[p].key; });
+  return index_->CheckInvariants(key_of());
 }
 
 std::vector<HostPageId> HostTier::LruOrder() const {

@@ -76,18 +76,25 @@ class HostTier {
     BlockHash key;
     int32_t group = 0;
   };
-  // Caches `key` (REQUIRES: not cached here), a key of KV cache group
-  // `group`, in a page that copy batch `batch` stores into: the top of the
-  // free stack, else the LRU head, whose key is dropped (`evicted`). Returns
-  // the page at the LRU tail, stamped with `batch`; kNoHostPage, changing
-  // nothing, when no page is free and the head is used by `batch`.
-  HostPageId Store(const BlockHash& key, int32_t group, uint32_t batch,
-                   Evicted& evicted) {
-    return Store(key, PrefixIndex::Tag(key), group, batch, evicted);
+  // What Store did: `page` caches the key, newly (`is_new`, stored into by
+  // the batch) or from before; kNoHostPage when there was no room.
+  struct Stored {
+    HostPageId page = kNoHostPage;
+    bool is_new = false;
+    Evicted evicted;
+  };
+  // Caches `key`, a key of KV cache group `group` whose index tag is `tag`
+  // (PrefixIndex::Tag, which the caller keeps), unless it is cached
+  // already: then returns its page, changing nothing. Else in a page that
+  // copy batch `batch` stores into: the top of the free stack, else the LRU
+  // head, whose key is dropped; that page goes to the LRU tail, stamped
+  // with `batch`. No room, changing nothing, when no page is free and the
+  // head is used by `batch`. One index search either way.
+  Stored Store(const BlockHash& key, uint32_t tag, int32_t group,
+               uint32_t batch);
+  Stored Store(const BlockHash& key, int32_t group, uint32_t batch) {
+    return Store(key, PrefixIndex::Tag(key), group, batch);
   }
-  // The same with the key's tag (PrefixIndex::Tag), which the caller keeps.
-  HostPageId Store(const BlockHash& key, uint32_t tag, int32_t group,
-                   uint32_t batch, Evicted& evicted);
   // Moves cached `page` to the LRU tail and, unless `batch` is 0, stamps it
   // as used by copy batch `batch` (a load from it).
   void Use(HostPageId page, uint32_t batch);
@@ -153,8 +160,13 @@ class HostTier {
   void LinkAfter(HostPageId prev, HostPageId page);
   void Unlink(HostPageId page);
   HostPageId tail() const { return pages_[num_pages_].lru_prev; }
-  void Index(HostPageId page, const BlockHash& key, uint32_t tag,
-             int32_t group);
+  // The index's view of a page: its key.
+  auto key_of() const {
+    return [this](PageId page) -> const BlockHash& { return pages_[page].key; };
+  }
+  // Caches `key` in `page`, indexed at `place` (PrefixIndex::Locate).
+  void Index(HostPageId page, const BlockHash& key, uint32_t tag, int32_t group,
+             const PrefixIndex::Place& place);
   void Unindex(HostPageId page);
 
   const int32_t num_pages_;

@@ -66,6 +66,8 @@ class PrefixIndex {
 
   // Entries per bucket.
   static constexpr int kEntriesPerBucket = 7;
+  // No bucket (Place::bucket).
+  static constexpr size_t kNoBucket = ~size_t{0};
 
   // Bytes an index of `max_entries` entries allocates.
   static int64_t ReservedBytes(int32_t max_entries) {
@@ -107,6 +109,63 @@ class PrefixIndex {
     }
   }
 
+  // Where `hash` is, or would be indexed: the page indexed under it
+  // (`found`), else a free entry for it (`bucket`, `entry`), or neither
+  // when every entry is taken.
+  struct Place {
+    PageId found = kNoPage;
+    size_t bucket = kNoBucket;
+    int entry = 0;
+  };
+  // O(1) expected, O(buckets) at worst. REQUIRES: `tag` == Tag(hash).
+  template <typename HashOf>
+  Place Locate(uint32_t tag, const BlockHash& hash,
+               const HashOf& hash_of) const {
+    assert(tag == Tag(hash));
+    // Look for the key where a search would, noting the first free entry
+    // on the way.
+    const size_t home = Home(tag);
+    Place place;
+    uint32_t free_entries = 0;
+    size_t b = home;
+    for (;; b = Next(b)) {
+      const Bucket& bucket = buckets_[b];
+      for (uint32_t m = bucket.Matches(tag); m != 0; m &= m - 1) {
+        const PageId other = bucket.pages[std::countr_zero(m)];
+        if (hash_of(other) == hash) {
+          place.found = other;
+          return place;
+        }
+      }
+      if (place.bucket == kNoBucket && (free_entries = bucket.Free()) != 0) {
+        place.bucket = b;
+      }
+      if (LastOfSearch(bucket, b, home)) break;
+    }
+    // No free entry on the search path: the next one after it, if any.
+    for (size_t n = 1; place.bucket == kNoBucket && n < buckets_.size(); ++n) {
+      b = Next(b);
+      if ((free_entries = buckets_[b].Free()) != 0) place.bucket = b;
+    }
+    place.entry = std::countr_zero(free_entries);
+    return place;
+  }
+
+  // Indexes `page` under a hash whose Tag is `tag` in the free entry that
+  // Locate found for it. Erases may come between the two, not inserts.
+  // REQUIRES: `place.bucket` is not kNoBucket.
+  void InsertAt(const Place& place, uint32_t tag, PageId page) {
+    Bucket& bucket = buckets_[place.bucket];
+    assert(bucket.tags[place.entry] == 0);
+    bucket.tags[place.entry] = tag;
+    bucket.pages[place.entry] = page;
+    for (size_t passed = Home(tag); passed != place.bucket;
+         passed = Next(passed)) {
+      ++buckets_[passed].tags[kOverflow];
+    }
+    ++size_;
+  }
+
   // Indexes `page` under `hash` unless a page is indexed there already;
   // returns that page, or `page`; kNoPage when every entry is taken (a
   // broken contract: the caller keeps at most max_entries pages indexed).
@@ -115,38 +174,10 @@ class PrefixIndex {
   template <typename HashOf>
   PageId Insert(uint32_t tag, const BlockHash& hash, PageId page,
                 const HashOf& hash_of) {
-    assert(tag == Tag(hash));
-    // Look for the key where a search would, noting the first free entry
-    // on the way.
-    const size_t home = Home(tag);
-    size_t target = kNoBucket;
-    uint32_t free_entries = 0;
-    size_t b = home;
-    for (;; b = Next(b)) {
-      const Bucket& bucket = buckets_[b];
-      for (uint32_t m = bucket.Matches(tag); m != 0; m &= m - 1) {
-        const PageId other = bucket.pages[std::countr_zero(m)];
-        if (hash_of(other) == hash) return other;
-      }
-      if (target == kNoBucket && (free_entries = bucket.Free()) != 0) {
-        target = b;
-      }
-      if (LastOfSearch(bucket, b, home)) break;
-    }
-    // No free entry on the search path: the next one after it, if any.
-    for (size_t n = 1; target == kNoBucket && n < buckets_.size(); ++n) {
-      b = Next(b);
-      if ((free_entries = buckets_[b].Free()) != 0) target = b;
-    }
-    if (target == kNoBucket) return kNoPage;
-    Bucket& bucket = buckets_[target];
-    const int entry = std::countr_zero(free_entries);
-    bucket.tags[entry] = tag;
-    bucket.pages[entry] = page;
-    for (size_t passed = home; passed != target; passed = Next(passed)) {
-      ++buckets_[passed].tags[kOverflow];
-    }
-    ++size_;
+    const Place place = Locate(tag, hash, hash_of);
+    if (place.found != kNoPage) return place.found;
+    if (place.bucket == kNoBucket) return kNoPage;
+    InsertAt(place, tag, page);
     return page;
   }
 
@@ -257,7 +288,6 @@ class PrefixIndex {
   }
 
  private:
-  static constexpr size_t kNoBucket = ~size_t{0};
   // The last of a bucket's 8 tag lanes is its overflow count; its last page
   // lane stays kNoPage.
   static constexpr int kOverflow = kEntriesPerBucket;

@@ -14,10 +14,10 @@ namespace {
 using ::kvblock::testing::TestHash;
 
 HostPageId MustStore(HostTier& tier, uint32_t key, uint32_t batch) {
-  HostTier::Evicted evicted;
-  const HostPageId page = tier.Store(TestHash(key), 0, batch, evicted);
-  REQUIRE(page != kNoHostPage);
-  return page;
+  const HostTier::Stored stored = tier.Store(TestHash(key), 0, batch);
+  REQUIRE(stored.page != kNoHostPage);
+  REQUIRE(stored.is_new);
+  return stored.page;
 }
 
 TEST_CASE("host tier: stores take free pages in order, then the LRU head") {
@@ -31,11 +31,11 @@ TEST_CASE("host tier: stores take free pages in order, then the LRU head") {
   REQUIRE(tier.LruOrder() == std::vector<HostPageId>{0, 1, 2});
   // Page 0 used again: page 1 is the head, and a store of batch 2 drops it.
   tier.Use(0, 0);
-  HostTier::Evicted evicted;
-  REQUIRE(tier.Store(TestHash(4), 5, 2, evicted) == 1);
-  REQUIRE(evicted.any);
-  REQUIRE(evicted.key == TestHash(2));
-  REQUIRE(evicted.group == 0);
+  const HostTier::Stored stored = tier.Store(TestHash(4), 5, 2);
+  REQUIRE(stored.page == 1);
+  REQUIRE(stored.evicted.any);
+  REQUIRE(stored.evicted.key == TestHash(2));
+  REQUIRE(stored.evicted.group == 0);
   REQUIRE(tier.group(1) == 5);
   REQUIRE(tier.Find(TestHash(2)) == kNoHostPage);
   REQUIRE(tier.LruOrder() == std::vector<HostPageId>{2, 0, 1});
@@ -47,16 +47,35 @@ TEST_CASE("host tier: pages a batch uses are never evicted in it") {
   HostTier tier(2, 4);
   MustStore(tier, 1, 7);
   MustStore(tier, 2, 7);
-  HostTier::Evicted evicted;
-  REQUIRE(tier.Store(TestHash(3), 0, 7, evicted) == kNoHostPage);
-  REQUIRE(!evicted.any);
+  const HostTier::Stored none = tier.Store(TestHash(3), 0, 7);
+  REQUIRE(none.page == kNoHostPage);
+  REQUIRE(!none.evicted.any);
   REQUIRE(tier.num_cached() == 2);
+  REQUIRE(tier.LruOrder() == std::vector<HostPageId>{0, 1});
   // A load of batch 8 stamps its page: only the other one can go.
   tier.Use(0, 8);
   REQUIRE(tier.UsedBy(0, 8));
-  REQUIRE(tier.Store(TestHash(3), 0, 8, evicted) == 1);
-  REQUIRE(tier.Store(TestHash(4), 0, 8, evicted) == kNoHostPage);
+  REQUIRE(tier.Store(TestHash(3), 0, 8).page == 1);
+  REQUIRE(tier.Store(TestHash(4), 0, 8).page == kNoHostPage);
   REQUIRE(tier.UsedBy(8) == std::vector<HostPageId>{0, 1});
+  REQUIRE_OK(tier.CheckInvariants());
+}
+
+TEST_CASE("host tier: a key cached already is found, nothing changed") {
+  HostTier tier(2, 4);
+  tier.set_journaling(true);
+  MustStore(tier, 1, 1);
+  MustStore(tier, 2, 1);
+  const size_t journal = tier.journal_size();
+  // Found even when no page has room (both used by batch 1).
+  const HostTier::Stored stored = tier.Store(TestHash(1), 3, 1);
+  REQUIRE(stored.page == 0);
+  REQUIRE(!stored.is_new);
+  REQUIRE(!stored.evicted.any);
+  REQUIRE(tier.group(0) == 0);
+  REQUIRE(tier.LruOrder() == std::vector<HostPageId>{0, 1});
+  REQUIRE(tier.journal_size() == journal);
+  REQUIRE(tier.num_cached() == 2);
   REQUIRE_OK(tier.CheckInvariants());
 }
 

@@ -145,6 +145,35 @@ TEST_CASE("prefix index places keys past a full home bucket") {
   REQUIRE(index.size() == 7);
 }
 
+// Locate names a found key or a free entry; InsertAt fills that entry even
+// after an erase on the key's search path, as the host tier does when a
+// store drops the LRU head between the two.
+TEST_CASE("prefix index inserts where Locate found room, across an erase") {
+  constexpr int32_t kPages = 9;
+  PrefixIndex index(kPages);
+  const std::vector<uint32_t> key = KeysHomedAt(index, 0, kPages);
+  Keys keys{std::vector<BlockHash>(kPages)};
+  for (PageId page = 0; page < 7; ++page) {  // bucket 0 full.
+    keys.by_page[page] = TestHash(key[page]);
+    REQUIRE(index.Insert(PrefixIndex::Tag(keys(page)), keys(page), page,
+                         keys) == page);
+  }
+  const PrefixIndex::Place found =
+      index.Locate(PrefixIndex::Tag(keys(4)), keys(4), keys);
+  REQUIRE(found.found == 4);
+  keys.by_page[7] = TestHash(key[7]);
+  const uint32_t tag = PrefixIndex::Tag(keys(7));
+  const PrefixIndex::Place place = index.Locate(tag, keys(7), keys);
+  REQUIRE(place.found == kNoPage);
+  REQUIRE(place.bucket == 1);  // past the full home.
+  REQUIRE(index.Erase(PrefixIndex::Tag(keys(2)), 2));
+  index.InsertAt(place, tag, 7);
+  REQUIRE_OK(index.CheckInvariants(keys));  // bucket 0 counts key 7.
+  REQUIRE(index.Find(keys(7), keys) == 7);
+  REQUIRE(index.Find(keys(2), keys) == kNoPage);
+  REQUIRE(index.size() == 7);
+}
+
 // Random inserts and erases against a std::map in the smallest table (2
 // buckets, up to 9 entries of 14), kept nearly full, so that keys overflow
 // past full buckets (both ways around) and erases free entries in overflowed
