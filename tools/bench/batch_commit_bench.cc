@@ -473,12 +473,13 @@ void BM_CommitDecodeStepGroups(benchmark::State& state) {
 // window: the last group's sliding window (0: full attention, a group that
 // skips nothing). pool: pages of the pool a running sequence and group (16:
 // the short sequences' own; 256: a pool of 4k-token sequences, as users
-// run). One group at batch 2048 holds the pages, table rows and sequences'
-// state of two groups at batch 1024: what a second group costs beyond its
-// memory.
+// run). One group at twice the batch (128, 512, 2048) holds the pages,
+// table rows and sequences' state of two groups: what a second group costs
+// beyond its memory.
 BENCHMARK(BM_CommitDecodeStepGroups)
     ->ArgNames({"batch", "width", "groups", "window", "pool"})
-    ->ArgsProduct({{64, 256, 1024, 2048}, {256}, {1}, {0, 128}, {16, 256}})
+    ->ArgsProduct(
+        {{64, 128, 256, 512, 1024, 2048}, {256}, {1}, {0, 128}, {16, 256}})
     ->ArgsProduct({{64, 256, 1024}, {256}, {2}, {0, 128}, {16, 256}})
     ->UseManualTime();
 
