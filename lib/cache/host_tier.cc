@@ -12,22 +12,16 @@
 #include "kvblock/status_macros.h"
 
 namespace kvblock::internal {
-namespace {
-
-// The index's room: twice the pages. Most of a write-back tier's lookups
-// miss (the evicted page's key is new to it), and a miss searches until a
-// bucket that no key passes: at half the load, it stops in the home
-// bucket far more often.
-int32_t IndexEntries(int32_t num_pages) {
-  return num_pages <= (1 << 29) ? 2 * num_pages : (1 << 30);
-}
-
-}  // namespace
 
 HostTier::HostTier(int32_t num_pages, int32_t journal_reserve)
     : num_pages_(num_pages),
       pages_(static_cast<size_t>(num_pages) + 1),
-      index_(std::make_unique<PrefixIndex>(IndexEntries(num_pages))) {
+      // The index's room: one entry a page, as the device pool's. Twice
+      // that would stop more of a store's searches (which mostly miss) in
+      // the home bucket, but each store's random bucket then comes from an
+      // index twice as large, out of the cache sooner: on the serving
+      // workload one entry a page is 0.4 to 0.6 us a step faster.
+      index_(std::make_unique<PrefixIndex>(num_pages)) {
   free_.reserve(num_pages);
   Clear();
   journal_.reserve(journal_reserve);
@@ -38,7 +32,7 @@ HostTier::~HostTier() = default;
 int64_t HostTier::ReservedBytes(int32_t num_pages, int32_t journal_reserve) {
   return (int64_t{num_pages} + 1) * int64_t{sizeof(PageState)} +
          int64_t{num_pages} * int64_t{sizeof(HostPageId)} +
-         PrefixIndex::ReservedBytes(IndexEntries(num_pages)) +
+         PrefixIndex::ReservedBytes(num_pages) +
          int64_t{journal_reserve} * int64_t{sizeof(UndoRecord)};
 }
 
