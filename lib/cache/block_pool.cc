@@ -232,21 +232,12 @@ PageId BlockPool::Unindex(PageId page) {
 }
 
 inline void BlockPool::LinkAfter(PageId prev, PageId page) {
-  const PageId next = pages_[prev].lru_next;
-  pages_[page].lru_prev = prev;
-  pages_[page].lru_next = next;
-  pages_[prev].lru_next = page;
-  pages_[next].lru_prev = page;
+  internal::LinkAfter(pages_, prev, page);
   ++num_evictable_;
 }
 
 inline void BlockPool::Unlink(PageId page) {
-  const PageId prev = pages_[page].lru_prev;
-  const PageId next = pages_[page].lru_next;
-  pages_[prev].lru_next = next;
-  pages_[next].lru_prev = prev;
-  pages_[page].lru_prev = kNoPage;
-  pages_[page].lru_next = kNoPage;
+  internal::Unlink(pages_, page);
   --num_evictable_;
 }
 

@@ -44,23 +44,6 @@ HostPageId HostTier::Find(const BlockHash& key, uint32_t tag) const {
   return index_->Find(tag, key, key_of());
 }
 
-void HostTier::LinkAfter(HostPageId prev, HostPageId page) {
-  const HostPageId next = pages_[prev].lru_next;
-  pages_[page].lru_prev = prev;
-  pages_[page].lru_next = next;
-  pages_[prev].lru_next = page;
-  pages_[next].lru_prev = page;
-}
-
-void HostTier::Unlink(HostPageId page) {
-  const HostPageId prev = pages_[page].lru_prev;
-  const HostPageId next = pages_[page].lru_next;
-  pages_[prev].lru_next = next;
-  pages_[next].lru_prev = prev;
-  pages_[page].lru_prev = kNoHostPage;
-  pages_[page].lru_next = kNoHostPage;
-}
-
 void HostTier::Index(HostPageId page, const BlockHash& key, uint32_t tag,
                      int32_t group, const PrefixIndex::Place& place) {
   PageState& state = pages_[page];
@@ -103,7 +86,7 @@ HostTier::Stored HostTier::Store(const BlockHash& key, uint32_t tag,
     record.key = pages_[page].key;
     record.group = pages_[page].group;
     stored.evicted = {true, pages_[page].key, pages_[page].group};
-    Unlink(page);
+    Unlink(pages_, page);
     // An erase leaves the free entry `place` names free.
     Unindex(page);
   }
@@ -112,7 +95,7 @@ HostTier::Stored HostTier::Store(const BlockHash& key, uint32_t tag,
   if (journaling_) journal_.push_back(record);
   Index(page, key, tag, group, place);
   pages_[page].batch = batch;
-  LinkAfter(tail(), page);
+  LinkAfter(pages_, tail(), page);
   stored.page = page;
   stored.is_new = true;
   return stored;
@@ -128,8 +111,8 @@ void HostTier::Use(HostPageId page, uint32_t batch) {
                         .batch = state.batch,
                         .key = {}});
   }
-  Unlink(page);
-  LinkAfter(tail(), page);
+  Unlink(pages_, page);
+  LinkAfter(pages_, tail(), page);
   if (batch != 0) state.batch = batch;
 }
 
@@ -154,24 +137,24 @@ void HostTier::Rollback(size_t mark) {
     const HostPageId page = record.page;
     switch (record.op) {
       case UndoRecord::Op::kStoreFree:
-        Unlink(page);
+        Unlink(pages_, page);
         Unindex(page);
         free_.push_back(page);
         break;
       case UndoRecord::Op::kStoreEvict:
         // It was the head when it was evicted.
-        Unlink(page);
+        Unlink(pages_, page);
         Unindex(page);
         {
           const uint32_t tag = PrefixIndex::Tag(record.key);
           Index(page, record.key, tag, record.group,
                 index_->Locate(tag, record.key, key_of()));
         }
-        LinkAfter(num_pages_, page);
+        LinkAfter(pages_, num_pages_, page);
         break;
       case UndoRecord::Op::kUse:
-        Unlink(page);
-        LinkAfter(record.lru_prev, page);
+        Unlink(pages_, page);
+        LinkAfter(pages_, record.lru_prev, page);
         break;
     }
     pages_[page].batch = record.batch;

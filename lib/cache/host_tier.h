@@ -157,8 +157,6 @@ class HostTier {
   // Dropping LRU head `dropped`: prefetches the line of the head three
   // stores on and the bucket of the one two stores on.
   void PrefetchAfter(HostPageId dropped) const;
-  void LinkAfter(HostPageId prev, HostPageId page);
-  void Unlink(HostPageId page);
   HostPageId tail() const { return pages_[num_pages_].lru_prev; }
   // The index's view of a page: its key.
   auto key_of() const {

@@ -1,10 +1,11 @@
 // Copyright 2026 The kvblock Authors.
 // SPDX-License-Identifier: Apache-2.0
 //
-// Internal: the check of a pool's two page lists, which BlockPool and
-// HostTier keep alike: a free stack of page ids, and a doubly linked LRU
-// list threaded through the pages' `lru_prev` / `lru_next`, whose sentinel
-// is the entry after the last page (its next the head, its prev the tail).
+// Internal: a pool's two page lists, which BlockPool and HostTier keep
+// alike: a free stack of page ids, and a doubly linked LRU list threaded
+// through the pages' `lru_prev` / `lru_next`, whose sentinel is the entry
+// after the last page (its next the head, its prev the tail). Its link
+// operations, and the check of both lists.
 #ifndef KVBLOCK_LIB_CACHE_PAGE_LISTS_H_
 #define KVBLOCK_LIB_CACHE_PAGE_LISTS_H_
 
@@ -17,6 +18,29 @@
 #include "absl/types/span.h"
 
 namespace kvblock::internal {
+
+// Links `page` into the LRU list of `pages` after `prev` (a page on it, or
+// the sentinel: then `page` is the head).
+template <typename PageState>
+inline void LinkAfter(std::vector<PageState>& pages, int32_t prev,
+                      int32_t page) {
+  const int32_t next = pages[prev].lru_next;
+  pages[page].lru_prev = prev;
+  pages[page].lru_next = next;
+  pages[prev].lru_next = page;
+  pages[next].lru_prev = page;
+}
+
+// Takes `page` off the LRU list of `pages`, its links cleared (-1).
+template <typename PageState>
+inline void Unlink(std::vector<PageState>& pages, int32_t page) {
+  const int32_t prev = pages[page].lru_prev;
+  const int32_t next = pages[page].lru_next;
+  pages[prev].lru_next = next;
+  pages[next].lru_prev = prev;
+  pages[page].lru_prev = -1;
+  pages[page].lru_next = -1;
+}
 
 // Where a page stands on the lists.
 enum class Listed : uint8_t { kOnNone, kFree, kLru };

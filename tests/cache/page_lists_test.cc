@@ -37,6 +37,36 @@ absl::Status List(const std::vector<int32_t>& free,
   return ListPages<Links>("pool", free, pages, listed, lru_pages);
 }
 
+// The LRU list head to tail, walked from the sentinel (entry 4).
+std::vector<int32_t> LruOf(const std::vector<Links>& pages) {
+  std::vector<int32_t> order;
+  for (int32_t page = pages[4].lru_next; page != 4 && order.size() < 5;
+       page = pages[page].lru_next) {
+    order.push_back(page);
+  }
+  return order;
+}
+
+TEST_CASE("page lists: pages linked after another, and unlinked") {
+  std::vector<Links> pages = PagesWithLru({});
+  LinkAfter(pages, 4, 0);  // after the sentinel: the head.
+  LinkAfter(pages, 0, 2);
+  LinkAfter(pages, 4, 1);
+  REQUIRE(LruOf(pages) == std::vector<int32_t>{1, 0, 2});
+  LinkAfter(pages, pages[4].lru_prev, 3);  // after the tail.
+  REQUIRE(LruOf(pages) == std::vector<int32_t>{1, 0, 2, 3});
+  Unlink(pages, 0);
+  Unlink(pages, 3);
+  REQUIRE(LruOf(pages) == std::vector<int32_t>{1, 2});
+  REQUIRE(pages[0].lru_prev == -1);
+  REQUIRE(pages[0].lru_next == -1);
+  REQUIRE(pages[3].lru_prev == -1);
+  std::vector<Listed> listed;
+  int32_t lru_pages = 0;
+  REQUIRE_OK(ListPages<Links>("pool", {0, 3}, pages, listed, lru_pages));
+  REQUIRE(lru_pages == 2);
+}
+
 TEST_CASE("page lists: each page marked by its list") {
   std::vector<Listed> listed;
   int32_t lru_pages = -1;
