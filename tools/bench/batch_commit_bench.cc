@@ -475,11 +475,14 @@ void BM_CommitDecodeStepGroups(benchmark::State& state) {
 // the short sequences' own; 256: a pool of 4k-token sequences, as users
 // run). One group at twice the batch (128, 512, 2048) holds the pages,
 // table rows and sequences' state of two groups: what a second group costs
-// beyond its memory.
+// beyond its memory. One full group of twice the pool (32, 512) holds the
+// pages of two groups at the same batch, and one group's sequences' state:
+// what a second group costs beyond its pages.
 BENCHMARK(BM_CommitDecodeStepGroups)
     ->ArgNames({"batch", "width", "groups", "window", "pool"})
     ->ArgsProduct(
         {{64, 128, 256, 512, 1024, 2048}, {256}, {1}, {0, 128}, {16, 256}})
+    ->ArgsProduct({{64, 256, 1024}, {256}, {1}, {0}, {32, 512}})
     ->ArgsProduct({{64, 256, 1024}, {256}, {2}, {0, 128}, {16, 256}})
     ->UseManualTime();
 
