@@ -52,15 +52,19 @@
 //     copies;
 //   - every kDeviceToHost copy first, then every kHostToDevice copy; within
 //     a direction in any order (one batched call): no two copies of a batch
-//     write the same page, a host page that a batch loads from is never
-//     stored into in it, and a device page a batch loads into is not handed
-//     out again before the batch is taken (released, it stays parked with a
-//     reference of the pool's until then).
+//     write the same page, and a device page a batch loads into is not
+//     handed out again before the batch is taken (released, it stays parked
+//     with a reference of the pool's until then). A host page a batch loads
+//     from may be one that a store of the same batch writes (a key evicted
+//     and hit again within the batch): the load reads what the store wrote
+//     only because the stores run first.
 // A page cached in the open batch may not hold all its KV yet (the batch's
-// forward pass computes it): evicted in that batch, it is not stored. Host
-// pages that the open batch uses are not evicted; when every host page is so
-// used, an evicted page is not stored. KV cache events report host stores and
-// host evictions as medium "CPU".
+// forward pass computes it): evicted in that batch, it is not stored. A key
+// the host tier holds already is not stored again, nor moved in the host
+// LRU (as vLLM's offloading manager leaves stored blocks out of
+// prepare_store). Host pages that the open batch uses are not evicted; when
+// every host page is so used, an evicted page is not stored. KV cache events
+// report host stores and host evictions as medium "CPU".
 //
 // Transactions: between `BeginTransaction()` and `CommitTransaction()` the pool
 // journals the inverse of every change; `RollbackTransaction()` replays the
@@ -536,12 +540,14 @@ class BlockPool {
   // Allocate() after the caller checked NumFree() > 0.
   PageId AllocateUnchecked();
   // With a host tier: stores cached `page`, which Allocate is evicting, unless
-  // the tier holds its key already (then it is used) or it holds no KV yet.
+  // the tier holds its key already or the page holds no KV yet.
   void WriteBack(PageId page);
   // Stores cached `page` into the open batch, listing its copy, unless the
-  // host tier holds its key already: returns that host page, else
-  // kNoHostPage (a skip counted when every host page is used by the batch).
-  HostPageId StoreToHost(PageId page);
+  // host tier holds its key already (then nothing changes, not even the
+  // LRU order, as vLLM's offloading manager leaves a stored block out of
+  // prepare_store), or every host page is used by the batch (a skip,
+  // counted).
+  void StoreToHost(PageId page);
   // A page's copy batch stamp (PageState::batch): the batch that last
   // cached it, and two flags of that batch: the page was loaded in it, and
   // is parked (the pool holds its last reference until the batch is taken).

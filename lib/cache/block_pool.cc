@@ -309,21 +309,19 @@ void BlockPool::WriteBack(PageId page) {
     ++stats_.host_store_skips;
     return;
   }
-  const HostPageId held = StoreToHost(page);
-  // Kept from before: used again, as a hit would.
-  if (held != kNoHostPage) host_->Use(held, /*batch=*/0);
+  StoreToHost(page);
 }
 
-HostPageId BlockPool::StoreToHost(PageId page) {
+void BlockPool::StoreToHost(PageId page) {
   const PageState& state = pages_[page];
   // The page's index tag is the host index's too (one Tag function).
   const internal::HostTier::Stored stored =
       host_->Store(state.hash, state.tag, state.group, batch_);
   if (stored.page == kNoHostPage) {
     ++stats_.host_store_skips;
-    return kNoHostPage;
+    return;
   }
-  if (!stored.is_new) return stored.page;
+  if (!stored.is_new) return;
   if (stored.evicted.any) {
     ++stats_.host_evictions;
     if (events_ != nullptr) {
@@ -334,7 +332,6 @@ HostPageId BlockPool::StoreToHost(PageId page) {
   host_copies_.push_back(
       {page, stored.page, HostCopy::Direction::kDeviceToHost});
   ++stats_.host_stores;
-  return kNoHostPage;
 }
 
 absl::StatusOr<PageId> BlockPool::Allocate() {
@@ -935,6 +932,7 @@ absl::Status BlockPool::CheckHostTier() const {
   }
   std::vector<uint8_t> loaded(num_pages_, 0);
   std::vector<uint8_t> stored(host_->num_pages(), 0);
+  std::vector<uint8_t> loaded_from(host_->num_pages(), 0);
   for (const HostCopy& copy : host_copies_) {
     if (!InRange(copy.device_page) || copy.host_page < 0 ||
         copy.host_page >= host_->num_pages()) {
@@ -946,6 +944,22 @@ absl::Status BlockPool::CheckHostTier() const {
                     " is copied but not stamped with the open batch");
     }
     const bool load = copy.direction == HostCopy::Direction::kHostToDevice;
+    // A load's page stays the batch's until the batch is taken: held (or
+    // parked) and stamped loaded. The stores run first, so a store listed
+    // after a load from its host page would overwrite what the load reads.
+    if (load) {
+      if (pages_[copy.device_page].refcount < 1 ||
+          !LoadedInBatch(copy.device_page)) {
+        return broken("device page ", copy.device_page, " (refcount ",
+                      pages_[copy.device_page].refcount,
+                      ") loaded from host page ", copy.host_page,
+                      " is not held and stamped loaded");
+      }
+      loaded_from[copy.host_page] = 1;
+    } else if (loaded_from[copy.host_page] != 0) {
+      return broken("host page ", copy.host_page,
+                    " is stored into after a load from it");
+    }
     uint8_t& written = load ? loaded[copy.device_page] : stored[copy.host_page];
     if (written++ != 0) {
       return broken(load ? "device page " : "host page ",

@@ -111,9 +111,10 @@ void HostTier::Use(HostPageId page, uint32_t batch) {
                         .batch = state.batch,
                         .key = {}});
   }
+  assert(batch != 0);
   Unlink(pages_, page);
   LinkAfter(pages_, tail(), page);
-  if (batch != 0) state.batch = batch;
+  state.batch = batch;
 }
 
 void HostTier::PrefetchStore(uint32_t tag) const {

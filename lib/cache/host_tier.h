@@ -13,8 +13,9 @@
 // stored or used, evicted first). A host page has no references: any cached
 // page may be evicted, except one that the open copy batch uses (stored into
 // or loaded from, its `batch` stamp): a copy of that batch still reads or
-// writes it. Used pages go to the LRU tail, so the head is one the batch
-// uses only when the batch uses every page; Store then finds no room.
+// writes it. Only Store and Use move a page to the LRU tail, and both stamp
+// it, so the head is one the batch uses only when the batch uses every
+// page; Store then finds no room.
 // The index (PrefixIndex, its keys kept here) maps a key to its page.
 //
 // Transactions: every change is journaled; Rollback(mark) undoes the changes
@@ -95,8 +96,8 @@ class HostTier {
   Stored Store(const BlockHash& key, int32_t group, uint32_t batch) {
     return Store(key, PrefixIndex::Tag(key), group, batch);
   }
-  // Moves cached `page` to the LRU tail and, unless `batch` is 0, stamps it
-  // as used by copy batch `batch` (a load from it).
+  // Moves cached `page` to the LRU tail, stamped as used by copy batch
+  // `batch` (not 0): a load from it.
   void Use(HostPageId page, uint32_t batch);
   // Starts loading what a Find and Store of a key whose index tag is `tag`
   // (PrefixIndex::Tag) will read: its home bucket. (The LRU heads a store

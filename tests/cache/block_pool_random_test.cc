@@ -98,7 +98,7 @@ struct ModelPool {
     const auto entry = *it;
     host_lru.erase(it);
     host_lru.push_back(entry);
-    if (with_batch != 0) host_stamp[h] = with_batch;
+    host_stamp[h] = with_batch;
   }
   // Stores cached page `p` (key `key`, not in the host tier).
   bool StoreToHost(PageId p, const BlockHash& key) {
@@ -107,9 +107,13 @@ struct ModelPool {
       h = host_free.back();
       host_free.pop_back();
     } else {
-      h = host_lru.front().first;
-      if (host_stamp[h] == batch) return false;
-      host_lru.erase(host_lru.begin());
+      // The least recently stored or used page the open batch does not use.
+      const auto victim = std::find_if(
+          host_lru.begin(), host_lru.end(),
+          [&](const auto& e) { return host_stamp[e.first] != batch; });
+      if (victim == host_lru.end()) return false;
+      h = victim->first;
+      host_lru.erase(victim);
       ++stats.host_evictions;
     }
     host_lru.emplace_back(h, key);
@@ -132,8 +136,8 @@ struct ModelPool {
   void WriteBack(PageId p, const BlockHash& key) {
     if ((stamp[p] & kBatchMask) == batch) {
       ++stats.host_store_skips;
-    } else if (const std::optional<HostPageId> h = HostFind(key)) {
-      HostUse(*h, 0);
+    } else if (HostFind(key).has_value()) {
+      // Held already: neither stored again nor moved.
     } else if (!StoreToHost(p, key)) {
       ++stats.host_store_skips;
     }

@@ -891,7 +891,7 @@ TEST_CASE("a page cached in the open batch is not stored when evicted") {
   REQUIRE_OK(pool->CheckInvariants());
 }
 
-TEST_CASE("a key the host tier holds is used, not stored again") {
+TEST_CASE("a key the host tier holds is not stored again, nor moved") {
   auto pool = CachedPoolWithHost(2, 2);
   REQUIRE_OK(pool->Release(MustAllocate(*pool)));  // stores 100 in host 0.
   TakeCopies(*pool);
@@ -901,14 +901,43 @@ TEST_CASE("a key the host tier holds is used, not stored again") {
   REQUIRE_OK(pool->Release(*loaded));
   REQUIRE(TakeCopies(*pool) == std::vector<HostCopy>{Load(0, 0)});
   // Evicting page 1 stores 101 in host page 1; evicting page 0 again finds
-  // its key in host page 0: no copy, and host page 0 becomes the tail.
+  // its key in host page 0: no copy, and the host LRU order stays.
   PageId pages[2];
   REQUIRE_OK(pool->AllocateN(absl::MakeSpan(pages)));
   REQUIRE(pages[0] == 1);
   REQUIRE(pages[1] == 0);
   REQUIRE(TakeCopies(*pool) == std::vector<HostCopy>{Store(1, 1)});
   REQUIRE(pool->stats().host_stores == 2);
-  REQUIRE(pool->Snapshot().host_lru == std::vector<HostPageId>{1, 0});
+  REQUIRE(pool->Snapshot().host_lru == std::vector<HostPageId>{0, 1});
+  REQUIRE_OK(pool->CheckInvariants());
+}
+
+TEST_CASE("a store evicts a host page the batch does not use, if any") {
+  // Host pages 0, 1 and 2 hold 100, 101 and 102; 101 is loaded back and
+  // released (batch taken), then 103 and 104 are cached on the device.
+  auto pool = CachedPoolWithHost(3, 3);
+  PageId pages[3];
+  REQUIRE_OK(pool->AllocateN(absl::MakeSpan(pages)));
+  for (const PageId page : pages) REQUIRE_OK(pool->Release(page));
+  TakeCopies(*pool);
+  auto loaded = pool->LoadFromHost(TestHash(101));
+  REQUIRE_OK(loaded);
+  REQUIRE_OK(pool->Release(*loaded));
+  TakeCopies(*pool);
+  const std::vector<PageId> cached = CachedPages(*pool, 2, 103);
+  for (const PageId page : cached) REQUIRE_OK(pool->Release(page));
+  TakeCopies(*pool);
+  REQUIRE(pool->Snapshot().host_lru == std::vector<HostPageId>{0, 2, 1});
+  // The batch uses 100's host page for a load. Evicting 101 (held) moves
+  // nothing; 103 and 104 take the host pages of 102 and 101, which the
+  // batch does not use, and none is skipped.
+  REQUIRE_OK(pool->UseHostPages(std::vector<BlockHash>{TestHash(100)}));
+  REQUIRE_OK(pool->AllocateN(absl::MakeSpan(pages)));
+  REQUIRE(pool->stats().host_store_skips == 0);
+  REQUIRE(pool->HostLookup(TestHash(100)) == 0);
+  REQUIRE(pool->HostLookup(TestHash(103)) == 2);
+  REQUIRE(pool->HostLookup(TestHash(104)) == 1);
+  REQUIRE(pool->Snapshot().host_used == std::vector<HostPageId>{0, 1, 2});
   REQUIRE_OK(pool->CheckInvariants());
 }
 

@@ -29,8 +29,9 @@ TEST_CASE("host tier: stores take free pages in order, then the LRU head") {
   REQUIRE(tier.Find(TestHash(2)) == 1);
   REQUIRE(tier.Find(TestHash(9)) == kNoHostPage);
   REQUIRE(tier.LruOrder() == std::vector<HostPageId>{0, 1, 2});
-  // Page 0 used again: page 1 is the head, and a store of batch 2 drops it.
-  tier.Use(0, 0);
+  // Page 0 loaded from in batch 2: page 1 is the head, and a store of
+  // batch 2 drops it.
+  tier.Use(0, 2);
   const HostTier::Stored stored = tier.Store(TestHash(4), 5, 2);
   REQUIRE(stored.page == 1);
   REQUIRE(stored.evicted.any);
@@ -92,7 +93,7 @@ TEST_CASE("host tier: a rollback restores keys, order, stamps and free pages") {
   MustStore(tier, 3, 2);  // the free page.
   tier.Use(0, 2);
   MustStore(tier, 4, 2);  // evicts key 2, the head.
-  tier.Use(2, 0);
+  tier.Use(2, 3);
   REQUIRE(tier.Find(TestHash(2)) == kNoHostPage);
   tier.Rollback(mark);
   REQUIRE(tier.LruOrder() == lru);
@@ -100,6 +101,7 @@ TEST_CASE("host tier: a rollback restores keys, order, stamps and free pages") {
   REQUIRE(tier.FreeStack() == free);
   REQUIRE(tier.UsedBy(1) == std::vector<HostPageId>{0, 1});
   REQUIRE(tier.UsedBy(2).empty());
+  REQUIRE(tier.UsedBy(3).empty());
   REQUIRE(tier.Find(TestHash(2)) == 1);
   REQUIRE_OK(tier.CheckInvariants());
 }
