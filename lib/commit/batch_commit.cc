@@ -66,12 +66,23 @@ class BatchCommit::Impl {
   // the row's end; see KVPageTableRowUpdate).
   absl::Status AddRow(SlotId slot, absl::Span<const PageId> pages,
                       int32_t first, int32_t end = -1);
-  // The appends of group `g` (survivors', then prompt chunks'), its window
-  // skipped first, and the rows they change.
+  // In every window group, releases the pages that no token computed from
+  // this step on attends to, in the survivors that compute tokens: before
+  // anything of the step allocates, as the coordinator's Append and vLLM's
+  // allocate_slots remove skipped blocks first.
+  absl::Status ReleaseSkipped(const StepPlan& plan);
+  // Forgets the skips ReleaseSkipped noted (the step ended).
+  void ClearSkips();
+  // The appends of group `g` (survivors', then prompt chunks') and the rows
+  // they, and its skips, change.
   absl::Status AppendGroup(int32_t g, const StepPlan& plan);
   // The rows of group `g`'s survivors whose appends or skips changed them,
   // when its window skipped pages this step.
   absl::Status MergeSkippedRows(int32_t g);
+  // The first page group `g`'s skip changed at `slot` this step (-1: none).
+  int32_t& skip_first(int32_t g, SlotId slot) {
+    return skip_first_[static_cast<size_t>(g) * max_batch_ + slot];
+  }
   // The handle of group `g` at `slot`.
   SequenceHandle& handle(int32_t g, SlotId slot) {
     return handles_[static_cast<size_t>(g) * max_batch_ + slot];
@@ -100,10 +111,10 @@ class BatchCommit::Impl {
   std::vector<KVPageTableRowMove> moves_;  // {mover's slot, hole}.
   // With groups: moves_ in every group's rows, for the table.
   std::vector<KVPageTableRowMove> row_moves_;
-  // By slot: the first page a window group's skip changed this step (-1:
-  // none); skipped_slots_ lists the slots set.
+  // By row: the first page a window group's skip changed this step (-1:
+  // none); skipped_slots_[g] lists group g's slots set, in slot order.
   std::vector<int32_t> skip_first_;
-  std::vector<SlotId> skipped_slots_;
+  std::vector<std::vector<SlotId>> skipped_slots_;
   std::vector<int32_t> copy_groups_;  // with groups: copies_' groups.
   // What the leaving slots held (by leaving_slots_ entry), while handles_
   // holds empty handles there (handles_blanked_).
@@ -187,8 +198,9 @@ BatchCommit::Impl::Impl(internal::BlockManagerImpl& manager,
   const size_t groups = groups_.size();
   slots_.resize(max_batch, kNoSequence);
   handles_.resize(max_batch * groups);
-  skip_first_.assign(max_batch, -1);
-  skipped_slots_.reserve(max_batch);
+  skip_first_.assign(max_batch * groups, -1);
+  skipped_slots_.resize(groups);
+  for (std::vector<SlotId>& slots : skipped_slots_) slots.reserve(max_batch);
   if (groups > 1) {
     row_moves_.reserve(max_batch * groups);
     copy_groups_.reserve(max_batch * groups);
@@ -488,6 +500,8 @@ absl::Status BatchCommit::Impl::Apply(const StepPlan& plan) {
   for (const SequenceId id : plan.preempted) {
     KVBLOCK_RETURN_IF_ERROR(remove(id, /*preempted=*/true));
   }
+  const absl::Cleanup clear_skips = [&] { ClearSkips(); };
+  KVBLOCK_RETURN_IF_ERROR(ReleaseSkipped(plan));
   std::move(frees_timed).Invoke();
   absl::Cleanup admissions_timed = [&] { lap(phase_times_.admissions_ns); };
   for (const JoinRequest& join : plan.joins) {
@@ -604,29 +618,36 @@ absl::Status BatchCommit::Impl::Apply(const StepPlan& plan) {
   return edited;
 }
 
-absl::Status BatchCommit::Impl::AppendGroup(int32_t g, const StepPlan& plan) {
-  internal::BlockManagerImpl& group = *groups_[g];
-  const SlotId first_row = g * max_batch_;
-  const absl::Span<SequenceHandle> handles =
-      absl::MakeSpan(handles_).subspan(first_row, batch_);
-  // A window group first releases what its window left behind, in the
-  // sequences that compute tokens this step.
-  if (group.skips_pages()) {
+absl::Status BatchCommit::Impl::ReleaseSkipped(const StepPlan& plan) {
+  for (int32_t g = 0; g < static_cast<int32_t>(groups_.size()); ++g) {
+    internal::BlockManagerImpl& group = *groups_[g];
+    if (!group.skips_pages()) continue;
     for (SlotId slot = 0; slot < batch_; ++slot) {
       const bool computes = chunked_[slot] || (!plan.append_counts.empty() &&
                                                plan.append_counts[slot] > 0);
       if (!computes || leaving_[slot]) continue;
       KVBLOCK_ASSIGN_OR_RETURN(const int32_t first,
-                               group.SkipAt(handles[slot]));
+                               group.SkipAt(handle(g, slot)));
       if (first < 0) continue;
-      skip_first_[slot] = first;
-      skipped_slots_.push_back(slot);
+      skip_first(g, slot) = first;
+      skipped_slots_[g].push_back(slot);
     }
   }
-  const absl::Cleanup reset_skips = [&] {
-    for (const SlotId slot : skipped_slots_) skip_first_[slot] = -1;
-    skipped_slots_.clear();
-  };
+  return absl::OkStatus();
+}
+
+void BatchCommit::Impl::ClearSkips() {
+  for (int32_t g = 0; g < static_cast<int32_t>(groups_.size()); ++g) {
+    for (const SlotId slot : skipped_slots_[g]) skip_first(g, slot) = -1;
+    skipped_slots_[g].clear();
+  }
+}
+
+absl::Status BatchCommit::Impl::AppendGroup(int32_t g, const StepPlan& plan) {
+  internal::BlockManagerImpl& group = *groups_[g];
+  const SlotId first_row = g * max_batch_;
+  const absl::Span<SequenceHandle> handles =
+      absl::MakeSpan(handles_).subspan(first_row, batch_);
   KVBLOCK_RETURN_IF_ERROR(
       group.AppendMany(handles,
                        plan.append_counts.empty()
@@ -642,7 +663,7 @@ absl::Status BatchCommit::Impl::AppendGroup(int32_t g, const StepPlan& plan) {
   draft_copies_ += appended_.draft_copies;
   // A survivor's row moved with it: it changes from its first changed page
   // (or its first skipped one).
-  if (skipped_slots_.empty()) {
+  if (skipped_slots_[g].empty()) {
     for (size_t i = 0; i < appended_.changed.size(); ++i) {
       KVBLOCK_RETURN_IF_ERROR(
           AddRow(first_row + old_to_new_[appended_.changed[i]],
@@ -664,13 +685,14 @@ absl::Status BatchCommit::Impl::AppendGroup(int32_t g, const StepPlan& plan) {
         const AppendResult result,
         group.AppendPrompt(chunk.id, chunk.tokens, hashes));
     new_pages_ += result.new_pages;
-    if (result.new_pages == 0 && skip_first_[slot] < 0) continue;
+    const int32_t skipped_from = skip_first(g, slot);
+    if (result.new_pages == 0 && skipped_from < 0) continue;
     KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> pages,
                              group.PagesAt(handles[slot]));
-    KVBLOCK_RETURN_IF_ERROR(AddRow(
-        first_row + old_to_new_[slot], pages,
-        skip_first_[slot] < 0 ? pages_before
-                              : std::min(pages_before, skip_first_[slot])));
+    KVBLOCK_RETURN_IF_ERROR(AddRow(first_row + old_to_new_[slot], pages,
+                                   skipped_from < 0
+                                       ? pages_before
+                                       : std::min(pages_before, skipped_from)));
   }
   return absl::OkStatus();
 }
@@ -680,24 +702,25 @@ absl::Status BatchCommit::Impl::MergeSkippedRows(int32_t g) {
   const SlotId first_row = g * max_batch_;
   // Both lists are in slot order: a slot in both changes from the first of
   // its two pages; a chunk's slot gets its row with the chunk's.
+  const std::vector<SlotId>& skipped_in = skipped_slots_[g];
   size_t skipped = 0;
   const auto skipped_only_before = [&](SlotId slot) -> absl::Status {
-    for (; skipped < skipped_slots_.size() && skipped_slots_[skipped] < slot;
+    for (; skipped < skipped_in.size() && skipped_in[skipped] < slot;
          ++skipped) {
-      const SlotId only = skipped_slots_[skipped];
+      const SlotId only = skipped_in[skipped];
       if (chunked_[only]) continue;
       KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> pages,
                                group.PagesAt(handle(g, only)));
       // Only the released pages changed: the null page's run from the
       // first of them (a window's pages after it are live).
-      int32_t end = skip_first_[only];
+      int32_t end = skip_first(g, only);
       const PageId null_page = group.null_page();
       while (end < static_cast<int32_t>(pages.size()) &&
              pages[end] == null_page) {
         ++end;
       }
-      KVBLOCK_RETURN_IF_ERROR(
-          AddRow(first_row + old_to_new_[only], pages, skip_first_[only], end));
+      KVBLOCK_RETURN_IF_ERROR(AddRow(first_row + old_to_new_[only], pages,
+                                     skip_first(g, only), end));
     }
     return absl::OkStatus();
   };
@@ -705,8 +728,8 @@ absl::Status BatchCommit::Impl::MergeSkippedRows(int32_t g) {
     const SlotId slot = appended_.changed[i];
     KVBLOCK_RETURN_IF_ERROR(skipped_only_before(slot));
     int32_t first = appended_.first_changed_page[i];
-    if (skipped < skipped_slots_.size() && skipped_slots_[skipped] == slot) {
-      first = std::min(first, skip_first_[slot]);
+    if (skipped < skipped_in.size() && skipped_in[skipped] == slot) {
+      first = std::min(first, skip_first(g, slot));
       ++skipped;
     }
     KVBLOCK_RETURN_IF_ERROR(

@@ -163,6 +163,47 @@ TEST_CASE("a chunked prompt's rows show its window's skips") {
   REQUIRE_OK(f.commit->CheckInvariants());
 }
 
+TEST_CASE("a step releases its windows' pages before it allocates") {
+  using enum AttentionKind;
+  // 20 pages, one the null page: a prompt of 32 tokens holds 8 in each
+  // group, and 3 are left. Its window of 8 tokens then needs 3 of its pages
+  // at most; the step must release the rest before any group or join
+  // allocates, as the coordinator's own Append does.
+  const std::vector<KvCacheGroupSpec> groups = {
+      GroupSpec(kFull, 4), GroupSpec(kSlidingWindow, 4, 8)};
+  const Tokens prompt = TokenRange(1, 32);
+  const JoinRequest first[] = {{.id = 1, .tokens = prompt}};
+  SECTION("an append of 16 tokens") {
+    Fixture f(20, groups, 16);
+    REQUIRE_OK(f.commit->Commit({.joins = first}));
+    REQUIRE(f.manager->pool().NumFree() == 3);
+    const int32_t counts[] = {16};
+    const Tokens tokens = TokenRange(100, 16);
+    REQUIRE_OK(
+        f.commit->Commit({.append_counts = counts, .append_tokens = tokens}));
+    REQUIRE(f.GroupPages(1, 0).size() == 12);
+    REQUIRE(f.Row(1, 0) == f.GroupPages(1, 1));
+    REQUIRE_OK(f.commit->CheckInvariants());
+  }
+  SECTION("a decode step that admits a prompt") {
+    Fixture f(20, groups, 16);
+    REQUIRE_OK(f.commit->Commit({.joins = first}));
+    const int32_t counts[] = {1};
+    const TokenId token[] = {100};
+    const Tokens second = TokenRange(200, 8);
+    const JoinRequest join[] = {{.id = 2, .tokens = second}};
+    auto step = f.commit->Commit(
+        {.joins = join, .append_counts = counts, .append_tokens = token});
+    REQUIRE_OK(step);
+    REQUIRE(step->batch == 2);
+    for (int32_t g = 0; g < 2; ++g) {
+      REQUIRE(f.Row(g, 0) == f.GroupPages(1, g));
+      REQUIRE(f.Row(g, 1) == f.GroupPages(2, g));
+    }
+    REQUIRE_OK(f.commit->CheckInvariants());
+  }
+}
+
 TEST_CASE("a chunk's prompt hashes serve groups of two page sizes") {
   using enum AttentionKind;
   // Pages of 4 and 8 tokens: the table is as wide as the 4-token group's.
