@@ -127,7 +127,8 @@ int64_t NextSkipTokens(const KvCacheGroupSpec& group, int64_t pages);
 // cache when hits come in units of `alignment_tokens`: a sliding-window group
 // whose window reaches back fewer pages than a unit holds caches only the
 // pages at the end of each unit, the ones a hit can use (vLLM's
-// _cache_block_mask); every other page is cached.
+// _cache_block_mask; an EAGLE group's, one page more and one page later);
+// every other page is cached.
 bool CachesFullPage(const KvCacheGroupSpec& group, int64_t page,
                     int64_t alignment_tokens);
 

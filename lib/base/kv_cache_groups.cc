@@ -139,12 +139,17 @@ bool CachesFullPage(const KvCacheGroupSpec& group, int64_t page,
     return true;
   }
   const int64_t per_unit = alignment_tokens / group.page_size;
-  // The pages before a hit's end that its window reads.
+  // The pages before a hit's end that its window reads. An EAGLE group's
+  // hit ends a page later and drops that page (FindSlidingWindow): one page
+  // more, the first of the next unit. (vLLM 28be48fa's mask leaves that
+  // page out, so such a group never hits; later vLLM shifts it as here.)
+  const int64_t shift = group.eagle ? 1 : 0;
   const int64_t tail =
       (int64_t{group.sliding_window} - 1 + group.page_size - 1) /
-      group.page_size;
+          group.page_size +
+      shift;
   if (tail >= per_unit) return true;
-  return page % per_unit >= per_unit - tail;
+  return page >= shift && (page - shift) % per_unit >= per_unit - tail;
 }
 
 }  // namespace kvblock

@@ -122,6 +122,15 @@ TEST_CASE("a short window caches only the pages at each unit's end") {
     if (CachesFullPage(window, page, 32)) cached.push_back(page);
   }
   REQUIRE(cached == std::vector<int64_t>{3, 7});
+  // An EAGLE group's hit ends a page later and drops it: the two pages
+  // before each unit's end, shifted by one.
+  KvCacheGroupSpec eagle = window;
+  eagle.eagle = true;
+  cached.clear();
+  for (int64_t page = 0; page < 9; ++page) {
+    if (CachesFullPage(eagle, page, 32)) cached.push_back(page);
+  }
+  REQUIRE(cached == std::vector<int64_t>{3, 4, 7, 8});
   // test_hybrid_cache_blocks_clamped_to_lcm: window 32 on pages of 16 reads
   // back two pages, a whole unit of 32: every page.
   for (int64_t page = 0; page < 6; ++page) {

@@ -240,6 +240,29 @@ TEST_CASE("an EAGLE group's hit leaves its last page to recompute") {
   REQUIRE_OK(manager->CheckInvariants());
 }
 
+TEST_CASE("an EAGLE window group of pages below the hit unit hits") {
+  // Hits come in units of 16 tokens; the window group (pages of 4, window
+  // 5) caches only the pages its hits read, which for EAGLE include the
+  // first page of the next unit (vLLM 28be48fa's mask left it out, and such
+  // a group never hit).
+  KvCacheGroupSpec full = Full(16);
+  full.eagle = true;
+  KvCacheGroupSpec window = Window(5);
+  window.eagle = true;
+  auto manager = MakeManager(Config(256), {full, window});
+  const Tokens prompt = TokenRange(1, 40);
+  REQUIRE_OK(manager->Admit(1, prompt));
+  REQUIRE_OK(manager->Free(1));
+  Tokens turn = prompt;
+  for (TokenId t = 0; t < 6; ++t) turn.push_back(9000 + t);
+  auto plan = manager->PlanAdmission(turn);
+  REQUIRE_OK(plan);
+  // The full group's two pages less EAGLE's last: 16 tokens, for which the
+  // window group reads its pages 3 and 4 (and recomputes page 4).
+  REQUIRE(plan->hit_tokens == 16);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
 TEST_CASE("a window group's released pages stay cached for the next turn") {
   auto manager = MakeManager(Config(64), {Full(), Window(8)});
   const Tokens prompt = TokenRange(1, 30);
