@@ -381,7 +381,9 @@ absl::StatusOr<AppendResult> GroupCoordinator::AppendPrompt(
     absl::Span<const BlockHash> prompt_hashes) {
   AppendResult total;
   KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
-    KVBLOCK_RETURN_IF_ERROR(ReleaseSkipped(id));
+    // No token computed, nothing released: the window still holds the last
+    // token (BatchCommit too skips only for sequences that compute).
+    if (!tokens.empty()) KVBLOCK_RETURN_IF_ERROR(ReleaseSkipped(id));
     for (int32_t g = 0; g < static_cast<int32_t>(groups_.size()); ++g) {
       KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const BlockHash> hashes,
                                ChunkHashes(g, id, prompt_hashes));
@@ -398,7 +400,9 @@ absl::StatusOr<AppendResult> GroupCoordinator::Append(
     SequenceId id, absl::Span<const TokenId> tokens) {
   AppendResult total;
   KVBLOCK_RETURN_IF_ERROR(Transact([&]() -> absl::Status {
-    KVBLOCK_RETURN_IF_ERROR(ReleaseSkipped(id));
+    // No token computed, nothing released: the window still holds the last
+    // token (BatchCommit too skips only for sequences that compute).
+    if (!tokens.empty()) KVBLOCK_RETURN_IF_ERROR(ReleaseSkipped(id));
     for (int32_t g = 0; g < static_cast<int32_t>(groups_.size()); ++g) {
       KVBLOCK_ASSIGN_OR_RETURN(const AppendResult part,
                                groups_[g]->Append(id, tokens));

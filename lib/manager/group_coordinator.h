@@ -15,7 +15,8 @@
 //             every window group first releases the pages no token from
 //             here on attends to (NumSkippedPages of the tokens computed so
 //             far, their entries pointing at the null page; cached ones stay
-//             evictable), then every group appends.
+//             evictable), then every group appends; an append of no tokens
+//             releases nothing.
 //   SetDrafts, Fork, Free, Preempt
 //             every group.
 // Each call is one transaction over every group: the groups' transactions

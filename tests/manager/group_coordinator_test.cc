@@ -66,6 +66,19 @@ int64_t LeadingNull(const std::vector<PageId>& pages, PageId null_page) {
          pages.begin();
 }
 
+TEST_CASE("an append of no tokens releases nothing") {
+  // At a chunk's end the next token reads nothing before it, but the last
+  // token's page stays until a token is computed.
+  auto manager = MakeManager(Config(64), {Full(), Chunked(8)});
+  REQUIRE_OK(manager->Admit(1, TokenRange(1, 16)));
+  REQUIRE_OK(manager->Append(1, {}));
+  REQUIRE(LeadingNull(GroupPages(*manager, 1, 1), manager->null_page()) == 0);
+  REQUIRE_OK(manager->CheckInvariants());
+  REQUIRE_OK(manager->Append(1, TokenRange(100, 1)));
+  REQUIRE(LeadingNull(GroupPages(*manager, 1, 1), manager->null_page()) == 4);
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
 TEST_CASE("a sliding-window group holds only its window's pages") {
   // gpt-oss's shape: full attention and a window, here of 8 tokens.
   auto manager = MakeManager(Config(256), {Full(), Window(8)});
