@@ -551,6 +551,11 @@ class BlockPool {
   // A page's copy batch stamp (PageState::batch): the batch that last
   // cached it, and two flags of that batch: the page was loaded in it, and
   // is parked (the pool holds its last reference until the batch is taken).
+  // Batch numbers start again at 1 after kBatchMask (2^30 - 1) batches, so
+  // a page (device or host) stamped that many batches ago and untouched
+  // since counts once more as the open batch's: a store skipped, a host
+  // page kept, a release parked until the batch is taken; never a copy
+  // missed or a page handed out early.
   static constexpr uint32_t kLoaded = 1u << 31;
   static constexpr uint32_t kParked = 1u << 30;
   static constexpr uint32_t kBatchMask = kParked - 1;
