@@ -31,6 +31,11 @@ using testing::GroupSpec;
 
 constexpr int32_t kMaxBatch = 4;
 
+KvCacheGroupSpec Eagle(KvCacheGroupSpec spec) {
+  spec.eagle = true;
+  return spec;
+}
+
 struct Fixture {
   Fixture(int32_t num_pages, std::vector<KvCacheGroupSpec> groups,
           int32_t width) {
@@ -278,6 +283,8 @@ TEST_CASE("random steps over KV cache groups keep every row", "[random]") {
       {GroupSpec(kSlidingWindow, 4, 9), GroupSpec(kSlidingWindow, 4, 9),
        GroupSpec(kFull, 4)},
       {GroupSpec(kChunkedLocal, 8, 8), GroupSpec(kFull, 4)},
+      // EAGLE drafting with a window of pages below the hits' unit.
+      {Eagle(GroupSpec(kFull, 16)), Eagle(GroupSpec(kSlidingWindow, 4, 5))},
   };
   for (size_t m = 0; m < models.size(); ++m) {
     const int32_t width =
