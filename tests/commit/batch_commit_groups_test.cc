@@ -278,18 +278,26 @@ TEST_CASE("a commit of groups checks the table's geometry") {
 // failed step leaves the manager and every row as they were.
 TEST_CASE("random steps over KV cache groups keep every row", "[random]") {
   using enum AttentionKind;
-  const std::vector<std::vector<KvCacheGroupSpec>> models = {
-      {GroupSpec(kFull, 4), GroupSpec(kSlidingWindow, 4, 6)},
-      {GroupSpec(kSlidingWindow, 4, 9), GroupSpec(kSlidingWindow, 4, 9),
-       GroupSpec(kFull, 4)},
-      {GroupSpec(kChunkedLocal, 8, 8), GroupSpec(kFull, 4)},
+  // Groups, and a pool small enough to refuse steps.
+  struct Model {
+    std::vector<KvCacheGroupSpec> groups;
+    int32_t pages;
+  };
+  const std::vector<Model> models = {
+      {{GroupSpec(kFull, 4), GroupSpec(kSlidingWindow, 4, 6)}, 40},
+      {{GroupSpec(kSlidingWindow, 4, 9), GroupSpec(kSlidingWindow, 4, 9),
+        GroupSpec(kFull, 4)},
+       40},
+      {{GroupSpec(kChunkedLocal, 8, 8), GroupSpec(kFull, 4)}, 40},
       // EAGLE drafting with a window of pages below the hits' unit.
-      {Eagle(GroupSpec(kFull, 16)), Eagle(GroupSpec(kSlidingWindow, 4, 5))},
+      {{Eagle(GroupSpec(kFull, 16)), Eagle(GroupSpec(kSlidingWindow, 4, 5))},
+       20},
   };
   for (size_t m = 0; m < models.size(); ++m) {
+    const std::vector<KvCacheGroupSpec>& groups = models[m].groups;
     const int32_t width =
-        std::max(16, static_cast<int32_t>(64 / models[m][0].page_size));
-    Fixture f(40, models[m], width);
+        std::max(16, static_cast<int32_t>(64 / groups[0].page_size));
+    Fixture f(models[m].pages, groups, width);
     std::mt19937 rng(static_cast<uint32_t>(m + 1));
     const auto uniform = [&](int lo, int hi) {
       return std::uniform_int_distribution<int>(lo, hi)(rng);
