@@ -149,7 +149,9 @@ struct StepResult {
 // Host time of Commit's parts, summed over the calls made while phase timing
 // is on (BatchCommit::set_time_phases); failed steps count too.
 struct CommitPhaseTimes {
-  int64_t frees_ns = 0;       // Free and Preempt of the leaving sequences.
+  // Free and Preempt of the leaving sequences, and the window groups'
+  // release of the pages the survivors' windows left.
+  int64_t frees_ns = 0;
   int64_t admissions_ns = 0;  // Admit of prompts (hashing included), Fork.
   int64_t appends_ns = 0;     // AppendMany, the forks' appends, and
                               // queueing the rows they change.
