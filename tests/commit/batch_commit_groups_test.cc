@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/group_spec_test_util.h"
+#include "commit/batch_commit_test_util.h"
 #include "commit/page_table_checks.h"
 #include "kvblock/batch_commit.h"
 #include "kvblock/block_manager.h"
@@ -275,7 +276,11 @@ TEST_CASE("a commit of groups checks the table's geometry") {
 
 // Random steps against the manager's own pages: after every step each
 // group's row of each slot is its sequence's pages in that group, and a
-// failed step leaves the manager and every row as they were.
+// failed step leaves the manager and every row as they were. Each step is
+// also tried as the manager's own calls, one at a time (then undone): a
+// commit accepts every step they accept, as it releases windows' pages no
+// later than they do. Where no group releases pages, it accepts exactly
+// those, and holds as many pages after; with one group, the very pages.
 TEST_CASE("random steps over KV cache groups keep every row", "[random]") {
   using enum AttentionKind;
   // Groups, and a pool small enough to refuse steps.
@@ -292,9 +297,15 @@ TEST_CASE("random steps over KV cache groups keep every row", "[random]") {
       // EAGLE drafting with a window of pages below the hits' unit.
       {{Eagle(GroupSpec(kFull, 16)), Eagle(GroupSpec(kSlidingWindow, 4, 5))},
        20},
+      // No group releases pages: the calls and the commit agree exactly.
+      {{GroupSpec(kFull, 4)}, 24},
+      {{GroupSpec(kFull, 4), GroupSpec(kFull, 8)}, 40},
   };
   for (size_t m = 0; m < models.size(); ++m) {
     const std::vector<KvCacheGroupSpec>& groups = models[m].groups;
+    const bool releases = std::any_of(
+        groups.begin(), groups.end(),
+        [](const auto& group) { return group.kind != AttentionKind::kFull; });
     const int32_t width =
         std::max(16, static_cast<int32_t>(64 / groups[0].page_size));
     Fixture f(models[m].pages, groups, width);
@@ -348,11 +359,26 @@ TEST_CASE("random steps over KV cache groups keep every row", "[random]") {
       }
       const BlockManagerSnapshot before = f.manager->Snapshot();
       const std::vector<Pages> rows = f.Rows();
-      const auto result = f.commit->Commit({.finished = finished,
-                                            .joins = joins,
-                                            .append_counts = counts,
-                                            .append_tokens = tokens,
-                                            .prompt_chunks = chunks});
+      const StepPlan plan = {.finished = finished,
+                             .joins = joins,
+                             .append_counts = counts,
+                             .append_tokens = tokens,
+                             .prompt_chunks = chunks};
+      const std::vector<SequenceId> slots(running.begin(), running.end());
+      const testing::CallByCall by_call =
+          testing::TryCallByCall(*f.manager, slots, plan);
+      REQUIRE(f.manager->Snapshot() == before);
+      const auto result = f.commit->Commit(plan);
+      INFO("one call at a time: " << by_call.status.ToString());
+      if (by_call.status.ok()) REQUIRE(result.ok());
+      if (!releases) {
+        REQUIRE(result.ok() == by_call.status.ok());
+        if (result.ok() && groups.size() == 1) {
+          REQUIRE(f.manager->Snapshot() == by_call.after);
+        } else if (result.ok()) {
+          REQUIRE(f.manager->stats() == by_call.after.stats);
+        }
+      }
       if (!result.ok()) {
         INFO(result.status().ToString());
         REQUIRE(f.manager->Snapshot() == before);

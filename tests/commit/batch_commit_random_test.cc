@@ -17,7 +17,9 @@
 // that changed identity), the pages of tokens and drafts, the KV content
 // each sequence reads (a model of the copy and write kernels run on the
 // step's result, drafts writing KV the next step's tokens overwrite), the
-// invariants and the uploaded device view.
+// invariants and the uploaded device view. Each attempt is also run as the
+// manager's own calls, one at a time, and undone: the commit must accept it
+// exactly when they do and leave the same manager state.
 //
 // A second run fails every step at every fault-injection site in turn and
 // checks that each failure is rolled back to the exact state before the step.
@@ -177,7 +179,7 @@ class Scheduler {
       const CommitState before = f_.Capture();
       absl::StatusOr<StepResult> result =
           fault_sweep ? CommitWithFaults(draft, before)
-                      : f_.commit->Commit(draft.View(slots_));
+                      : CommitAgainstCalls(draft, before);
       if (result.ok()) {
         Verify(draft, start_pages, *result);
         return;
@@ -399,6 +401,35 @@ class Scheduler {
       }
       REQUIRE(Shrink(draft));
     }
+  }
+
+  // Commits `draft`, having run it as the manager's own calls, one at a
+  // time (then undone): the commit accepts it exactly when they do, and
+  // leaves the very pages, cache and counters they leave.
+  absl::StatusOr<StepResult> CommitAgainstCalls(Draft& draft,
+                                                const CommitState& before) {
+    const StepPlan plan = draft.View(slots_);
+    const testing::CallByCall by_call =
+        testing::TryCallByCall(*f_.manager, slots_, plan);
+    REQUIRE(f_.Capture() == before);
+    absl::StatusOr<StepResult> result = f_.commit->Commit(plan);
+    INFO("one call at a time: " << by_call.status.ToString());
+    REQUIRE(result.ok() == by_call.status.ok());
+    if (!result.ok()) return result;
+    // Except one counter where drafts follow appends: the commit allocates
+    // a sequence's draft pages before it files the pages its tokens filled,
+    // as vLLM's allocate_slots does, while Append files them before
+    // SetDrafts allocates. An eviction for the drafts may then uncache a key
+    // a filled page has, so that the commit stores it anew where Append
+    // found it cached (cache_registrations).
+    BlockManagerSnapshot expected = by_call.after;
+    const BlockManagerSnapshot now = f_.manager->Snapshot();
+    if (!plan.draft_counts.empty()) {
+      expected.pool.stats.cache_registrations =
+          now.pool.stats.cache_registrations;
+    }
+    REQUIRE(now == expected);
+    return result;
   }
 
   // Commits `draft` with the n-th injection site failing, n = 1, 2, ...,

@@ -2,20 +2,26 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // A BlockManager + KVPageTable (host device) + BatchCommit stack for tests,
-// with a canonical snapshot of everything a step may change.
+// with a canonical snapshot of everything a step may change; and a step run
+// as the manager's own calls, one at a time, to set a commit against.
 #ifndef KVBLOCK_TESTS_COMMIT_BATCH_COMMIT_TEST_UTIL_H_
 #define KVBLOCK_TESTS_COMMIT_BATCH_COMMIT_TEST_UTIL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "kvblock/batch_commit.h"
 #include "kvblock/block_manager.h"
 #include "kvblock/device.h"
 #include "kvblock/page_table.h"
+#include "kvblock/status_macros.h"
+#include "manager/block_manager_impl.h"
+#include "manager/group_coordinator.h"
 #include "test_util.h"
 
 namespace kvblock::testing {
@@ -101,6 +107,102 @@ struct CommitFixture {
   std::unique_ptr<KVPageTable> table;
   std::unique_ptr<BatchCommit> commit;
 };
+
+// `plan`'s calls to the manager, one at a time, in the order BatchCommit
+// documents: the leaving sequences' Free and Preempt; each join's Admit or
+// Fork; the survivors' Append (and SetDrafts, with draft counts) in slot
+// order, `slots` being the commit's at the start of the step; the prompt
+// chunks' AppendPrompt; the joined forks' Append. The first error, else OK.
+inline absl::Status StepCallByCall(BlockManager& manager,
+                                   absl::Span<const SequenceId> slots,
+                                   const StepPlan& plan) {
+  for (const SequenceId id : plan.finished) {
+    KVBLOCK_RETURN_IF_ERROR(manager.Free(id));
+  }
+  for (const SequenceId id : plan.preempted) {
+    KVBLOCK_RETURN_IF_ERROR(manager.Preempt(id));
+  }
+  for (const JoinRequest& join : plan.joins) {
+    if (join.fork_of == kNoSequence) {
+      KVBLOCK_RETURN_IF_ERROR(manager
+                                  .Admit(join.id, join.tokens, join.extra,
+                                         join.prompt_hashes, join.admit)
+                                  .status());
+    } else {
+      KVBLOCK_RETURN_IF_ERROR(manager.Fork(join.fork_of, join.id));
+    }
+  }
+  const auto in = [](auto ids, SequenceId id) {
+    return std::find(ids.begin(), ids.end(), id) != ids.end();
+  };
+  absl::Span<const TokenId> tokens = plan.append_tokens;
+  for (size_t slot = 0; slot < slots.size(); ++slot) {
+    const SequenceId id = slots[slot];
+    const size_t count =
+        plan.append_counts.empty() ? 0 : plan.append_counts[slot];
+    const absl::Span<const TokenId> appended = tokens.first(count);
+    tokens.remove_prefix(count);
+    if (in(plan.finished, id) || in(plan.preempted, id)) continue;
+    if (std::any_of(plan.prompt_chunks.begin(), plan.prompt_chunks.end(),
+                    [id](const PromptChunk& c) { return c.id == id; })) {
+      continue;
+    }
+    if (count > 0) {
+      KVBLOCK_RETURN_IF_ERROR(manager.Append(id, appended).status());
+    }
+    if (!plan.draft_counts.empty()) {
+      KVBLOCK_RETURN_IF_ERROR(
+          manager.SetDrafts(id, plan.draft_counts[slot]).status());
+    }
+  }
+  for (const PromptChunk& chunk : plan.prompt_chunks) {
+    KVBLOCK_RETURN_IF_ERROR(
+        manager.AppendPrompt(chunk.id, chunk.tokens, chunk.prompt_hashes)
+            .status());
+  }
+  for (const JoinRequest& join : plan.joins) {
+    if (join.fork_of != kNoSequence && !join.tokens.empty()) {
+      KVBLOCK_RETURN_IF_ERROR(manager.Append(join.id, join.tokens).status());
+    }
+  }
+  return absl::OkStatus();
+}
+
+// What the calls of a step did, one at a time (StepCallByCall).
+struct CallByCall {
+  absl::Status status;         // the first call's error, or OK.
+  BlockManagerSnapshot after;  // the manager after them, when OK.
+};
+
+// Runs StepCallByCall on the manager a BatchCommit runs, then undoes it:
+// inside the step transaction of every group, with the commit's sequences
+// opened to the calls as a commit opens them to its own. The manager is
+// then as before (its Snapshot compares equal).
+inline CallByCall TryCallByCall(BlockManager& manager,
+                                absl::Span<const SequenceId> slots,
+                                const StepPlan& plan) {
+  std::vector<internal::BlockManagerImpl*> groups;
+  if (const internal::GroupCoordinator* coordinator =
+          internal::GroupCoordinator::Of(manager)) {
+    groups.assign(coordinator->group_managers().begin(),
+                  coordinator->group_managers().end());
+  } else {
+    groups.push_back(&internal::BlockManagerImpl::Of(manager));
+  }
+  for (internal::BlockManagerImpl* group : groups) {
+    REQUIRE_OK(group->BeginStep());
+    group->set_commit_applying(true);
+  }
+  CallByCall result;
+  result.status = StepCallByCall(manager, slots, plan);
+  if (result.status.ok()) result.after = manager.Snapshot();
+  for (internal::BlockManagerImpl* group : groups) {
+    group->set_commit_applying(false);
+  }
+  for (size_t g = groups.size(); g-- > 0;)
+    REQUIRE_OK(groups[g]->RollbackStep());
+  return result;
+}
 
 }  // namespace kvblock::testing
 
