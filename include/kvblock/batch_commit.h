@@ -15,7 +15,12 @@
 //   3. appends: survivors in slot order (each then setting its draft slots,
 //      speculative decoding), the prompt chunks of running sequences
 //      (chunked prefill), then joined forks' tokens, in order; a shared
-//      partial page is copied on write.
+//      partial page is copied on write. A survivor's pages for its tokens
+//      and drafts are all allocated before the pages its tokens fill are
+//      cached, as vLLM's allocate_slots does; the same calls one at a time
+//      (Append, then SetDrafts) cache first, so an eviction for a draft
+//      page can make the KV events and cache_registrations differ (never
+//      the pages, the cache or the LRU order).
 // Slot policy. The batch stays dense in [0, batch): survivors keep slots in
 // [0, survivors), where survivors = batch - leaving; a slot a leaving
 // sequence held below that is filled by the last surviving row (the highest
