@@ -36,6 +36,20 @@ inline std::unique_ptr<BlockPool> NewPool(int32_t num_pages,
 
 }  // namespace kvblock::testing
 
+namespace kvblock::internal {
+
+// What a test needs of a pool's private state: the copy batch number, which
+// reaches its wrap only after 2^30 - 1 batches.
+class BlockPoolPeer {
+ public:
+  static constexpr uint32_t kLastCopyBatch = BlockPool::kBatchMask;
+  static void SetCopyBatch(BlockPool& pool, uint32_t batch) {
+    pool.batch_ = batch;
+  }
+};
+
+}  // namespace kvblock::internal
+
 namespace Catch {
 template <>
 struct StringMaker<kvblock::BlockPoolSnapshot> {

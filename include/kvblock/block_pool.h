@@ -110,6 +110,7 @@ class PrefixIndex;  // internal: lib/cache/prefix_index.h
 namespace internal {
 class CacheEventLog;  // lib/cache/cache_event_log.h
 class HostTier;       // lib/cache/host_tier.h
+class BlockPoolPeer;  // tests/pool_test_util.h: sets the copy batch number.
 }  // namespace internal
 
 // What `BlockPool::Writable` decided.
@@ -386,7 +387,8 @@ class BlockPool {
   // listed, and opens the next batch: the pages parked for the batch are
   // released, and (kWriteThrough) the pages cached in it that the host tier
   // lacks are stored in the new batch. FailedPrecondition inside a
-  // transaction. O(copies + parked + written-through pages).
+  // transaction. O(copies + parked + written-through pages), and once in
+  // 2^30 - 1 batches O(pages + host pages), when batch numbers start again.
   absl::Status TakeHostCopies(std::vector<HostCopy>& out);
   // The open copy batch's copies so far.
   absl::Span<const HostCopy> host_copies() const { return host_copies_; }
@@ -551,11 +553,9 @@ class BlockPool {
   // A page's copy batch stamp (PageState::batch): the batch that last
   // cached it, and two flags of that batch: the page was loaded in it, and
   // is parked (the pool holds its last reference until the batch is taken).
-  // Batch numbers start again at 1 after kBatchMask (2^30 - 1) batches, so
-  // a page (device or host) stamped that many batches ago and untouched
-  // since counts once more as the open batch's: a store skipped, a host
-  // page kept, a release parked until the batch is taken; never a copy
-  // missed or a page handed out early.
+  // Batch numbers start again at 1 after kBatchMask (2^30 - 1) batches;
+  // every stamp, device and host, is cleared then, so that none names the
+  // new batch 1 (a pool serving 100 steps a second gets there in 124 days).
   static constexpr uint32_t kLoaded = 1u << 31;
   static constexpr uint32_t kParked = 1u << 30;
   static constexpr uint32_t kBatchMask = kParked - 1;
@@ -652,6 +652,8 @@ class BlockPool {
   std::vector<UndoRecord> journal_;
   int32_t depth_ = 0;
   internal::CacheEventLog* events_ = nullptr;
+
+  friend class internal::BlockPoolPeer;
 
   // The host tier (null without one), its policy, the open copy batch's
   // number (in [1, kBatchMask]) and lists: its copies, the pages parked until

@@ -692,7 +692,15 @@ absl::Status BlockPool::TakeHostCopies(std::vector<HostCopy>& out) {
   out.insert(out.end(), host_copies_.begin(), host_copies_.end());
   host_copies_.clear();
   if (host_ == nullptr) return absl::OkStatus();
-  batch_ = batch_ == kBatchMask ? 1 : batch_ + 1;  // 0 stamps nothing.
+  if (batch_ == kBatchMask) {
+    // Numbers start again at 1 (0 stamps nothing): no page may keep a stamp
+    // of the batch that had it 2^30 - 1 batches ago.
+    for (PageState& state : pages_) state.batch = 0;
+    host_->ClearStamps();
+    batch_ = 1;
+  } else {
+    ++batch_;
+  }
   for (const PageId page : parked_) {
     pages_[page].batch &= ~kParked;
     KVBLOCK_RETURN_IF_ERROR(Release(page));  // cannot fail: it is used.

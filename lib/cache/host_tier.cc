@@ -163,6 +163,10 @@ void HostTier::Rollback(size_t mark) {
   }
 }
 
+void HostTier::ClearStamps() {
+  for (PageState& state : pages_) state.batch = 0;
+}
+
 void HostTier::Clear() {
   for (PageState& state : pages_) state = PageState{};
   pages_[num_pages_].lru_prev = num_pages_;

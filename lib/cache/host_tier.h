@@ -116,6 +116,9 @@ class HostTier {
   // Drops every key and stamp: every page free again, in the initial order.
   // Not journaled (BlockPool refuses it inside a transaction).
   void Clear();
+  // Drops every stamp (no page is used by a copy batch), when batch numbers
+  // start again. Not journaled (BlockPool calls it between transactions).
+  void ClearStamps();
 
   // Internal naming the first disagreement between the free stack, the LRU
   // list, the cached pages and the index. O(pages).

@@ -288,7 +288,13 @@ struct ModelPool {
     out = copies;
     copies.clear();
     if (host_n == 0) return Code::kOk;
-    batch = batch == kBatchMask ? 1 : batch + 1;
+    if (batch == kBatchMask) {
+      stamp.assign(n, 0);
+      host_stamp.assign(host_n, 0);
+      batch = 1;
+    } else {
+      ++batch;
+    }
     for (const PageId p : parked) {
       stamp[p] &= ~kParked;
       Release(p);

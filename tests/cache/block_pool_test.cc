@@ -891,6 +891,30 @@ TEST_CASE("a page cached in the open batch is not stored when evicted") {
   REQUIRE_OK(pool->CheckInvariants());
 }
 
+TEST_CASE("copy batch numbers start again with no stamp of the old ones") {
+  using internal::BlockPoolPeer;
+  SECTION("a device page cached in the old batch 1 is stored in the new one") {
+    auto pool = CachedPoolWithHost(2, 2);  // batch 1 cached pages 0 and 1.
+    BlockPoolPeer::SetCopyBatch(*pool, BlockPoolPeer::kLastCopyBatch);
+    TakeCopies(*pool);  // batch 1 again.
+    REQUIRE(MustAllocate(*pool) == 0);
+    REQUIRE(pool->stats().host_store_skips == 0);
+    REQUIRE(TakeCopies(*pool) == std::vector<HostCopy>{Store(0, 0)});
+  }
+  SECTION("a host page stored into by the old batch 3 is evicted in the new") {
+    auto pool = CachedPoolWithHost(2, 1);
+    REQUIRE(MustAllocate(*pool) == 0);  // batch 3 stores 100 in host page 0.
+    REQUIRE(TakeCopies(*pool) == std::vector<HostCopy>{Store(0, 0)});
+    BlockPoolPeer::SetCopyBatch(*pool, BlockPoolPeer::kLastCopyBatch);
+    for (int batch = 1; batch <= 3; ++batch) TakeCopies(*pool);
+    REQUIRE(MustAllocate(*pool) == 1);
+    REQUIRE(pool->stats().host_store_skips == 0);
+    REQUIRE(pool->stats().host_evictions == 1);
+    REQUIRE(pool->HostLookup(TestHash(101)) == 0);
+    REQUIRE(TakeCopies(*pool) == std::vector<HostCopy>{Store(1, 0)});
+  }
+}
+
 TEST_CASE("a key the host tier holds is not stored again, nor moved") {
   auto pool = CachedPoolWithHost(2, 2);
   REQUIRE_OK(pool->Release(MustAllocate(*pool)));  // stores 100 in host 0.
