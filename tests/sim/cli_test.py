@@ -82,6 +82,19 @@ with tempfile.TemporaryDirectory() as tmp:
         "sequence (max_pages_per_seq x page_size); it needs "
         "--max_pages_per_seq=144 or more at --page_size=16")
     run(["--device=tpu"], 2, "--device must be auto, host or cuda")
+    # The host tier's costing: a bus that moves something, pages of up to
+    # 1 GiB; a tier no memory holds is refused before it is built.
+    for bad, said in (("1e-300", "1e-300"), ("inf", "inf"), ("0", "0"),
+                      ("nan", "nan")):
+        run(["--host_pages=8", "--host_bandwidth=" + bad], 2,
+            "--host_bandwidth must be in [0.001, 1e+06] GB/s, got " + said)
+    run(["--host_pages=8", "--host_page_bytes=4611686018427387904"], 2,
+        "--host_page_bytes must be in [0, 1073741824], got "
+        "4611686018427387904")
+    run(["--host_pages=1000000000"], 2,
+        "the host tier (host_pages 1000000000 x 8192 bytes a page) exceed")
+    # One full-attention group, however spelled, takes a host tier.
+    run(["--kv_cache_groups=fullx1", "--host_pages=8"], 0, "host tier")
     run(["--kv_events_replay=tcp://127.0.0.1:*"], 2,
         "--kv_events_replay needs a --kv_events endpoint")
     run(["--kv_events=bogus://x"], 2, "--kv_events: kv event publisher: "

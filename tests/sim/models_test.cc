@@ -42,6 +42,12 @@ TEST_CASE("the flag form takes any mix and names a bad entry") {
   REQUIRE_OK(mixed);
   REQUIRE(DescribeGroups(*mixed) == "chunked:64,chunked:64,sliding:7,full");
   REQUIRE(DescribeGroups({}) == "full");
+  // One full-attention group, however spelled, is the default model.
+  for (const std::string one : {"full", "fullx1"}) {
+    auto groups = ModelGroups("", one, 8);
+    REQUIRE_OK(groups);
+    REQUIRE(groups->empty());
+  }
   for (const std::string bad :
        {"half", "sliding", "sliding:0", "sliding:x", "full:3", "fullx0",
         "fullx65", "chunked:8x2,full:4", "sliding:5:6", ""}) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <set>
 #include <string>
 #include <utility>
@@ -347,6 +348,40 @@ TEST_CASE("requests that can never run are rejected and the rest run") {
                                  "prefill is off)") != std::string::npos);
   REQUIRE(reasons["grows"].find("ran out of pages running alone") !=
           std::string::npos);
+}
+
+TEST_CASE("a prompt no pool of groups can hold is rejected and the rest run") {
+  // gpt-oss's groups on 16 pages of 4 tokens, one the null page: 40 tokens
+  // need 10 pages in each group at once (no chunked prefill); 3 fit.
+  SchedulerConfig config = SmallConfig(16);
+  config.chunked_prefill = false;
+  config.manager.kv_cache_groups = {
+      testing::GroupSpec(AttentionKind::kFull, 4, 0),
+      testing::GroupSpec(AttentionKind::kSlidingWindow, 4, 8)};
+  std::vector<TokenId> prompt(40);
+  std::iota(prompt.begin(), prompt.end(), 1);
+  const std::vector<Request> requests = {
+      {.id = "big", .prompt = prompt, .max_tokens = 1},
+      {.id = "small", .prompt = {1, 2, 3}, .max_tokens = 1},
+  };
+  const SimResult result = RunChecked(config, requests);
+  REQUIRE(result.completed == 1);
+  REQUIRE(result.rejected.size() == 1);
+  REQUIRE(result.rejected[0].id == "big");
+  REQUIRE(result.rejected[0].kind == RejectedRequest::Kind::kPoolTooSmall);
+  REQUIRE(result.rejected[0].reason ==
+          "its admission needs 20 pages in its 2 KV cache groups, the pool "
+          "admits 15");
+  // Its full-attention group alone needs more than the pool: rejected on
+  // arrival, whatever else runs.
+  prompt.resize(80);
+  std::iota(prompt.begin(), prompt.end(), 1);
+  const SimResult alone = RunChecked(
+      config, {{.id = "huge", .prompt = prompt, .max_tokens = 1},
+               {.id = "small", .prompt = {1, 2, 3}, .max_tokens = 1}});
+  REQUIRE(alone.completed == 1);
+  REQUIRE(alone.rejected.size() == 1);
+  REQUIRE(alone.rejected[0].reason.find("needs 20 pages") != std::string::npos);
 }
 
 TEST_CASE("rejections past the listed ones are counted by kind") {
@@ -733,6 +768,20 @@ TEST_CASE("write-through stores what is cached, and hits as write-back does") {
   REQUIRE(through.host_stores > back.host_stores);
   // A cached page is in the host tier before it can leave the pool.
   REQUIRE(through.prefix_hit_tokens >= back.prefix_hit_tokens);
+  // Each step books the copies it ran (a step's write-through stores run in
+  // the next one), at their modelled time; the steps add up to the totals.
+  int64_t stores = 0, loads = 0;
+  for (const StepRecord& record : through.timeline) {
+    CAPTURE(record.step);
+    REQUIRE(record.host_copy_ns ==
+            static_cast<int64_t>(
+                static_cast<double>(record.host_stores + record.host_loads) *
+                HostPageBytes(config.kv) / config.host_bandwidth_gbps));
+    stores += record.host_stores;
+    loads += record.host_loads;
+  }
+  REQUIRE(stores == through.host_stores);
+  REQUIRE(loads == through.host_loads);
 }
 
 // The geometry the mixed workload needs, in few pages.

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "kvblock/status_macros.h"
 
 namespace kvblock::sim {
 namespace {
@@ -101,9 +102,12 @@ absl::StatusOr<std::vector<KvCacheGroupSpec>> ModelGroups(
     }
     groups = preset->groups;
   }
-  if (groups.empty() || groups == "full")
-    return std::vector<KvCacheGroupSpec>();
-  return ParseGroups(groups, page_size);
+  if (groups.empty()) return std::vector<KvCacheGroupSpec>();
+  KVBLOCK_ASSIGN_OR_RETURN(std::vector<KvCacheGroupSpec> specs,
+                           ParseGroups(groups, page_size));
+  // One full-attention group, however it is spelled, is the default model.
+  if (specs.size() == 1 && specs[0].kind == AttentionKind::kFull) specs.clear();
+  return specs;
 }
 
 std::string GroupName(const KvCacheGroupSpec& group) {

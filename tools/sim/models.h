@@ -32,7 +32,7 @@ absl::Span<const ModelPreset> ModelPresets();
 // The groups of preset `model` or of `groups` (the flag form: a comma list
 // of `full`, `sliding:W` and `chunked:C`, each optionally `xN` for N such
 // groups), at `page_size` tokens a page; empty (one default full group) when
-// both are empty. InvalidArgument naming the flag and the bad value: an
+// both are empty or name one full-attention group. InvalidArgument naming the flag and the bad value: an
 // unknown preset, both flags given, a bad entry, or groups that
 // ValidateKvCacheGroups refuses.
 absl::StatusOr<std::vector<KvCacheGroupSpec>> ModelGroups(

@@ -11,6 +11,16 @@
 #include "kvblock/status_macros.h"
 
 namespace kvblock::sim {
+namespace {
+
+// `ns` in whole nanoseconds, at most 2^62: a modelled time that long (146
+// years) says only that the flags' bus moves nothing in a run.
+int64_t CappedNanos(double ns) {
+  constexpr double kMax = 0x1p62;
+  return ns < kMax ? static_cast<int64_t>(ns) : static_cast<int64_t>(kMax);
+}
+
+}  // namespace
 
 void HostClock::Lap(int64_t HostPhases::*phase) {
   const auto now = std::chrono::steady_clock::now();
@@ -54,6 +64,12 @@ void RunMetrics::AddStep(const StepResult& step,
                          const BlockManagerStats& before,
                          const BlockManagerStats& after,
                          const StepSummary& summary) {
+  // The copies the step ran, not the stats' stores: write-through lists a
+  // step's stores in the next step's batch, when it takes this one's.
+  const auto stores = static_cast<int32_t>(std::count_if(
+      step.host_copies.begin(), step.host_copies.end(), [](const HostCopy& c) {
+        return c.direction == HostCopy::Direction::kDeviceToHost;
+      }));
   const StepRecord record{
       .step = summary.step,
       .batch = step.batch,
@@ -66,9 +82,8 @@ void RunMetrics::AddStep(const StepResult& step,
       .waiting = summary.waiting,
       .limit = summary.limit,
       .host_hit_tokens = after.host_hit_tokens - before.host_hit_tokens,
-      .host_stores =
-          static_cast<int32_t>(after.host_stores - before.host_stores),
-      .host_loads = static_cast<int32_t>(after.host_loads - before.host_loads),
+      .host_stores = stores,
+      .host_loads = static_cast<int32_t>(step.host_copies.size()) - stores,
       .host_copy_ns =
           HostCopyNanos(static_cast<int64_t>(step.host_copies.size())),
   };
@@ -85,7 +100,10 @@ void RunMetrics::AddStep(const StepResult& step,
     case StepLimit::kNone:
       break;
   }
-  result_.host_copy_ns += record.host_copy_ns;
+  result_.host_stores += record.host_stores;
+  result_.host_loads += record.host_loads;
+  result_.host_copy_ns = CappedNanos(static_cast<double>(result_.host_copy_ns) +
+                                     static_cast<double>(record.host_copy_ns));
   result_.host_copy_ns_max_step =
       std::max(result_.host_copy_ns_max_step, record.host_copy_ns);
   result_.draft_copies += step.draft_copies;
@@ -136,10 +154,8 @@ SimResult RunMetrics::Finish(const SchedulerState& state, double wall_seconds,
   result_.peak_pages_used = stats.peak_pages_in_use;
   result_.prompt_chunks = stats.prompt_chunks;
   result_.host_hit_tokens = stats.host_hit_tokens;
-  result_.host_stores = stats.host_stores;
-  result_.host_loads = stats.host_loads;
-  result_.host_bytes_stored = stats.host_stores * host_page_bytes_;
-  result_.host_bytes_loaded = stats.host_loads * host_page_bytes_;
+  result_.host_bytes_stored = result_.host_stores * host_page_bytes_;
+  result_.host_bytes_loaded = result_.host_loads * host_page_bytes_;
   result_.host_evictions = stats.host_evictions;
   result_.mean_pages_used =
       result_.steps > 0 ? pages_used_sum_ / static_cast<double>(result_.steps)
@@ -158,8 +174,9 @@ SimResult RunMetrics::Finish(const SchedulerState& state, double wall_seconds,
 
 int64_t RunMetrics::HostCopyNanos(int64_t copies) const {
   // Stores, then loads: one direction at a time at the bus's rate.
-  return static_cast<int64_t>(static_cast<double>(copies * host_page_bytes_) /
-                              config_.host_bandwidth_gbps);
+  return CappedNanos(static_cast<double>(copies) *
+                     static_cast<double>(host_page_bytes_) /
+                     config_.host_bandwidth_gbps);
 }
 
 void RunMetrics::FinishHostTime(const CommitPhaseTimes& commit) {

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -25,19 +26,30 @@
 namespace kvblock::sim {
 namespace {
 
-// The host device's KV pool is written at start-up (Scheduler::Create): one
-// larger than the machine's memory is refused, not paged out or killed.
-absl::Status CheckFitsHostMemory(size_t pool_bytes) {
+// The host device's KV pool and the host tier's pages are written at
+// start-up (Scheduler::Create): more than the machine's memory is refused,
+// not paged out or killed. `what` names the bytes, and how many.
+absl::Status CheckFitsHostMemory(uint64_t bytes, absl::string_view what) {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page_bytes = sysconf(_SC_PAGESIZE);
   if (pages <= 0 || page_bytes <= 0) return absl::OkStatus();  // unknown.
   const auto memory =
       static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_bytes);
-  if (pool_bytes <= memory) return absl::OkStatus();
+  if (bytes <= memory) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrFormat(
-      "host device: the KV pool's %d bytes (num_layers x 2 x num_pages x "
-      "page bytes) exceed this machine's %d bytes of memory",
-      pool_bytes, memory));
+      "host device: %s exceed this machine's %d bytes of memory", what,
+      memory));
+}
+
+// a x b and a + b, or the largest uint64 where they overflow: bytes no
+// machine has.
+uint64_t SaturatedProduct(uint64_t a, uint64_t b) {
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  return b != 0 && a > kMax / b ? kMax : a * b;
+}
+uint64_t SaturatedSum(uint64_t a, uint64_t b) {
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  return a > kMax - b ? kMax : a + b;
 }
 
 // The calling thread's CPU time.
@@ -302,11 +314,33 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
     return absl::InvalidArgumentError(absl::StrFormat(
         "spec_acceptance must be in [0, 1], got %g", config.spec_acceptance));
   }
-  if (!(config.host_bandwidth_gbps > 0) || config.host_page_bytes < 0) {
+  if (!(config.host_bandwidth_gbps >= kMinHostBandwidthGbps &&
+        config.host_bandwidth_gbps <= kMaxHostBandwidthGbps) ||
+      config.host_page_bytes < 0 ||
+      config.host_page_bytes > kMaxHostPageBytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "host_bandwidth_gbps must be positive and host_page_bytes 0 or "
-        "positive, got %g and %d",
+        "host_bandwidth_gbps must be in [%g, %g] and host_page_bytes in [0, "
+        "%d], got %g and %d",
+        kMinHostBandwidthGbps, kMaxHostBandwidthGbps, kMaxHostPageBytes,
         config.host_bandwidth_gbps, config.host_page_bytes));
+  }
+  const auto pool_bytes =
+      static_cast<uint64_t>(config.kv.num_layers * config.kv.LayerPoolBytes());
+  const bool host = device.kind() == Device::Kind::kHost;
+  // Pinned host memory on any device, checked before the manager builds the
+  // tier's bookkeeping (a negative host_pages is the manager's to refuse).
+  const uint64_t host_bytes = SaturatedProduct(
+      static_cast<uint64_t>(std::max(config.manager.host_pages, 0)),
+      static_cast<uint64_t>(HostPageBytes(config.kv)));
+  if (host_bytes > 0) {
+    const uint64_t bytes =
+        host ? SaturatedSum(pool_bytes, host_bytes) : host_bytes;
+    KVBLOCK_RETURN_IF_ERROR(CheckFitsHostMemory(
+        bytes,
+        absl::StrFormat("%d bytes of %sthe host tier (host_pages %d x %d "
+                        "bytes a page)",
+                        bytes, host ? "the KV pool and " : "",
+                        config.manager.host_pages, HostPageBytes(config.kv))));
   }
   auto state = std::make_unique<SchedulerState>(device);
   state->config = config;
@@ -325,10 +359,12 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
   KVBLOCK_ASSIGN_OR_RETURN(state->commit,
                            BatchCommit::Create(*state->manager, *state->table));
   state->commit->set_time_phases(true);
-  const auto pool_bytes =
-      static_cast<size_t>(config.kv.num_layers * config.kv.LayerPoolBytes());
-  const bool host = device.kind() == Device::Kind::kHost;
-  if (host) KVBLOCK_RETURN_IF_ERROR(CheckFitsHostMemory(pool_bytes));
+  if (host) {
+    KVBLOCK_RETURN_IF_ERROR(CheckFitsHostMemory(
+        pool_bytes, absl::StrFormat("the KV pool's %d bytes (num_layers x 2 x "
+                                    "num_pages x page bytes)",
+                                    pool_bytes)));
+  }
   KVBLOCK_ASSIGN_OR_RETURN(state->kv_pool, device.Allocate(pool_bytes));
   if (host) {
     // A GPU's memory is resident once allocated; calloc's is mapped by the
@@ -345,10 +381,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(
                            device.AllocatePinned(list_bytes));
   KVBLOCK_ASSIGN_OR_RETURN(state->copy_list, device.Allocate(list_bytes));
   KVBLOCK_ASSIGN_OR_RETURN(state->copies_done, device.CreateEvent());
-  if (const int32_t host_pages = config.manager.host_pages; host_pages > 0) {
-    const auto host_bytes = static_cast<size_t>(host_pages) *
-                            static_cast<size_t>(HostPageBytes(config.kv));
-    if (host) KVBLOCK_RETURN_IF_ERROR(CheckFitsHostMemory(host_bytes));
+  if (config.manager.host_pages > 0) {
     KVBLOCK_ASSIGN_OR_RETURN(state->host_kv, device.AllocatePinned(host_bytes));
     // Written once, as the pool is: no step pays for mapping it.
     if (host) std::memset(state->host_kv.data(), 0, host_bytes);

@@ -162,14 +162,21 @@ struct SchedulerConfig {
   bool keep_timeline = true;
   // The host tier (manager.host_pages > 0): the copies each step runs
   // between the KV pool and pinned host pages are costed at
-  // host_bandwidth_gbps (10^9 bytes a second; positive) for pages of
-  // host_page_bytes (0: the simulated pool's, HostPageBytes(kv); set it to
-  // a real model's bytes a page over every layer, K and V, when the
+  // host_bandwidth_gbps (10^9 bytes a second, in [kMinHostBandwidthGbps,
+  // kMaxHostBandwidthGbps]) for pages of host_page_bytes (in [0,
+  // kMaxHostPageBytes]; 0: the simulated pool's, HostPageBytes(kv); set it
+  // to a real model's bytes a page over every layer, K and V, when the
   // simulated pool is small), stores then loads: the time a step's copies
   // keep its forward pass waiting, modelled, not measured.
   double host_bandwidth_gbps = 64;
   int64_t host_page_bytes = 0;
 };
+
+// The host tier's costing: a bus of 1 MB/s to 1 PB/s, pages of up to 1 GiB
+// (Llama 3 405B's 16 tokens over every layer are 8.3 MB).
+inline constexpr double kMinHostBandwidthGbps = 1e-3;
+inline constexpr double kMaxHostBandwidthGbps = 1e6;
+inline constexpr int64_t kMaxHostPageBytes = int64_t{1} << 30;
 
 // The rejected requests SimResult::rejected lists; later ones are counted
 // only (SimResult::unlisted_rejections).

@@ -251,15 +251,18 @@ absl::StatusOr<SchedulerConfig> ConfigFromFlags() {
                                          ? HostWritePolicy::kWriteThrough
                                          : HostWritePolicy::kWriteBack;
   config.host_bandwidth_gbps = absl::GetFlag(FLAGS_host_bandwidth);
-  if (!(config.host_bandwidth_gbps > 0)) {
+  if (!(config.host_bandwidth_gbps >= kMinHostBandwidthGbps &&
+        config.host_bandwidth_gbps <= kMaxHostBandwidthGbps)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--host_bandwidth must be positive, got ", config.host_bandwidth_gbps));
+        "--host_bandwidth must be in [", kMinHostBandwidthGbps, ", ",
+        kMaxHostBandwidthGbps, "] GB/s, got ", config.host_bandwidth_gbps));
   }
   config.host_page_bytes = absl::GetFlag(FLAGS_host_page_bytes);
-  if (config.host_page_bytes < 0) {
+  if (config.host_page_bytes < 0 ||
+      config.host_page_bytes > kMaxHostPageBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--host_page_bytes must be 0 or positive, got ",
-                     config.host_page_bytes));
+        absl::StrCat("--host_page_bytes must be in [0, ", kMaxHostPageBytes,
+                     "], got ", config.host_page_bytes));
   }
   return config;
 }

@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_format.h"
+#include "kvblock/kv_cache_groups.h"
 #include "kvblock/status_macros.h"
 #include "sim/random.h"
 
@@ -45,6 +47,21 @@ int32_t AcceptedDrafts(uint64_t id_hash, uint64_t seed, int64_t position,
   return accepted;
 }
 
+// The pages a prompt of `tokens` holds at once in the KV cache groups that
+// keep every page (full attention; the run's one group without groups):
+// what its sequence holds at the least, whatever the others release.
+int64_t PromptPagesKept(const SchedulerConfig& config, int64_t tokens) {
+  const std::vector<KvCacheGroupSpec>& groups = config.manager.kv_cache_groups;
+  if (groups.empty()) return config.kv.PagesFor(tokens);
+  int64_t pages = 0;
+  for (const KvCacheGroupSpec& group : groups) {
+    if (group.kind == AttentionKind::kFull) {
+      pages += PagesForTokens(tokens, group.page_size);
+    }
+  }
+  return pages;
+}
+
 // Why queued request `request` (at `waiting_index`) can never run here, if
 // it cannot: its prompt needs more pages than the pool admits, or (without
 // chunked prefill) it computes more tokens than a step may.
@@ -55,7 +72,7 @@ std::optional<PlannedRejection> RejectionOf(const SchedulerConfig& config,
   const PagedKvConfig& kv = config.kv;
   const int32_t watermark = config.manager.watermark_pages;
   const int64_t prompt_pages =
-      kv.PagesFor(static_cast<int64_t>(request.prompt.size()));
+      PromptPagesKept(config, static_cast<int64_t>(request.prompt.size()));
   if (prompt_pages > kv.num_pages - watermark) {
     return PlannedRejection{
         .waiting_index = waiting_index,
@@ -340,6 +357,19 @@ absl::Status StepPlanner::PlanAdmissions(const PlanInput& input,
       break;
     }
     const int64_t taken = admission.pages_consumed() + admission.reserved_pages;
+    if (taken > pages && manager_.num_sequences() == 0 &&
+        plan.admissions.empty()) {
+      // With no sequence in the pool every page is allocatable (a hit on an
+      // unused page consumes one too): more than that, never.
+      plan.rejections.push_back(
+          {.waiting_index = i,
+           .kind = RejectedRequest::Kind::kPoolTooSmall,
+           .reason = absl::StrFormat(
+               "its admission needs %d pages in its %d KV cache groups, the "
+               "pool admits %d",
+               taken, manager_.num_groups(), pages)});
+      continue;
+    }
     if (taken > pages) {
       plan.limit = StepLimit::kPages;
       break;
