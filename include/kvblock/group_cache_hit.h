@@ -68,7 +68,7 @@ struct GroupCacheHit {
 class GroupCacheHitFinder {
  public:
   // A finder for `groups` whose skipped pages are `null_page`. Errors:
-  // ValidateKvCacheGroups's.
+  // ValidateKvCacheGroups's and ValidateGroupCacheHits's.
   static absl::StatusOr<GroupCacheHitFinder> Create(
       absl::Span<const KvCacheGroupSpec> groups, PageId null_page);
 

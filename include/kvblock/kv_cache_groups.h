@@ -80,11 +80,15 @@ inline constexpr int64_t kMaxAlignmentTokens = int64_t{1} << 30;
 
 // InvalidArgument, naming the group and the value, when `groups` is empty or
 // longer than kMaxKvCacheGroups, a page size is not positive, a window or
-// chunk is not positive for its kind (or not 0 for another), the page sizes'
-// least common multiple exceeds kMaxAlignmentTokens, a chunked-local group's
-// pages are not that multiple (vLLM's coordinator asserts it), or a
-// chunked-local group drafts with EAGLE (vLLM asserts against it).
+// chunk is not positive for its kind (or not 0 for another), or the page
+// sizes' least common multiple exceeds kMaxAlignmentTokens.
 absl::Status ValidateKvCacheGroups(absl::Span<const KvCacheGroupSpec> groups);
+// What prefix hits over `groups` need besides (GroupCacheHitFinder; vLLM's
+// ChunkedLocalAttentionManager.find_longest_cache_hit asserts both):
+// InvalidArgument, naming the group, when a chunked-local group's pages are
+// not the page sizes' least common multiple or it drafts with EAGLE.
+// REQUIRES: ValidateKvCacheGroups(groups) is OK.
+absl::Status ValidateGroupCacheHits(absl::Span<const KvCacheGroupSpec> groups);
 
 // The page size prompts are hashed at: the greatest common divisor of the
 // groups' page sizes. REQUIRES: ValidateKvCacheGroups(groups) is OK.

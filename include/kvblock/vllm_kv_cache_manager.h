@@ -181,10 +181,11 @@ class VllmKvCacheManager {
   static constexpr PageId kNullBlock = 0;
 
   // InvalidArgument when an option is out of range (the groups as
-  // ValidateKvCacheGroups says, a page size that is not a multiple of
-  // block_size with caching on, EAGLE on a chunked-local group, host pages
-  // out of range or without caching or with other than one full-attention
-  // group).
+  // ValidateKvCacheGroups says, and with caching on as
+  // ValidateGroupCacheHits says, where vLLM asserts at its first lookup; a
+  // page size that is not a multiple of block_size with caching on; host
+  // pages out of range or without caching or with other than one
+  // full-attention group).
   static absl::StatusOr<std::unique_ptr<VllmKvCacheManager>> Create(
       const VllmKvCacheManagerOptions& options);
 
@@ -329,7 +330,7 @@ class VllmKvCacheManager {
   // computed (a sliding-window group of a hybrid model caches only the ones
   // a hit can use).
   bool CachesBlock(int32_t group, int64_t index) const {
-    return CachesFullPage(groups_[group], index, finder_.alignment_tokens());
+    return CachesFullPage(groups_[group], index, alignment_tokens_);
   }
   // The host tier's pages (0 without one) and those holding a block.
   int32_t host_pages() const { return pool_->host_pages(); }
@@ -360,7 +361,7 @@ class VllmKvCacheManager {
 
   VllmKvCacheManager(const VllmKvCacheManagerOptions& options,
                      std::vector<KvCacheGroupSpec> groups,
-                     GroupCacheHitFinder finder,
+                     std::optional<GroupCacheHitFinder> finder,
                      std::unique_ptr<BlockPool> pool);
   // Whether the pool holds `block` until the copy batch is taken.
   bool Parked(PageId block) const {
@@ -411,7 +412,9 @@ class VllmKvCacheManager {
 
   const VllmKvCacheManagerOptions options_;
   const std::vector<KvCacheGroupSpec> groups_;
-  const GroupCacheHitFinder finder_;
+  const int64_t alignment_tokens_;  // AlignmentTokens(groups_).
+  // With caching (options_.enable_caching).
+  const std::optional<GroupCacheHitFinder> finder_;
   // Per group: the key salt (cache/group_key.h), Scale, whether
   // CachesBlock leaves some of its blocks out.
   std::vector<BlockHash> salts_;

@@ -80,6 +80,11 @@ absl::Status ValidateKvCacheGroups(absl::Span<const KvCacheGroupSpec> groups) {
                           kMaxAlignmentTokens, " tokens"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateGroupCacheHits(absl::Span<const KvCacheGroupSpec> groups) {
+  const int64_t lcm = AlignmentTokens(groups);
   for (size_t i = 0; i < groups.size(); ++i) {
     const KvCacheGroupSpec& group = groups[i];
     if (group.kind != AttentionKind::kChunkedLocal) continue;

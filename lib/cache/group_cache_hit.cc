@@ -22,6 +22,7 @@ static_assert(kMaxKvCacheGroups <= 64);
 absl::StatusOr<GroupCacheHitFinder> GroupCacheHitFinder::Create(
     absl::Span<const KvCacheGroupSpec> groups, PageId null_page) {
   KVBLOCK_RETURN_IF_ERROR(ValidateKvCacheGroups(groups));
+  KVBLOCK_RETURN_IF_ERROR(ValidateGroupCacheHits(groups));
   GroupCacheHitFinder finder;
   finder.num_groups_ = static_cast<int32_t>(groups.size());
   finder.null_page_ = null_page;

@@ -50,8 +50,12 @@ absl::StatusOr<GroupCoordinator::Created> GroupCoordinator::Create(
                            BlockPool::Create(config.num_pages));
   // A fresh pool hands out page 0 first: vLLM's null block.
   const PageId null_page = windows ? *pool->Allocate() : kNoPage;
-  KVBLOCK_ASSIGN_OR_RETURN(GroupCacheHitFinder finder,
-                           GroupCacheHitFinder::Create(specs, null_page));
+  // Without prefix caching nothing looks hits up (nor asks what they need).
+  std::optional<GroupCacheHitFinder> finder;
+  if (options.enable_prefix_caching) {
+    KVBLOCK_ASSIGN_OR_RETURN(finder,
+                             GroupCacheHitFinder::Create(specs, null_page));
+  }
   // Every group hashes pages as blocks of one size, as vLLM does: one
   // prompt chain names every group's pages.
   const int32_t hash_block_size = HashPageSize(specs);
@@ -131,7 +135,8 @@ GroupCoordinator::GroupCoordinator(const PagedKvConfig& config,
                                    const BlockManagerOptions& options,
                                    std::vector<KvCacheGroupSpec> specs,
                                    std::unique_ptr<BlockPool> pool,
-                                   PageId null_page, GroupCacheHitFinder finder)
+                                   PageId null_page,
+                                   std::optional<GroupCacheHitFinder> finder)
     : config_(config),
       options_(options),
       specs_(std::move(specs)),
@@ -262,7 +267,7 @@ absl::StatusOr<AdmissionPlan> GroupCoordinator::PlanGroups(
     KVBLOCK_RETURN_IF_ERROR(HashPrompt(prompt, extra, prompt_hashes));
   }
   if (caching && admit.read_prefix_cache) {
-    finder_.Find(
+    finder_->Find(
         static_cast<int64_t>(prompt.size()) - 1,
         [&](int32_t g, int64_t page) {
           BlockHash salted;

@@ -134,7 +134,7 @@ class GroupCoordinator {
                    const BlockManagerOptions& options,
                    std::vector<KvCacheGroupSpec> specs,
                    std::unique_ptr<BlockPool> pool, PageId null_page,
-                   GroupCacheHitFinder finder);
+                   std::optional<GroupCacheHitFinder> finder);
 
   // Runs `change` in one transaction over every group: kept when it returns
   // OK, undone in every group else.
@@ -184,7 +184,8 @@ class GroupCoordinator {
   // page sizes a hasher of pages of that size.
   int32_t hash_block_size_ = 0;
   mutable std::optional<BlockHasher> block_hasher_;
-  GroupCacheHitFinder finder_;
+  // With prefix caching.
+  std::optional<GroupCacheHitFinder> finder_;
   // groups_[0] is the BlockManager's; owned_ holds groups 1, 2, ....
   std::vector<BlockManagerImpl*> groups_;
   std::vector<std::unique_ptr<BlockManagerImpl>> owned_;

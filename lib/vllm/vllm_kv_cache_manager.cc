@@ -63,11 +63,6 @@ absl::StatusOr<std::unique_ptr<VllmKvCacheManager>> VllmKvCacheManager::Create(
                  " is not a multiple of the hash block size ",
                  options.block_size);
     }
-    if (groups[g].eagle && groups[g].kind == AttentionKind::kChunkedLocal) {
-      return bad("kv cache group ", g,
-                 ": EAGLE with chunked local attention is not supported (vLLM "
-                 "asserts against it)");
-    }
   }
   if (options.host_pages < 0 || options.host_pages > kMaxNumPages) {
     return bad("host_pages must be in [0, ", kMaxNumPages, "], got ",
@@ -84,8 +79,13 @@ absl::StatusOr<std::unique_ptr<VllmKvCacheManager>> VllmKvCacheManager::Create(
                AttentionKindName(groups[0].kind),
                ": the host tier serves one full-attention group");
   }
-  KVBLOCK_ASSIGN_OR_RETURN(GroupCacheHitFinder finder,
-                           GroupCacheHitFinder::Create(groups, kNullBlock));
+  // vLLM's coordinator without prefix caching looks no hit up, nor asserts
+  // what hits need (ValidateGroupCacheHits).
+  std::optional<GroupCacheHitFinder> finder;
+  if (options.enable_caching) {
+    KVBLOCK_ASSIGN_OR_RETURN(finder,
+                             GroupCacheHitFinder::Create(groups, kNullBlock));
+  }
   KVBLOCK_ASSIGN_OR_RETURN(
       std::unique_ptr<BlockPool> pool,
       BlockPool::Create(options.num_blocks,
@@ -97,12 +97,13 @@ absl::StatusOr<std::unique_ptr<VllmKvCacheManager>> VllmKvCacheManager::Create(
       options, std::move(groups), std::move(finder), std::move(pool)));
 }
 
-VllmKvCacheManager::VllmKvCacheManager(const VllmKvCacheManagerOptions& options,
-                                       std::vector<KvCacheGroupSpec> groups,
-                                       GroupCacheHitFinder finder,
-                                       std::unique_ptr<BlockPool> pool)
+VllmKvCacheManager::VllmKvCacheManager(
+    const VllmKvCacheManagerOptions& options,
+    std::vector<KvCacheGroupSpec> groups,
+    std::optional<GroupCacheHitFinder> finder, std::unique_ptr<BlockPool> pool)
     : options_(options),
       groups_(std::move(groups)),
+      alignment_tokens_(AlignmentTokens(groups_)),
       finder_(std::move(finder)),
       pool_(std::move(pool)),
       new_blocks_(groups_.size()) {
@@ -122,7 +123,7 @@ VllmKvCacheManager::VllmKvCacheManager(const VllmKvCacheManagerOptions& options,
     windowed_ = windowed_ || group.kind != AttentionKind::kFull;
     // A group that leaves some blocks out leaves out the first of each
     // unit of a hit (CachesFullPage).
-    masked_.push_back(!CachesFullPage(group, 0, finder_.alignment_tokens()));
+    masked_.push_back(!CachesFullPage(group, 0, alignment_tokens_));
     // Without caching nothing is hashed, and page sizes need not divide.
     scales_.push_back(std::max(group.page_size / options_.block_size, 1));
     if (options_.enable_caching) max_scale_ = std::max(max_scale_, Scale(g));
@@ -185,7 +186,7 @@ const GroupCacheHit& VllmKvCacheManager::FindLongestCacheHit(
     hit_.hit_tokens = static_cast<int64_t>(pages.size()) * options_.block_size;
     return hit_;
   }
-  finder_.Find(
+  finder_->Find(
       max_length,
       [&](int32_t group, int64_t page) {
         const int64_t last = (page + 1) * Scale(group) - 1;
@@ -305,7 +306,7 @@ absl::Status VllmKvCacheManager::BlocksToCache(
   // Hits are multiples of the page sizes' least common multiple: caching
   // stops at the last one (one group: at its page size, which changes
   // nothing).
-  const int64_t alignment = finder_.alignment_tokens();
+  const int64_t alignment = alignment_tokens_;
   const int64_t aligned =
       num_groups() == 1 ? num_tokens : num_tokens / alignment * alignment;
   for (int32_t g = 0; g < num_groups(); ++g) {

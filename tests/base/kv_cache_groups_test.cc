@@ -67,11 +67,31 @@ TEST_CASE("invalid groups are rejected naming the group and the value") {
   RequireInvalid({unknown}, "unknown attention kind 7");
   // Pages of coprime sizes near 2^16 each: their multiple passes 2^30.
   RequireInvalid({Full(65521), Window(65519, 8)}, "least common multiple");
-  RequireInvalid({Full(32), Chunked(16, 64)},
-                 "kv cache group 1: chunked local attention needs");
+}
+
+TEST_CASE("prefix hits need chunked-local pages of the multiple, no EAGLE") {
   KvCacheGroupSpec eagle = Chunked(16, 64);
   eagle.eagle = true;
-  RequireInvalid({Full(16), eagle}, "EAGLE");
+  const struct {
+    std::vector<KvCacheGroupSpec> groups;
+    const char* part;
+  } cases[] = {
+      {{Full(32), Chunked(16, 64)},
+       "kv cache group 1: chunked local attention needs the pages of every "
+       "group to divide its own (page_size 16, least common multiple 32)"},
+      {{Full(16), eagle},
+       "kv cache group 1: EAGLE drafting is not supported with chunked"},
+  };
+  for (const auto& c : cases) {
+    // A model without prefix caching serves them.
+    REQUIRE_OK(ValidateKvCacheGroups(c.groups));
+    const absl::Status status = ValidateGroupCacheHits(c.groups);
+    INFO(status.ToString());
+    REQUIRE(status.code() == absl::StatusCode::kInvalidArgument);
+    REQUIRE(std::string(status.message()).find(c.part) != std::string::npos);
+  }
+  REQUIRE_OK(ValidateGroupCacheHits({Full(16), Chunked(16, 64)}));
+  REQUIRE_OK(ValidateGroupCacheHits({Full(8), Chunked(16, 64)}));
 }
 
 TEST_CASE("prompts hash at the common page size, hits come in the multiple") {

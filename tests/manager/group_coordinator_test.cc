@@ -213,6 +213,26 @@ TEST_CASE("a chunked-local group frees the chunks before the current one") {
   }
 }
 
+TEST_CASE(
+    "without prefix caching a chunked-local group needs nothing of hits") {
+  // Pages of 4 tokens beside pages of 8: prefix hits would need the chunked
+  // group's to be their multiple; without caching none is looked up.
+  const std::vector<KvCacheGroupSpec> groups = {Chunked(8), Full(8)};
+  const auto refused =
+      BlockManager::Create(Config(256), {.kv_cache_groups = groups});
+  REQUIRE_STATUS_IS(refused, kInvalidArgument);
+  REQUIRE(std::string(refused.status().message())
+              .find("chunked local attention needs") != std::string::npos);
+  auto manager =
+      MakeManager(Config(256), groups, {.enable_prefix_caching = false});
+  REQUIRE_OK(manager->Admit(1, TokenRange(1, 5)));
+  for (int step = 0; step < 20; ++step) {
+    REQUIRE_OK(manager->Append(1, {TokenId{100 + step}}));
+    REQUIRE(LeadingNull(GroupPages(*manager, 1, 0), 0) == (5 + step) / 8 * 2);
+    REQUIRE_OK(manager->CheckInvariants());
+  }
+}
+
 TEST_CASE("a prefix hit is what every group serves") {
   auto manager = MakeManager(Config(256), {Full(), Window(8)});
   const Tokens prompt = TokenRange(1, 30);

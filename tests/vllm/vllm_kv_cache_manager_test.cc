@@ -541,7 +541,14 @@ TEST_CASE("create refuses hybrid configs vLLM cannot serve") {
          .page_size = 16,
          .attention_chunk_size = 64}},
        true,
-       "EAGLE with chunked local attention"},
+       "EAGLE drafting is not supported with chunked local attention"},
+      {{{.kind = AttentionKind::kChunkedLocal,
+         .page_size = 16,
+         .attention_chunk_size = 64},
+        {.page_size = 32}},
+       false,
+       "chunked local attention needs the pages of every group to divide "
+       "its own (page_size 16, least common multiple 32)"},
   };
   for (const auto& c : cases) {
     VllmKvCacheManagerOptions options = kOptions;
@@ -555,6 +562,49 @@ TEST_CASE("create refuses hybrid configs vLLM cannot serve") {
   VllmKvCacheManagerOptions options = kOptions;
   options.max_num_batched_tokens = -1;
   REQUIRE_STATUS_IS(VllmKvCacheManager::Create(options), kInvalidArgument);
+}
+
+// vLLM's coordinator without prefix caching (KVCacheCoordinatorNoPrefixCache)
+// never looks a hit up, so it serves the chunked-local groups whose lookups
+// it asserts against: pages other than the multiple, and EAGLE.
+TEST_CASE("without caching, chunked-local groups need nothing of hits") {
+  const auto chunked = [](int32_t page_size, int32_t chunk) {
+    return KvCacheGroupSpec{.kind = AttentionKind::kChunkedLocal,
+                            .page_size = page_size,
+                            .attention_chunk_size = chunk};
+  };
+  const struct {
+    std::vector<KvCacheGroupSpec> groups;
+    bool use_eagle;
+    std::vector<Ids> blocks;  // vLLM 28be48fa's for 29 tokens.
+  } cases[] = {
+      {{chunked(6, 12), {.page_size = 4}},
+       false,
+       {{1, 2, 3, 4, 5}, {6, 7, 8, 9, 10, 11, 12, 13}}},
+      {{chunked(4, 8), {.page_size = 8}},
+       false,
+       {{1, 2, 3, 4, 5, 6, 7, 8}, {9, 10, 11, 12}}},
+      {{{.page_size = 4}, chunked(4, 8)},
+       true,
+       {{1, 2, 3, 4, 5, 6, 7, 8}, {9, 10, 11, 12, 13, 14, 15, 16}}},
+  };
+  for (const auto& c : cases) {
+    VllmKvCacheManagerOptions options = {.num_blocks = 20,
+                                         .block_size = 4,
+                                         .max_model_len = 64,
+                                         .enable_caching = false,
+                                         .use_eagle = c.use_eagle};
+    options.kv_cache_groups = c.groups;
+    auto manager = NewManager(options);
+    REQUIRE_OK(manager->AllocateSlots(
+        {.request_id = "a", .num_tokens = 29, .num_new_tokens = 29}));
+    for (int32_t g = 0; g < 2; ++g) {
+      const auto blocks = manager->Blocks("a", g);
+      REQUIRE(Ids(blocks.begin(), blocks.end()) == c.blocks[g]);
+    }
+    options.enable_caching = true;
+    REQUIRE_STATUS_IS(VllmKvCacheManager::Create(options), kInvalidArgument);
+  }
 }
 
 TEST_CASE("a hybrid request holds a list a group, the window's nulled") {
