@@ -32,9 +32,9 @@ absl::Span<const ModelPreset> ModelPresets();
 // The groups of preset `model` or of `groups` (the flag form: a comma list
 // of `full`, `sliding:W` and `chunked:C`, each optionally `xN` for N such
 // groups), at `page_size` tokens a page; empty (one default full group) when
-// both are empty or name one full-attention group. InvalidArgument naming the flag and the bad value: an
-// unknown preset, both flags given, a bad entry, or groups that
-// ValidateKvCacheGroups refuses.
+// both are empty or name one full-attention group. InvalidArgument naming the
+// flag and the bad value: an unknown preset, both flags given, a bad entry, or
+// groups that ValidateKvCacheGroups refuses.
 absl::StatusOr<std::vector<KvCacheGroupSpec>> ModelGroups(
     absl::string_view model, absl::string_view groups, int32_t page_size);
 
