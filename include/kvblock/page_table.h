@@ -239,12 +239,16 @@ class KVPageTable {
   const KVPageTableUploadStats& upload_stats() const;
 
  private:
+  // The one BatchCommit a table serves at a time marks it.
+  friend class BatchCommit;
+
   // Its rows, change record, scratch and device buffers, and Upload's
   // parts (lib/commit/page_table.cc).
   class Impl;
   explicit KVPageTable(std::unique_ptr<Impl> impl);
 
   std::unique_ptr<Impl> impl_;
+  bool in_commit_ = false;  // a BatchCommit writes its rows.
 };
 
 }  // namespace kvblock

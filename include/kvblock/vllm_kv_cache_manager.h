@@ -328,7 +328,7 @@ class VllmKvCacheManager {
   absl::Span<const BlockHash> CachedHashPrefix(PageId block) const;
   // Whether a full block at `index` of `group` is cached as its tokens are
   // computed (a sliding-window group of a hybrid model caches only the ones
-  // a hit can use).
+  // a hit can use). REQUIRES: group in [0, num_groups()).
   bool CachesBlock(int32_t group, int64_t index) const {
     return CachesFullPage(groups_[group], index, alignment_tokens_);
   }

@@ -36,6 +36,7 @@ class BatchCommit::Impl {
   }
   absl::StatusOr<SlotId> SlotOf(SequenceId id) const;
   int32_t batch() const { return batch_; }
+  KVPageTable& table() { return table_; }
   void set_time_phases(bool on) { time_phases_ = on; }
   bool time_phases() const { return time_phases_; }
   const CommitPhaseTimes& phase_times() const { return phase_times_; }
@@ -170,8 +171,23 @@ absl::StatusOr<std::unique_ptr<BatchCommit>> BatchCommit::Create(
                                               config.max_batch, " rows each")
                                : ""));
   }
-  return std::unique_ptr<BatchCommit>(new BatchCommit(std::make_unique<Impl>(
-      internal::BlockManagerImpl::Of(manager), coordinator, table)));
+  if (table.in_commit_) {
+    return absl::FailedPreconditionError(
+        "batch commit: the page table's rows are another BatchCommit's (one "
+        "table serves one commit at a time)");
+  }
+  // The batch starts empty: so do the rows (a commit before may have left
+  // its sequences' pages there).
+  for (SlotId row = 0; row < table.max_batch(); ++row) {
+    KVBLOCK_ASSIGN_OR_RETURN(const absl::Span<const PageId> pages,
+                             table.HostRow(row));
+    if (pages[0] != kNoPage) KVBLOCK_RETURN_IF_ERROR(table.SetRow(row, {}));
+  }
+  auto commit =
+      std::unique_ptr<BatchCommit>(new BatchCommit(std::make_unique<Impl>(
+          internal::BlockManagerImpl::Of(manager), coordinator, table)));
+  table.in_commit_ = true;
+  return commit;
 }
 
 BatchCommit::Impl::~Impl() {
@@ -855,7 +871,7 @@ absl::Status BatchCommit::Impl::CheckInvariants() const {
 
 BatchCommit::BatchCommit(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-BatchCommit::~BatchCommit() = default;
+BatchCommit::~BatchCommit() { impl_->table().in_commit_ = false; }
 
 absl::StatusOr<StepResult> BatchCommit::Commit(const StepPlan& plan) {
   return impl_->Commit(plan);

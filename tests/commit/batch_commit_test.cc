@@ -674,6 +674,26 @@ TEST_CASE("create rejects a table of another geometry") {
   REQUIRE_STATUS_IS(BatchCommit::Create(*f.manager, **table), kInvalidArgument);
 }
 
+TEST_CASE("a table serves one commit at a time") {
+  CommitFixture f(SmallConfig());
+  const JoinRequest joins[] = {{.id = 1, .tokens = std::vector<TokenId>{1, 2}}};
+  REQUIRE_OK(f.commit->Commit({.joins = joins}));
+  // A second manager's commit would write its rows over the first's.
+  auto other = BlockManager::Create(SmallConfig(), {});
+  REQUIRE_OK(other);
+  const auto refused = BatchCommit::Create(**other, *f.table);
+  REQUIRE_STATUS_IS(refused, kFailedPrecondition);
+  REQUIRE(
+      std::string(refused.status().message()).find("another BatchCommit's") !=
+      std::string::npos);
+  REQUIRE_OK(f.commit->CheckInvariants());
+  // Once the first is gone, the table is free.
+  f.commit.reset();
+  auto second = BatchCommit::Create(**other, *f.table);
+  REQUIRE_OK(second);
+  REQUIRE_OK((*second)->CheckInvariants());
+}
+
 TEST_CASE("an injected fault at every site of a step is rolled back") {
   PagedKvConfig config = SmallConfig();
   config.num_pages = 12;

@@ -623,6 +623,49 @@ def test_python_code_inside_a_call_cannot_pull_the_hashes_away():
     manager.check_invariants()
 
 
+def test_python_code_inside_a_call_cannot_pull_the_blocks_away():
+    """A __bool__ the call runs empties the manager's list of blocks: the
+    call is refused before it changes anything (it read ids from that list
+    after the code ran, past its end)."""
+    manager = make_manager()
+    req = make_request("a", list(range(40)))
+    blocks, hits = manager.get_computed_blocks(req)
+    saved = list(manager.blocks)
+
+    class Thief:
+        def __bool__(self):
+            manager.blocks.clear()
+            return False
+
+    with pytest.raises(kvblock.InternalError, match="_blocks is not its list"):
+        manager.allocate_slots(req, 40, hits, blocks,
+                               delay_cache_blocks=Thief())
+    manager.blocks.extend(saved)
+    assert manager.num_free_blocks == 10
+    assert manager.get_block_ids("a") == ([],)
+    assert ids(manager.allocate_slots(req, 40, hits, blocks)) == [1, 2, 3]
+    manager.check_invariants()
+
+
+def test_a_request_without_an_id_is_an_attribute_error():
+    manager = make_manager()
+    nameless = types.SimpleNamespace(num_tokens=3, num_computed_tokens=0)
+    for call in (lambda: manager.allocate_slots(nameless, 3),
+                 lambda: manager.free(nameless)):
+        with pytest.raises(AttributeError, match="request_id"):
+            call()
+    assert manager.num_free_blocks == 10
+
+
+def test_caches_block_names_a_group_out_of_range():
+    manager = make_manager()
+    assert manager._cpp.caches_block(0, 0)
+    for group in (-1, 1, 2**31 - 1):
+        with pytest.raises(kvblock.InvalidArgumentError,
+                           match=f"group {group} is not in \\[0, 1\\)"):
+            manager._cpp.caches_block(group, 0)
+
+
 def test_an_interrupt_inside_a_call_leaves_the_manager_whole():
     """A KeyboardInterrupt (or any exception) raised by the request while a
     call reads it: the call changes nothing."""

@@ -81,31 +81,48 @@ class Busy {
 
 PyObject* Intern(const char* name) { return PyUnicode_InternFromString(name); }
 
+// InternalError unless `table` can be the manager's list of blocks: a list
+// of one entry a block id.
+void CheckBlockTable(const PyManager& manager, py::handle table) {
+  if (!PyList_Check(table.ptr()) ||
+      PyList_GET_SIZE(table.ptr()) < manager.manager->options().num_blocks) {
+    Raise(absl::InternalError(
+        "kvblock.vllm: the manager's _blocks is not its list of blocks"));
+  }
+}
+
 // The manager's KVCacheBlock objects (its `_blocks`, by block id).
 py::object BlockTable(py::handle self) {
   static PyObject* const kBlocks = Intern("_blocks");
   py::object table =
       py::reinterpret_steal<py::object>(PyObject_GetAttr(self.ptr(), kBlocks));
   if (!table) throw py::error_already_set();
-  const PyManager& manager = self.cast<const PyManager&>();
-  if (!PyList_Check(table.ptr()) ||
-      PyList_GET_SIZE(table.ptr()) < manager.manager->options().num_blocks) {
-    Raise(absl::InternalError(
-        "kvblock.vllm: the manager's _blocks is not its list of blocks"));
-  }
+  CheckBlockTable(self.cast<const PyManager&>(), table);
   return table;
+}
+
+// Block `id` of BlockTable's list (borrowed). Python code a call runs after
+// BlockTable (a property, a __bool__) may have shortened the list: each read
+// checks it.
+PyObject* BlockAt(py::handle table, PageId id) {
+  if (id >= PyList_GET_SIZE(table.ptr())) {
+    Raise(absl::InternalError(
+        absl::StrCat("kvblock.vllm: the manager's _blocks lost block ", id,
+                     " during the call (it has ", PyList_GET_SIZE(table.ptr()),
+                     " entries)")));
+  }
+  return PyList_GET_ITEM(table.ptr(), id);
 }
 
 // The KVCacheBlock objects for `ids`, from BlockTable.
 py::list BlocksOf(py::handle table, absl::Span<const PageId> ids) {
-  PyObject* list = PyList_New(static_cast<Py_ssize_t>(ids.size()));
-  if (list == nullptr) throw py::error_already_set();
+  py::list list(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
-    PyObject* block = PyList_GET_ITEM(table.ptr(), ids[i]);
+    PyObject* block = BlockAt(table, ids[i]);
     Py_INCREF(block);
-    PyList_SET_ITEM(list, static_cast<Py_ssize_t>(i), block);
+    PyList_SET_ITEM(list.ptr(), static_cast<Py_ssize_t>(i), block);
   }
-  return py::reinterpret_steal<py::list>(list);
+  return list;
 }
 
 // Whether `list` still holds exactly the blocks of `ids` (a caller may have
@@ -117,8 +134,7 @@ bool HoldsBlocks(py::handle list, py::handle table,
     return false;
   }
   for (size_t i = 0; i < ids.size(); ++i) {
-    if (PyList_GET_ITEM(list.ptr(), i) !=
-        PyList_GET_ITEM(table.ptr(), ids[i])) {
+    if (PyList_GET_ITEM(list.ptr(), i) != BlockAt(table, ids[i])) {
       return false;
     }
   }
@@ -329,6 +345,7 @@ PyObject* AllocateSlots(PyObject* self_object, PyObject* const* args,
       const Busy busy(state);
       py::object id =
           py::reinterpret_steal<py::object>(PyObject_GetAttr(request, kId));
+      if (!id) throw py::error_already_set();
       // The reads that may run Python code (properties) come first.
       const int64_t num_tokens = IntAttr(request, kTokens, "num_tokens");
       const int64_t num_computed =
@@ -347,11 +364,13 @@ PyObject* AllocateSlots(PyObject* self_object, PyObject* const* args,
       const bool delay_cache_blocks = arguments.Bool(6);
       arguments.Int(7);  // num_encoder_tokens: for cross-attention groups.
       const bool full_sequence_must_fit = arguments.Bool(8);
-      // The hashes last: no Python code runs from here to the C++ call.
+      // The hashes last: no Python code runs from here to the C++ call. The
+      // code that ran may have changed the list of blocks: checked again.
       if (caching) {
         SyncChain(held, request);
         CheckWidth(state, *held.chain);
       }
+      CheckBlockTable(state, table);
       const VllmSlotRequest slots{
           .request_id = StrOf(id.ptr(), "request_id"),
           .block_hashes =
@@ -466,6 +485,7 @@ PyObject* Free(PyObject* self_object, PyObject* const* args, Py_ssize_t nargs,
     const Busy busy(state);
     py::object id =
         py::reinterpret_steal<py::object>(PyObject_GetAttr(arguments[0], kId));
+    if (!id) throw py::error_already_set();
     state.manager->Free(StrOf(id.ptr(), "request_id"));
     return py::none();
   });
@@ -775,6 +795,11 @@ void BindVllmManager(py::module_& m) {
       .def(
           "caches_block",
           [](const PyManager& self, int32_t group, int64_t index) {
+            if (group < 0 || group >= self.manager->num_groups()) {
+              Raise(absl::InvalidArgumentError(
+                  absl::StrCat("caches_block: group ", group, " is not in [0, ",
+                               self.manager->num_groups(), ")")));
+            }
             return self.manager->CachesBlock(group, index);
           },
           "group"_a, "index"_a,
