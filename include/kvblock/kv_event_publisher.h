@@ -21,8 +21,9 @@
 //
 // Memory is bounded in bytes, so that a subscriber that never reads cannot
 // grow the process: what ZeroMQ holds of the publisher's messages (sent,
-// not yet written to the connections) at most max_queued_bytes, counted as
-// each message is handed to ZeroMQ and freed by it. A batch past it is
+// not yet written to the connections) at most max_queued_bytes on PUB and
+// as much for replay replies, counted as each message is handed to ZeroMQ
+// and freed by it. A batch past it is
 // numbered and kept for replay but not sent on PUB (batches_unsent): a
 // subscriber sees a gap in the sequence numbers, as after ZeroMQ's own drop
 // at send_hwm, and may replay it. A replay past it ends early with the end
@@ -61,19 +62,21 @@ struct KvEventPublisherOptions {
   // beside max_queued_bytes).
   int32_t send_hwm = 100000;
   // The bytes ZeroMQ may hold of the messages the publisher has sent on
-  // PUB and on the replay socket and it has not yet written out (each
-  // batch's payload buffer, its capacity, plus 200 bytes of frames), at
-  // least 0; 0: no bound. A batch past it is numbered and kept for replay,
-  // not sent (batches_unsent); a replay past it ends early (replays_cut).
+  // PUB and it has not yet written out (each batch's payload plus 200
+  // bytes of frames), and, apart, of its replay replies, at least 0; 0: no
+  // bound. A batch past it is numbered and kept for replay, not sent
+  // (batches_unsent); a replay past it ends early (replays_cut), and a
+  // requester that does not read holds back only its replies.
   int64_t max_queued_bytes = int64_t{64} << 20;
   // Batches Publish may queue for the publisher thread (at least 1).
   int32_t queue_capacity = 1024;
   // Cache changes (pages stored or removed) the queue holds before its
   // buffers grow, in [0, 2^22]: allocated and written once at Create (about
   // 200 bytes a change, twice: the queue's buffers and the thread's, and
-  // 150 for a payload), so that the first steps do not pay for growing and
-  // mapping them; a busy replica changes a few thousand pages a
-  // millisecond.
+  // 150 for a payload, at pages of 16 tokens; 13 bytes a token of larger
+  // pages, and at most 64 MiB in all: fewer changes then), so that the
+  // first steps do not pay for growing and mapping them; a busy replica
+  // changes a few thousand pages a millisecond.
   int32_t reserved_changes = 4096;
   // Batches kept for replay (0: none); kept only with a replay_endpoint.
   int32_t replay_buffer = 10000;
@@ -125,7 +128,8 @@ struct KvEventPublisherStats {
   // max_queued_bytes (a subscriber sees the gap in the seqs).
   int64_t batches_unsent = 0;
   // The bytes ZeroMQ holds of the publisher's messages now, and at most
-  // (as of the thread's last look), as max_queued_bytes counts them.
+  // (as of the thread's last look), as max_queued_bytes counts them: PUB's
+  // and the replies' together.
   int64_t queued_bytes = 0;
   int64_t peak_queued_bytes = 0;
   int64_t replays_cut = 0;  // replays ended early at max_queued_bytes.

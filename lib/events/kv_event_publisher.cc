@@ -22,6 +22,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "cache/cache_event_log.h"
@@ -139,20 +141,24 @@ class PayloadPool {
     queued = queued_bytes_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
     return zmq::message_t(raw->bytes.data(), raw->bytes.size(), &Release, raw);
   }
-  // A message of a copy of `data`, counting `bytes` in queued_bytes until
-  // ZeroMQ releases it.
+  // A replay reply of a copy of `data`, counting `bytes` in
+  // replay_queued_bytes until ZeroMQ releases it.
   zmq::message_t CopyMessage(absl::string_view data, int64_t bytes) {
     auto* copy = new Copy{.pool = this,
                           .counted = bytes,
                           .data = std::make_unique_for_overwrite<char[]>(
                               std::max<size_t>(data.size(), 1))};
     if (!data.empty()) std::memcpy(copy->data.get(), data.data(), data.size());
-    queued_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+    replay_queued_bytes_.fetch_add(bytes, std::memory_order_relaxed);
     return zmq::message_t(copy->data.get(), data.size(), &ReleaseCopy, copy);
   }
-  // The bytes of the messages ZeroMQ has not released yet.
+  // The bytes of the messages ZeroMQ has not released yet: on PUB, and the
+  // replay replies (a requester that does not read holds only its own).
   int64_t queued_bytes() const {
     return queued_bytes_.load(std::memory_order_relaxed);
+  }
+  int64_t replay_queued_bytes() const {
+    return replay_queued_bytes_.load(std::memory_order_relaxed);
   }
 
  private:
@@ -184,13 +190,14 @@ class PayloadPool {
   }
   static void ReleaseCopy(void* /*data*/, void* hint) {
     std::unique_ptr<Copy> copy(static_cast<Copy*>(hint));
-    copy->pool->queued_bytes_.fetch_sub(copy->counted,
-                                        std::memory_order_relaxed);
+    copy->pool->replay_queued_bytes_.fetch_sub(copy->counted,
+                                               std::memory_order_relaxed);
   }
 
   std::mutex mutex_;
   std::vector<std::unique_ptr<Payload>> spare_;
   std::atomic<int64_t> queued_bytes_{0};
+  std::atomic<int64_t> replay_queued_bytes_{0};
 };
 
 using Packer = msgpack::packer<PayloadBuffer>;
@@ -703,6 +710,24 @@ constexpr absl::Duration kMaxPollInterval = absl::Seconds(1);
 
 // How long closing the PUB socket may wait for sent messages to leave.
 constexpr int kCloseLingerMs = 1000;
+// InvalidArgument for a TCP endpoint whose port is a number outside
+// [0, 65535]: ZeroMQ would bind that number modulo 2^16, another port.
+absl::Status CheckTcpPort(absl::string_view endpoint) {
+  if (!absl::StartsWith(endpoint, "tcp://")) return absl::OkStatus();
+  const size_t colon = endpoint.rfind(':');
+  int64_t port = 0;
+  if (colon == absl::string_view::npos ||
+      !absl::SimpleAtoi(endpoint.substr(colon + 1), &port) ||
+      (port >= 0 && port <= 65535)) {
+    return absl::OkStatus();  // "*", or ZeroMQ's to refuse.
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("kv event publisher: cannot bind ", endpoint, ": port ",
+                   endpoint.substr(colon + 1), " is outside [0, 65535]"));
+}
+
+// What Create reserves for reserved_changes at most.
+constexpr size_t kMaxReservedBytes = size_t{64} << 20;
 
 // Apart, the bytes two threads write do not share a cache line.
 constexpr size_t kCacheLine = 64;
@@ -786,7 +811,7 @@ struct KvEventPublisher::State {
   int64_t next_seq = 0;
   std::deque<std::pair<int64_t, std::string>> kept;  // for replay.
   int64_t kept_bytes = 0;         // kept's strings' capacities.
-  int64_t peak_queued_bytes = 0;  // payloads.queued_bytes() at most.
+  int64_t peak_queued_bytes = 0;  // PUB's and replies' bytes at most.
   int64_t replays_cut = 0;        // replies ended at max_queued_bytes.
   std::thread thread;
 };
@@ -870,11 +895,11 @@ bool KvEventPublisher::State::Send(
       kept.pop_front();
     }
   }
-  // What ZeroMQ holds for the batch until it has written it: the payload's
-  // buffer and the three frames.
+  // What ZeroMQ holds for the batch until it has written it: the payload
+  // and the three frames. (Its buffer may be larger, reserved once; a
+  // capacity would hold back a first batch smaller than the bound.)
   const int64_t bytes =
-      static_cast<int64_t>(payload->bytes.capacity() + options.topic.size()) +
-      kBatchFrameBytes;
+      static_cast<int64_t>(size + options.topic.size()) + kBatchFrameBytes;
   if (options.max_queued_bytes > 0 &&
       payloads.queued_bytes() + bytes > options.max_queued_bytes) {
     // Numbered and kept, not sent: a subscriber sees the gap, as after a
@@ -885,7 +910,8 @@ bool KvEventPublisher::State::Send(
   const std::array<uint8_t, 8> seq_bytes = BigEndian(seq);
   int64_t queued = 0;
   zmq::message_t message = payloads.Message(std::move(payload), bytes, queued);
-  peak_queued_bytes = std::max(peak_queued_bytes, queued);
+  peak_queued_bytes =
+      std::max(peak_queued_bytes, queued + payloads.replay_queued_bytes());
   // PUB never blocks: at the high-water mark ZeroMQ drops the message.
   pub.send(zmq::buffer(options.topic), zmq::send_flags::sndmore);
   pub.send(zmq::buffer(seq_bytes), zmq::send_flags::sndmore);
@@ -918,8 +944,9 @@ void KvEventPublisher::State::ServeReplay() {
       start = start >> 56 != 0 ? UINT64_MAX : start << 8 | bytes[i];
     }
     const zmq::message_t& identity = frames[0];
-    // Each batch replied counted in the bytes queued toward ZeroMQ: a
-    // requester that does not read stops its replies at max_queued_bytes.
+    // Each batch replied counted in the replies' bytes queued toward
+    // ZeroMQ: a requester that does not read stops the replies at
+    // max_queued_bytes, not the batches on PUB.
     const auto reply = [&](int64_t seq, absl::string_view payload) {
       const std::array<uint8_t, 8> seq_bytes = BigEndian(seq);
       router->send(zmq::buffer(identity.data(), identity.size()),
@@ -935,7 +962,9 @@ void KvEventPublisher::State::ServeReplay() {
                             static_cast<int64_t>(identity.size()) +
                             kBatchFrameBytes + kFrameBytes;
       router->send(payloads.CopyMessage(payload, bytes), zmq::send_flags::none);
-      peak_queued_bytes = std::max(peak_queued_bytes, payloads.queued_bytes());
+      peak_queued_bytes =
+          std::max(peak_queued_bytes,
+                   payloads.queued_bytes() + payloads.replay_queued_bytes());
     };
     for (const auto& [seq, payload] : kept) {
       if (static_cast<uint64_t>(seq) < start) continue;
@@ -943,7 +972,7 @@ void KvEventPublisher::State::ServeReplay() {
                             static_cast<int64_t>(identity.size()) +
                             kBatchFrameBytes + kFrameBytes;
       if (options.max_queued_bytes > 0 &&
-          payloads.queued_bytes() + bytes > options.max_queued_bytes) {
+          payloads.replay_queued_bytes() + bytes > options.max_queued_bytes) {
         // Ended early, by the end marker: the requester asks again from
         // the seq after the last it got.
         ++replays_cut;
@@ -1007,13 +1036,18 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
   KVBLOCK_RETURN_IF_ERROR(CheckCpu(options.cpu));
   auto state = std::make_unique<State>(std::move(options));
   {
-    const auto changes = static_cast<size_t>(state->options.reserved_changes);
     // A change's tokens at most: the largest group's page.
     int32_t largest = state->options.block_size;
     for (const KvCacheGroupSpec& group : state->options.kv_cache_groups) {
       largest = std::max(largest, group.page_size);
     }
     const auto page_size = static_cast<size_t>(largest);
+    // A change's bytes reserved, its tokens in both logs (4 bytes each) and
+    // the payload (5), within kMaxReservedBytes: large pages reserve fewer
+    // changes.
+    const size_t changes = std::min(
+        static_cast<size_t>(state->options.reserved_changes),
+        std::max<size_t>(1, kMaxReservedBytes / (13 * page_size + 200)));
     state->queue_log.Reserve(changes, page_size);
     state->taken_log.Reserve(changes, page_size);
     // A change's bytes at most: its hash, tokens of 5 bytes, and its share
@@ -1027,6 +1061,7 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
   }
   const auto bind = [](zmq::socket_t& socket, const std::string& endpoint,
                        std::string& bound) -> absl::Status {
+    KVBLOCK_RETURN_IF_ERROR(CheckTcpPort(endpoint));
     try {
       socket.bind(endpoint);
       bound = socket.get(zmq::sockopt::last_endpoint);
@@ -1134,7 +1169,8 @@ const std::string& KvEventPublisher::replay_endpoint() const {
 KvEventPublisherStats KvEventPublisher::stats() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   KvEventPublisherStats stats = state_->stats;
-  stats.queued_bytes = state_->payloads.queued_bytes();
+  stats.queued_bytes =
+      state_->payloads.queued_bytes() + state_->payloads.replay_queued_bytes();
   return stats;
 }
 

@@ -887,7 +887,12 @@ TEST_CASE("a subscriber that never reads bounds what is queued, in bytes") {
     stats = (*publisher)->stats();
   }
   REQUIRE(stats.replays_cut == 1);
-  REQUIRE(stats.peak_queued_bytes <= kBound);
+  // PUB's bound and the replies' apart.
+  REQUIRE(stats.peak_queued_bytes <= 2 * kBound);
+  // The requester holds its replies: the batches on PUB still go out.
+  REQUIRE((*publisher)->Publish(large));
+  REQUIRE((*publisher)->Flush(absl::Seconds(5)));
+  REQUIRE((*publisher)->stats().batches_unsent == stats.batches_unsent);
   int64_t expected = gaps.front();
   while (true) {
     frames = Receive(replay);
@@ -1096,6 +1101,43 @@ TEST_CASE("Create names what it cannot use") {
           std::string::npos);
   options.endpoint = "nonsense://here";
   REQUIRE_STATUS_IS(KvEventPublisher::Create(options), kUnavailable);
+  // ZeroMQ would bind a port past 65535 modulo 2^16: another port.
+  for (const bool replay : {false, true}) {
+    for (const char* port : {"65536", "99999", "-5"}) {
+      options.endpoint = replay ? "tcp://127.0.0.1:*" : "";
+      options.replay_endpoint = "";
+      (replay ? options.replay_endpoint : options.endpoint) =
+          absl::StrCat("tcp://127.0.0.1:", port);
+      bad = KvEventPublisher::Create(options);
+      REQUIRE(bad.status().code() == absl::StatusCode::kInvalidArgument);
+      REQUIRE(
+          std::string(bad.status().message())
+              .find(absl::StrCat("port ", port, " is outside [0, 65535]")) !=
+          std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("a batch under the bound is sent, whatever the buffers reserved") {
+  // Pages of 4,096 tokens reserve 64 MiB of buffers up front, one payload
+  // buffer far past a bound of 1 MiB; a batch of one page is sent.
+  Options options;
+  options.endpoint = "tcp://127.0.0.1:*";
+  options.block_size = 4096;
+  options.max_queued_bytes = int64_t{1} << 20;
+  auto publisher = KvEventPublisher::Create(options);
+  REQUIRE_OK(publisher);
+  zmq::context_t context;
+  zmq::socket_t sub(context, zmq::socket_type::sub);
+  sub.set(zmq::sockopt::subscribe, "");
+  sub.connect((*publisher)->endpoint());
+  bool received = false;
+  for (int probe = 0; probe < 100 && !received; ++probe) {
+    REQUIRE((*publisher)->Publish(SampleEvents()));
+    received = !Receive(sub, 50).empty();
+  }
+  REQUIRE(received);
+  REQUIRE((*publisher)->stats().batches_unsent == 0);
 }
 
 TEST_CASE("the publisher's threads run on the cpu asked for") {
