@@ -175,10 +175,10 @@ class BatchCommit {
   // geometry does not match the manager's config: max_batch rows of
   // max_pages_per_seq pages; FailedPrecondition while another BatchCommit
   // writes the table's rows (one table, one commit). The batch starts empty,
-  // and so do the table's rows: Create empties any a commit before left. With KV cache groups
-  // (BlockManager::has_kv_cache_groups) the table holds every group's
-  // batched table, one after the other, in one device tensor uploaded as
-  // one patch: group g's slot s is row g * max_batch + s, and the table has
+  // and so do the table's rows: Create empties any a commit before left. With
+  // KV cache groups (BlockManager::has_kv_cache_groups) the table holds every
+  // group's batched table, one after the other, in one device tensor uploaded
+  // as one patch: group g's slot s is row g * max_batch + s, and the table has
   // num_groups * max_batch rows as wide as the widest group's (a group's
   // max_pages_per_seq is that of the config's tokens at its page size).
   // Window groups release the pages their window left (their entries the
