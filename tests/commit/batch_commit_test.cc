@@ -676,7 +676,8 @@ TEST_CASE("create rejects a table of another geometry") {
 
 TEST_CASE("a table serves one commit at a time") {
   CommitFixture f(SmallConfig());
-  const JoinRequest joins[] = {{.id = 1, .tokens = std::vector<TokenId>{1, 2}}};
+  const std::vector<TokenId> prompt = {1, 2};
+  const JoinRequest joins[] = {{.id = 1, .tokens = prompt}};
   REQUIRE_OK(f.commit->Commit({.joins = joins}));
   // A second manager's commit would write its rows over the first's.
   auto other = BlockManager::Create(SmallConfig(), {});
