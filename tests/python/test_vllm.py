@@ -453,12 +453,24 @@ def test_kv_cache_events_name_the_parent_and_the_adapter():
     assert stored.lora_id is None and stored.lora_name is None
 
 
-def test_events_in_digest_form(monkeypatch):
-    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "0")
+@pytest.mark.parametrize("value,digests", [("0", True), ("00", True),
+                                            ("1", False), ("2", False)])
+def test_events_in_digest_form(monkeypatch, value, digests):
+    """The variable read as vLLM's envs.py reads it: bool(int(value))."""
+    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", value)
     manager = make_manager(enable_kv_cache_events=True)
     req = make_request("0", list(range(32)))
     manager.allocate_slots(req, 32)
-    assert manager.take_events()[-1].block_hashes == req.block_hashes
+    hashes = manager.take_events()[-1].block_hashes
+    assert (hashes == req.block_hashes) == digests
+    assert all(isinstance(h, int) for h in hashes) != digests
+
+
+def test_a_bad_int_hashes_setting_is_vllms_value_error(monkeypatch):
+    monkeypatch.setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "yes")
+    with pytest.raises(ValueError, match="invalid literal"):
+        make_manager(enable_kv_cache_events=True)
+    make_manager()  # without events vLLM never reads it.
 
 
 # vLLM's test_eagle_enabled_removes_last_block / _with_partial_blocks.

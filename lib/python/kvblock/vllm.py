@@ -473,8 +473,10 @@ class KVCacheManager:
              if type(group.kv_cache_spec).__name__ in _SLIDING_WINDOW_SPECS
              else None)
             for group in groups)
-        self._int_hashes = os.getenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES",
-                                     "1") != "0"
+        # As vllm/envs.py reads it, with events on: "00" is false, "x" a
+        # ValueError.
+        self._int_hashes = enable_kv_cache_events and bool(int(os.getenv(
+            "VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "1")))
 
     @property
     def block_pool(self):
