@@ -342,6 +342,14 @@ def test_device_table_through_dlpack_matches_the_host_rows():
     assert device.sum() != 0
 
 
+def test_a_host_table_is_exported_with_no_stream():
+    _, table, _ = make_stack()
+    with pytest.raises(kvblock.InvalidArgumentError,
+                       match="has no stream, got stream=5"):
+        table.__dlpack__(stream=5)
+    table.__dlpack__(stream=None)
+
+
 class DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
 

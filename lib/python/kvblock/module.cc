@@ -684,11 +684,13 @@ void BindManager(py::module_& m) {
             ThrowIfError(bm.Preempt(id));
           },
           "id"_a)
-      .def("__contains__",
-           [](PyBlockManager& self, SequenceId id) {
-             const ObjectLock lock(self.mutex, "BlockManager");
-             return self.manager->Contains(id);
-           })
+      .def(
+          "__contains__",
+          [](PyBlockManager& self, SequenceId id) {
+            const ObjectLock lock(self.mutex, "BlockManager");
+            return self.manager->Contains(id);
+          },
+          "id"_a)
       .def("__len__",
            [](PyBlockManager& self) {
              const ObjectLock lock(self.mutex, "BlockManager");
@@ -906,8 +908,15 @@ void BindTable(py::module_& m) {
           "The K page ids of row `slot` on the host, a read-only view.")
       .def(
           "__dlpack__",
-          [](const py::object& self, const py::object& /*stream*/) {
+          [](const py::object& self, const py::object& stream) {
             PyTable& t = self.cast<PyTable&>();
+            // The Python array API: a CPU tensor is asked for with no stream.
+            if (t.dl_device.device_type == kDLCPU && !stream.is_none()) {
+              ThrowIfError(absl::InvalidArgumentError(absl::StrCat(
+                  "__dlpack__: a host device's table has no stream, got "
+                  "stream=",
+                  std::string(py::repr(stream)))));
+            }
             const ObjectLock lock(t.mutex, "KVPageTable");
             return ExportDlpack(t.table->kernel_view(), t.dl_device, self);
           },
