@@ -23,13 +23,13 @@
 // grow the process: what ZeroMQ holds of the publisher's messages (sent,
 // not yet written to the connections) at most max_queued_bytes on PUB and
 // as much for replay replies, counted as each message is handed to ZeroMQ
-// and freed by it. A batch past it is
-// numbered and kept for replay but not sent on PUB (batches_unsent): a
-// subscriber sees a gap in the sequence numbers, as after ZeroMQ's own drop
-// at send_hwm, and may replay it. A replay past it ends early with the end
-// marker (replays_cut; the marker, a few frames, is always sent): the
-// requester asks again from the seq after the last it got. The replay ring
-// keeps at most replay_buffer batches and max_replay_bytes, the newest.
+// and freed by it. A batch past it is numbered and kept for replay but not
+// sent on PUB (batches_unsent): a subscriber sees a gap in the sequence
+// numbers, as after ZeroMQ's own drop at send_hwm, and may replay it. A replay
+// past it ends early with the end marker (replays_cut; the marker, a few
+// frames, is always sent): the requester asks again from the seq after the last
+// it got. The replay ring keeps at most replay_buffer batches and
+// max_replay_bytes, the newest.
 //
 // Thread safety: Publish, idle and stats may be called from any thread; the
 // sockets belong to the publisher thread.
