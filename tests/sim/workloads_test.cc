@@ -45,7 +45,11 @@ TEST_CASE("every workload is deterministic for a seed and valid") {
 TEST_CASE("workloads round-trip through WriteTrace and ParseTrace") {
   for (const WorkloadInfo& workload : Workloads()) {
     INFO(workload.name);
-    const std::vector<Request> requests = Make(workload.name, 5);
+    // The first requests of each: every field a workload sets appears among
+    // them, and the whole of the long ones took most of this suite's time
+    // under the sanitizers (nlohmann-json, a number a token).
+    std::vector<Request> requests = Make(workload.name, 5);
+    requests.resize(std::min<size_t>(requests.size(), 32));
     std::stringstream trace;
     WriteTrace(requests, trace);
     TraceLimits limits = kDefaultLimits;
