@@ -107,7 +107,9 @@ struct KvEventPublisherOptions {
   // the list is sent as a full-attention group of block_size.
   std::vector<KvCacheGroupSpec> kv_cache_groups = {};
   // vLLM's encodings: maps with a "type" key (the default, vLLM since
-  // mid-2026) or tagged arrays ["BlockStored", field, ...] (before).
+  // mid-2026: a nil field that vLLM defaults to None is left out, as
+  // msgspec's omit_defaults does) or tagged arrays ["BlockStored", field,
+  // ...] with every field (before).
   enum class Encoding : uint8_t { kMap, kTaggedArray };
   Encoding encoding = Encoding::kMap;
   // Block hashes as vLLM's 64-bit integers (the digest's low 64 bits, read

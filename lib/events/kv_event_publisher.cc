@@ -294,6 +294,15 @@ void Key(Packer& pk, const Options& options, std::string_view name) {
   if (options.encoding == Options::Encoding::kMap) PackString(pk, name);
 }
 
+// vLLM's event structs give their last fields (extra_keys, group_idx and
+// the spec's kind and window) a default of None, and msgspec's encoder
+// (omit_defaults=True) leaves a field that holds its default out of a map;
+// an array_like struct keeps every field. So a nil such field is written
+// in the tagged arrays only.
+bool WritesDefaultNils(const Options& options) {
+  return options.encoding == Options::Encoding::kTaggedArray;
+}
+
 // An event's head: a map with its type under "type", or a tagged array
 // with the type first; `fields` follow.
 void BeginEvent(Packer& pk, const Options& options, std::string_view type,
@@ -317,24 +326,31 @@ struct PackedConstant {
   std::array<char, kCapacity> bytes{};
   size_t size = 0;
 };
-// A KV cache group's: its block size, kv_cache_spec_kind and sliding window.
+// A KV cache group's: its BlockStored head, block size, kv_cache_spec_kind
+// and sliding window.
 struct GroupConstants {
+  // The head and block_hashes' key, by whether extra_keys is written (the
+  // map's size counts the fields written).
+  std::array<PackedConstant, 2> stored_head;
   PackedConstant lora;         // block_size and its value, lora_id's key.
   PackedConstant kind;         // kv_cache_spec_kind and its value.
-  PackedConstant stored_tail;  // kv_cache_spec_sliding_window and its value.
+  PackedConstant stored_tail;  // kv_cache_spec_sliding_window, if written.
 };
 struct PackedConstants {
-  PackedConstant stored_head;  // BlockStored's head and block_hashes' key.
-  PackedConstant parent;       // parent_block_hash's key.
-  PackedConstant tokens;       // token_ids' key.
-  PackedConstant extra;        // medium, lora_name (nil), extra_keys' key.
-  PackedConstant group;        // group_idx's key (its value is the event's).
+  PackedConstant parent;      // parent_block_hash's key.
+  PackedConstant tokens;      // token_ids' key.
+  PackedConstant extra;       // medium, lora_name (nil).
+  PackedConstant extra_keys;  // extra_keys' key.
+  PackedConstant group;       // group_idx's key (its value is the event's).
   // By group (options.kv_cache_groups, at least one); a group past them
   // is full attention, `full`.
   std::vector<GroupConstants> groups;
   GroupConstants full;
   PackedConstant removed_head;
   PackedConstant removed_tail;  // medium, group_idx's key.
+  // A host tier (CPU) event's heads and block_hashes' key.
+  PackedConstant host_stored_head;
+  PackedConstant host_removed_head;
   PackedConstant cleared;
 
   const GroupConstants& Of(int32_t group) const {
@@ -356,10 +372,16 @@ PackedConstants PackConstants(const Options& options) {
     out.size = std::min(buffer.size(), PackedConstant::kCapacity);
     std::copy_n(buffer.data(), out.size, out.bytes.data());
   };
-  pack(packed.stored_head, [&](Packer& pk) {
-    BeginEvent(pk, options, "BlockStored", 11);
-    Key(pk, options, "block_hashes");
-  });
+  // BlockStored's 11 fields, of which 4 have a default: a map has the 7
+  // others and those of the 4 that are not nil.
+  const bool all = WritesDefaultNils(options);
+  const auto pack_head = [&](PackedConstant& out, std::string_view type,
+                             uint32_t fields) {
+    pack(out, [&](Packer& pk) {
+      BeginEvent(pk, options, type, fields);
+      Key(pk, options, "block_hashes");
+    });
+  };
   pack(packed.parent,
        [&](Packer& pk) { Key(pk, options, "parent_block_hash"); });
   pack(packed.tokens, [&](Packer& pk) { Key(pk, options, "token_ids"); });
@@ -368,11 +390,17 @@ PackedConstants PackConstants(const Options& options) {
     PackString(pk, "GPU");
     Key(pk, options, "lora_name");
     pk.pack_nil();
-    Key(pk, options, "extra_keys");
   });
+  pack(packed.extra_keys, [&](Packer& pk) { Key(pk, options, "extra_keys"); });
   pack(packed.group, [&](Packer& pk) { Key(pk, options, "group_idx"); });
   const auto pack_group = [&](const KvCacheGroupSpec& spec) {
     GroupConstants constants;
+    // A GPU event's group_idx and kind are never nil.
+    const bool window = spec.kind == AttentionKind::kSlidingWindow;
+    for (const bool extra : {false, true}) {
+      pack_head(constants.stored_head[extra], "BlockStored",
+                all ? 11 : 9 + (extra ? 1 : 0) + (window ? 1 : 0));
+    }
     pack(constants.lora, [&](Packer& pk) {
       Key(pk, options, "block_size");
       pk.pack_int32(spec.page_size);
@@ -385,10 +413,10 @@ PackedConstants PackConstants(const Options& options) {
     });
     // vLLM's get_kv_cache_spec_sliding_window: a sliding window's, else nil.
     pack(constants.stored_tail, [&](Packer& pk) {
-      Key(pk, options, "kv_cache_spec_sliding_window");
-      if (spec.kind == AttentionKind::kSlidingWindow) {
+      if (window) {
+        Key(pk, options, "kv_cache_spec_sliding_window");
         pk.pack_int32(spec.sliding_window);
-      } else {
+      } else if (all) {
         pk.pack_nil();
       }
     });
@@ -404,10 +432,10 @@ PackedConstants PackConstants(const Options& options) {
     packed.groups.push_back(pack_group(spec));
   }
   if (packed.groups.empty()) packed.groups.push_back(packed.full);
-  pack(packed.removed_head, [&](Packer& pk) {
-    BeginEvent(pk, options, "BlockRemoved", 3);
-    Key(pk, options, "block_hashes");
-  });
+  pack_head(packed.removed_head, "BlockRemoved", 3);
+  // A CPU event's 4 defaulted fields are nil: BlockRemoved's group_idx too.
+  pack_head(packed.host_stored_head, "BlockStored", all ? 11 : 7);
+  pack_head(packed.host_removed_head, "BlockRemoved", all ? 3 : 2);
   pack(packed.removed_tail, [&](Packer& pk) {
     Key(pk, options, "medium");
     PackString(pk, "GPU");
@@ -508,14 +536,13 @@ void PackHostTail(Packer& pk, const Options& options, bool stored) {
   }
   Key(pk, options, "medium");
   PackString(pk, "CPU");
+  if (stored) nil("lora_name");
+  if (!WritesDefaultNils(options)) return;
+  if (stored) pk.pack_nil();  // extra_keys.
+  pk.pack_nil();              // group_idx.
   if (stored) {
-    nil("lora_name");
-    nil("extra_keys");
-  }
-  nil("group_idx");
-  if (stored) {
-    nil("kv_cache_spec_kind");
-    nil("kv_cache_spec_sliding_window");
+    pk.pack_nil();  // kv_cache_spec_kind.
+    pk.pack_nil();  // kv_cache_spec_sliding_window.
   }
 }
 
@@ -526,12 +553,16 @@ void PackEvent(Packer& pk, PayloadBuffer& buffer, const Event& event,
   const bool host = event.medium() == KvCacheEvent::Medium::kCpu;
   switch (event.kind()) {
     case KvCacheEvent::Kind::kBlockStored: {
-      Append(buffer, packed.stored_head);
-      PackHashes(pk, buffer, event, options);
       if (host) {
+        Append(buffer, packed.host_stored_head);
+        PackHashes(pk, buffer, event, options);
         PackHostTail(pk, options, /*stored=*/true);
         return;
       }
+      const GroupConstants& group = packed.Of(event.group());
+      const absl::string_view salt = event.cache_salt();
+      Append(buffer, group.stored_head[!salt.empty()]);
+      PackHashes(pk, buffer, event, options);
       Append(buffer, packed.parent);
       if (const BlockHash* parent = event.parent()) {
         PackHash(pk, buffer, *parent, options);
@@ -543,7 +574,6 @@ void PackEvent(Packer& pk, PayloadBuffer& buffer, const Event& event,
       event.ForEachTokens([&](absl::Span<const TokenId> tokens) {
         PackTokenValues(buffer, tokens);
       });
-      const GroupConstants& group = packed.Of(event.group());
       Append(buffer, group.lora);
       if (event.adapter_id() != 0) {
         pk.pack_int64(event.adapter_id());
@@ -552,10 +582,10 @@ void PackEvent(Packer& pk, PayloadBuffer& buffer, const Event& event,
       }
       Append(buffer, packed.extra);
       // vLLM's extra keys: one tuple a block; the cache salt is kvblock's.
-      const absl::string_view salt = event.cache_salt();
       if (salt.empty()) {
-        pk.pack_nil();
+        if (WritesDefaultNils(options)) pk.pack_nil();
       } else {
+        Append(buffer, packed.extra_keys);
         pk.pack_array(static_cast<uint32_t>(event.num_pages()));
         for (size_t i = 0; i < event.num_pages(); ++i) {
           pk.pack_array(1);
@@ -569,12 +599,14 @@ void PackEvent(Packer& pk, PayloadBuffer& buffer, const Event& event,
       return;
     }
     case KvCacheEvent::Kind::kBlockRemoved:
-      Append(buffer, packed.removed_head);
-      PackHashes(pk, buffer, event, options);
       if (host) {
+        Append(buffer, packed.host_removed_head);
+        PackHashes(pk, buffer, event, options);
         PackHostTail(pk, options, /*stored=*/false);
         return;
       }
+      Append(buffer, packed.removed_head);
+      PackHashes(pk, buffer, event, options);
       Append(buffer, packed.removed_tail);
       pk.pack_int32(event.group());
       return;

@@ -71,16 +71,36 @@ std::vector<KvCacheEvent> SampleEvents() {
   return {stored, removed, cleared};
 }
 
-// A decoded map's value under `key`.
+// The fields vLLM's event structs default to None, which a map leaves out
+// when nil (msgspec's omit_defaults) and a decoder reads as None.
+bool DefaultsToNone(const std::string& key) {
+  return key == "extra_keys" || key == "group_idx" ||
+         key == "kv_cache_spec_kind" || key == "kv_cache_spec_sliding_window";
+}
+
+// A decoded map's value under `key`, as msgspec decodes it: nil for a
+// field left out that defaults to None.
 const msgpack::object& Field(const msgpack::object& map, std::string key) {
+  static const msgpack::object kNil;
   REQUIRE(map.type == msgpack::type::MAP);
   for (uint32_t i = 0; i < map.via.map.size; ++i) {
     if (map.via.map.ptr[i].key.as<std::string>() == key) {
       return map.via.map.ptr[i].val;
     }
   }
+  if (DefaultsToNone(key)) return kNil;
   FAIL("no field " << key);
   return map;
+}
+
+// The keys of a decoded map, "type" first.
+std::vector<std::string> Keys(const msgpack::object& map) {
+  REQUIRE(map.type == msgpack::type::MAP);
+  std::vector<std::string> keys;
+  for (uint32_t i = 0; i < map.via.map.size; ++i) {
+    keys.push_back(map.via.map.ptr[i].key.as<std::string>());
+  }
+  return keys;
 }
 
 TEST_CASE("token ids are packed in msgpack's shortest forms, as msgpack-cxx") {
@@ -352,15 +372,81 @@ TEST_CASE("a recorded batch packs as its built events do") {
           EncodeKvEventBatch(1.0, std::vector<KvCacheEvent>(), Options()));
 }
 
+TEST_CASE("maps leave out the nil fields vLLM defaults to None, as msgspec") {
+  // vLLM's structs (since PR #42892 events are maps) default extra_keys,
+  // group_idx and the spec's kind and window to None, and msgspec's
+  // omit_defaults leaves such a field out while it holds None; the tagged
+  // arrays (array_like) keep every field.
+  Options options;
+  options.block_size = kPageSize;
+  options.kv_cache_groups = {
+      testing::GroupSpec(AttentionKind::kFull, kPageSize),
+      testing::GroupSpec(AttentionKind::kSlidingWindow, kPageSize, 128)};
+  const std::vector<KvCacheEvent> sample = SampleEvents();
+  KvCacheEvent unsalted = sample[0];
+  unsalted.cache_salt.clear();
+  KvCacheEvent windowed = sample[0];
+  windowed.group_idx = 1;
+  KvCacheEvent host_stored = sample[0];
+  host_stored.medium = KvCacheEvent::Medium::kCpu;
+  KvCacheEvent host_removed = sample[1];
+  host_removed.medium = KvCacheEvent::Medium::kCpu;
+  const std::vector<KvCacheEvent> events = {
+      sample[0],   unsalted,     windowed, sample[1],
+      host_stored, host_removed, sample[2]};
+  const std::vector<std::string> head = {
+      "type",    "block_hashes", "parent_block_hash", "token_ids", "block_size",
+      "lora_id", "medium",       "lora_name"};
+  const auto with = [&](std::vector<std::string> keys,
+                        std::initializer_list<std::string> more) {
+    keys.insert(keys.end(), more);
+    return keys;
+  };
+  const std::vector<std::vector<std::string>> expected = {
+      with(head, {"extra_keys", "group_idx", "kv_cache_spec_kind"}),
+      with(head, {"group_idx", "kv_cache_spec_kind"}),
+      with(head, {"extra_keys", "group_idx", "kv_cache_spec_kind",
+                  "kv_cache_spec_sliding_window"}),
+      {"type", "block_hashes", "medium", "group_idx"},
+      head,
+      {"type", "block_hashes", "medium"},
+      {"type"}};
+  const std::string payload = EncodeKvEventBatch(1.0, events, options);
+  const msgpack::object_handle handle =
+      msgpack::unpack(payload.data(), payload.size());
+  const msgpack::object& list = handle.get().via.array.ptr[1];
+  REQUIRE(list.via.array.size == events.size());
+  for (size_t i = 0; i < events.size(); ++i) {
+    INFO("event " << i);
+    REQUIRE(Keys(list.via.array.ptr[i]) == expected[i]);
+  }
+  REQUIRE(Field(list.via.array.ptr[1], "extra_keys").is_nil());
+  REQUIRE(Field(list.via.array.ptr[2], "kv_cache_spec_sliding_window")
+              .as<int32_t>() == 128);
+
+  options.encoding = Options::Encoding::kTaggedArray;
+  const std::string arrays = EncodeKvEventBatch(1.0, events, options);
+  const msgpack::object_handle array_handle =
+      msgpack::unpack(arrays.data(), arrays.size());
+  const msgpack::object& array_list = array_handle.get().via.array.ptr[1];
+  const std::vector<uint32_t> sizes = {12, 12, 12, 4, 12, 4, 1};
+  for (size_t i = 0; i < events.size(); ++i) {
+    INFO("event " << i);
+    REQUIRE(array_list.via.array.ptr[i].via.array.size == sizes[i]);
+  }
+}
+
 // An event's type and its fields in order, as (name, value), from either
 // encoding (a tagged array's names are the ones of the wire format's tables).
 struct DecodedEvent {
   std::string type;
   std::vector<std::pair<std::string, const msgpack::object*>> fields;
   const msgpack::object& operator[](const std::string& name) const {
+    static const msgpack::object kNil;
     for (const auto& [key, value] : fields) {
       if (key == name) return *value;
     }
+    if (DefaultsToNone(name)) return kNil;
     FAIL("no field " << name);
     return *fields.front().second;
   }
@@ -519,18 +605,27 @@ TEST_CASE("host tier events are packed as vLLM's CPU events, in either form") {
           REQUIRE(next < expected.size());
           REQUIRE(HashIs(hashes.via.array.ptr[h], expected[next++], form));
         }
+        // A map leaves out the nil fields that default to None.
+        const bool all = encoding == Options::Encoding::kTaggedArray;
         if (event.type == "BlockRemoved") {
-          REQUIRE(names == std::vector<std::string>{"block_hashes", "medium",
-                                                    "group_idx"});
+          REQUIRE(names ==
+                  (all ? std::vector<std::string>{"block_hashes", "medium",
+                                                  "group_idx"}
+                       : std::vector<std::string>{"block_hashes", "medium"}));
           REQUIRE(event["group_idx"].is_nil());
           continue;
         }
         REQUIRE(event.type == "BlockStored");
-        REQUIRE(names == std::vector<std::string>{
-                             "block_hashes", "parent_block_hash", "token_ids",
-                             "block_size", "lora_id", "medium", "lora_name",
-                             "extra_keys", "group_idx", "kv_cache_spec_kind",
-                             "kv_cache_spec_sliding_window"});
+        std::vector<std::string> stored_names = {
+            "block_hashes", "parent_block_hash", "token_ids",
+            "block_size",   "lora_id",           "medium",
+            "lora_name"};
+        if (all) {
+          stored_names.insert(stored_names.end(),
+                              {"extra_keys", "group_idx", "kv_cache_spec_kind",
+                               "kv_cache_spec_sliding_window"});
+        }
+        REQUIRE(names == stored_names);
         REQUIRE(event["parent_block_hash"].is_nil());
         REQUIRE(event["token_ids"].type == msgpack::type::ARRAY);
         REQUIRE(event["token_ids"].via.array.size == 0);

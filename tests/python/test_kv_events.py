@@ -21,7 +21,11 @@ SIM = os.environ.get("KVBLOCK_SIM")
 def fields(event, encoding):
     """An event as (type, fields by name) in either encoding."""
     if encoding == "map":
-        return event["type"], event
+        # The fields vLLM defaults to None are left out while nil.
+        defaulted = dict.fromkeys(["extra_keys", "group_idx",
+                                   "kv_cache_spec_kind",
+                                   "kv_cache_spec_sliding_window"])
+        return event["type"], {**defaulted, **event}
     names = {"BlockStored": ["block_hashes", "parent_block_hash", "token_ids",
                              "block_size", "lora_id", "medium", "lora_name",
                              "extra_keys", "group_idx", "kv_cache_spec_kind",

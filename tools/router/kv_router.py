@@ -52,14 +52,18 @@ BLOCK_STORED_FIELDS = ["block_hashes", "parent_block_hash", "token_ids",
                        "extra_keys", "group_idx", "kv_cache_spec_kind",
                        "kv_cache_spec_sliding_window"]
 BLOCK_REMOVED_FIELDS = ["block_hashes", "medium", "group_idx"]
+# The fields vLLM's structs default to None: a map leaves them out while nil.
+DEFAULTS_TO_NONE = ["extra_keys", "group_idx", "kv_cache_spec_kind",
+                    "kv_cache_spec_sliding_window"]
 REPLAY_END = -1
 
 
 def decode_event(event):
     """An event of either encoding (a map with "type", vLLM since mid-2026, or
-    a tagged array, before) as (type, fields by name)."""
+    a tagged array, before) as (type, fields by name), a field a map left out
+    as None."""
     if isinstance(event, dict):
-        return event["type"], event
+        return event["type"], {**dict.fromkeys(DEFAULTS_TO_NONE), **event}
     kind = event[0]
     names = {"BlockStored": BLOCK_STORED_FIELDS,
              "BlockRemoved": BLOCK_REMOVED_FIELDS,
