@@ -329,9 +329,9 @@ struct PackedConstant {
 // A KV cache group's: its BlockStored head, block size, kv_cache_spec_kind
 // and sliding window.
 struct GroupConstants {
-  // The head and block_hashes' key, by whether extra_keys is written (the
-  // map's size counts the fields written).
-  std::array<PackedConstant, 2> stored_head;
+  // The head (a map's size counts the window's field or not) and
+  // block_hashes' key.
+  PackedConstant stored_head;
   PackedConstant lora;         // block_size and its value, lora_id's key.
   PackedConstant kind;         // kv_cache_spec_kind and its value.
   PackedConstant stored_tail;  // kv_cache_spec_sliding_window, if written.
@@ -395,12 +395,10 @@ PackedConstants PackConstants(const Options& options) {
   pack(packed.group, [&](Packer& pk) { Key(pk, options, "group_idx"); });
   const auto pack_group = [&](const KvCacheGroupSpec& spec) {
     GroupConstants constants;
-    // A GPU event's group_idx and kind are never nil.
+    // A GPU event's extra_keys, group_idx and kind are never nil.
     const bool window = spec.kind == AttentionKind::kSlidingWindow;
-    for (const bool extra : {false, true}) {
-      pack_head(constants.stored_head[extra], "BlockStored",
-                all ? 11 : 9 + (extra ? 1 : 0) + (window ? 1 : 0));
-    }
+    pack_head(constants.stored_head, "BlockStored",
+              all ? 11 : 10 + (window ? 1 : 0));
     pack(constants.lora, [&](Packer& pk) {
       Key(pk, options, "block_size");
       pk.pack_int32(spec.page_size);
@@ -560,8 +558,7 @@ void PackEvent(Packer& pk, PayloadBuffer& buffer, const Event& event,
         return;
       }
       const GroupConstants& group = packed.Of(event.group());
-      const absl::string_view salt = event.cache_salt();
-      Append(buffer, group.stored_head[!salt.empty()]);
+      Append(buffer, group.stored_head);
       PackHashes(pk, buffer, event, options);
       Append(buffer, packed.parent);
       if (const BlockHash* parent = event.parent()) {
@@ -581,16 +578,22 @@ void PackEvent(Packer& pk, PayloadBuffer& buffer, const Event& event,
         pk.pack_nil();
       }
       Append(buffer, packed.extra);
-      // vLLM's extra keys: one tuple a block; the cache salt is kvblock's.
-      if (salt.empty()) {
-        if (WritesDefaultNils(options)) pk.pack_nil();
-      } else {
-        Append(buffer, packed.extra_keys);
-        pk.pack_array(static_cast<uint32_t>(event.num_pages()));
-        for (size_t i = 0; i < event.num_pages(); ++i) {
-          pk.pack_array(1);
-          PackString(pk, std::string_view(salt.data(), salt.size()));
-        }
+      // vLLM's extra keys: a tuple or None a block, one entry per hash. A
+      // block's tuple holds what its hash took beyond its tokens; of
+      // kvblock's keys that is the cache salt, which vLLM gives the block
+      // at token 0 alone (the first of an event without a parent and with
+      // tokens).
+      Append(buffer, packed.extra_keys);
+      pk.pack_array(static_cast<uint32_t>(event.num_pages()));
+      const absl::string_view salt = event.cache_salt();
+      const bool salted =
+          !salt.empty() && event.parent() == nullptr && event.num_tokens() > 0;
+      if (salted) {
+        pk.pack_array(1);
+        PackString(pk, std::string_view(salt.data(), salt.size()));
+      }
+      for (size_t i = salted ? 1 : 0; i < event.num_pages(); ++i) {
+        pk.pack_nil();
       }
       Append(buffer, packed.group);
       pk.pack_int32(event.group());

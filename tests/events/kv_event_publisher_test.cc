@@ -160,9 +160,13 @@ TEST_CASE("a batch is encoded as vLLM's, maps or tagged arrays") {
     REQUIRE(Field(stored, "lora_id").as<int64_t>() == 9);
     REQUIRE(Field(stored, "medium").as<std::string>() == "GPU");
     REQUIRE(Field(stored, "lora_name").is_nil());
-    const auto extra =
-        Field(stored, "extra_keys").as<std::vector<std::vector<std::string>>>();
-    REQUIRE(extra == std::vector<std::vector<std::string>>(2, {"tenant"}));
+    // One entry a page; the salt only at a sequence's page 0, which this
+    // event (it has a parent) does not hold.
+    const msgpack::object& extra = Field(stored, "extra_keys");
+    REQUIRE(extra.type == msgpack::type::ARRAY);
+    REQUIRE(extra.via.array.size == 2);
+    REQUIRE(extra.via.array.ptr[0].is_nil());
+    REQUIRE(extra.via.array.ptr[1].is_nil());
     REQUIRE(Field(stored, "group_idx").as<int32_t>() == 0);
     const msgpack::object& removed = list.via.array.ptr[1];
     REQUIRE(Field(removed, "type").as<std::string>() == "BlockRemoved");
@@ -372,6 +376,55 @@ TEST_CASE("a recorded batch packs as its built events do") {
           EncodeKvEventBatch(1.0, std::vector<KvCacheEvent>(), Options()));
 }
 
+TEST_CASE("extra_keys has an entry a page, the salt at a sequence's page 0") {
+  // vLLM's generate_block_hash_extra_keys: a tuple of what a block's hash
+  // took beyond its tokens, else None; the cache salt only in the block at
+  // token 0. Both encodings carry the same list.
+  KvCacheEvent stored = SampleEvents()[0];
+  KvCacheEvent root = stored;
+  root.parent_block_hash.reset();
+  KvCacheEvent unsalted_root = root;
+  unsalted_root.cache_salt.clear();
+  KvCacheEvent registered = root;  // registered directly: no tokens.
+  registered.token_ids.clear();
+  const std::vector<KvCacheEvent> events = {stored, root, unsalted_root,
+                                            registered};
+  // Per event, its entries: the salt, or nil (an empty string here).
+  const std::vector<std::vector<std::string>> expected = {
+      {"", ""}, {"tenant", ""}, {"", ""}, {"", ""}};
+  for (const Options::Encoding encoding :
+       {Options::Encoding::kMap, Options::Encoding::kTaggedArray}) {
+    Options options;
+    options.block_size = kPageSize;
+    options.encoding = encoding;
+    const std::string payload = EncodeKvEventBatch(1.0, events, options);
+    const msgpack::object_handle handle =
+        msgpack::unpack(payload.data(), payload.size());
+    const msgpack::object& list = handle.get().via.array.ptr[1];
+    for (size_t i = 0; i < events.size(); ++i) {
+      INFO("event " << i
+                    << (encoding == Options::Encoding::kMap ? " map"
+                                                            : " array"));
+      const msgpack::object& event = list.via.array.ptr[i];
+      const msgpack::object& extra = encoding == Options::Encoding::kMap
+                                         ? Field(event, "extra_keys")
+                                         : event.via.array.ptr[8];
+      REQUIRE(extra.type == msgpack::type::ARRAY);
+      std::vector<std::string> entries;
+      for (uint32_t e = 0; e < extra.via.array.size; ++e) {
+        const msgpack::object& entry = extra.via.array.ptr[e];
+        if (entry.is_nil()) {
+          entries.push_back("");
+          continue;
+        }
+        REQUIRE(entry.via.array.size == 1);
+        entries.push_back(entry.via.array.ptr[0].as<std::string>());
+      }
+      REQUIRE(entries == expected[i]);
+    }
+  }
+}
+
 TEST_CASE("maps leave out the nil fields vLLM defaults to None, as msgspec") {
   // vLLM's structs (since PR #42892 events are maps) default extra_keys,
   // group_idx and the spec's kind and window to None, and msgspec's
@@ -404,7 +457,7 @@ TEST_CASE("maps leave out the nil fields vLLM defaults to None, as msgspec") {
   };
   const std::vector<std::vector<std::string>> expected = {
       with(head, {"extra_keys", "group_idx", "kv_cache_spec_kind"}),
-      with(head, {"group_idx", "kv_cache_spec_kind"}),
+      with(head, {"extra_keys", "group_idx", "kv_cache_spec_kind"}),
       with(head, {"extra_keys", "group_idx", "kv_cache_spec_kind",
                   "kv_cache_spec_sliding_window"}),
       {"type", "block_hashes", "medium", "group_idx"},
@@ -420,7 +473,7 @@ TEST_CASE("maps leave out the nil fields vLLM defaults to None, as msgspec") {
     INFO("event " << i);
     REQUIRE(Keys(list.via.array.ptr[i]) == expected[i]);
   }
-  REQUIRE(Field(list.via.array.ptr[1], "extra_keys").is_nil());
+  REQUIRE(Field(list.via.array.ptr[4], "extra_keys").is_nil());
   REQUIRE(Field(list.via.array.ptr[2], "kv_cache_spec_sliding_window")
               .as<int32_t>() == 128);
 

@@ -28,7 +28,10 @@ def stored(hashes, parent, tokens, salt=None, block_size=2):
     return ("BlockStored", {
         "block_hashes": hashes, "parent_block_hash": parent,
         "token_ids": tokens, "block_size": block_size, "lora_id": None,
-        "extra_keys": [[salt]] * len(hashes) if salt else None})
+        # As kvblock (and vLLM) send them: an entry a page, the salt at a
+        # sequence's page 0 alone.
+        "extra_keys": [[salt] if salt and parent is None and i == 0 else None
+                       for i in range(len(hashes))]})
 
 
 def test_the_index_follows_stored_removed_and_cleared_pages():

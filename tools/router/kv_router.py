@@ -141,8 +141,9 @@ class PrefixIndex:
                 raise ValueError("BlockStored: token_ids do not fill its pages")
             parent = f["parent_block_hash"]
             if parent is None:
-                salt = f["extra_keys"][0][0] if f["extra_keys"] else ""
-                key = root_key(salt, f["lora_id"])
+                # The first page's extra keys: (salt,), or None unsalted.
+                first = (f["extra_keys"] or [None])[0]
+                key = root_key(first[0] if first else "", f["lora_id"])
             else:
                 key = key_of.get(parent)
                 if key is None:
