@@ -243,6 +243,36 @@ def test_values_that_do_not_fit_are_refused_not_cast():
     commit.check_invariants()
 
 
+def test_integer_arguments_take_ints_only():
+    """A scalar integer argument is an int, or numpy's integers (__index__),
+    that fits; a float (numpy's too), a bool or another number is a
+    TypeError, not truncated: np.float32(5.7) was token 5 and True sequence
+    1. Nothing changes."""
+    from fractions import Fraction
+    manager = kvblock.BlockManager(make_config())
+    manager.admit(1, [1, 2, 3])
+    pool = kvblock.BlockPool(8)
+    before = (manager.num_tokens(1), manager.pages(1), manager.num_free)
+    for value in (np.float32(5.7), np.float64(1.0), 2.5, True, Fraction(1),
+                  "1", 2**70, None):
+        for call in (lambda: manager.append_token(1, value),
+                     lambda: manager.append_token(value, 7),
+                     lambda: manager.num_tokens(value),
+                     lambda: manager.admit(value, [4, 5]),
+                     lambda: pool.ref_count(value)):
+            with pytest.raises(TypeError, match="incompatible function"):
+                call()
+        assert (manager.num_tokens(1), manager.pages(1),
+                manager.num_free) == before
+    # numpy's integers are ints; the values are what they say.
+    manager.append_token(np.int64(1), np.int32(9))
+    assert manager.num_tokens(np.uint8(1)) == 4
+    assert pool.ref_count(np.int16(3)) == 0
+    with pytest.raises(ValueError, match="page 8 is not in"):
+        pool.ref_count(np.int64(8))
+    manager.check_invariants()
+
+
 def test_phase_times_count_only_while_on():
     manager, table, commit = make_stack()
     assert not commit.time_phases

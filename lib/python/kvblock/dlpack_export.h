@@ -12,6 +12,7 @@
 #include <pybind11/pybind11.h>
 
 #include "kvblock/device.h"
+#include "strict_int.h"
 
 namespace kvblock::python {
 

@@ -14,6 +14,7 @@
 
 #include "absl/types/span.h"
 #include "kvblock/block_pool.h"
+#include "strict_int.h"
 
 namespace kvblock::python {
 

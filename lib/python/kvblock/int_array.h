@@ -19,6 +19,8 @@
 #include <string>
 #include <utility>
 
+#include "strict_int.h"
+
 namespace kvblock::python {
 
 template <typename T>

@@ -38,6 +38,7 @@
 #include "kvblock/version.h"
 #include "object_lock.h"
 #include "status_error.h"
+#include "strict_int.h"
 #include "vllm_bindings.h"
 
 namespace kvblock::python {

@@ -27,6 +27,7 @@
 
 #include "absl/status/status.h"
 #include "status_error.h"
+#include "strict_int.h"
 
 namespace kvblock::python {
 

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "strict_int.h"
 
 namespace kvblock::python {
 

@@ -31,6 +31,7 @@
 #include "kvblock/block_pool.h"
 #include "kvblock/vllm_kv_cache_manager.h"
 #include "status_error.h"
+#include "strict_int.h"
 #include "vllm_request.h"
 
 namespace kvblock::python {

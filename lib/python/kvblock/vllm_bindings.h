@@ -8,6 +8,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include "strict_int.h"
+
 namespace kvblock::python {
 
 // Add them to `module`. Called once, from the module's init.

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "kvblock/vllm_block_hash.h"
 #include "status_error.h"
+#include "strict_int.h"
 #include "vllm_bindings.h"
 #include "vllm_request.h"
 

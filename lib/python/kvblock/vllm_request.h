@@ -23,6 +23,7 @@
 #include "kvblock/block_hash.h"
 #include "kvblock/group_cache_hit.h"
 #include "kvblock/types.h"
+#include "strict_int.h"
 
 namespace kvblock::python {
 
