@@ -210,6 +210,12 @@ class Device {
   virtual absl::StatusOr<bool> EventDone(const DeviceEvent& event) = 0;
   // Blocks the host until the event's work is done.
   virtual absl::Status WaitEvent(const DeviceEvent& event) = 0;
+  // Makes the work enqueued on `stream` from now on wait for the work
+  // before the event's last RecordEvent, without blocking the host
+  // (cudaStreamWaitEvent): how another stream reads what this one wrote.
+  // Nothing to do on the host device.
+  virtual absl::Status StreamWaitEvent(Stream stream,
+                                       const DeviceEvent& event) = 0;
 
   const DeviceStats& stats() const { return stats_; }
 

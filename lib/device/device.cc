@@ -167,6 +167,10 @@ class HostDevice final : public Device {
   absl::Status WaitEvent(const DeviceEvent& /*event*/) override {
     return absl::OkStatus();
   }
+  absl::Status StreamWaitEvent(Stream /*stream*/,
+                               const DeviceEvent& /*event*/) override {
+    return absl::OkStatus();
+  }
 
  protected:
   absl::StatusOr<void*> AllocateRaw(size_t bytes) override {

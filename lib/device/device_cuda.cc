@@ -121,6 +121,12 @@ class CudaDevice final : public Device {
     return CudaStatus(cudaEventSynchronize(ToEvent(EventHandle(event))),
                       "cudaEventSynchronize");
   }
+  absl::Status StreamWaitEvent(Stream stream,
+                               const DeviceEvent& event) override {
+    return CudaStatus(
+        cudaStreamWaitEvent(ToStream(stream), ToEvent(EventHandle(event)), 0),
+        "cudaStreamWaitEvent");
+  }
 
  protected:
   absl::StatusOr<void*> AllocateRaw(size_t bytes) override {

@@ -80,6 +80,11 @@ class DeferredDevice final : public Device {
     RunThrough(*Position(event));
     return absl::OkStatus();
   }
+  // One queue: its later work follows every event already.
+  absl::Status StreamWaitEvent(Stream /*stream*/,
+                               const DeviceEvent& /*event*/) override {
+    return absl::OkStatus();
+  }
 
  protected:
   absl::StatusOr<void*> AllocateRaw(size_t bytes) override {

@@ -3,6 +3,8 @@
 //
 // KVPageTable on a CUDA device: the upload checks of the CPU tests, and the
 // staging guard against a stream that is really busy.
+#include <cuda_runtime.h>
+
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -110,6 +112,45 @@ TEST_CASE("upload waits for a staging slot only when all are in flight",
   REQUIRE(table.upload_stats().host_waits == 1);
   REQUIRE(testing::ReadMirror(table, *device) ==
           testing::ExpectedMirror(table));
+}
+
+TEST_CASE("a stream made to wait for an upload's event reads the upload",
+          "[gpu]") {
+  // What the Python table's __dlpack__(stream=s) does for a consumer's
+  // stream: an event recorded on the default stream after the upload, then
+  // StreamWaitEvent. The upload is held behind a 1 GiB copy, so a
+  // non-blocking stream that did not wait would read the old row.
+  std::unique_ptr<Device> device = CudaDevice();
+  absl::StatusOr<std::unique_ptr<KVPageTable>> created =
+      KVPageTable::Create(8, 64, 1024, *device);
+  REQUIRE_OK(created);
+  KVPageTable& table = **created;
+  REQUIRE_OK(table.Upload(nullptr));
+  REQUIRE_OK(device->Synchronize(nullptr));
+  constexpr size_t kBusyBytes = size_t{1} << 30;
+  absl::StatusOr<PinnedBuffer> busy_source = device->AllocatePinned(kBusyBytes);
+  absl::StatusOr<DeviceBuffer> busy_target = device->Allocate(kBusyBytes);
+  REQUIRE_OK(busy_source);
+  REQUIRE_OK(busy_target);
+  REQUIRE_OK(device->CopyToDevice(busy_source->data(), busy_target->data(),
+                                  kBusyBytes, nullptr));
+  REQUIRE_OK(table.SetRow(3, {7, 8, 9}));
+  REQUIRE_OK(table.Upload(nullptr));
+  absl::StatusOr<DeviceEvent> uploaded = device->CreateEvent();
+  REQUIRE_OK(uploaded);
+  REQUIRE_OK(device->RecordEvent(*uploaded, nullptr));
+
+  cudaStream_t consumer = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking) ==
+          cudaSuccess);
+  REQUIRE_OK(device->StreamWaitEvent(consumer, *uploaded));
+  const DeviceTensor view = table.kernel_view();
+  std::vector<int32_t> image(static_cast<size_t>(view.num_elements()));
+  REQUIRE_OK(device->CopyToHost(view.data(), image.data(), view.size_bytes(),
+                                consumer));
+  REQUIRE_OK(device->Synchronize(consumer));
+  REQUIRE(cudaStreamDestroy(consumer) == cudaSuccess);
+  REQUIRE(image == testing::ExpectedMirror(table));
 }
 
 }  // namespace

@@ -35,6 +35,7 @@
 #include "kvblock/kv_events.h"
 #include "kvblock/metrics.h"
 #include "kvblock/page_table.h"
+#include "kvblock/status_macros.h"
 #include "kvblock/version.h"
 #include "object_lock.h"
 #include "status_error.h"
@@ -144,9 +145,57 @@ struct PyBlockManager {
 // its lock.
 struct PyTable {
   std::unique_ptr<KVPageTable> table;
+  Device* device = nullptr;  // kept alive by the Python table.
   DLDevice dl_device;
+  // Recorded on the default stream, after the uploads, for a consumer's
+  // stream to wait on (__dlpack__(stream=...)); made at the first need.
+  DeviceEvent uploads_done;
   ObjectMutex mutex;
 };
+
+// The array API's __dlpack__(stream=...) on CUDA: what the consumer will
+// read the table on. None and 1 are the legacy default stream, the one the
+// uploads run on, and -1 asks for no synchronization: nothing to do. 2 is
+// the per-thread default stream and any larger int a cudaStream_t: that
+// stream is made to wait for the uploads so far (an event recorded on the
+// default stream), never the host. 0 (ambiguous), other negative ints and
+// anything but an int are refused.
+absl::Status MakeStreamWaitForUploads(PyTable& t, const py::object& stream) {
+  if (stream.is_none()) return absl::OkStatus();
+  const auto bad = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "__dlpack__: stream must be None, -1, 1, 2 or a CUDA stream "
+        "(a positive int), got ",
+        std::string(py::repr(stream))));
+  };
+  if (!PyLong_Check(stream.ptr()) || PyBool_Check(stream.ptr())) return bad();
+  int overflow = 0;
+  const long long value = PyLong_AsLongLongAndOverflow(stream.ptr(), &overflow);
+  uintptr_t handle = 0;
+  if (overflow > 0) {
+    // A pointer past INT64_MAX: read it unsigned.
+    const unsigned long long pointer = PyLong_AsUnsignedLongLong(stream.ptr());
+    if (PyErr_Occurred() != nullptr) {
+      PyErr_Clear();
+      return bad();
+    }
+    handle = static_cast<uintptr_t>(pointer);
+  } else if (overflow < 0 || value == 0 || value < -1) {
+    PyErr_Clear();
+    return bad();
+  } else if (value == -1 || value == 1) {
+    return absl::OkStatus();
+  } else {
+    handle = static_cast<uintptr_t>(value);
+  }
+  if (!t.uploads_done.valid()) {
+    KVBLOCK_ASSIGN_OR_RETURN(t.uploads_done, t.device->CreateEvent());
+  }
+  KVBLOCK_RETURN_IF_ERROR(t.device->RecordEvent(t.uploads_done, nullptr));
+  // DLPack's 2 is cudaStreamPerThread's own value.
+  return t.device->StreamWaitEvent(reinterpret_cast<Stream>(handle),
+                                   t.uploads_done);
+}
 
 // A commit over a manager and a table that the Python object keeps alive;
 // its calls take both their locks.
@@ -883,6 +932,7 @@ void BindTable(py::module_& m) {
              auto self = std::make_unique<PyTable>();
              self->table = ValueOrThrow(KVPageTable::Create(
                  max_batch, max_pages_per_seq, num_pages, *device.device));
+             self->device = device.device.get();
              self->dl_device = device.dl_device;
              return self;
            }),
@@ -919,12 +969,17 @@ void BindTable(py::module_& m) {
                   std::string(py::repr(stream)))));
             }
             const ObjectLock lock(t.mutex, "KVPageTable");
+            if (t.dl_device.device_type == kDLCUDA) {
+              ThrowIfError(MakeStreamWaitForUploads(t, stream));
+            }
             return ExportDlpack(t.table->kernel_view(), t.dl_device, self);
           },
           "stream"_a = py::none(),
           "The device table as a DLPack capsule (no copy): on the host device "
-          "a CPU tensor, on a GPU a CUDA one. Upload first; the capsule keeps "
-          "the table alive.")
+          "a CPU tensor, on a GPU a CUDA one, which `stream` (the consumer's, "
+          "as the array API passes it) may read once the uploads so far are "
+          "done: it waits for them, the host does not. Upload first; the "
+          "capsule keeps the table alive.")
       .def("__dlpack_device__",
            [](const PyTable& t) {
              return py::make_tuple(static_cast<int>(t.dl_device.device_type),
