@@ -12,11 +12,12 @@
 //
 // Where vLLM has a metric the name is vLLM's (vllm/v1/metrics/loggers.py at
 // 28be48fa), so that dashboards built for vLLM read kvblock:
-// vllm:kv_cache_usage_perc (pages in use / pages, a fraction as vLLM's),
+// vllm:kv_cache_usage_perc (pages in use / pages, a fraction as vLLM's;
+// the null page of window groups is in neither, as vLLM's null block),
 // vllm:prefix_cache_queries and vllm:prefix_cache_hits (prompt tokens
 // admitted, and those served from the cache), vllm:num_preemptions. The
-// rest are kvblock_*. Counters are written as NAME_total, as
-// prometheus_client writes them.
+// rest are kvblock_*. Counters are written as NAME_total, their HELP and
+// TYPE lines too, as prometheus_client writes the text format 0.0.4.
 //
 // Thread safety: CollectMetrics reads the manager and the table, so it runs
 // where the scheduler's calls do (between steps); the publisher's stats are

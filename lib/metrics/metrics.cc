@@ -30,9 +30,15 @@ void AddManagerMetrics(const BlockManager& manager, std::vector<Metric>& out) {
   const BlockPool& pool = manager.pool();
   const BlockManagerStats stats = manager.stats();
   const BlockPoolStats& pool_stats = pool.stats();
+  // The null page of window groups is held for ever and never handed out:
+  // not in use, and not among the pages usage counts, as vLLM's usage
+  // leaves its null block out.
+  const int32_t null_pages = manager.null_page() != kNoPage ? 1 : 0;
+  const int32_t in_use = pool.NumUsed() - null_pages;
+  const int32_t usable = pool.num_pages() - null_pages;
   out.push_back(Gauge("vllm:kv_cache_usage_perc",
                       "KV-cache usage. 1 means 100 percent usage.",
-                      static_cast<double>(pool.NumUsed()) / pool.num_pages()));
+                      usable > 0 ? static_cast<double>(in_use) / usable : 0));
   out.push_back(
       Counter("vllm:prefix_cache_queries",
               "Prefix cache queries, in terms of number of queried tokens.",
@@ -47,11 +53,10 @@ void AddManagerMetrics(const BlockManager& manager, std::vector<Metric>& out) {
   out.push_back(
       Gauge("kvblock_pages", "KV pages of the pool.", pool.num_pages()));
   out.push_back(Gauge("kvblock_pages_in_use",
-                      "KV pages held by a sequence (refcount > 0).",
-                      pool.NumUsed()));
+                      "KV pages held by a sequence (refcount > 0).", in_use));
   out.push_back(Gauge("kvblock_pages_peak_in_use",
                       "Most KV pages held by sequences at once.",
-                      stats.peak_pages_in_use));
+                      stats.peak_pages_in_use - null_pages));
   out.push_back(Gauge("kvblock_pages_cached",
                       "KV pages in the prefix cache, used or evictable.",
                       pool.NumCached()));
@@ -225,12 +230,16 @@ absl::StatusOr<std::string> FormatPrometheusText(
                           "[a-zA-Z_:][a-zA-Z0-9_:]*",
                           absl::CEscape(metric.name)));
     }
+    // The text format 0.0.4 names a sample's own name in its HELP and TYPE
+    // lines: a counter's is NAME_total, as prometheus_client writes it
+    // (OpenMetrics would name NAME, in a format of its own).
     const bool counter = metric.type == Metric::Type::kCounter;
-    absl::StrAppend(&text, "# HELP ", metric.name, " ");
+    const std::string name = counter ? absl::StrCat(metric.name, "_total")
+                                     : std::string(metric.name);
+    absl::StrAppend(&text, "# HELP ", name, " ");
     AppendEscaped(metric.help, /*label_value=*/false, text);
-    absl::StrAppend(&text, "\n# TYPE ", metric.name,
-                    counter ? " counter\n" : " gauge\n", metric.name,
-                    counter ? "_total" : "", label_text, " ");
+    absl::StrAppend(&text, "\n# TYPE ", name,
+                    counter ? " counter\n" : " gauge\n", name, label_text, " ");
     AppendValue(metric.value, text);
     text += '\n';
   }

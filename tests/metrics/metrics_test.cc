@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "kvblock/block_manager.h"
 #include "kvblock/device.h"
+#include "kvblock/kv_cache_groups.h"
 #include "kvblock/page_table.h"
 #include "test_util.h"
 
@@ -67,6 +68,32 @@ TEST_CASE("CollectMetrics reads the manager under vLLM's names") {
   }
 }
 
+TEST_CASE("the null page of window groups is neither in use nor counted") {
+  // vLLM's usage leaves its null block out (BlockPool.get_usage): an idle
+  // hybrid manager uses nothing, and one sequence's pages count alone.
+  BlockManagerOptions options;
+  options.kv_cache_groups = {{.kind = AttentionKind::kFull, .page_size = 4},
+                             {.kind = AttentionKind::kSlidingWindow,
+                              .page_size = 4,
+                              .sliding_window = 8}};
+  auto manager = BlockManager::Create(Config(), options);
+  REQUIRE_OK(manager);
+  REQUIRE((*manager)->null_page() != kNoPage);
+  auto idle = CollectMetrics({.manager = manager->get()});
+  REQUIRE_OK(idle);
+  CHECK(ValueOf(*idle, "vllm:kv_cache_usage_perc") == 0);
+  CHECK(ValueOf(*idle, "kvblock_pages_in_use") == 0);
+  CHECK(ValueOf(*idle, "kvblock_pages_peak_in_use") == 0);
+  CHECK(ValueOf(*idle, "kvblock_pages") == 16);
+  // 8 tokens: 2 pages in each group.
+  REQUIRE_OK((*manager)->Admit(1, TokenRange(0, 8)));
+  auto busy = CollectMetrics({.manager = manager->get()});
+  REQUIRE_OK(busy);
+  CHECK(ValueOf(*busy, "kvblock_pages_in_use") == 4);
+  CHECK(ValueOf(*busy, "vllm:kv_cache_usage_perc") == 4.0 / 15);
+  CHECK(ValueOf(*busy, "kvblock_pages_peak_in_use") == 4);
+}
+
 TEST_CASE("CollectMetrics adds the page table's and the publisher's") {
   auto manager = BlockManager::Create(Config());
   REQUIRE_OK(manager);
@@ -107,8 +134,8 @@ TEST_CASE("FormatPrometheusText writes the exposition format") {
       metrics, {{"model_name", "m\"1\"\n\\"}, {"engine", "0"}});
   REQUIRE_OK(text);
   CHECK(*text ==
-        "# HELP vllm:num_preemptions Preemptions.\n"
-        "# TYPE vllm:num_preemptions counter\n"
+        "# HELP vllm:num_preemptions_total Preemptions.\n"
+        "# TYPE vllm:num_preemptions_total counter\n"
         "vllm:num_preemptions_total{model_name=\"m\\\"1\\\"\\n\\\\\","
         "engine=\"0\"} 3\n"
         "# HELP vllm:kv_cache_usage_perc Usage.\\nOf\\\\pages.\n"

@@ -2,6 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """kvblock.metrics: the C++ library's metrics as prometheus_client families,
 scraped in the Prometheus text format."""
+import re
+
 import numpy as np
 import pytest
 
@@ -68,3 +70,17 @@ def test_collect_metrics_is_the_c_plus_plus_list():
     assert {kind for _, _, kind, _ in metrics} == {"counter", "gauge"}
     with pytest.raises(TypeError):
         collect_metrics(None)
+
+
+def test_bad_labels_are_refused_when_the_collector_is_made():
+    """Not at every scrape: a label Prometheus does not take, or a value
+    that is not a str, is refused by the constructor."""
+    _, manager = make_manager()
+    for labels, error, message in (
+            ({"engine": 0}, TypeError, "'engine' has the value 0, not a str"),
+            ({"bad-name": "x"}, ValueError, "'bad-name' is not"),
+            ({"0a": "x"}, ValueError, "'0a' is not"),
+            ({"__x": "x"}, ValueError, "starts with '__'")):
+        with pytest.raises(error, match=re.escape(message)):
+            KvCacheCollector(manager, labels=labels)
+    assert kvblock.collect_metrics is collect_metrics

@@ -25,8 +25,13 @@ def scrape(port):
         assert answer.headers["Content-Type"].startswith(
             "text/plain; version=0.0.4")
         text = answer.read().decode()
-    return {s.name: s for f in text_string_to_metric_families(text)
-            for s in f.samples}
+    families = list(text_string_to_metric_families(text))
+    # Each counter's samples typed as one (its TYPE line names NAME_total).
+    for family in families:
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                assert family.type == "counter", sample.name
+    return {s.name: s for f in families for s in f.samples}
 
 
 def test_a_scrape_follows_the_served_steps():

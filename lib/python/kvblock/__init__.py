@@ -49,6 +49,7 @@ try:
         ResourceExhaustedError,
         StepResult,
         UnimplementedError,
+        collect_metrics,
     )
 except ImportError as _error:
     raise ImportError(
@@ -90,4 +91,5 @@ __all__ = [
     "ResourceExhaustedError",
     "StepResult",
     "UnimplementedError",
+    "collect_metrics",
 ]

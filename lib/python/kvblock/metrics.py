@@ -18,11 +18,16 @@ rest. A scrape takes the manager's and the table's locks, as their calls do.
 prometheus_client (Debian: python3-prometheus-client) is needed only here.
 """
 
+import re
+
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from kvblock._kvblock import collect_metrics
 
 __all__ = ["KvCacheCollector", "collect_metrics"]
+
+
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 class KvCacheCollector:
@@ -33,7 +38,20 @@ class KvCacheCollector:
         self._manager = manager
         self._page_table = page_table
         self._labels = dict(labels or {})
-        collect_metrics(manager, page_table)  # fails now, not at a scrape.
+        # Checked now, not at a scrape: the label names Prometheus takes
+        # (the C++ FormatPrometheusText's rule), string values, and the
+        # manager and table.
+        for name, value in self._labels.items():
+            if not isinstance(name, str) or not _LABEL_NAME.fullmatch(name) \
+                    or name.startswith("__"):
+                raise ValueError(
+                    f"KvCacheCollector: label name {name!r} is not "
+                    "[a-zA-Z_][a-zA-Z0-9_]* or starts with '__'")
+            if not isinstance(value, str):
+                raise TypeError(
+                    f"KvCacheCollector: label {name!r} has the value "
+                    f"{value!r}, not a str")
+        collect_metrics(manager, page_table)
 
     def collect(self):
         names, values = list(self._labels), list(self._labels.values())
