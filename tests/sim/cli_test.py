@@ -103,19 +103,29 @@ with tempfile.TemporaryDirectory() as tmp:
         "--kv_events_encoding must be map or array, got 'json'")
     run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_hashes=hex"], 2,
         "--kv_events_hashes must be int64 or bytes, got 'hex'")
-    run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_cpu=-2"], 2,
-        "--kv_events: kv event publisher: cpu -2 is outside [-1, ")
     run(["--kv_events=tcp://127.0.0.1:*",
          f"--kv_events_cpu={min(os.sched_getaffinity(0))}"], 0, "kv events")
-    run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_poll_us=5"], 2,
-        "--kv_events: kv event publisher: poll_interval 5us is outside "
-        "[10us, 1s]")
     run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_poll_us=1000"], 0,
         "kv events")
-    run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_wait_ms=-1"], 2,
-        "--kv_events_wait_ms must be in [0, 60000], got -1")
-    run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_max_queued_bytes=-1"],
-        2, "max_queued_bytes -1 is less than 0")
+    # Each publisher flag is checked, and named, whatever the endpoint.
+    for endpoint in ("tcp://127.0.0.1:*", "discard", ""):
+        for flag, message in (
+                ("--kv_events_cpu=-2",
+                 "--kv_events_cpu must be -1 or in [0, 1024), got -2"),
+                ("--kv_events_cpu=9999", "in [0, 1024), got 9999"),
+                ("--kv_events_poll_us=5",
+                 "--kv_events_poll_us must be in [10, 1000000], got 5"),
+                ("--kv_events_poll_us=2000000", "got 2000000"),
+                ("--kv_events_wait_ms=-1",
+                 "--kv_events_wait_ms must be in [0, 60000], got -1"),
+                ("--kv_events_wait_ms=60001", "got 60001"),
+                ("--kv_events_max_queued_bytes=-1",
+                 "--kv_events_max_queued_bytes must be at least 0, got -1"),
+                ("--kv_events_encoding=foo",
+                 "--kv_events_encoding must be map or array, got 'foo'"),
+                ("--kv_events_hashes=foo",
+                 "--kv_events_hashes must be int64 or bytes, got 'foo'")):
+            run([f"--kv_events={endpoint}", flag], 2, message)
     run(["--kv_events=discard"], 0, "kv events")
     # A "*" port is said once bound, on stderr and in the report.
     bound = subprocess.run(

@@ -36,11 +36,12 @@ void WriteAll(int fd, absl::string_view data) {
   }
 }
 
+// `headers`: more header lines, each ending in CRLF.
 std::string Response(absl::string_view status, absl::string_view content_type,
-                     absl::string_view body) {
+                     absl::string_view body, absl::string_view headers = "") {
   return absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", content_type,
-                      "\r\nContent-Length: ", body.size(),
-                      "\r\nConnection: close\r\n\r\n", body);
+                      "\r\nContent-Length: ", body.size(), "\r\n", headers,
+                      "Connection: close\r\n\r\n", body);
 }
 
 }  // namespace
@@ -68,8 +69,10 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
       getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
     const int error = errno;
     close(fd);
-    return absl::UnavailableError(
-        absl::StrCat("metrics server: cannot listen on 127.0.0.1:", port, ": ",
+    // A port that cannot be bound (taken, or privileged) is the flag's
+    // fault, as a --kv_events endpoint's.
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_port: cannot listen on 127.0.0.1:", port, ": ",
                      std::strerror(error)));
   }
   return std::unique_ptr<MetricsServer>(
@@ -119,8 +122,9 @@ void MetricsServer::Answer(int fd) {
   const absl::string_view line =
       absl::string_view(request).substr(0, request.find("\r\n"));
   if (!absl::StartsWith(line, "GET ")) {
+    // RFC 9110: a 405 names the methods the target takes.
     WriteAll(fd, Response("405 Method Not Allowed", "text/plain",
-                          "only GET /metrics\n"));
+                          "only GET /metrics\n", "Allow: GET\r\n"));
     return;
   }
   const absl::string_view target = line.substr(4, line.find(' ', 4) - 4);

@@ -10,6 +10,7 @@
 // output, library error); 2 bad input (an unknown flag or a bad value, a
 // trace file or line, a workload name, an output path that cannot be
 // written).
+#include <sched.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -329,12 +330,27 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> PublisherFromFlags(
   options.poll_interval =
       absl::Microseconds(absl::GetFlag(FLAGS_kv_events_poll_us));
   options.max_queued_bytes = absl::GetFlag(FLAGS_kv_events_max_queued_bytes);
-  if (options.endpoint.empty() || options.endpoint == "discard") {
-    if (!options.replay_endpoint.empty()) {
-      return absl::InvalidArgumentError(
-          "--kv_events_replay needs a --kv_events endpoint");
-    }
-    return nullptr;
+  // Each flag checked whatever the endpoint (discard and off included), and
+  // named: the publisher's own checks would name --kv_events.
+  const int32_t poll_us = absl::GetFlag(FLAGS_kv_events_poll_us);
+  if (poll_us < 10 || poll_us > 1000000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_events_poll_us must be in [10, 1000000], got ", poll_us));
+  }
+  if (options.cpu < -1 || options.cpu >= CPU_SETSIZE) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_events_cpu must be -1 or in [0, ", CPU_SETSIZE,
+                     "), got ", options.cpu));
+  }
+  if (options.max_queued_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_events_max_queued_bytes must be at least 0, got ",
+                     options.max_queued_bytes));
+  }
+  const int32_t wait_ms = absl::GetFlag(FLAGS_kv_events_wait_ms);
+  if (wait_ms < 0 || wait_ms > 60000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_events_wait_ms must be in [0, 60000], got ", wait_ms));
   }
   const std::string encoding = absl::GetFlag(FLAGS_kv_events_encoding);
   if (encoding == "array") {
@@ -349,6 +365,13 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> PublisherFromFlags(
   } else if (hashes != "int64") {
     return absl::InvalidArgumentError(absl::StrCat(
         "--kv_events_hashes must be int64 or bytes, got '", hashes, "'"));
+  }
+  if (options.endpoint.empty() || options.endpoint == "discard") {
+    if (!options.replay_endpoint.empty()) {
+      return absl::InvalidArgumentError(
+          "--kv_events_replay needs a --kv_events endpoint");
+    }
+    return nullptr;
   }
   absl::StatusOr<std::unique_ptr<KvEventPublisher>> publisher =
       KvEventPublisher::Create(options);
@@ -443,12 +466,6 @@ int Main() {
   }
   if (*publisher != nullptr) {
     const int32_t wait_ms = absl::GetFlag(FLAGS_kv_events_wait_ms);
-    if (wait_ms < 0 || wait_ms > 60000) {
-      return Fail(
-          kExitBadInput,
-          absl::InvalidArgumentError(absl::StrCat(
-              "--kv_events_wait_ms must be in [0, 60000], got ", wait_ms)));
-    }
     // Said once bound, before the wait, so that subscribers of a "*" port
     // know where to connect.
     std::cerr << "kvblock-sim: kv events on " << (*publisher)->endpoint();
