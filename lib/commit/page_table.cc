@@ -359,7 +359,8 @@ ABSL_ATTRIBUTE_ALWAYS_INLINE inline absl::Status KVPageTable::Impl::ValidateRow(
         "slot ", slot, ": first ", first, " is outside [0, min(count ", count,
         ", live ids ", length, ")]"));
   }
-  if (end >= 0 && end != count && (count != length || end < first)) {
+  if (end != -1 &&
+      (end < first || end > count || (end != count && count != length))) {
     return absl::InvalidArgumentError(
         absl::StrCat("slot ", slot, ": end ", end, " of a row of ", count,
                      " ids, want -1, or in [first ", first,

@@ -258,15 +258,25 @@ TEST_CASE("set rows writes only [first, end) of a row, the rest kept") {
   // An end with a count other than the live ids, or before first, is
   // refused with nothing changed.
   const PageId ids[] = {5, 6, 7};
+  // Nor past the count (it read past the ids and wrote into the next row)
+  // or below -1.
+  std::vector<PageId> many(64, 5);
   for (const KVPageTableRowUpdate& bad :
        {KVPageTableRowUpdate{0, ids, 2, 1, 1},
-        KVPageTableRowUpdate{0, ids, 3, 2, 1}}) {
+        KVPageTableRowUpdate{0, ids, 3, 2, 1},
+        KVPageTableRowUpdate{0, many.data(), 3, 0, 8},
+        KVPageTableRowUpdate{0, many.data(), 3, 0, 64},
+        KVPageTableRowUpdate{0, ids, 3, 0, -2},
+        KVPageTableRowUpdate{0, ids, 3, 0, INT32_MIN}}) {
     const KVPageTableRowUpdate one[] = {bad};
     REQUIRE_FAILS_UNCHANGED(*table, table->SetRows(one), kInvalidArgument);
   }
   const KVPageTableRowUpdate shorter[] = {{0, ids, 2, 1, 1}};
   REQUIRE(absl::StrContains(table->SetRows(shorter).message(),
                             "end 1 of a row of 2 ids"));
+  const KVPageTableRowUpdate past[] = {{0, many.data(), 3, 0, 64}};
+  REQUIRE(absl::StrContains(table->SetRows(past).message(),
+                            "end 64 of a row of 3 ids"));
   // With the end at the count, the row takes the count as before.
   const KVPageTableRowUpdate cut[] = {{0, ids, 2, 2, 2}};
   REQUIRE_OK(table->SetRows(cut));
