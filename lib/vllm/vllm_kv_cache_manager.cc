@@ -186,6 +186,13 @@ const GroupCacheHit& VllmKvCacheManager::FindLongestCacheHit(
     hit_.hit_tokens = static_cast<int64_t>(pages.size()) * options_.block_size;
     return hit_;
   }
+  if (!finder_.has_value()) {
+    // Caching off: no finder was made (its group checks are caching's).
+    hit_.hit_tokens = 0;
+    hit_.pages.resize(groups_.size());
+    for (std::vector<PageId>& pages : hit_.pages) pages.clear();
+    return hit_;
+  }
   finder_->Find(
       max_length,
       [&](int32_t group, int64_t page) {
@@ -295,6 +302,9 @@ int64_t VllmKvCacheManager::SkippedFrees(const Request& request,
 
 void VllmKvCacheManager::RemoveSkippedBlocks(absl::string_view request_id,
                                              int64_t total_computed_tokens) {
+  // No token computed skips none (vLLM's max(0, ...)); a negative count
+  // would overflow NumSkippedTokens.
+  if (total_computed_tokens <= 0) return;
   auto found = by_id_.find(request_id);
   if (found != by_id_.end())
     RemoveSkipped(found->second, total_computed_tokens);

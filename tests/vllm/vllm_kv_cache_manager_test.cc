@@ -596,6 +596,11 @@ TEST_CASE("without caching, chunked-local groups need nothing of hits") {
                                          .use_eagle = c.use_eagle};
     options.kv_cache_groups = c.groups;
     auto manager = NewManager(options);
+    // No finder without caching: an empty hit for every group.
+    const std::vector<BlockHash> hashes = Chain(1, 4);
+    const GroupCacheHit& hit = manager->FindLongestCacheHit(hashes, 16);
+    REQUIRE(hit.hit_tokens == 0);
+    REQUIRE(hit.pages == std::vector<std::vector<PageId>>(2));
     REQUIRE_OK(manager->AllocateSlots(
         {.request_id = "a", .num_tokens = 29, .num_new_tokens = 29}));
     for (int32_t g = 0; g < 2; ++g) {
@@ -605,6 +610,25 @@ TEST_CASE("without caching, chunked-local groups need nothing of hits") {
     options.enable_caching = true;
     REQUIRE_STATUS_IS(VllmKvCacheManager::Create(options), kInvalidArgument);
   }
+}
+
+TEST_CASE("remove_skipped_blocks with no or a negative count changes nothing") {
+  auto manager = NewManager(HybridOptions());
+  REQUIRE_OK(manager->AllocateSlots({.request_id = "a",
+                                     .block_hashes = Chain(1, 6),
+                                     .num_tokens = 100,
+                                     .num_new_tokens = 100}));
+  const auto before = manager->pool().Snapshot();
+  const auto window = manager->Blocks("a", 1);
+  const Ids blocks(window.begin(), window.end());
+  // INT64_MIN overflowed the window's count (UBSan).
+  for (const int64_t tokens : {int64_t{0}, int64_t{-1}, INT64_MIN}) {
+    manager->RemoveSkippedBlocks("a", tokens);
+    REQUIRE(manager->pool().Snapshot() == before);
+    const auto after = manager->Blocks("a", 1);
+    REQUIRE(Ids(after.begin(), after.end()) == blocks);
+  }
+  REQUIRE_OK(manager->CheckInvariants());
 }
 
 TEST_CASE("a hybrid request holds a list a group, the window's nulled") {
