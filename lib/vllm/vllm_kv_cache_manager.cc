@@ -11,6 +11,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "base/reservation.h"
 #include "cache/cache_event_log.h"
 #include "cache/group_key.h"
 #include "kvblock/status_macros.h"
@@ -86,6 +87,20 @@ absl::StatusOr<std::unique_ptr<VllmKvCacheManager>> VllmKvCacheManager::Create(
     KVBLOCK_ASSIGN_OR_RETURN(finder,
                              GroupCacheHitFinder::Create(groups, kNullBlock));
   }
+  // What the constructor reserves beyond the pool, checked before it tries:
+  // each block's hashes of its smaller blocks, for the groups of larger
+  // pages (caching only).
+  int64_t max_scale = 1;
+  if (options.enable_caching) {
+    for (const KvCacheGroupSpec& group : groups) {
+      max_scale =
+          std::max<int64_t>(max_scale, group.page_size / options.block_size);
+    }
+  }
+  internal::Reservation reservation("vllm kv cache manager");
+  reservation.Add(options.num_blocks,
+                  (max_scale - 1) * static_cast<int64_t>(sizeof(BlockHash)));
+  KVBLOCK_RETURN_IF_ERROR(reservation.Check());
   KVBLOCK_ASSIGN_OR_RETURN(
       std::unique_ptr<BlockPool> pool,
       BlockPool::Create(options.num_blocks,
@@ -93,8 +108,12 @@ absl::StatusOr<std::unique_ptr<VllmKvCacheManager>> VllmKvCacheManager::Create(
                          .index_duplicates = true,
                          .host_pages = options.host_pages,
                          .host_write_policy = options.host_write_policy}));
-  return std::unique_ptr<VllmKvCacheManager>(new VllmKvCacheManager(
-      options, std::move(groups), std::move(finder), std::move(pool)));
+  std::unique_ptr<VllmKvCacheManager> manager;
+  KVBLOCK_RETURN_IF_ERROR(reservation.Run([&] {
+    manager.reset(new VllmKvCacheManager(options, std::move(groups),
+                                         std::move(finder), std::move(pool)));
+  }));
+  return manager;
 }
 
 VllmKvCacheManager::VllmKvCacheManager(

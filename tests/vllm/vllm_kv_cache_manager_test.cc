@@ -612,6 +612,18 @@ TEST_CASE("without caching, chunked-local groups need nothing of hits") {
   }
 }
 
+TEST_CASE("create refuses groups whose hash prefixes no machine can hold") {
+  // 1,000 blocks, each keeping the hashes of its 2^29 one-token blocks: 17
+  // TB, which the constructor tried to allocate (an abort).
+  VllmKvCacheManagerOptions options = {
+      .num_blocks = 1000, .block_size = 1, .max_model_len = 1 << 20};
+  options.kv_cache_groups = {{.page_size = 1 << 29}};
+  const auto manager = VllmKvCacheManager::Create(options);
+  REQUIRE_STATUS_IS(manager, kResourceExhausted);
+  REQUIRE(absl::StrContains(manager.status().message(),
+                            "vllm kv cache manager: reserving"));
+}
+
 TEST_CASE("remove_skipped_blocks with no or a negative count changes nothing") {
   auto manager = NewManager(HybridOptions());
   REQUIRE_OK(manager->AllocateSlots({.request_id = "a",
