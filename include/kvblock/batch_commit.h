@@ -11,7 +11,9 @@
 // sequence appends. Commit applies, in this order:
 //   1. leaving sequences release their pages (tail first);
 //   2. joins, in order: a prompt is admitted (prefix hits first), a fork
-//      shares its parent's pages as they were at the start of the step;
+//      shares its parent's pages as they were at the start of the step
+//      (a running parent's forks are made first, before its window groups
+//      release the pages its appends leave behind);
 //   3. appends: survivors in slot order (each then setting its draft slots,
 //      speculative decoding), the prompt chunks of running sequences
 //      (chunked prefill), then joined forks' tokens, in order; a shared
@@ -208,8 +210,9 @@ class BatchCommit {
   // join in order (a negative id, an id already live: AlreadyExists, a fork
   // parent neither running nor joined before it (a leaving one included), a
   // fork of a same-step join that appends, an id joining twice); then the
-  // batch size (FailedPrecondition). Then, applying: the frees, the
-  // admissions and forks in join order (the manager's errors: a prompt too
+  // batch size (FailedPrecondition). Then, applying: the frees, the forks
+  // of running sequences in join order, then the other admissions and
+  // forks in join order (the manager's errors: a prompt too
   // long is OutOfRange, pages running out ResourceExhausted, a fork of a
   // sequence with prompt left or drafts FailedPrecondition), the appends
   // and drafts in slot order, the prompt chunks, then the forks' appends,

@@ -516,11 +516,29 @@ absl::Status BatchCommit::Impl::Apply(const StepPlan& plan) {
   for (const SequenceId id : plan.preempted) {
     KVBLOCK_RETURN_IF_ERROR(remove(id, /*preempted=*/true));
   }
-  const absl::Cleanup clear_skips = [&] { ClearSkips(); };
-  KVBLOCK_RETURN_IF_ERROR(ReleaseSkipped(plan));
   std::move(frees_timed).Invoke();
   absl::Cleanup admissions_timed = [&] { lap(phase_times_.admissions_ns); };
+  const auto fork = [&](const JoinRequest& join) {
+    return coordinator_ != nullptr ? coordinator_->Fork(join.fork_of, join.id)
+                                   : manager_.Fork(join.fork_of, join.id);
+  };
+  // Forks of running parents first: they share the parent's pages as at
+  // the start of the step, before its window groups release any. (They
+  // allocate nothing, so the releases still come before every allocation.)
+  const auto forks_running = [&](const JoinRequest& join) {
+    return join.fork_of != kNoSequence && !joining_.contains(join.fork_of);
+  };
   for (const JoinRequest& join : plan.joins) {
+    if (forks_running(join)) KVBLOCK_RETURN_IF_ERROR(fork(join));
+  }
+  lap(phase_times_.admissions_ns);
+  const absl::Cleanup clear_skips = [&] { ClearSkips(); };
+  {
+    absl::Cleanup releases_timed = [&] { lap(phase_times_.frees_ns); };
+    KVBLOCK_RETURN_IF_ERROR(ReleaseSkipped(plan));
+  }
+  for (const JoinRequest& join : plan.joins) {
+    if (forks_running(join)) continue;
     if (join.fork_of == kNoSequence) {
       KVBLOCK_ASSIGN_OR_RETURN(
           const AdmissionPlan admitted,
@@ -531,9 +549,7 @@ absl::Status BatchCommit::Impl::Apply(const StepPlan& plan) {
                                join.prompt_hashes, join.admit));
       new_pages_ += admitted.new_pages;
     } else {
-      KVBLOCK_RETURN_IF_ERROR(coordinator_ != nullptr
-                                  ? coordinator_->Fork(join.fork_of, join.id)
-                                  : manager_.Fork(join.fork_of, join.id));
+      KVBLOCK_RETURN_IF_ERROR(fork(join));
     }
   }
   std::move(admissions_timed).Invoke();

@@ -152,6 +152,33 @@ TEST_CASE("a commit tags the copies of forks with their group") {
   REQUIRE_OK(f.commit->CheckInvariants());
 }
 
+TEST_CASE("a fork shares its parent's pages from before its window's release") {
+  // The parent appends in the step it is forked: its window releases the
+  // pages its new token no longer reads, but the fork, which has not
+  // computed that token, takes the pages as at the start of the step (it
+  // took the null page where its last token is, breaking the invariants).
+  using enum AttentionKind;
+  for (const KvCacheGroupSpec& window :
+       {GroupSpec(kChunkedLocal, 4, 8), GroupSpec(kSlidingWindow, 4, 4)}) {
+    INFO("window kind " << static_cast<int>(window.kind));
+    Fixture f(128, {GroupSpec(kFull, 4), window}, 16);
+    const Tokens prompt = TokenRange(1, 8);  // two full pages.
+    const JoinRequest joins[] = {{.id = 1, .tokens = prompt}};
+    REQUIRE_OK(f.commit->Commit({.joins = joins}));
+    const Pages before = f.GroupPages(1, 1);
+    const JoinRequest forks[] = {{.id = 2, .fork_of = 1}};
+    const int32_t counts[] = {1};
+    const TokenId tokens[] = {99};
+    REQUIRE_OK(f.commit->Commit(
+        {.joins = forks, .append_counts = counts, .append_tokens = tokens}));
+    REQUIRE(f.GroupPages(2, 1) == before);
+    REQUIRE(f.GroupPages(1, 1)[0] == f.manager->null_page());
+    REQUIRE(f.Row(1, 1) == before);
+    REQUIRE_OK(f.manager->CheckInvariants());
+    REQUIRE_OK(f.commit->CheckInvariants());
+  }
+}
+
 TEST_CASE("a chunked prompt's rows show its window's skips") {
   using enum AttentionKind;
   Fixture f(128, {GroupSpec(kFull, 4), GroupSpec(kSlidingWindow, 4, 6)}, 16);
