@@ -25,11 +25,20 @@
 // as much for replay replies, counted as each message is handed to ZeroMQ
 // and freed by it. A batch past it is numbered and kept for replay but not
 // sent on PUB (batches_unsent): a subscriber sees a gap in the sequence
-// numbers, as after ZeroMQ's own drop at send_hwm, and may replay it. A replay
-// past it ends early with the end marker (replays_cut; the marker, a few
-// frames, is always sent): the requester asks again from the seq after the last
-// it got. The replay ring keeps at most replay_buffer batches and
-// max_replay_bytes, the newest.
+// numbers and may replay it. The bound is on all subscribers together:
+// ZeroMQ frees a batch once it has written it to every connection, so a
+// subscriber that stops reading holds what it has not taken, and once
+// that reaches the bound the others get nothing more until it reads or
+// leaves (ZeroMQ's own drop at send_hwm is by connection); the same holds
+// for requesters and the replies. A replay past the bound ends early with
+// the end marker (replays_cut): the requester asks again from the seq
+// after the last it got; a request that finds not even the marker's room
+// gets no reply (replays_cut too). A batch larger than the bound alone is
+// never sent, on PUB or in a replay (the replay goes on past it). The
+// replay ring keeps at most replay_buffer batches and max_replay_bytes,
+// the newest; a batch larger than max_replay_bytes alone is not kept. A
+// turn of the publisher thread serves at most 64 replay requests, so that
+// requests cannot hold the batches back.
 //
 // Thread safety: Publish, idle and stats may be called from any thread; the
 // sockets belong to the publisher thread.
@@ -65,8 +74,8 @@ struct KvEventPublisherOptions {
   // PUB and it has not yet written out (each batch's payload plus 200
   // bytes of frames), and, apart, of its replay replies, at least 0; 0: no
   // bound. A batch past it is numbered and kept for replay, not sent
-  // (batches_unsent); a replay past it ends early (replays_cut), and a
-  // requester that does not read holds back only its replies.
+  // (batches_unsent); a replay past it ends early (replays_cut). One bound
+  // for all subscribers, and one for all requesters (see above).
   int64_t max_queued_bytes = int64_t{64} << 20;
   // Batches Publish may queue for the publisher thread (at least 1).
   int32_t queue_capacity = 1024;

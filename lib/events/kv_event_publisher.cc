@@ -770,6 +770,8 @@ constexpr size_t kCacheLine = 64;
 // What ZeroMQ holds for a frame besides its bytes (a zmq_msg_t in a pipe),
 // and for a batch's three frames (its 8-byte seq too).
 constexpr int64_t kFrameBytes = 64;
+// Replay requests one turn of the publisher thread serves.
+constexpr int kReplayRequestsPerTurn = 64;
 constexpr int64_t kBatchFrameBytes = 3 * kFrameBytes + 8;
 
 struct KvEventPublisher::State {
@@ -911,7 +913,11 @@ bool KvEventPublisher::State::Send(
     std::unique_ptr<PayloadPool::Payload> payload) {
   const int64_t seq = next_seq++;
   const size_t size = payload->bytes.size();
-  if (router && options.replay_buffer > 0) {
+  // A batch larger than max_replay_bytes alone is not kept (nor does it
+  // push the kept ones out).
+  if (router && options.replay_buffer > 0 &&
+      (options.max_replay_bytes == 0 ||
+       static_cast<int64_t>(size) <= options.max_replay_bytes)) {
     // A copy, into the oldest kept one's buffer once the buffer is full
     // (unless that buffer is much larger than this copy needs).
     std::string copy;
@@ -925,7 +931,7 @@ bool KvEventPublisher::State::Send(
     kept_bytes += static_cast<int64_t>(copy.capacity());
     kept.emplace_back(seq, std::move(copy));
     while (options.max_replay_bytes > 0 &&
-           kept_bytes > options.max_replay_bytes) {
+           kept_bytes > options.max_replay_bytes && kept.size() > 1) {
       kept_bytes -= static_cast<int64_t>(kept.front().second.capacity());
       kept.pop_front();
     }
@@ -955,7 +961,9 @@ bool KvEventPublisher::State::Send(
 }
 
 void KvEventPublisher::State::ServeReplay() {
-  while (true) {
+  // A turn serves at most kReplayRequestsPerTurn requests, then the thread
+  // goes back to the queue: a stream of requests cannot stop publishing.
+  for (int served = 0; served < kReplayRequestsPerTurn; ++served) {
     std::vector<zmq::message_t> frames;
     while (true) {
       zmq::message_t frame;
@@ -979,35 +987,45 @@ void KvEventPublisher::State::ServeReplay() {
       start = start >> 56 != 0 ? UINT64_MAX : start << 8 | bytes[i];
     }
     const zmq::message_t& identity = frames[0];
-    // Each batch replied counted in the replies' bytes queued toward
-    // ZeroMQ: a requester that does not read stops the replies at
-    // max_queued_bytes, not the batches on PUB.
+    // Each reply, the end marker's too, counted in the replies' bytes
+    // queued toward ZeroMQ: a requester that does not read stops the
+    // replies at max_queued_bytes, not the batches on PUB.
+    const auto reply_bytes = [&](absl::string_view payload) {
+      return static_cast<int64_t>(payload.size()) +
+             static_cast<int64_t>(identity.size()) + kBatchFrameBytes +
+             kFrameBytes;
+    };
     const auto reply = [&](int64_t seq, absl::string_view payload) {
       const std::array<uint8_t, 8> seq_bytes = BigEndian(seq);
       router->send(zmq::buffer(identity.data(), identity.size()),
                    zmq::send_flags::sndmore);
       router->send(zmq::message_t(), zmq::send_flags::sndmore);
       router->send(zmq::buffer(seq_bytes), zmq::send_flags::sndmore);
-      if (seq < 0) {
-        // The end marker, a few frames of bytes: always sent, not counted.
-        router->send(zmq::message_t(), zmq::send_flags::none);
-        return;
-      }
-      const int64_t bytes = static_cast<int64_t>(payload.size()) +
-                            static_cast<int64_t>(identity.size()) +
-                            kBatchFrameBytes + kFrameBytes;
-      router->send(payloads.CopyMessage(payload, bytes), zmq::send_flags::none);
+      router->send(payloads.CopyMessage(payload, reply_bytes(payload)),
+                   zmq::send_flags::none);
       peak_queued_bytes =
           std::max(peak_queued_bytes,
                    payloads.queued_bytes() + payloads.replay_queued_bytes());
     };
+    const auto over_bound = [&](int64_t bytes) {
+      return options.max_queued_bytes > 0 &&
+             payloads.replay_queued_bytes() + bytes > options.max_queued_bytes;
+    };
+    // Not even the end marker fits: the request gets no reply (a requester
+    // that never reads cannot grow the process by asking).
+    if (over_bound(reply_bytes(""))) {
+      ++replays_cut;
+      continue;
+    }
     for (const auto& [seq, payload] : kept) {
       if (static_cast<uint64_t>(seq) < start) continue;
-      const int64_t bytes = static_cast<int64_t>(payload.size()) +
-                            static_cast<int64_t>(identity.size()) +
-                            kBatchFrameBytes + kFrameBytes;
-      if (options.max_queued_bytes > 0 &&
-          payloads.replay_queued_bytes() + bytes > options.max_queued_bytes) {
+      const int64_t bytes = reply_bytes(payload);
+      // A batch larger than the bound alone is never sent, here as on PUB:
+      // the replay goes on past it.
+      if (options.max_queued_bytes > 0 && bytes > options.max_queued_bytes) {
+        continue;
+      }
+      if (over_bound(bytes + reply_bytes(""))) {
         // Ended early, by the end marker: the requester asks again from
         // the seq after the last it got.
         ++replays_cut;

@@ -16,6 +16,7 @@
 #include <sched.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -1083,6 +1084,101 @@ TEST_CASE("the replay ring is bounded in bytes, keeping the newest") {
   REQUIRE(seqs.size() <= 4);
   REQUIRE(seqs.back() == 19);
   for (size_t i = 1; i < seqs.size(); ++i) REQUIRE(seqs[i] == seqs[i - 1] + 1);
+}
+
+// A batch of about 170 KB: six LargeEvents in one.
+std::vector<KvCacheEvent> HugeEvents() {
+  std::vector<KvCacheEvent> huge;
+  for (int i = 0; i < 6; ++i) huge.push_back(LargeEvents()[0]);
+  return huge;
+}
+
+// The seqs one replay from `start` returns, up to its end marker.
+std::vector<int64_t> ReplaySeqs(zmq::socket_t& replay, int64_t start) {
+  replay.send(zmq::message_t(), zmq::send_flags::sndmore);
+  replay.send(SeqFrame(start), zmq::send_flags::none);
+  std::vector<int64_t> seqs;
+  while (true) {
+    const std::vector<zmq::message_t> frames = Receive(replay);
+    REQUIRE(frames.size() == 3);
+    if (SeqOf(frames[1]) == -1) return seqs;
+    seqs.push_back(SeqOf(frames[1]));
+  }
+}
+
+TEST_CASE("a batch larger than a bound alone is passed over, not a wall") {
+  // Kept only if it fits max_replay_bytes alone, and then never the reason
+  // the older ones go (it emptied the ring); replayed only if it fits
+  // max_queued_bytes alone, and otherwise passed over (every replay from
+  // it ended at it: the requester's retries never got past).
+  Options options;
+  options.endpoint = "tcp://127.0.0.1:*";
+  options.replay_endpoint = "tcp://127.0.0.1:*";
+  options.block_size = kPageSize;
+  options.reserved_changes = 0;
+  for (const bool replay_bound : {true, false}) {
+    INFO((replay_bound ? "max_replay_bytes" : "max_queued_bytes"));
+    options.max_replay_bytes = replay_bound ? 100 << 10 : 0;
+    options.max_queued_bytes = replay_bound ? 0 : 100 << 10;
+    auto publisher = KvEventPublisher::Create(options);
+    REQUIRE_OK(publisher);
+    for (int i = 0; i < 5; ++i) REQUIRE((*publisher)->Publish(SampleEvents()));
+    REQUIRE((*publisher)->Publish(HugeEvents()));  // seq 5.
+    for (int i = 0; i < 5; ++i) REQUIRE((*publisher)->Publish(SampleEvents()));
+    REQUIRE((*publisher)->Flush(absl::Seconds(5)));
+    zmq::context_t context;
+    zmq::socket_t replay(context, zmq::socket_type::dealer);
+    replay.connect((*publisher)->replay_endpoint());
+    REQUIRE(ReplaySeqs(replay, 0) ==
+            std::vector<int64_t>{0, 1, 2, 3, 4, 6, 7, 8, 9, 10});
+    REQUIRE(ReplaySeqs(replay, 5) == std::vector<int64_t>{6, 7, 8, 9, 10});
+  }
+}
+
+TEST_CASE("replay requests neither stop the batches nor grow the process") {
+  constexpr int64_t kBound = 64 << 10;
+  Options options;
+  options.endpoint = "tcp://127.0.0.1:*";
+  options.replay_endpoint = "tcp://127.0.0.1:*";
+  options.block_size = kPageSize;
+  options.max_queued_bytes = kBound;
+  auto publisher = KvEventPublisher::Create(options);
+  REQUIRE_OK(publisher);
+  zmq::context_t context;
+  // A requester that asks without end, past every seq (the end marker
+  // alone), and never reads. Before, a turn served requests until none was
+  // left, so that the batches were not sent (Flush timed out), and the end
+  // markers, not counted, piled up in ZeroMQ without bound.
+  std::atomic<bool> asking = true;
+  std::thread flood([&] {
+    zmq::socket_t requester(context, zmq::socket_type::dealer);
+    requester.set(zmq::sockopt::rcvhwm, 1);
+    requester.set(zmq::sockopt::rcvbuf, 4 << 10);
+    requester.set(zmq::sockopt::sndhwm, 0);
+    requester.connect((*publisher)->replay_endpoint());
+    while (asking.load()) {
+      requester.send(zmq::message_t(), zmq::send_flags::sndmore);
+      requester.send(SeqFrame(INT64_MAX), zmq::send_flags::none);
+    }
+    requester.set(zmq::sockopt::linger, 0);
+  });
+  for (int i = 0; i < 200; ++i) {
+    REQUIRE((*publisher)->Publish(SampleEvents()));
+    REQUIRE((*publisher)->Flush(absl::Seconds(5)));
+  }
+  KvEventPublisherStats stats = (*publisher)->stats();
+  for (int i = 0; i < 500 && stats.replays_cut == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    REQUIRE((*publisher)->Flush(absl::Seconds(5)));
+    stats = (*publisher)->stats();
+  }
+  asking = false;
+  flood.join();
+  REQUIRE(stats.batches_published == 200);
+  REQUIRE(stats.replay_requests > 0);
+  // The markers count: past the bound, a request gets no reply.
+  REQUIRE(stats.replays_cut > 0);
+  REQUIRE(stats.peak_queued_bytes <= 2 * kBound);
 }
 
 TEST_CASE("Flush wakes the thread; its looks at any interval send all") {
