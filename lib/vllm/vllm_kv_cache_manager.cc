@@ -525,6 +525,24 @@ absl::StatusOr<VllmSlotResult> VllmKvCacheManager::AllocateSlots(
     plan.held_after = std::max(plan.after_hits + plan.external_blocks,
                                CeilBlocks(g, num_need_slot));
   }
+  // Without hits to take, the blocks are added to those held: a window
+  // that skips blocks the request never held (computed tokens past its
+  // blocks, which vLLM's check counts as null blocks and its allocation
+  // then takes from the pool: a ValueError there) is refused before
+  // anything changes.
+  if (!takes_hits) {
+    for (int32_t g = 0; g < num_groups(); ++g) {
+      const int64_t held =
+          request == nullptr ? 0 : request->groups[g].blocks.size();
+      const int64_t skipped = NumSkippedPages(groups_[g], num_total_computed);
+      if (skipped > held && CeilBlocks(g, num_need_slot) > held) {
+        return bad(num_total_computed, " tokens computed (num_computed_tokens ",
+                   slots.num_computed_tokens, ") skip ", skipped,
+                   " blocks of kv cache group ", g, ", which holds ", held,
+                   ": computed tokens past the request's blocks");
+      }
+    }
+  }
   // vLLM frees the skipped blocks before it checks, and keeps them freed
   // when it then allocates nothing (and only then looks at the hashes).
   const bool skips = request != nullptr && windowed_;

@@ -624,6 +624,50 @@ TEST_CASE("create refuses groups whose hash prefixes no machine can hold") {
                             "vllm kv cache manager: reserving"));
 }
 
+TEST_CASE("computed tokens past a request's blocks are refused unchanged") {
+  // A window would skip blocks the request never held: vLLM's check counts
+  // them as null blocks and its allocation takes them from the pool. The
+  // call passed the check, failed in the pool (ResourceExhausted, not
+  // allocated=false), and had freed the request's window blocks first.
+  VllmKvCacheManagerOptions options = {
+      .num_blocks = 25, .block_size = 4, .max_model_len = 64};
+  options.kv_cache_groups = {{.page_size = 4},
+                             {.kind = AttentionKind::kSlidingWindow,
+                              .page_size = 4,
+                              .sliding_window = 4}};
+  const std::vector<BlockHash> hashes = Chain(1, 16);
+  auto fresh = NewManager(options);
+  const auto first = fresh->AllocateSlots({.request_id = "a",
+                                           .block_hashes = hashes,
+                                           .num_tokens = 64,
+                                           .num_computed_tokens = 60,
+                                           .num_new_tokens = 4});
+  REQUIRE_STATUS_IS(first, kInvalidArgument);
+  REQUIRE(absl::StrContains(first.status().message(),
+                            "computed tokens past the request's blocks"));
+  REQUIRE(fresh->num_requests() == 0);
+
+  auto manager = NewManager(options);
+  REQUIRE_OK(manager->AllocateSlots({.request_id = "a",
+                                     .block_hashes = hashes,
+                                     .num_tokens = 16,
+                                     .num_new_tokens = 16,
+                                     .delay_cache_blocks = true}));
+  const State before = StateOf(*manager, "a");
+  const auto jumped = manager->AllocateSlots({.request_id = "a",
+                                              .block_hashes = hashes,
+                                              .num_tokens = 20,
+                                              .num_computed_tokens = 1000,
+                                              .num_new_tokens = 4});
+  REQUIRE_STATUS_IS(jumped, kInvalidArgument);
+  REQUIRE(
+      absl::StrContains(jumped.status().message(), "num_computed_tokens 1000"));
+  REQUIRE(StateOf(*manager, "a") == before);
+  const auto window = manager->Blocks("a", 1);
+  REQUIRE(std::find(window.begin(), window.end(), 0) == window.end());
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
 TEST_CASE("remove_skipped_blocks with no or a negative count changes nothing") {
   auto manager = NewManager(HybridOptions());
   REQUIRE_OK(manager->AllocateSlots({.request_id = "a",
