@@ -144,8 +144,9 @@ class KVPageTable {
   // a table of more than INT32_MAX entries (`max_batch * 2 *
   // max_pages_per_seq`; kernels index it with 32-bit offsets); staging_bytes
   // negative or below MinStagingBytes. ResourceExhausted: the host rows, the
-  // device mirror or the staging could not be allocated. Internal: the
-  // device failed otherwise.
+  // device mirror or the staging could not be allocated, or need more than
+  // the machine's memory (checked first). Internal: the device failed
+  // otherwise.
   static absl::StatusOr<std::unique_ptr<KVPageTable>> Create(
       int32_t max_batch, int32_t max_pages_per_seq, int32_t num_pages,
       Device& device, const KVPageTableOptions& options = {});

@@ -106,6 +106,22 @@ absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(
         absl::StrCat("block pool: host_pages must be in [0, ", kMaxNumPages,
                      "], got ", options.host_pages));
   }
+  // Enums from callers' integers (Python's, a config file's): only the
+  // values they name.
+  if (options.eviction_order != EvictionOrder::kNeverCachedFirst &&
+      options.eviction_order != EvictionOrder::kLeastRecentlyFreed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block pool: eviction_order ",
+                     static_cast<int32_t>(options.eviction_order),
+                     " is not one of EvictionOrder's"));
+  }
+  if (options.host_write_policy != HostWritePolicy::kWriteBack &&
+      options.host_write_policy != HostWritePolicy::kWriteThrough) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("block pool: host_write_policy ",
+                     static_cast<int32_t>(options.host_write_policy),
+                     " is not one of HostWritePolicy's"));
+  }
   internal::Reservation reservation("block pool");
   reservation.Add(int64_t{num_pages} + 1, sizeof(PageState));
   reservation.Add(1, PrefixIndex::ReservedBytes(num_pages));

@@ -12,6 +12,7 @@
 #include "absl/base/attributes.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "base/reservation.h"
 #include "kvblock/status_macros.h"
 
 namespace kvblock {
@@ -254,6 +255,12 @@ absl::StatusOr<std::unique_ptr<KVPageTable>> KVPageTable::Create(
         "page table: staging_bytes ", staging_bytes, " is below ", min_staging,
         ", one row of max_pages_per_seq ", max_pages_per_seq, " ids"));
   }
+  // The host rows and the pinned staging, checked before anything is
+  // allocated (a staging_bytes no machine holds was a calloc of it).
+  internal::Reservation reservation("page table");
+  reservation.Add(entries / 2, sizeof(PageId));
+  reservation.Add(kStagingSlots, staging_bytes);
+  KVBLOCK_RETURN_IF_ERROR(reservation.Check());
   KVBLOCK_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl,
                            Impl::Create(max_batch, max_pages_per_seq, num_pages,
                                         device, staging_bytes));

@@ -48,6 +48,18 @@ TEST_CASE("create rejects bad sizes and options") {
                     kInvalidArgument);
   REQUIRE_STATUS_IS(BlockPool::Create(4, {.journal_reserve = -1}),
                     kInvalidArgument);
+  // Enums named by their values only (they were taken as the defaults).
+  const auto order =
+      BlockPool::Create(4, {.eviction_order = static_cast<EvictionOrder>(7)});
+  REQUIRE_STATUS_IS(order, kInvalidArgument);
+  REQUIRE(order.status().message().find("eviction_order 7") !=
+          std::string::npos);
+  const auto policy = BlockPool::Create(
+      4,
+      {.host_pages = 4, .host_write_policy = static_cast<HostWritePolicy>(77)});
+  REQUIRE_STATUS_IS(policy, kInvalidArgument);
+  REQUIRE(policy.status().message().find("host_write_policy 77") !=
+          std::string::npos);
   auto pool = NewPool(4);
   REQUIRE(pool->num_pages() == 4);
   REQUIRE(pool->NumFree() == 4);

@@ -284,6 +284,15 @@ TEST_CASE("set rows writes only [first, end) of a row, the rest kept") {
   REQUIRE_OK(table->CheckInvariants());
 }
 
+TEST_CASE("create refuses staging no machine holds, before allocating") {
+  std::unique_ptr<Device> device = Device::Host();
+  const auto table = KVPageTable::Create(
+      kBatch, kWidth, kPages, *device,
+      {.staging_bytes = std::numeric_limits<int64_t>::max()});
+  REQUIRE_STATUS_IS(table, kResourceExhausted);
+  REQUIRE(absl::StrContains(table.status().message(), "page table: reserving"));
+}
+
 TEST_CASE("create rejects staging that cannot hold one row") {
   std::unique_ptr<Device> device = Device::Host();
   const int64_t least = KVPageTable::MinStagingBytes(kWidth);
