@@ -43,7 +43,18 @@ absl::StatusOr<GroupCoordinator::Created> GroupCoordinator::Create(
           "block manager: KV cache group ", g, ": ", status.message()));
     }
     BlockManagerImpl::Reserve(group, options, reservation);
+    // The coordinator's own: the group's chain of a sequence's page hashes
+    // and its pages pinned while a hit is taken.
+    reservation.Add(group.max_pages_per_seq,
+                    sizeof(BlockHash) + sizeof(PageId));
     group_configs.push_back(group);
+  }
+  // With several page sizes, the chain of a sequence's hash blocks.
+  const int32_t hash_block_size = HashPageSize(specs);
+  if (std::any_of(specs.begin(), specs.end(), [&](const auto& spec) {
+        return spec.page_size != hash_block_size;
+      })) {
+    reservation.Add(max_tokens / hash_block_size, sizeof(BlockHash));
   }
   KVBLOCK_RETURN_IF_ERROR(reservation.Check());
   KVBLOCK_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool,
@@ -56,9 +67,8 @@ absl::StatusOr<GroupCoordinator::Created> GroupCoordinator::Create(
     KVBLOCK_ASSIGN_OR_RETURN(finder,
                              GroupCacheHitFinder::Create(specs, null_page));
   }
-  // Every group hashes pages as blocks of one size, as vLLM does: one
-  // prompt chain names every group's pages.
-  const int32_t hash_block_size = HashPageSize(specs);
+  // Every group hashes pages as blocks of one size (hash_block_size), as
+  // vLLM does: one prompt chain names every group's pages.
   std::vector<BlockHasher> hashers;
   for (const KvCacheGroupSpec& spec : specs) {
     KVBLOCK_ASSIGN_OR_RETURN(
