@@ -828,6 +828,17 @@ absl::StatusOr<int64_t> BatchCommit::Impl::AppendPages(
                      " entries and draft_counts ", draft_counts.size(),
                      ", the batch has ", batch_, " sequences"));
   }
+  // Named by slot, as Commit names them (the manager's message would name
+  // an internal handle).
+  for (SlotId slot = 0; slot < batch_; ++slot) {
+    const int32_t drafts = draft_counts.empty() ? 0 : draft_counts[slot];
+    if (append_counts[slot] < 0 || drafts < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch commit: append_counts[", slot,
+                       "] = ", append_counts[slot], " and draft_counts[", slot,
+                       "] = ", drafts, ": counts are non-negative"));
+    }
+  }
   int64_t pages = 0;
   for (size_t g = 0; g < groups_.size(); ++g) {
     for (SlotId slot = 0; slot < batch_; ++slot) {

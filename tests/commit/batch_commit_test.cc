@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "base/fault_injection.h"
 #include "commit/batch_commit_test_util.h"
 #include "manager/block_manager_test_util.h"
@@ -247,7 +248,11 @@ TEST_CASE("append pages are what the step's appends then allocate") {
   const int32_t wrong_length[] = {1};
   REQUIRE_STATUS_IS(f.commit->AppendPages(wrong_length), kInvalidArgument);
   const int32_t negative[] = {1, -1};
-  REQUIRE_STATUS_IS(f.commit->AppendPages(negative), kInvalidArgument);
+  const absl::StatusOr<int64_t> refused = f.commit->AppendPages(negative);
+  REQUIRE_STATUS_IS(refused, kInvalidArgument);
+  // Named by slot, as Commit names counts.
+  REQUIRE(
+      absl::StrContains(refused.status().message(), "append_counts[1] = -1"));
 }
 
 TEST_CASE("a fork of a same-step fork shares what that fork joined with") {
