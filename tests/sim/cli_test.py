@@ -152,6 +152,15 @@ with tempfile.TemporaryDirectory() as tmp:
     run(["--serve"], 2, "serve input: line 2: run_until: 1 is not after the "
         "arrival of 'a' (step 1)", stdin=served + '\n{"run_until": 1}\n')
     run(["--serve"], 2, "serve input: line 1: bad JSON", stdin="{\n")
+    # No step, no host time (the end's wait for the device counted 310 ns).
+    empty = os.path.join(tmp, "empty.json")
+    run(["--serve", f"--json={empty}"], 0, "", stdin="")
+    with open(empty) as f:
+        idle = json.load(f)
+    if (idle["steps"], idle["host_ns_total"]) != (0, 0):
+        failures.append(["--serve", "empty"])
+        print(f"FAIL an empty --serve run: {idle['steps']} steps, "
+              f"{idle['host_ns_total']} ns of host time")
     # A router that goes away: the next write fails, exit 1 with a message
     # (not death by SIGPIPE, status 141).
     feeder = subprocess.Popen([SIM, "--serve"], stdin=subprocess.PIPE,

@@ -96,6 +96,7 @@ class RunMetrics {
 
   HostClock& host_clock() { return host_clock_; }
   int64_t requests() const { return result_.requests; }
+  int64_t steps() const { return result_.steps; }
   int64_t completed() const { return result_.completed; }
   int64_t rejected() const { return result_.num_rejected(); }
   int64_t kv_event_batches() const { return result_.kv_events.batches; }
