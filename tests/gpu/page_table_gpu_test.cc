@@ -24,6 +24,25 @@ std::unique_ptr<Device> CudaDevice() {
   return *std::move(device);
 }
 
+// Keeps the default stream busy for tens of milliseconds with a 1 GiB
+// copy (its buffers live as long as it does), so that what is enqueued
+// after it stays in flight.
+struct BusyCopy {
+  explicit BusyCopy(Device& device) {
+    constexpr size_t kBytes = size_t{1} << 30;
+    absl::StatusOr<PinnedBuffer> pinned = device.AllocatePinned(kBytes);
+    absl::StatusOr<DeviceBuffer> buffer = device.Allocate(kBytes);
+    REQUIRE_OK(pinned);
+    REQUIRE_OK(buffer);
+    source = *std::move(pinned);
+    target = *std::move(buffer);
+    REQUIRE_OK(
+        device.CopyToDevice(source.data(), target.data(), kBytes, nullptr));
+  }
+  PinnedBuffer source;
+  DeviceBuffer target;
+};
+
 TEST_CASE("upload behaviour on a cuda device", "[gpu]") {
   std::unique_ptr<Device> device = CudaDevice();
   REQUIRE(device->kind() == Device::Kind::kCuda);
@@ -92,15 +111,8 @@ TEST_CASE("upload waits for a staging slot only when all are in flight",
   REQUIRE_OK(table.Upload(nullptr));
   REQUIRE_OK(device->Synchronize(nullptr));
 
-  // Keep the default stream busy for tens of milliseconds with a 1 GiB copy,
-  // so that the uploads below stay in flight behind it.
-  constexpr size_t kBusyBytes = size_t{1} << 30;
-  absl::StatusOr<PinnedBuffer> busy_source = device->AllocatePinned(kBusyBytes);
-  absl::StatusOr<DeviceBuffer> busy_target = device->Allocate(kBusyBytes);
-  REQUIRE_OK(busy_source);
-  REQUIRE_OK(busy_target);
-  REQUIRE_OK(device->CopyToDevice(busy_source->data(), busy_target->data(),
-                                  kBusyBytes, nullptr));
+  // The uploads below stay in flight behind it.
+  const BusyCopy busy(*device);
   for (int i = 0; i < KVPageTable::kStagingSlots; ++i) {
     const std::vector<PageId> row(i + 1, static_cast<PageId>(i));
     REQUIRE_OK(table.SetRow(i, row));
@@ -127,13 +139,7 @@ TEST_CASE("a stream made to wait for an upload's event reads the upload",
   KVPageTable& table = **created;
   REQUIRE_OK(table.Upload(nullptr));
   REQUIRE_OK(device->Synchronize(nullptr));
-  constexpr size_t kBusyBytes = size_t{1} << 30;
-  absl::StatusOr<PinnedBuffer> busy_source = device->AllocatePinned(kBusyBytes);
-  absl::StatusOr<DeviceBuffer> busy_target = device->Allocate(kBusyBytes);
-  REQUIRE_OK(busy_source);
-  REQUIRE_OK(busy_target);
-  REQUIRE_OK(device->CopyToDevice(busy_source->data(), busy_target->data(),
-                                  kBusyBytes, nullptr));
+  const BusyCopy busy(*device);
   REQUIRE_OK(table.SetRow(3, {7, 8, 9}));
   REQUIRE_OK(table.Upload(nullptr));
   absl::StatusOr<DeviceEvent> uploaded = device->CreateEvent();
