@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import subprocess
+import threading
 
 import pytest
 
@@ -56,6 +57,58 @@ def test_the_index_follows_stored_removed_and_cleared_pages():
     assert index.orphans == 1
     index.apply(1, "BlockRemoved", {"block_hashes": [5555]})
     assert index.unknown_removals == 1
+
+
+def test_host_tier_pages_continue_a_prefix_and_keep_their_key():
+    index = kv_router.PrefixIndex(1)
+    keys = kv_router.prompt_keys([1, 2, 3, 4, 5, 6], 2)
+    index.apply(0, *stored([10, 11, 12], None, [1, 2, 3, 4, 5, 6]))
+    # The engine evicts pages 11 and 12 from the GPU and stores them in
+    # its host tier, whose events name no parent and no tokens.
+    index.apply(0, "BlockRemoved", {"block_hashes": [11, 12],
+                                    "medium": "GPU"})
+    index.apply(0, "BlockStored", {
+        "block_hashes": [11, 12], "parent_block_hash": None,
+        "token_ids": [], "block_size": 0, "lora_id": None, "medium": "CPU"})
+    assert index.orphans == 0
+    # The GPU's page 10, then the host tier's 11 and 12.
+    assert index.matched_pages(0, keys) == 3
+    assert index.gpu_blocks(0) == [10]
+    # Page 11 comes back to the GPU; the host tier then drops its copy:
+    # the GPU's still counts.
+    index.apply(0, *stored([11], 10, [3, 4]))
+    index.apply(0, "BlockRemoved", {"block_hashes": [11], "medium": "CPU"})
+    assert index.matched_pages(0, keys) == 3
+    index.apply(0, "BlockRemoved", {"block_hashes": [12], "medium": "CPU"})
+    assert index.matched_pages(0, keys) == 2
+    assert sorted(index.gpu_blocks(0)) == [10, 11]
+    # A reset clears both tiers.
+    index.apply(0, "AllBlocksCleared", {})
+    assert index.matched_pages(0, keys) == 0 and index.gpu_blocks(0) == []
+    with pytest.raises(ValueError, match="unknown medium 'DISK'"):
+        index.apply(0, "BlockRemoved", {"block_hashes": [1], "medium": "DISK"})
+
+
+def test_each_group_holds_its_own_pages_and_full_ones_route():
+    index = kv_router.PrefixIndex(1)
+    keys = kv_router.prompt_keys([1, 2, 3, 4], 2)
+
+    def grouped(group, kind):
+        kind_, f = stored([10, 11], None, [1, 2, 3, 4])
+        return kind_, {**f, "medium": "GPU", "group_idx": group,
+                       "kv_cache_spec_kind": kind}
+
+    index.apply(0, *grouped(0, "full_attention"))
+    index.apply(0, *grouped(1, "sliding_window"))
+    assert len(index.gpu_blocks(0)) == 4  # a page of each group.
+    # The window group frees its first page: the full group still has it.
+    index.apply(0, "BlockRemoved", {"block_hashes": [10], "medium": "GPU",
+                                    "group_idx": 1})
+    assert index.matched_pages(0, keys) == 2
+    index.apply(0, "BlockRemoved", {"block_hashes": [10], "medium": "GPU",
+                                    "group_idx": 0})
+    assert index.matched_pages(0, keys) == 0
+    assert index.unknown_removals == 0
 
 
 def test_salts_keep_chains_apart_and_tagged_arrays_decode():
@@ -138,11 +191,48 @@ def test_a_late_index_is_rebuilt_from_the_replay_socket(tmp_path):
         late = kv_router.PrefixIndex(1)
         replica.next_seq = 0
         replica.fetch_replay(late)
-        assert late.key_of == live.key_of and late.holds == live.holds
+        assert late.entries == live.entries and late.holds == live.holds
     finally:
         replica.process.kill()
         replica.process.wait()
         replica.sub.close(linger=0)
+        replica.replay.close(linger=0)
+        context.term()
+
+
+def test_a_replay_that_lost_the_missing_batches_is_an_error():
+    # A replay socket that keeps batches 5 and 6 only: batches 0 to 4, which
+    # the index lacks, are gone.
+    context = zmq.Context()
+    server = context.socket(zmq.ROUTER)
+    port = server.bind_to_random_port("tcp://127.0.0.1")
+
+    def serve():
+        if not server.poll(5000):
+            return
+        requester, _, _ = server.recv_multipart()
+        empty = msgpack.packb([0.0, [], None])
+        for seq in (5, 6):
+            server.send_multipart([requester, b"", seq.to_bytes(8, "big"),
+                                   empty])
+        end = kv_router.REPLAY_END.to_bytes(8, "big", signed=True)
+        server.send_multipart([requester, b"", end, b""])
+
+    replica = kv_router.Replica.__new__(kv_router.Replica)
+    replica.index, replica.next_seq, replica.replayed = 0, 0, 0
+    replica.replay = context.socket(zmq.DEALER)
+    replica.replay.connect(f"tcp://127.0.0.1:{port}")
+    server_thread = threading.Thread(target=serve)
+    server_thread.start()
+    try:
+        with pytest.raises(RuntimeError,
+                           match="replica 0: the replay starts at batch 5, "
+                           "past batch 0"):
+            replica.fetch_replay(kv_router.PrefixIndex(1))
+        assert replica.next_seq == 0 and replica.replayed == 0
+    finally:
+        server_thread.join()
+        server.close(linger=0)
         replica.replay.close(linger=0)
         context.term()
 
@@ -183,7 +273,25 @@ def test_bad_inputs_are_messages_with_exit_code_2(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n")
     refused(["--sim", "/bin/true", "--trace", str(bad)],
-            f"--trace {bad}: Expecting property name")
+            f"--trace {bad}: line 1: Expecting property name")
+    # The fields the router reads, checked before any replica starts.
+    for line, message in [
+            ('{"id": "a", "prompt": [1]}\n[1, 2]',
+             "line 2: a request is a JSON object"),
+            ('{"id": "a", "max_tokens": 4}',
+             'line 1: "prompt" must be a list of token ids, got None'),
+            ('{"id": "a", "prompt": [1, true]}',
+             'line 1: "prompt" must be a list of token ids, got [1, True]'),
+            ('{"id": "a", "prompt": [1], "arrival": "5"}',
+             'line 1: "arrival" must be a step, an int >= 0, got \'5\''),
+            ('{"id": "a", "prompt": [1], "arrival": -1}',
+             'line 1: "arrival" must be a step, an int >= 0, got -1'),
+            ('{"id": "a", "prompt": [1], "cache_salt": 3}',
+             'line 1: "cache_salt" must be a string'),
+            ('{"prompt": [1]}', 'line 1: a request needs an "id"')]:
+        bad.write_text(line + "\n")
+        refused(["--sim", "/bin/true", "--trace", str(bad)],
+                f"--trace {bad}: {message}")
     if SIM is not None:
         refused(["--sim", SIM, "--workload", "nope"],
                 "--workload nope: kvblock-sim: unknown workload 'nope'")

@@ -56,6 +56,8 @@ BLOCK_REMOVED_FIELDS = ["block_hashes", "medium", "group_idx"]
 DEFAULTS_TO_NONE = ["extra_keys", "group_idx", "kv_cache_spec_kind",
                     "kv_cache_spec_sliding_window"]
 REPLAY_END = -1
+# The keys of pages no longer cached that a host-tier store may still name.
+DROPPED_KEYS = 1 << 16
 
 
 def decode_event(event):
@@ -110,60 +112,137 @@ def prompt_keys(tokens, block_size, cache_salt="", lora_id=None):
 
 
 class PrefixIndex:
-    """What each replica caches, from its events alone: the engine's block
-    hash of every cached page mapped to the router's page key (its chain of
-    tokens), and per replica the keys it holds."""
+    """What each replica caches, from its events alone.
+
+    Every cached page is an entry under (medium, group, engine hash): a page
+    may be cached on the GPU and in the host tier at once, and a hybrid
+    model's groups each cache their own page of one hash. An entry maps to
+    the router's page key (its chain of tokens). A host-tier store names no
+    parent and no tokens: its key is the one the page had on the GPU, which
+    `known` keeps while any entry holds the hash, and `dropped` a while
+    after (the engine removes a page from the GPU before the host tier's
+    store of it is sent: in the same batch here, a later one in vLLM's
+    offloading). Routing matches the
+    full-attention groups' pages: on the GPU, then continued in the host
+    tier, as the engine's lookup continues there."""
 
     def __init__(self, replicas):
-        self.key_of = [dict() for _ in range(replicas)]  # engine hash -> key
-        self.holds = [collections.Counter() for _ in range(replicas)]
+        # (medium, group, hash) -> [key, whether a full-attention page].
+        self.entries = [dict() for _ in range(replicas)]
+        # hash -> [key, entries holding it].
+        self.known = [dict() for _ in range(replicas)]
+        # medium -> the keys of full-attention pages held, counted.
+        self.holds = [{"GPU": collections.Counter(),
+                       "CPU": collections.Counter()} for _ in range(replicas)]
+        # hash -> key of the last DROPPED_KEYS hashes no entry holds.
+        self.dropped = [collections.OrderedDict() for _ in range(replicas)]
+        self.full_groups = [dict() for _ in range(replicas)]  # group -> bool.
         self.orphans = 0  # pages stored under a parent the index lacks.
         self.unknown_removals = 0
 
+    @staticmethod
+    def _medium(f):
+        medium = f.get("medium") or "GPU"  # vLLM's GPU events before media.
+        if medium not in ("GPU", "CPU"):
+            raise ValueError(f"unknown medium {medium!r}")
+        return medium
+
+    def _add(self, replica, medium, group, block, key, full):
+        entries, known = self.entries[replica], self.known[replica]
+        if (medium, group, block) in entries:  # stored again: keep one.
+            return
+        entries[medium, group, block] = [key, full]
+        known.setdefault(block, [key, 0])[1] += 1
+        if full:
+            self.holds[replica][medium][key] += 1
+
+    def _remove(self, replica, medium, group, block):
+        entry = self.entries[replica].pop((medium, group, block), None)
+        if entry is None:
+            self.unknown_removals += 1
+            return
+        key, full = entry
+        known = self.known[replica]
+        known[block][1] -= 1
+        if known[block][1] == 0:
+            del known[block]
+            dropped = self.dropped[replica]
+            dropped[block] = key
+            dropped.move_to_end(block)
+            if len(dropped) > DROPPED_KEYS:
+                dropped.popitem(last=False)
+        if full:
+            holds = self.holds[replica][medium]
+            holds[key] -= 1
+            if holds[key] == 0:
+                del holds[key]
+
     def apply(self, replica, kind, f):
-        key_of, holds = self.key_of[replica], self.holds[replica]
-        if kind == "AllBlocksCleared":
-            key_of.clear()
-            holds.clear()
+        if kind == "AllBlocksCleared":  # both tiers (lib/events/README.md).
+            self.entries[replica].clear()
+            self.known[replica].clear()
+            self.dropped[replica].clear()
+            for holds in self.holds[replica].values():
+                holds.clear()
         elif kind == "BlockRemoved":
+            medium, group = self._medium(f), f.get("group_idx") or 0
             for block in f["block_hashes"]:
-                key = key_of.pop(block, None)
-                if key is None:
-                    self.unknown_removals += 1
-                    continue
-                holds[key] -= 1
-                if holds[key] == 0:
-                    del holds[key]
+                self._remove(replica, medium, group, block)
         elif kind == "BlockStored":
-            size = f["block_size"]
-            tokens = f["token_ids"]
-            if len(tokens) != size * len(f["block_hashes"]):
-                raise ValueError("BlockStored: token_ids do not fill its pages")
-            parent = f["parent_block_hash"]
-            if parent is None:
-                # The first page's extra keys: (salt,), or None unsalted.
-                first = (f["extra_keys"] or [None])[0]
-                key = root_key(first[0] if first else "", f["lora_id"])
-            else:
-                key = key_of.get(parent)
-                if key is None:
-                    self.orphans += len(f["block_hashes"])
-                    return
-            for i, block in enumerate(f["block_hashes"]):
-                key = page_key(key, tokens[i * size:(i + 1) * size])
-                if block in key_of:  # stored again: keep one count.
-                    continue
-                key_of[block] = key
-                holds[key] += 1
+            self._store(replica, f)
         else:
             raise ValueError(f"unknown event type {kind!r}")
 
+    def _store(self, replica, f):
+        medium, group = self._medium(f), f.get("group_idx") or 0
+        # A group's kind comes with its stores; one without is vLLM's
+        # single full-attention group.
+        kind = f.get("kv_cache_spec_kind")
+        full = self.full_groups[replica].setdefault(
+            group, kind in (None, "full_attention"))
+        known = self.known[replica]
+        if medium == "CPU":  # no chain: the key the page had on the GPU.
+            dropped = self.dropped[replica]
+            for block in f["block_hashes"]:
+                key = known[block][0] if block in known else \
+                    dropped.get(block)
+                if key is None:
+                    self.orphans += 1
+                    continue
+                self._add(replica, medium, group, block, key, full)
+            return
+        size = f["block_size"]
+        tokens = f["token_ids"]
+        if len(tokens) != size * len(f["block_hashes"]):
+            raise ValueError("BlockStored: token_ids do not fill its pages")
+        parent = f["parent_block_hash"]
+        if parent is None:
+            # The first page's extra keys: (salt,), or None unsalted.
+            first = (f.get("extra_keys") or [None])[0]
+            key = root_key(first[0] if first else "", f.get("lora_id"))
+        elif parent in known:
+            key = known[parent][0]
+        else:
+            self.orphans += len(f["block_hashes"])
+            return
+        for i, block in enumerate(f["block_hashes"]):
+            key = page_key(key, tokens[i * size:(i + 1) * size])
+            self._add(replica, medium, group, block, key, full)
+
+    def gpu_blocks(self, replica):
+        """The engine hashes of the pages cached on the replica's GPU, one
+        a group's page (what its pool reports)."""
+        return [block for (medium, _, block) in self.entries[replica]
+                if medium == "GPU"]
+
     def matched_pages(self, replica, keys):
-        """How many of `keys` (a prompt's) the replica holds as a prefix."""
-        holds = self.holds[replica]
+        """How many of `keys` (a prompt's) the replica holds as a prefix:
+        on the GPU, then continued in its host tier."""
         n = 0
-        while n < len(keys) and keys[n] in holds:
-            n += 1
+        for medium in ("GPU", "CPU"):
+            holds = self.holds[replica][medium]
+            while n < len(keys) and keys[n] in holds:
+                n += 1
         return n
 
 
@@ -224,7 +303,12 @@ class Replica:
             seq = int.from_bytes(seq, "big", signed=True)
             if seq == REPLAY_END:
                 return
-            if seq >= self.next_seq:
+            if seq > self.next_seq:
+                raise RuntimeError(
+                    f"replica {self.index}: the replay starts at batch {seq}, "
+                    f"past batch {self.next_seq}: the batches between are "
+                    "gone, and with them what the index needs")
+            if seq == self.next_seq:
                 for kind, f in decode_batch(payload):
                     index.apply(self.index, kind, f)
                 self.next_seq = seq + 1
@@ -362,8 +446,9 @@ def summarize(policy, pool, index, reports, predicted_hit_tokens):
 
     replicas = []
     for r, rep in zip(pool, reports):
+        blocks = index.gpu_blocks(r.index)
         xor = 0
-        for block in index.key_of[r.index]:
+        for block in blocks:
             xor ^= block if isinstance(block, int) else \
                 int.from_bytes(block[-8:], "big")
         replicas.append({
@@ -375,9 +460,9 @@ def summarize(policy, pool, index, reports, predicted_hit_tokens):
             "preemptions": rep["preemptions"],
             "event_batches": r.next_seq,
             "replayed_batches": r.replayed,
-            "indexed_pages": len(index.key_of[r.index]),
+            "indexed_pages": len(blocks),
             "index_matches_cache":
-                len(index.key_of[r.index]) == rep["kv_events"]["cached_pages"]
+                len(blocks) == rep["kv_events"]["cached_pages"]
                 and xor == rep["kv_events"]["cached_hash_xor"],
         })
     return {
@@ -397,8 +482,42 @@ def summarize(policy, pool, index, reports, predicted_hit_tokens):
 
 
 def read_trace(path):
+    """The requests of a JSON Lines trace; ValueError naming the line of
+    one whose fields the router reads are missing or of the wrong type (the
+    replicas check the rest)."""
+    requests = []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                request = json.loads(line)
+            except ValueError as error:
+                raise ValueError(f"line {number}: {error}") from None
+            problem = trace_problem(request)
+            if problem:
+                raise ValueError(f"line {number}: {problem}")
+            requests.append(request)
+    return requests
+
+
+def trace_problem(request):
+    def is_int(value):
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not isinstance(request, dict):
+        return f"a request is a JSON object, got {request!r:.60}"
+    prompt = request.get("prompt")
+    if not isinstance(prompt, list) or not all(map(is_int, prompt)):
+        return f"\"prompt\" must be a list of token ids, got {prompt!r:.60}"
+    arrival = request.get("arrival", 0)
+    if not is_int(arrival) or arrival < 0:
+        return f"\"arrival\" must be a step, an int >= 0, got {arrival!r:.60}"
+    if not isinstance(request.get("cache_salt", ""), str):
+        return "\"cache_salt\" must be a string"
+    if "id" not in request:
+        return "a request needs an \"id\""
+    return None
 
 
 def print_summary(s, out):
