@@ -16,6 +16,7 @@ token's KV it reads checked."""
 import collections
 import gc
 import random
+import re
 import types
 import weakref
 
@@ -600,6 +601,42 @@ def test_values_vllm_accepts_and_values_that_are_refused():
     with pytest.raises(ValueError, match="have 16 bytes, the manager's 32"):
         manager.get_computed_blocks(short)
     assert manager.get_block_ids("b") == ([],)
+    manager.check_invariants()
+
+
+def test_a_call_that_does_not_fit_is_a_type_error_and_numpy_ints_fit():
+    np = pytest.importorskip("numpy")
+    manager = make_manager()
+    request = make_request("a", list(range(40)))
+    before = manager.get_block_ids("a")
+    for call, message in [
+            (lambda: manager.allocate_slots(request),
+             "allocate_slots() is missing the argument 'num_new_tokens'"),
+            (lambda: manager.allocate_slots(request, 20, bogus=1),
+             "allocate_slots() got an unexpected keyword argument 'bogus'"),
+            (lambda: manager.allocate_slots(request, 20, num_new_tokens=20),
+             "got a repeated keyword argument 'num_new_tokens'"),
+            (lambda: manager.allocate_slots(request, *range(9)),
+             "allocate_slots() takes at most 9 arguments, got 10"),
+            (lambda: manager.free(),
+             "free() is missing the argument 'request'"),
+            (lambda: manager.allocate_slots(request, 20.0),
+             "num_new_tokens must be an int, got 20.0"),
+            (lambda: manager.allocate_slots(request, True),
+             "num_new_tokens must be an int, got True"),
+            (lambda: manager.allocate_slots(request, np.float32(20)),
+             "num_new_tokens must be an int")]:
+        with pytest.raises(TypeError, match=re.escape(message)):
+            call()
+    assert manager.get_block_ids("a") == before
+    manager.check_invariants()
+    # numpy's integers are ints, as for the module's other calls; in the
+    # request's fields too.
+    request.num_computed_tokens = np.int64(0)
+    blocks, hits = manager.get_computed_blocks(request)
+    new = manager.allocate_slots(request, np.int64(40), np.int32(hits),
+                                 blocks)
+    assert new.get_block_ids() == ([1, 2, 3],)
     manager.check_invariants()
 
 

@@ -233,7 +233,8 @@ void CheckWidth(PyManager& state, const BlockHashChain& chain) {
   }
 }
 
-// Arguments of a METH_FASTCALL | METH_KEYWORDS call, by position or name.
+// Arguments of a METH_FASTCALL | METH_KEYWORDS call, by position or name; a
+// call that does not fit them is a TypeError, as Python's own calls.
 template <size_t N>
 class Arguments {
  public:
@@ -241,8 +242,8 @@ class Arguments {
             size_t required, PyObject* const* args, Py_ssize_t nargs,
             PyObject* kwnames) {
     if (static_cast<size_t>(nargs) > N) {
-      Raise(absl::InvalidArgumentError(absl::StrCat(
-          function, "() takes at most ", N, " arguments, got ", nargs)));
+      throw py::type_error(absl::StrCat(function, "() takes at most ", N,
+                                        " arguments, got ", nargs));
     }
     for (Py_ssize_t i = 0; i < nargs; ++i) values_[i] = args[i];
     const Py_ssize_t keywords = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
@@ -253,16 +254,16 @@ class Arguments {
         ++i;
       }
       if (i == N || values_[i] != nullptr) {
-        Raise(absl::InvalidArgumentError(absl::StrCat(
+        throw py::type_error(absl::StrCat(
             function, "() got ", i == N ? "an unexpected" : "a repeated",
-            " keyword argument '", StrOf(key, "a keyword"), "'")));
+            " keyword argument '", StrOf(key, "a keyword"), "'"));
       }
       values_[i] = args[nargs + k];
     }
     for (size_t i = 0; i < required; ++i) {
       if (values_[i] == nullptr) {
-        Raise(absl::InvalidArgumentError(absl::StrCat(
-            function, "() is missing the argument '", names[i], "'")));
+        throw py::type_error(absl::StrCat(
+            function, "() is missing the argument '", names[i], "'"));
       }
     }
     names_ = &names;
@@ -270,7 +271,7 @@ class Arguments {
 
   PyObject* operator[](size_t i) const { return values_[i]; }
   int64_t Int(size_t i) const {
-    return values_[i] == nullptr ? 0 : IntOf(values_[i], (*names_)[i]);
+    return values_[i] == nullptr ? 0 : IndexOf(values_[i], (*names_)[i]);
   }
   bool Bool(size_t i) const {
     if (values_[i] == nullptr) return false;

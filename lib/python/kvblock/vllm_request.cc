@@ -102,26 +102,50 @@ absl::string_view StrOf(PyObject* object, const char* what) {
   return absl::string_view(data, static_cast<size_t>(size));
 }
 
-int64_t IntOf(PyObject* value, const char* what) {
-  if (value == nullptr || !PyLong_Check(value) || PyBool_Check(value)) {
-    Raise(absl::InvalidArgumentError(absl::StrCat(
-        what, " must be an int, got ",
-        value == nullptr ? std::string("nothing") : Shown(value))));
-  }
+namespace {
+
+// `value` as a 64-bit int: OutOfRange naming `what` when it does not fit.
+int64_t Fits64(PyObject* value, const char* what) {
   int overflow = 0;
   const long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
   if (overflow != 0) {
     Raise(absl::OutOfRangeError(
         absl::StrCat(what, " does not fit 64 bits: ", Shown(value))));
   }
+  if (v == -1 && PyErr_Occurred() != nullptr) throw py::error_already_set();
   return v;
+}
+
+[[noreturn]] void NotAnInt(PyObject* value, const char* what) {
+  throw py::type_error(absl::StrCat(
+      what, " must be an int, got ",
+      value == nullptr ? std::string("nothing") : Shown(value)));
+}
+
+}  // namespace
+
+int64_t IntOf(PyObject* value, const char* what) {
+  if (value == nullptr || !PyLong_Check(value) || PyBool_Check(value)) {
+    NotAnInt(value, what);
+  }
+  return Fits64(value, what);
+}
+
+int64_t IndexOf(PyObject* value, const char* what) {
+  if (value == nullptr || PyBool_Check(value) || !PyIndex_Check(value)) {
+    NotAnInt(value, what);
+  }
+  const py::object index =
+      py::reinterpret_steal<py::object>(PyNumber_Index(value));
+  if (!index) throw py::error_already_set();
+  return Fits64(index.ptr(), what);
 }
 
 int64_t IntAttr(PyObject* object, PyObject* name, const char* what) {
   py::object value =
       py::reinterpret_steal<py::object>(PyObject_GetAttr(object, name));
   if (!value) throw py::error_already_set();
-  return IntOf(value.ptr(), what);
+  return IndexOf(value.ptr(), what);
 }
 
 }  // namespace kvblock::python

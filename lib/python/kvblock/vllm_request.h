@@ -67,10 +67,14 @@ HeldChain ChainOf(pybind11::handle request);
 
 // A str field (UTF-8, owned by the object); InvalidArgument naming `what`.
 absl::string_view StrOf(PyObject* object, const char* what);
-// An int that fits 64 bits; InvalidArgument (not an int, a bool included)
-// or OutOfRange naming `what`.
+// An int that fits 64 bits: TypeError (not an int, a bool included) or
+// OutOfRange naming `what`. For what vLLM hashes (token ids, extra keys),
+// where a numpy integer would hash to other bytes than the int.
 int64_t IntOf(PyObject* value, const char* what);
-// `object.name` as IntOf reads it.
+// The same, also taking what says it is an int (__index__: numpy's
+// integers), as the module's other integer arguments do (strict_int.h).
+int64_t IndexOf(PyObject* value, const char* what);
+// `object.name` as IndexOf reads it.
 int64_t IntAttr(PyObject* object, PyObject* name, const char* what);
 
 }  // namespace kvblock::python
