@@ -84,3 +84,31 @@ def test_bad_labels_are_refused_when_the_collector_is_made():
         with pytest.raises(error, match=re.escape(message)):
             KvCacheCollector(manager, labels=labels)
     assert kvblock.collect_metrics is collect_metrics
+
+
+def test_one_collector_serves_several_engines():
+    _, first = make_manager()
+    _, second = make_manager()
+    first.admit(1, np.arange(8, dtype=np.int32))
+    second.admit(1, np.arange(4, dtype=np.int32))
+    collector = KvCacheCollector(first, labels={"model_name": "m",
+                                                "engine": "0"})
+    collector.add(second, labels={"engine": "1", "model_name": "m"})
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(collector)
+    text = prometheus_client.generate_latest(registry).decode()
+    assert text.count("# HELP vllm:prefix_cache_queries_total ") == 1
+    samples = {(s.name, s.labels["engine"]): s.value
+               for f in text_string_to_metric_families(text)
+               for s in f.samples}
+    assert samples["vllm:prefix_cache_queries_total", "0"] == 8
+    assert samples["vllm:prefix_cache_queries_total", "1"] == 4
+    for labels, message in (({"engine": "1", "model_name": "m"},
+                             "is there already"),
+                            ({"engine": "2"}, "the first engine's")):
+        with pytest.raises(ValueError, match=message):
+            collector.add(second, labels=labels)
+    with pytest.raises(TypeError):
+        collector.add(None, labels={"engine": "3", "model_name": "m"})
+    assert len(list(collector.collect())) == len(collect_metrics(first))
+    assert scrape(collector)  # the refused engines were not added.
