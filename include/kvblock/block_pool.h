@@ -52,9 +52,11 @@
 //     copies;
 //   - every kDeviceToHost copy first, then every kHostToDevice copy; within
 //     a direction in any order (one batched call): no two copies of a batch
-//     write the same page, and a device page a batch loads into is not
-//     handed out again before the batch is taken (released, it stays parked
-//     with a reference of the pool's until then). A host page a batch loads
+//     write the same page, and a device page a batch loads into, or that a
+//     copy on write made in the batch reads, is not handed out again before
+//     the batch is taken (released, it stays parked with a reference of the
+//     pool's until then), so that no load of the batch writes a page one of
+//     its copy-on-write copies reads. A host page a batch loads
 //     from may be one that a store of the same batch writes (a key evicted
 //     and hit again within the batch): the load reads what the store wrote
 //     only because the stores run first.
@@ -388,7 +390,7 @@ class BlockPool {
   // released, and (kWriteThrough) the pages cached in it that the host tier
   // lacks are stored in the new batch. FailedPrecondition inside a
   // transaction. O(copies + parked + written-through pages), and once in
-  // 2^30 - 1 batches O(pages + host pages), when batch numbers start again.
+  // 2^29 - 1 batches O(pages + host pages), when batch numbers start again.
   absl::Status TakeHostCopies(std::vector<HostCopy>& out);
   // The open copy batch's copies so far.
   absl::Span<const HostCopy> host_copies() const { return host_copies_; }
@@ -551,19 +553,29 @@ class BlockPool {
   // counted).
   void StoreToHost(PageId page);
   // A page's copy batch stamp (PageState::batch): the batch that last
-  // cached it, and two flags of that batch: the page was loaded in it, and
-  // is parked (the pool holds its last reference until the batch is taken).
-  // Batch numbers start again at 1 after kBatchMask (2^30 - 1) batches;
-  // every stamp, device and host, is cleared then, so that none names the
-  // new batch 1 (a pool serving 100 steps a second gets there in 124 days).
+  // cached it, and three flags of that batch: the page was loaded in it, is
+  // the source of a copy on write made in it, and is parked (the pool holds
+  // its last reference until the batch is taken). Batch numbers start again
+  // at 1 after kBatchMask (2^29 - 1) batches; every stamp, device and host,
+  // is cleared then, so that none names the new batch 1 (a pool serving 100
+  // steps a second gets there in 62 days).
   static constexpr uint32_t kLoaded = 1u << 31;
   static constexpr uint32_t kParked = 1u << 30;
-  static constexpr uint32_t kBatchMask = kParked - 1;
+  static constexpr uint32_t kCopySource = 1u << 29;
+  static constexpr uint32_t kBatchMask = kCopySource - 1;
+  static constexpr uint32_t kFlags = kLoaded | kParked | kCopySource;
   bool CachedInBatch(PageId page) const {
     return (pages_[page].batch & kBatchMask) == batch_;
   }
   bool LoadedInBatch(PageId page) const {
     return (pages_[page].batch & (kBatchMask | kLoaded)) == (batch_ | kLoaded);
+  }
+  // Whether a copy of the open batch writes `page` (a load) or reads it
+  // after the batch's loads (a copy on write): handed out again before the
+  // batch is taken, a load into it would run before that copy.
+  bool CopiedInBatch(PageId page) const {
+    return CachedInBatch(page) &&
+           (pages_[page].batch & (kLoaded | kCopySource)) != 0;
   }
   // `page`'s stamp with the open batch and `flags`, keeping the flags it has
   // from that batch; Stamp sets it, journaled.

@@ -309,7 +309,7 @@ PageId BlockPool::AllocateUnchecked() {
 uint32_t BlockPool::StampFor(PageId page, uint32_t flags) const {
   const uint32_t old = pages_[page].batch;
   const uint32_t kept =
-      (old & kBatchMask) == batch_ ? old & (kLoaded | kParked) : 0;
+      (old & kBatchMask) == batch_ ? old & kFlags : 0;
   return batch_ | kept | flags;
 }
 
@@ -392,9 +392,10 @@ absl::Status BlockPool::Retain(PageId page) {
 absl::Status BlockPool::Release(PageId page) {
   if (!IsUsed(page)) return UnusedError(page);
   PageState& state = pages_[page];
-  if (state.refcount == 1 && host_ != nullptr && LoadedInBatch(page)) {
-    // Its load is not run yet: the pool keeps the reference until the
-    // batch is taken, so that the page is not handed out in it.
+  if (state.refcount == 1 && host_ != nullptr && CopiedInBatch(page)) {
+    // Its load, or the copy on write that reads it, is not run yet: the
+    // pool keeps the reference until the batch is taken, so that the page
+    // is not handed out in it.
     Stamp(page, kParked);
     parked_.push_back(page);
     return absl::OkStatus();
@@ -447,6 +448,8 @@ absl::StatusOr<CopyOnWrite> BlockPool::Writable(PageId page) {
   }
   --pages_[page].refcount;  // Stays > 0: it was above 1.
   Journal(UndoRecord::Op::kDropRef, page);
+  // The copy runs after the batch's loads: none may load into the source.
+  if (host_ != nullptr) Stamp(page, kCopySource);
   ++stats_.cow_copies;
   return CopyOnWrite{CopyOnWrite::Kind::kCopy, destination, page};
 }
@@ -710,7 +713,7 @@ absl::Status BlockPool::TakeHostCopies(std::vector<HostCopy>& out) {
   if (host_ == nullptr) return absl::OkStatus();
   if (batch_ == kBatchMask) {
     // Numbers start again at 1 (0 stamps nothing): no page may keep a stamp
-    // of the batch that had it 2^30 - 1 batches ago.
+    // of the batch that had it 2^29 - 1 batches ago.
     for (PageState& state : pages_) state.batch = 0;
     host_->ClearStamps();
     batch_ = 1;
@@ -939,10 +942,10 @@ absl::Status BlockPool::CheckHostTier() const {
   KVBLOCK_RETURN_IF_ERROR(host_->CheckInvariants());
   std::vector<int32_t> parked(num_pages_, 0);
   for (const PageId page : parked_) {
-    if (!InRange(page) || !LoadedInBatch(page) ||
+    if (!InRange(page) || !CopiedInBatch(page) ||
         (pages_[page].batch & kParked) == 0) {
       return broken("parked page ", page,
-                    " is not stamped as loaded and parked in the open batch");
+                    " is not stamped as copied and parked in the open batch");
     }
     if (++parked[page] > 1 || pages_[page].refcount < 1) {
       return broken("parked page ", page, " is parked ", parked[page],

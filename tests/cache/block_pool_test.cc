@@ -1026,6 +1026,42 @@ TEST_CASE("a page loaded in the open batch is parked when released") {
   REQUIRE_OK(pool->CheckInvariants());
 }
 
+TEST_CASE("a copy-on-write source released in the open batch is parked") {
+  // The batch's loads run before its copies on write: a load into the
+  // source would overwrite the KV its copy is still to read.
+  auto pool = CachedPoolWithHost(4, 4);
+  const PageId source = MustAllocate(*pool);  // evicts 100 to the host.
+  TakeCopies(*pool);
+  REQUIRE_OK(pool->Retain(source));
+  auto cow = pool->Writable(source);
+  REQUIRE_OK(cow);
+  REQUIRE(cow->kind == CopyOnWrite::Kind::kCopy);
+  REQUIRE(cow->source == source);
+  const int32_t free_before = pool->NumFree();
+  REQUIRE_OK(pool->Release(source));  // its last holder leaves.
+  REQUIRE(pool->RefCount(source) == 1);
+  REQUIRE(pool->NumFree() == free_before);
+  REQUIRE(pool->parked_pages() ==
+          absl::MakeConstSpan(std::vector<PageId>{source}));
+  REQUIRE_OK(pool->CheckInvariants());
+  auto loaded = pool->LoadFromHost(TestHash(100));
+  REQUIRE_OK(loaded);
+  REQUIRE(*loaded != source);
+  // Taken, the batch's copies are the caller's to run: the source is free.
+  TakeCopies(*pool);
+  REQUIRE(pool->RefCount(source) == 0);
+  REQUIRE(pool->parked_pages().empty());
+  REQUIRE_OK(pool->CheckInvariants());
+  // Without a host tier there are no loads and no batches to wait for.
+  auto plain = NewPool(2);
+  const PageId shared = MustAllocate(*plain);
+  REQUIRE_OK(plain->Retain(shared));
+  REQUIRE_OK(plain->Writable(shared));
+  REQUIRE_OK(plain->Release(shared));
+  REQUIRE(plain->RefCount(shared) == 0);
+  REQUIRE(plain->parked_pages().empty());
+}
+
 TEST_CASE("write-through stores a page in the batch after it is cached") {
   auto pool = NewPool(2, {.host_pages = 4,
                           .host_write_policy = HostWritePolicy::kWriteThrough});

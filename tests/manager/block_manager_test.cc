@@ -850,6 +850,29 @@ TEST_CASE("loading a prompt's hits never drops a later one of them") {
   REQUIRE_OK(manager->CheckInvariants());
 }
 
+TEST_CASE("no load of a copy batch writes a page its copy on write reads") {
+  // Between two steps: A's partial page, shared with its fork B, is copied
+  // when A appends; B leaves; C's admission loads A's evicted prompt from
+  // the host tier. The batch's loads run before its copies on write, so
+  // none may load into the copy's source, which B's leaving freed.
+  auto manager = ManagerWithAInHost();
+  AdmitOk(*manager, 3, TokenRange(500, 2));
+  REQUIRE_OK(manager->Fork(3, 4));
+  TakeCopies(*manager);
+  auto appended = manager->Append(3, TokenRange(502, 1));
+  REQUIRE_OK(appended);
+  REQUIRE(appended->copy.has_value());
+  const PageId source = appended->copy->source;
+  REQUIRE_OK(manager->Free(4));
+  AdmitOk(*manager, 5, TokenRange(1, 17));
+  const std::vector<HostCopy> loads = Loads(TakeCopies(*manager));
+  REQUIRE(loads.size() == 4);
+  for (const HostCopy& load : loads) REQUIRE(load.device_page != source);
+  REQUIRE_OK(manager->CheckInvariants());
+  // Taken, the batch frees it.
+  REQUIRE(manager->pool().RefCount(source) == 0);
+}
+
 TEST_CASE("an admission that cannot load its hits changes nothing") {
   auto manager = ManagerWithAInHost();
   AdmitOk(*manager, 3, TokenRange(500, 24));  // 6 of the 8 pages.
