@@ -747,7 +747,8 @@ constexpr absl::Duration kMaxPollInterval = absl::Seconds(1);
 constexpr int kCloseLingerMs = 1000;
 // InvalidArgument for a TCP endpoint whose port is a number outside
 // [0, 65535]: ZeroMQ would bind that number modulo 2^16, another port.
-absl::Status CheckTcpPort(absl::string_view endpoint) {
+absl::Status CheckTcpPort(absl::string_view option,
+                          absl::string_view endpoint) {
   if (!absl::StartsWith(endpoint, "tcp://")) return absl::OkStatus();
   const size_t colon = endpoint.rfind(':');
   int64_t port = 0;
@@ -757,8 +758,9 @@ absl::Status CheckTcpPort(absl::string_view endpoint) {
     return absl::OkStatus();  // "*", or ZeroMQ's to refuse.
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("kv event publisher: cannot bind ", endpoint, ": port ",
-                   endpoint.substr(colon + 1), " is outside [0, 65535]"));
+      absl::StrCat("kv event publisher: cannot bind ", option, " ", endpoint,
+                   ": port ", endpoint.substr(colon + 1),
+                   " is outside [0, 65535]"));
 }
 
 // What Create reserves for reserved_changes at most.
@@ -1112,15 +1114,18 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
     state->queue.reserve(batches);
     state->taken.reserve(batches);
   }
-  const auto bind = [](zmq::socket_t& socket, const std::string& endpoint,
+  // A failure names the option, endpoint or replay_endpoint.
+  const auto bind = [](zmq::socket_t& socket, absl::string_view option,
+                       const std::string& endpoint,
                        std::string& bound) -> absl::Status {
-    KVBLOCK_RETURN_IF_ERROR(CheckTcpPort(endpoint));
+    KVBLOCK_RETURN_IF_ERROR(CheckTcpPort(option, endpoint));
     try {
       socket.bind(endpoint);
       bound = socket.get(zmq::sockopt::last_endpoint);
     } catch (const zmq::error_t& error) {
-      return absl::UnavailableError(absl::StrCat(
-          "kv event publisher: cannot bind ", endpoint, ": ", error.what()));
+      return absl::UnavailableError(
+          absl::StrCat("kv event publisher: cannot bind ", option, " ",
+                       endpoint, ": ", error.what()));
     }
     return absl::OkStatus();
   };
@@ -1130,14 +1135,15 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::Create(
   // process that exits right after its final Flush).
   state->pub.set(zmq::sockopt::linger, kCloseLingerMs);
   KVBLOCK_RETURN_IF_ERROR(
-      bind(state->pub, state->options.endpoint, state->endpoint));
+      bind(state->pub, "endpoint", state->options.endpoint, state->endpoint));
   if (!state->options.replay_endpoint.empty()) {
     state->router.emplace(state->context, zmq::socket_type::router);
     state->router->set(zmq::sockopt::linger, 0);
     // No limit on the replies queued for a peer: ZeroMQ's default (1,000
     // messages) drops, without a word, the kept batches past it.
     state->router->set(zmq::sockopt::sndhwm, 0);
-    KVBLOCK_RETURN_IF_ERROR(bind(*state->router, state->options.replay_endpoint,
+    KVBLOCK_RETURN_IF_ERROR(bind(*state->router, "replay_endpoint",
+                                 state->options.replay_endpoint,
                                  state->replay_endpoint));
   }
   State* const raw = state.get();

@@ -98,7 +98,10 @@ with tempfile.TemporaryDirectory() as tmp:
     run(["--kv_events_replay=tcp://127.0.0.1:*"], 2,
         "--kv_events_replay needs a --kv_events endpoint")
     run(["--kv_events=bogus://x"], 2, "--kv_events: kv event publisher: "
-        "cannot bind bogus://x")
+        "cannot bind endpoint bogus://x")
+    run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_replay=bogus"], 2,
+        "--kv_events_replay: kv event publisher: cannot bind "
+        "replay_endpoint bogus")
     run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_encoding=json"], 2,
         "--kv_events_encoding must be map or array, got 'json'")
     run(["--kv_events=tcp://127.0.0.1:*", "--kv_events_hashes=hex"], 2,
@@ -232,7 +235,48 @@ with tempfile.TemporaryDirectory() as tmp:
     # A directory is not a trace: bad input.
     run(["--trace=" + tmp], 2, "is a directory")
     run(["--trace=" + os.path.join(tmp, "missing.jsonl")], 2,
-        "cannot open trace file")
+        "missing.jsonl': No such file or directory")
+    # A path is bytes: one that is not UTF-8 is written in the JSON report
+    # and the chart's title as U+FFFD, not a crash.
+    odd = os.path.join(tmp.encode(), b"odd\xffname.jsonl")
+    with open(odd, "w") as f:
+        f.write(json.dumps({"id": "a", "prompt": [1, 2, 3],
+                            "max_tokens": 3}) + "\n")
+    odd_outputs = [os.path.join(tmp, "odd.json"), os.path.join(tmp, "odd.svg")]
+    proc = subprocess.run([SIM.encode(), b"--trace=" + odd,
+                           b"--json=" + odd_outputs[0].encode(),
+                           b"--plot=" + odd_outputs[1].encode()],
+                          capture_output=True, timeout=120)
+    with open(odd_outputs[0], encoding="utf-8") as f:
+        source = json.load(f)["source"] if proc.returncode == 0 else ""
+    with open(odd_outputs[1], encoding="utf-8") as f:
+        titled = "odd\ufffdname.jsonl" in f.read()
+    ok = source.endswith("odd\ufffdname.jsonl") and titled
+    print(f"{'ok  ' if ok else 'FAIL'} exit {proc.returncode}: a trace path "
+          f"that is not UTF-8 (report source {source[-20:]!r})")
+    if not ok:
+        failures.append(["non-UTF-8 path"])
+        print(proc.stderr.decode(errors="replace")[-2000:])
+    # The report is the run's output: one standard output cannot take fails.
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([SIM, "--workload=unique"], stdout=full,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    ok = proc.returncode == 1 and "cannot write the report" in proc.stderr
+    print(f"{'ok  ' if ok else 'FAIL'} exit {proc.returncode} (want 1): "
+          "the report to a full standard output")
+    if not ok:
+        failures.append(["/dev/full"])
+    # A trace written to standard output is the trace alone.
+    proc = subprocess.run([SIM, "--workload=unique",
+                           "--write_trace=/dev/stdout"],
+                          capture_output=True, text=True, timeout=120)
+    piped = os.path.join(tmp, "piped.jsonl")
+    with open(piped, "w") as f:
+        f.write(proc.stdout)
+    run(["--trace=" + piped], 0, "requests")
+    run(["--write_trace=" + piped, "--json=" + piped + ".json"], 2,
+        "--write_trace writes the trace without a run: --json would never "
+        "be written")
     # Output paths are checked before the run, naming the OS's reason.
     for flag in ("json", "timeline", "plot", "write_trace"):
         run([f"--{flag}=/no/such/dir/out"], 2,

@@ -57,6 +57,20 @@ TEST_CASE("the flag form takes any mix and names a bad entry") {
     REQUIRE(std::string(status.status().message()).find("--kv_cache_groups") !=
             std::string::npos);
   }
+  // The message quotes the entry as written, with what is wrong in it.
+  for (const auto& [bad, message] :
+       {std::pair{"full,sliding:0x10", "'sliding:0x10' has no positive"},
+        std::pair{"fullx2,x2", "'x2' is not a group"},
+        std::pair{"sliding:1:2", "'sliding:1:2' has more than one ':'"},
+        std::pair{"sliding: 5", "'sliding: 5' has no positive"},
+        std::pair{"sliding:+5", "'sliding:+5' has no positive"},
+        std::pair{"sliding:5x 2", "'sliding:5x 2' repeats a group"}}) {
+    INFO(bad);
+    const auto status = ModelGroups("", bad, 8);
+    REQUIRE_STATUS_IS(status, kInvalidArgument);
+    REQUIRE(std::string(status.status().message()).find(message) !=
+            std::string::npos);
+  }
   const auto unknown = ModelGroups("gpt-5", "", 16);
   REQUIRE_STATUS_IS(unknown, kInvalidArgument);
   REQUIRE(std::string(unknown.status().message()).find("'gpt-5'") !=

@@ -88,6 +88,20 @@ TEST_CASE("the SVG chart draws four bounded lines under its title") {
   REQUIRE(svg.find("preemptions, cumulative (5 in all)") != std::string::npos);
 }
 
+TEST_CASE("a title of bytes XML cannot hold is written as U+FFFD") {
+  // A path's stray byte, an overlong '/', a surrogate, a control character
+  // and a cut character; well-formed UTF-8 stays.
+  std::ostringstream out;
+  WriteSvgChart({}, 16,
+                "r/bad\xffname \xc0\xaf \xed\xa0\x80 a\x01" "b \xc3\xa9 \xe2\x82",
+                out);
+  const std::string replaced = "\xef\xbf\xbd";
+  REQUIRE(out.str().find("r/bad" + replaced + "name " + replaced + replaced +
+                         " " + replaced + replaced + replaced + " a" +
+                         replaced + "b \xc3\xa9 " + replaced + replaced) !=
+          std::string::npos);
+}
+
 TEST_CASE("an SVG chart of no steps says so") {
   std::ostringstream out;
   WriteSvgChart({}, 16, "title", out);

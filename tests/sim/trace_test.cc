@@ -64,7 +64,15 @@ TEST_CASE("every malformed line is an error naming its line and field") {
     const char* field;  // expected in the message after "line 2: ".
   };
   const Case cases[] = {
-      {R"({"id": "x", "prompt": [1], "max_tokens": 1)", "bad JSON"},
+      {R"({"id": "x", "prompt": [1], "max_tokens": 1)", "bad JSON at byte 43"},
+      {R"({"id": "x", "prompt": [1], "max_tokens": 1, "id": "y"})",
+       R"("id": the member is repeated)"},
+      {R"({"id": "x", "prompt": [1], "max_tokens": 1, "max_tokens": 2})",
+       R"("max_tokens": the member is repeated)"},
+      {R"({"id": "x", "prompt": [1], "max_tokens": 18446744073709551616})",
+       "max_tokens: 1.8446744073709552e+19 is absurd"},
+      {R"({"id": "x", "prompt": [-9223372036854775809], "max_tokens": 1})",
+       "prompt[0]: -9.223372036854776e+18 is absurd"},
       {R"([1, 2, 3])", "expected a JSON object"},
       {R"({"prompt": [1], "max_tokens": 1})", "id: missing"},
       {R"({"id": 7, "prompt": [1], "max_tokens": 1})", "id: expected a string"},
@@ -132,6 +140,19 @@ TEST_CASE("every malformed line is an error naming its line and field") {
     REQUIRE(requests.status().message().find(
                 std::string("line 2: ") + c.field) != absl::string_view::npos);
   }
+}
+
+TEST_CASE("a message cuts a long value between characters") {
+  // 30 two-byte characters: the 40-byte cut falls after the 19th.
+  std::string value;
+  for (int i = 0; i < 30; ++i) value += "\xc3\xa9";
+  const auto requests =
+      Parse(R"({"id": "x", "prompt": [1], "max_tokens": ")" + value + "\"}\n");
+  REQUIRE_STATUS_IS(requests, kInvalidArgument);
+  const std::string message(requests.status().message());
+  INFO(message);
+  REQUIRE(message.find("max_tokens: expected an integer, got \"" +
+                       value.substr(0, 38) + "...") != std::string::npos);
 }
 
 TEST_CASE("a deeply nested value is an error, not a stack overflow") {

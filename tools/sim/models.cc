@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "absl/algorithm/container.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -24,20 +26,27 @@ constexpr ModelPreset kPresets[] = {
      "three 8,192-token chunked-local layers per global one (Llama 4)"},
 };
 
+// Digits alone: SimpleAtoi also takes spaces and a sign.
+bool IsDecimal(absl::string_view text) {
+  return !text.empty() && absl::c_all_of(text, absl::ascii_isdigit);
+}
+
 // Groups beyond which the flag form stops: ValidateKvCacheGroups's limit.
 absl::StatusOr<std::vector<KvCacheGroupSpec>> ParseGroups(
     absl::string_view groups, int32_t page_size) {
   std::vector<KvCacheGroupSpec> specs;
-  for (absl::string_view entry : absl::StrSplit(groups, ',')) {
+  for (const absl::string_view written : absl::StrSplit(groups, ',')) {
     const auto bad = [&](absl::string_view why) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--kv_cache_groups: '", entry, "' ", why,
+          absl::StrCat("--kv_cache_groups: '", written, "' ", why,
                        " (entries: full, sliding:W, chunked:C, each "
                        "optionally xN)"));
     };
+    absl::string_view entry = written;
     int64_t repeat = 1;
     if (const size_t x = entry.rfind('x'); x != absl::string_view::npos) {
-      if (!absl::SimpleAtoi(entry.substr(x + 1), &repeat) || repeat < 1 ||
+      if (!IsDecimal(entry.substr(x + 1)) ||
+          !absl::SimpleAtoi(entry.substr(x + 1), &repeat) || repeat < 1 ||
           repeat > kMaxKvCacheGroups) {
         return bad(absl::StrCat("repeats a group other than 1 to ",
                                 kMaxKvCacheGroups, " times"));
@@ -51,9 +60,9 @@ absl::StatusOr<std::vector<KvCacheGroupSpec>> ParseGroups(
                           .eagle = false};
     const std::vector<absl::string_view> parts = absl::StrSplit(entry, ':');
     int32_t span = 0;
-    if (parts.size() > 2 ||
-        (parts.size() == 2 &&
-         (!absl::SimpleAtoi(parts[1], &span) || span < 1))) {
+    if (parts.size() > 2) return bad("has more than one ':'");
+    if (parts.size() == 2 && (!IsDecimal(parts[1]) ||
+                              !absl::SimpleAtoi(parts[1], &span) || span < 1)) {
       return bad("has no positive window or chunk");
     }
     if (parts[0] == "full" && parts.size() == 1) {

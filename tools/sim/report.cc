@@ -474,7 +474,10 @@ void WriteJsonReport(const SimResult& result, const RunSetup& setup,
                               ? config.host_page_bytes
                               : HostPageBytes(config.kv)},
   };
-  out << report.dump(2) << '\n';
+  // A path or endpoint is bytes, not always UTF-8: such a byte is written
+  // as U+FFFD, where dump() would throw.
+  out << report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+      << '\n';
 }
 
 }  // namespace kvblock::sim

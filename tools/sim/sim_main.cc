@@ -27,6 +27,7 @@
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cli/flags.h"
 #include "kvblock/block_hash.h"
@@ -49,9 +50,9 @@ ABSL_FLAG(std::string, trace, "",
           "JSON Lines trace to replay, one request a line (the format: "
           "tools/sim/README.md); excludes --workload");
 ABSL_FLAG(std::string, workload, "",
-          "built-in workload: sysprompt, multiturn, parallel, beam, unique, "
-          "serving or "
-          "mixed (the default when no --trace is given)");
+          "built-in workload: sysprompt, multiturn, chat, parallel, beam, "
+          "unique, serving, longcontext or mixed (the default when no "
+          "--trace is given)");
 ABSL_FLAG(bool, serve, false,
           "serve requests a router feeds on stdin, in lockstep, writing the "
           "run's state on stdout before each horizon (tools/sim/serve.h, "
@@ -375,10 +376,14 @@ absl::StatusOr<std::unique_ptr<KvEventPublisher>> PublisherFromFlags(
   }
   absl::StatusOr<std::unique_ptr<KvEventPublisher>> publisher =
       KvEventPublisher::Create(options);
-  // An endpoint that cannot be bound is the flag's fault.
+  // An endpoint that cannot be bound is its flag's fault; the publisher's
+  // message names the option (endpoint or replay_endpoint).
   if (!publisher.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--kv_events: ", publisher.status().message()));
+    const absl::string_view message = publisher.status().message();
+    return absl::InvalidArgumentError(absl::StrCat(
+        absl::StrContains(message, "replay_endpoint") ? "--kv_events_replay: "
+                                                      : "--kv_events: ",
+        message));
   }
   return publisher;
 }
@@ -428,13 +433,26 @@ int Main() {
   }
   if (const std::string path = absl::GetFlag(FLAGS_write_trace);
       !path.empty()) {
+    // It writes the trace and exits: the run's outputs would never come.
+    for (const auto& [flag, value] :
+         {std::pair{"--json", absl::GetFlag(FLAGS_json)},
+          std::pair{"--timeline", absl::GetFlag(FLAGS_timeline)},
+          std::pair{"--plot", absl::GetFlag(FLAGS_plot)}}) {
+      if (!value.empty()) {
+        return Fail(kExitBadInput,
+                    absl::InvalidArgumentError(absl::StrCat(
+                        "--write_trace writes the trace without a run: ",
+                        flag, " would never be written")));
+      }
+    }
     if (absl::Status status = CheckWritable(path); !status.ok()) {
       return Fail(kExitBadInput, status);
     }
     absl::Status status = WriteToFile(
         path, [&](std::ostream& out) { WriteTrace(*requests, out); });
     if (!status.ok()) return Fail(kExitFailure, status);
-    std::cout << "kvblock-sim: wrote " << requests->size() << " requests of "
+    // On stderr: the trace may be written to standard output.
+    std::cerr << "kvblock-sim: wrote " << requests->size() << " requests of "
               << source << " to " << path << '\n';
     return 0;
   }
@@ -608,6 +626,12 @@ int Main() {
       WriteSvgChart(result->timeline, result->num_pages, DescribeRun(setup),
                     out);
     }));
+  }
+  // The text report is the run's output: one that could not be written
+  // (a full disk, a closed pipe) fails the run.
+  if (!std::cout.flush()) {
+    writes.push_back(
+        absl::DataLossError("cannot write the report to standard output"));
   }
   int code = 0;
   for (const absl::Status& status : writes) {

@@ -58,10 +58,57 @@ std::vector<Point> Bucket(absl::Span<const StepRecord> steps) {
   return points;
 }
 
-// `text` with XML's special characters escaped.
+// The bytes of the well-formed UTF-8 character `text` starts with, or 0.
+size_t Utf8Length(absl::string_view text) {
+  const auto byte = [&](size_t i) {
+    return static_cast<unsigned char>(text[i]);
+  };
+  const unsigned char lead = byte(0);
+  if (lead < 0x80) return 1;
+  // The second byte's range excludes overlong forms, surrogates and code
+  // points past U+10FFFF; later ones are 0x80 to 0xbf.
+  size_t length = 2;
+  unsigned char low = 0x80;
+  unsigned char high = 0xbf;
+  if (lead >= 0xe0 && lead <= 0xef) {
+    length = 3;
+    if (lead == 0xe0) low = 0xa0;
+    if (lead == 0xed) high = 0x9f;
+  } else if (lead >= 0xf0 && lead <= 0xf4) {
+    length = 4;
+    if (lead == 0xf0) low = 0x90;
+    if (lead == 0xf4) high = 0x8f;
+  } else if (lead < 0xc2 || lead > 0xdf) {
+    return 0;
+  }
+  if (text.size() < length || byte(1) < low || byte(1) > high) return 0;
+  for (size_t i = 2; i < length; ++i) {
+    if (byte(i) < 0x80 || byte(i) > 0xbf) return 0;
+  }
+  return length;
+}
+
+// `text` with XML's special characters escaped, and what XML cannot hold
+// (a byte that is not UTF-8, a control character) written as U+FFFD: a
+// title holds a trace's path, which is bytes.
 std::string EscapeXml(absl::string_view text) {
   std::string out;
-  for (const char c : text) {
+  while (!text.empty()) {
+    const size_t length = Utf8Length(text);
+    const char c = text[0];
+    if (length == 0 ||
+        (length == 1 && static_cast<unsigned char>(c) < 0x20 && c != '\t' &&
+         c != '\n' && c != '\r')) {
+      out += "\xef\xbf\xbd";
+      text.remove_prefix(1);
+      continue;
+    }
+    if (length > 1) {
+      out.append(text.data(), length);
+      text.remove_prefix(length);
+      continue;
+    }
+    text.remove_prefix(1);
     switch (c) {
       case '&':
         out += "&amp;";

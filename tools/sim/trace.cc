@@ -2,7 +2,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "sim/trace.h"
 
+#include <cerrno>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -11,6 +14,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kvblock/status_macros.h"
@@ -32,9 +36,16 @@ std::string Quote(const json& value) {
   if (value.is_object()) {
     return absl::StrCat("an object of ", value.size(), " members");
   }
-  std::string text = value.dump();
+  std::string text = value.dump(-1, ' ', false, json::error_handler_t::replace);
   constexpr size_t kMaxChars = 40;
-  if (text.size() > kMaxChars) text = text.substr(0, kMaxChars) + "...";
+  if (text.size() > kMaxChars) {
+    // Cut at a character's first byte, not inside one.
+    size_t cut = kMaxChars;
+    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xc0) == 0x80) {
+      --cut;
+    }
+    text = text.substr(0, cut) + "...";
+  }
   return text;
 }
 
@@ -42,6 +53,15 @@ std::string Quote(const json& value) {
 absl::StatusOr<int64_t> ReadInteger(const json& value,
                                     absl::string_view field) {
   if (!value.is_number_integer()) {
+    // An integer past 64 bits is read as a float: it is absurd, not of the
+    // wrong type.
+    if (value.is_number_float() &&
+        std::abs(value.get<double>()) >= 0x1p63 &&
+        std::isfinite(value.get<double>()) &&
+        std::floor(value.get<double>()) == value.get<double>()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: %s is absurd", field, Quote(value)));
+    }
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: expected an integer, got %s", field, Quote(value)));
   }
@@ -263,9 +283,30 @@ absl::StatusOr<TraceLine> ParseTraceLine(absl::string_view line,
   if (line.find_first_not_of(" \t\r") == absl::string_view::npos) {
     return parsed;
   }
-  const json object = json::parse(line.begin(), line.end(), /*cb=*/nullptr,
-                                  /*allow_exceptions=*/false);
-  if (object.is_discarded()) return absl::InvalidArgumentError("bad JSON");
+  // nlohmann keeps the last of a repeated member: a line that repeats one
+  // says two things, and is refused.
+  absl::flat_hash_set<std::string> members;
+  std::string repeated;
+  const json::parser_callback_t note_members =
+      [&](int depth, json::parse_event_t event, json& parsed) {
+        if (event == json::parse_event_t::key && depth == 1 &&
+            repeated.empty() &&
+            !members.insert(parsed.get_ref<const std::string&>()).second) {
+          repeated = parsed.get<std::string>();
+        }
+        return true;
+      };
+  json object;
+  try {
+    object = json::parse(line.begin(), line.end(), note_members);
+  } catch (const json::parse_error& error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bad JSON at byte ", error.byte));
+  }
+  if (!repeated.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Quote(json(repeated)), ": the member is repeated"));
+  }
   if (!object.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat("expected a JSON object, got ", Quote(object)));
@@ -327,8 +368,9 @@ absl::StatusOr<std::vector<Request>> ReadTraceFile(absl::string_view path,
   }
   std::ifstream in{std::string(path)};
   if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot open trace file '", path, "'"));
+    // ifstream sets errno on Linux (it opens with fopen's open).
+    return absl::NotFoundError(absl::StrCat("cannot open trace file '", path,
+                                            "': ", std::strerror(errno)));
   }
   absl::StatusOr<std::vector<Request>> requests = ParseTrace(in, limits);
   if (!requests.ok()) {
