@@ -351,9 +351,10 @@ class Soaker {
 }  // namespace
 
 absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options) {
-  if (options.max_operations < 0 || options.max_seconds < 0) {
+  // Written so that a NaN time limit is refused too: it would stop nothing.
+  if (options.max_operations < 0 || !(options.max_seconds >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "soak: limits must not be negative, got ", options.max_operations,
+        "soak: limits must be numbers >= 0, got ", options.max_operations,
         " operations and ", options.max_seconds, " seconds"));
   }
   PagedKvConfig config;
