@@ -272,6 +272,11 @@ class BlockPool {
   // `host_pages` outside [0, kMaxNumPages]).
   static absl::StatusOr<std::unique_ptr<BlockPool>> Create(
       int32_t num_pages, BlockPoolOptions options = {});
+  // The bytes Create reserves for such a pool (saturating at INT64_MAX), for
+  // an owner that checks its memory and the pool's as one sum. REQUIRES:
+  // arguments Create accepts.
+  static int64_t ReservedBytes(int32_t num_pages,
+                               const BlockPoolOptions& options = {});
 
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;

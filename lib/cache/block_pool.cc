@@ -123,6 +123,17 @@ absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(
                      " is not one of HostWritePolicy's"));
   }
   internal::Reservation reservation("block pool");
+  reservation.Add(1, ReservedBytes(num_pages, options));
+  KVBLOCK_RETURN_IF_ERROR(reservation.Check());
+  std::unique_ptr<BlockPool> pool;
+  KVBLOCK_RETURN_IF_ERROR(
+      reservation.Run([&] { pool.reset(new BlockPool(num_pages, options)); }));
+  return pool;
+}
+
+int64_t BlockPool::ReservedBytes(int32_t num_pages,
+                                 const BlockPoolOptions& options) {
+  internal::Reservation reservation("block pool");
   reservation.Add(int64_t{num_pages} + 1, sizeof(PageState));
   reservation.Add(1, PrefixIndex::ReservedBytes(num_pages));
   reservation.Add(num_pages, sizeof(PageId));  // the free stack.
@@ -134,11 +145,7 @@ absl::StatusOr<std::unique_ptr<BlockPool>> BlockPool::Create(
     reservation.Add(options.journal_reserve, sizeof(HostCopy));
     reservation.Add(2 * int64_t{options.journal_reserve}, sizeof(PageId));
   }
-  KVBLOCK_RETURN_IF_ERROR(reservation.Check());
-  std::unique_ptr<BlockPool> pool;
-  KVBLOCK_RETURN_IF_ERROR(
-      reservation.Run([&] { pool.reset(new BlockPool(num_pages, options)); }));
-  return pool;
+  return reservation.bytes();
 }
 
 BlockPool::BlockPool(int32_t num_pages, const BlockPoolOptions& options)

@@ -368,19 +368,24 @@ absl::StatusOr<std::unique_ptr<BlockManager>> BlockManager::Create(
     return std::unique_ptr<BlockManager>(new BlockManager(
         std::move(created.first_group), std::move(created.coordinator)));
   }
-  KVBLOCK_ASSIGN_OR_RETURN(
-      std::unique_ptr<BlockPool> pool,
-      BlockPool::Create(config.num_pages,
-                        {.host_pages = options.host_pages,
-                         .host_write_policy = options.host_write_policy}));
+  const BlockPoolOptions pool_options = {
+      .host_pages = options.host_pages,
+      .host_write_policy = options.host_write_policy};
+  // What the constructor reserves, the pool's included, checked before
+  // anything is built: a config that Validate() accepts may still need more
+  // memory than the machine has, and two parts that each fit may not fit
+  // together.
+  internal::Reservation reservation("block manager");
+  BlockManagerImpl::Reserve(config, options, reservation);
+  if (options.host_pages >= 0 && options.host_pages <= kMaxNumPages) {
+    reservation.Add(1, BlockPool::ReservedBytes(config.num_pages, pool_options));
+  }
+  KVBLOCK_RETURN_IF_ERROR(reservation.Check());
+  KVBLOCK_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool,
+                           BlockPool::Create(config.num_pages, pool_options));
   KVBLOCK_ASSIGN_OR_RETURN(
       BlockHasher hasher,
       BlockHasher::Create(options.hash_algorithm, config.page_size));
-  // What the constructor reserves, checked before it tries: a config that
-  // Validate() accepts may still need more memory than the machine has.
-  internal::Reservation reservation("block manager");
-  BlockManagerImpl::Reserve(config, options, reservation);
-  KVBLOCK_RETURN_IF_ERROR(reservation.Check());
   std::unique_ptr<BlockManager> manager;
   KVBLOCK_RETURN_IF_ERROR(reservation.Run([&] {
     manager.reset(new BlockManager(

@@ -56,6 +56,8 @@ absl::StatusOr<GroupCoordinator::Created> GroupCoordinator::Create(
       })) {
     reservation.Add(max_tokens / hash_block_size, sizeof(BlockHash));
   }
+  // The pool's too: each part may fit where the sum does not.
+  reservation.Add(1, BlockPool::ReservedBytes(config.num_pages));
   KVBLOCK_RETURN_IF_ERROR(reservation.Check());
   KVBLOCK_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool,
                            BlockPool::Create(config.num_pages));

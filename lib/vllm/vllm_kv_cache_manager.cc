@@ -97,17 +97,23 @@ absl::StatusOr<std::unique_ptr<VllmKvCacheManager>> VllmKvCacheManager::Create(
           std::max<int64_t>(max_scale, group.page_size / options.block_size);
     }
   }
+  const BlockPoolOptions pool_options = {
+      .eviction_order = options.eviction_order,
+      .index_duplicates = true,
+      .host_pages = options.host_pages,
+      .host_write_policy = options.host_write_policy};
   internal::Reservation reservation("vllm kv cache manager");
   reservation.Add(options.num_blocks,
                   (max_scale - 1) * static_cast<int64_t>(sizeof(BlockHash)));
+  // The pool's too, when Create would take its options: each part may fit
+  // where the sum does not.
+  if (options.host_pages >= 0 && options.host_pages <= kMaxNumPages) {
+    reservation.Add(1,
+                    BlockPool::ReservedBytes(options.num_blocks, pool_options));
+  }
   KVBLOCK_RETURN_IF_ERROR(reservation.Check());
-  KVBLOCK_ASSIGN_OR_RETURN(
-      std::unique_ptr<BlockPool> pool,
-      BlockPool::Create(options.num_blocks,
-                        {.eviction_order = options.eviction_order,
-                         .index_duplicates = true,
-                         .host_pages = options.host_pages,
-                         .host_write_policy = options.host_write_policy}));
+  KVBLOCK_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool,
+                           BlockPool::Create(options.num_blocks, pool_options));
   std::unique_ptr<VllmKvCacheManager> manager;
   KVBLOCK_RETURN_IF_ERROR(reservation.Run([&] {
     manager.reset(new VllmKvCacheManager(options, std::move(groups),

@@ -2,6 +2,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "kvblock/block_manager.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -91,6 +93,54 @@ TEST_CASE("a config no machine can hold is ResourceExhausted, not a crash") {
   options.max_sequences = kMax;
   REQUIRE_STATUS_IS(BlockManager::Create(Config(64), options),
                     kResourceExhausted);
+}
+
+// The bytes a refused BlockManager::Create says it would reserve.
+int64_t RefusedReservation(const PagedKvConfig& config,
+                           const BlockManagerOptions& options) {
+  const auto manager = BlockManager::Create(config, options);
+  REQUIRE_STATUS_IS(manager, kResourceExhausted);
+  const std::string message(manager.status().message());
+  const std::string said = "block manager: reserving ";
+  REQUIRE(message.rfind(said, 0) == 0);
+  return std::stoll(message.substr(said.size()));
+}
+
+TEST_CASE("the manager checks its memory and its pool's as one sum") {
+  // A host tier of 0.55 of the machine's memory and sequences of 0.55 fit
+  // apart, not together: refused before either is built (the pool used to
+  // be built first, and the manager's check then saw its own part alone).
+  const int64_t memory =
+      int64_t{sysconf(_SC_PHYS_PAGES)} * int64_t{sysconf(_SC_PAGESIZE)};
+  const int64_t part = memory / 100 * 55;
+  const PagedKvConfig config = Config(64);
+  const int64_t host_page_bytes =
+      BlockPool::ReservedBytes(64, {.host_pages = 1 << 20}) / (1 << 20);
+  const int64_t host_pages = part / host_page_bytes;
+  if (memory <= 0 || host_pages > kMaxNumPages) {
+    WARN("skipped: " << memory << " bytes of memory is more than a host tier "
+                     << "of kMaxNumPages pages takes");
+    return;
+  }
+  // Two refused sizes, far past the machine, give a sequence's bytes.
+  constexpr int32_t kFar = 1 << 30;
+  BlockManagerOptions options;
+  options.max_sequences = kFar;
+  const int64_t far = RefusedReservation(config, options);
+  options.max_sequences = kFar / 2 * 3;
+  const int64_t sequence_bytes =
+      (RefusedReservation(config, options) - far) / (kFar / 2);
+  REQUIRE(sequence_bytes > 0);
+  options.max_sequences = static_cast<int32_t>(part / sequence_bytes);
+  options.host_pages = static_cast<int32_t>(host_pages);
+  INFO(memory << " bytes of memory, " << options.max_sequences
+              << " sequences, " << host_pages << " host pages");
+  REQUIRE(BlockPool::ReservedBytes(64, {.host_pages = options.host_pages}) <
+          memory);
+  const auto manager = BlockManager::Create(config, options);
+  REQUIRE_STATUS_IS(manager, kResourceExhausted);
+  REQUIRE(manager.status().message().find("block manager: reserving ") !=
+          absl::string_view::npos);
 }
 
 TEST_CASE("negative sequence ids are refused; kNoSequence names none") {
