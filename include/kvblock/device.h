@@ -183,6 +183,8 @@ class Device {
   absl::Status CopyToDevice(const void* src, void* dst, size_t bytes,
                             Stream stream);
   // Enqueues a device-to-host copy; `dst` is valid after Synchronize(stream).
+  // An error, not a crash, for a null pointer and bytes > 0 (InvalidArgument
+  // on the host device; CUDA's own error on a GPU), here and below.
   virtual absl::Status CopyToHost(const void* src, void* dst, size_t bytes,
                                   Stream stream) = 0;
   // Enqueues a device-to-device copy (not counted in stats()).
@@ -195,8 +197,11 @@ class Device {
   // are in device memory (copied there earlier on the same stream), to its
   // table. Ranges are independent (the ranges of one patch write disjoint
   // entries), so they may run in any order; a range that does not fit the
-  // table is skipped. Nothing is enqueued for 0 ranges. InvalidArgument for a
-  // null pointer or a non-positive geometry; Internal on a launch failure.
+  // table is skipped. The ids are written as they are: they must be page ids
+  // in [0, num_pages) (a kernel cannot refuse what device memory holds;
+  // KVPageTable::Upload sends no other). Nothing is enqueued for 0 ranges.
+  // InvalidArgument for a null pointer or a non-positive geometry; Internal
+  // on a launch failure.
   absl::Status ApplyPageTablePatch(const PageTablePatch& patch, Stream stream);
 
   // Makes this device the calling thread's current one (cudaSetDevice), as

@@ -28,7 +28,10 @@
 // any error, nothing is written.
 //
 // Errors common to every call: InvalidArgument for a bad argument (the
-// message names it and its value; pool.data must be aligned to its dtype);
+// message names it and its value), a misaligned pointer included: arrays of
+// the pool's dtype (pool.data, keys, values, outputs) need its alignment,
+// int32 arrays (tables, lengths, slots, positions, copies, CSR arrays) 4
+// bytes, a workspace a float's;
 // Unavailable for a CUDA device when kvblock was built without CUDA; Internal
 // for a failed kernel launch.
 //

@@ -101,14 +101,26 @@ absl::StatusOr<DeviceEvent> Device::CreateEvent() {
   return DeviceEvent(this, handle);
 }
 
+namespace {
+
+// InvalidArgument for a copy (`what`: "to device", ...) of bytes > 0 with a
+// null pointer.
+absl::Status CheckCopy(absl::string_view what, const void* src, void* dst,
+                       size_t bytes) {
+  if (bytes == 0 || (src != nullptr && dst != nullptr)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("device: copy ", what, " of ", bytes, " bytes with a null ",
+                   src == nullptr ? "source" : "destination"));
+}
+
+}  // namespace
+
 absl::Status Device::CopyToDevice(const void* src, void* dst, size_t bytes,
                                   Stream stream) {
   if (bytes == 0) return absl::OkStatus();
-  if (src == nullptr || dst == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device: copy to device of ", bytes, " bytes with a null ",
-                     src == nullptr ? "source" : "destination"));
-  }
+  KVBLOCK_RETURN_IF_ERROR(CheckCopy("to device", src, dst, bytes));
   KVBLOCK_RETURN_IF_ERROR(CopyToDeviceRaw(src, dst, bytes, stream));
   ++stats_.copies;
   stats_.bytes += static_cast<int64_t>(bytes);
@@ -144,13 +156,16 @@ class HostDevice final : public Device {
   Kind kind() const override { return Kind::kHost; }
   std::string_view name() const override { return "host"; }
 
+  // A null pointer is an error, as CUDA's copies return one.
   absl::Status CopyToHost(const void* src, void* dst, size_t bytes,
                           Stream /*stream*/) override {
+    KVBLOCK_RETURN_IF_ERROR(CheckCopy("to host", src, dst, bytes));
     if (bytes != 0) std::memcpy(dst, src, bytes);
     return absl::OkStatus();
   }
   absl::Status CopyDeviceToDevice(const void* src, void* dst, size_t bytes,
                                   Stream /*stream*/) override {
+    KVBLOCK_RETURN_IF_ERROR(CheckCopy("device to device", src, dst, bytes));
     if (bytes != 0) std::memmove(dst, src, bytes);
     return absl::OkStatus();
   }

@@ -106,6 +106,8 @@ absl::Status ValidateLayer(const PagedKvConfig& config, int32_t layer) {
 absl::Status ValidateTable(const PagedKvConfig& config,
                            const DeviceTensor& table) {
   if (table.data() == nullptr) return Invalid("page_table: data is null");
+  KVBLOCK_RETURN_IF_ERROR(
+      RequireAligned(sizeof(int32_t), {{"page_table: data", table.data()}}));
   const auto& shape = table.shape();
   if (shape[0] != config.max_batch || shape[1] != 2 ||
       shape[2] != config.max_pages_per_seq) {
@@ -125,7 +127,7 @@ absl::Status ValidateBatch(const PagedKvConfig& config, const KvBatch& batch) {
   if (batch.batch > 0 && batch.seq_lens == nullptr) {
     return Invalid("seq_lens is null");
   }
-  return absl::OkStatus();
+  return RequireAligned(sizeof(int32_t), {{"seq_lens", batch.seq_lens}});
 }
 
 // The launchers' views of the pool and the table (used on CUDA devices).
@@ -178,6 +180,8 @@ absl::Status CopyPages(Device& device, const KvPool& pool, const PageId* copies,
   }
   if (num_copies == 0) return absl::OkStatus();
   KVBLOCK_RETURN_IF_ERROR(RequireNonNull({{"copies", copies}}));
+  KVBLOCK_RETURN_IF_ERROR(
+      RequireAligned(alignof(PageId), {{"copies", copies}}));
   return Dispatch(
       device, "CopyPages",
       [&] { return internal::CopyPagesReference(pool, copies, num_copies); },
@@ -204,6 +208,8 @@ absl::Status RunHostCopies(Device& device, const KvPool& pool,
   if (num_copies < 0) return Invalid("num_copies ", num_copies, " is negative");
   if (num_copies == 0) return absl::OkStatus();
   KVBLOCK_RETURN_IF_ERROR(RequireNonNull({{"copies", copies}}));
+  KVBLOCK_RETURN_IF_ERROR(
+      RequireAligned(alignof(HostCopy), {{"copies", copies}}));
   return Dispatch(
       device, "RunHostCopies",
       [&] {
@@ -240,6 +246,9 @@ absl::Status WriteKv(Device& device, const KvPool& pool, int32_t layer,
   KVBLOCK_RETURN_IF_ERROR(RequireAligned(
       DTypeSize(pool.config.dtype),
       {{"tokens.key", tokens.key}, {"tokens.value", tokens.value}}));
+  KVBLOCK_RETURN_IF_ERROR(RequireAligned(
+      sizeof(int32_t),
+      {{"tokens.slots", tokens.slots}, {"tokens.positions", tokens.positions}}));
   return Dispatch(
       device, "WriteKv",
       [&] {
@@ -287,6 +296,24 @@ absl::Status GatherKv(Device& device, const KvPool& pool, int32_t layer,
       });
 }
 
+namespace {
+
+// Whether PagedDecodeWorkspaceBytes's product fits int64 (batch and query
+// heads near int32's limit, with many partitions, do not).
+bool DecodeWorkspaceFits(const PagedKvConfig& config, int32_t batch,
+                         int32_t num_q_heads) {
+  const int64_t partitions = kernels::DecodePartitions(
+      config.MaxTokensPerSeq(), num_q_heads / config.num_kv_heads);
+  int64_t bytes = int64_t{sizeof(float)} * (int64_t{config.head_dim} + 2);
+  for (const int64_t factor : {int64_t{batch}, int64_t{num_q_heads},
+                               partitions}) {
+    if (__builtin_mul_overflow(bytes, factor, &bytes)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 int64_t PagedDecodeWorkspaceBytes(const PagedKvConfig& config, int32_t batch,
                                   int32_t num_q_heads) {
   return int64_t{sizeof(float)} *
@@ -330,6 +357,11 @@ absl::Status PagedDecodeAttention(Device& device, const KvPool& pool,
                    " is negative");
   }
   if (batch.batch == 0) return absl::OkStatus();
+  if (!DecodeWorkspaceFits(c, batch.batch, query.num_q_heads)) {
+    return Invalid("the workspace of batch ", batch.batch, " x num_q_heads ",
+                   query.num_q_heads, " x ", c.MaxTokensPerSeq(),
+                   " tokens a sequence overflows int64 bytes");
+  }
   const int64_t required =
       PagedDecodeWorkspaceBytes(c, batch.batch, query.num_q_heads);
   if (workspace_bytes < required) {
@@ -341,8 +373,12 @@ absl::Status PagedDecodeAttention(Device& device, const KvPool& pool,
   // The kernel reads the pool and the query as 16-byte vectors.
   KVBLOCK_RETURN_IF_ERROR(RequireAligned(
       16, {{"pool.data", pool.data}, {"query.query", query.query}}));
+  KVBLOCK_RETURN_IF_ERROR(
+      RequireAligned(DTypeSize(c.dtype), {{"out", out}}));
   if (required > 0) {
     KVBLOCK_RETURN_IF_ERROR(RequireNonNull({{"workspace", workspace}}));
+    KVBLOCK_RETURN_IF_ERROR(
+        RequireAligned(sizeof(float), {{"workspace", workspace}}));
   }
   return Dispatch(
       device, "PagedDecodeAttention",
@@ -376,6 +412,11 @@ absl::Status ToCsr(Device& device, const PagedKvConfig& config,
   if (batch.batch == 0) return absl::OkStatus();
   KVBLOCK_RETURN_IF_ERROR(
       RequireNonNull({{"csr.kv_indptr", csr.kv_indptr},
+                      {"csr.kv_indices", csr.kv_indices},
+                      {"csr.kv_last_page_len", csr.kv_last_page_len}}));
+  KVBLOCK_RETURN_IF_ERROR(
+      RequireAligned(sizeof(int32_t),
+                     {{"csr.kv_indptr", csr.kv_indptr},
                       {"csr.kv_indices", csr.kv_indices},
                       {"csr.kv_last_page_len", csr.kv_last_page_len}}));
   return Dispatch(

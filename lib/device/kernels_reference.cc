@@ -152,51 +152,77 @@ void StoreElement(void* data, int64_t index, DType dtype, float value) {
   }
 }
 
-void DenseDecodeAttention(const DenseKv& kv, const DecodeQuery& query,
-                          void* out) {
-  const int32_t group = query.num_q_heads / kv.num_kv_heads;
-  const int64_t d = kv.head_dim;
+namespace {
+
+// Where token t of sequence b is: `k` and `v` hold its row of every KV head
+// ([num_kv_heads, head_dim] elements) from element `first`.
+struct TokenRows {
+  const void* k;
+  const void* v;
+  int64_t first;
+};
+
+// Decode attention of one query token per sequence over the tokens that
+// `rows(b, t)` finds, reading only the window's. Each logit is computed
+// twice (for the max, then for its weight) rather than stored: a sequence
+// may be longer than any buffer worth holding (pages may repeat in a table).
+template <typename Rows>
+void DecodeAttentionOver(DType dtype, int64_t batch, const int32_t* seq_lens,
+                         int32_t num_kv_heads, int32_t head_dim,
+                         const DecodeQuery& query, void* out, Rows rows) {
+  const int32_t group = query.num_q_heads / num_kv_heads;
+  const int64_t d = head_dim;
   std::vector<float> q(d);
-  std::vector<float> logits(kv.max_len);
   std::vector<float> acc(d);
-  for (int64_t b = 0; b < kv.batch; ++b) {
-    const int32_t len = kv.seq_lens[b];
+  for (int64_t b = 0; b < batch; ++b) {
+    const int32_t len = seq_lens[b];
     // The window's first token: tokens before it are never read.
     const int32_t first =
         query.sliding_window > 0 ? std::max(0, len - query.sliding_window) : 0;
     for (int64_t qh = 0; qh < query.num_q_heads; ++qh) {
       const int64_t q_row = (b * query.num_q_heads + qh) * d;
-      // Row of token t of KV head kh: (b * max_len + t) * num_kv_heads + kh.
-      const int64_t kh = qh / group;
-      auto kv_index = [&](int64_t t, int64_t i) {
-        return ((b * kv.max_len + t) * kv.num_kv_heads + kh) * d + i;
-      };
+      const int64_t head = (qh / group) * d;
       for (int64_t i = 0; i < d; ++i) {
-        q[i] = LoadElement(query.query, q_row + i, kv.dtype);
+        q[i] = LoadElement(query.query, q_row + i, dtype);
       }
-      float max_logit = -INFINITY;
-      for (int64_t t = first; t < len; ++t) {
+      const auto logit = [&](const TokenRows& token) {
         float dot = 0.f;
         for (int64_t i = 0; i < d; ++i) {
-          dot += q[i] * LoadElement(kv.key, kv_index(t, i), kv.dtype);
+          dot += q[i] * LoadElement(token.k, token.first + head + i, dtype);
         }
-        logits[t] = dot * query.scale;
-        max_logit = std::max(max_logit, logits[t]);
+        return dot * query.scale;
+      };
+      float max_logit = -INFINITY;
+      for (int32_t t = first; t < len; ++t) {
+        max_logit = std::max(max_logit, logit(rows(b, t)));
       }
       std::fill(acc.begin(), acc.end(), 0.f);
       float sum = 0.f;
-      for (int64_t t = first; t < len; ++t) {
-        const float p = std::exp(logits[t] - max_logit);
+      for (int32_t t = first; t < len; ++t) {
+        const TokenRows token = rows(b, t);
+        const float p = std::exp(logit(token) - max_logit);
         sum += p;
         for (int64_t i = 0; i < d; ++i) {
-          acc[i] += p * LoadElement(kv.value, kv_index(t, i), kv.dtype);
+          acc[i] += p * LoadElement(token.v, token.first + head + i, dtype);
         }
       }
       for (int64_t i = 0; i < d; ++i) {
-        StoreElement(out, q_row + i, kv.dtype, len > 0 ? acc[i] / sum : 0.f);
+        StoreElement(out, q_row + i, dtype, len > 0 ? acc[i] / sum : 0.f);
       }
     }
   }
+}
+
+}  // namespace
+
+void DenseDecodeAttention(const DenseKv& kv, const DecodeQuery& query,
+                          void* out) {
+  const int64_t row = int64_t{kv.num_kv_heads} * kv.head_dim;
+  DecodeAttentionOver(kv.dtype, kv.batch, kv.seq_lens, kv.num_kv_heads,
+                      kv.head_dim, query, out, [&](int64_t b, int32_t t) {
+                        return TokenRows{kv.key, kv.value,
+                                         (b * kv.max_len + t) * row};
+                      });
 }
 
 absl::Status CopyPagesReference(const KvPool& pool, const PageId* copies,
@@ -378,27 +404,15 @@ absl::Status PagedDecodeAttentionReference(const KvPool& pool, int32_t layer,
   const PagedKvConfig& c = pool.config;
   KVBLOCK_RETURN_IF_ERROR(CheckLengths(c, batch, c.MaxTokensPerSeq(),
                                        "max_pages_per_seq x page_size"));
-  const int32_t max_len =
-      batch.batch == 0
-          ? 0
-          : *std::max_element(batch.seq_lens, batch.seq_lens + batch.batch);
-  const size_t bytes =
-      static_cast<size_t>(int64_t{batch.batch} * max_len * RowBytes(c));
-  std::vector<unsigned char> key(bytes);
-  std::vector<unsigned char> value(bytes);
-  KVBLOCK_RETURN_IF_ERROR(
-      GatherKvReference(pool, layer, batch, max_len, key.data(), value.data()));
-  const DenseKv dense = {
-      .dtype = c.dtype,
-      .batch = batch.batch,
-      .max_len = max_len,
-      .num_kv_heads = c.num_kv_heads,
-      .head_dim = c.head_dim,
-      .key = key.data(),
-      .value = value.data(),
-      .seq_lens = batch.seq_lens,
-  };
-  DenseDecodeAttention(dense, query, out);
+  // Read in place: a gathered copy of the rows would be as large as the
+  // lengths, which a table repeating pages makes larger than the pool.
+  DecodeAttentionOver(
+      c.dtype, batch.batch, batch.seq_lens, c.num_kv_heads, c.head_dim, query,
+      out, [&](int64_t b, int32_t t) {
+        const PagePair pages = TablePages(batch.page_table, b, t / c.page_size);
+        return TokenRows{PoolRow(pool, layer, pages.k, t % c.page_size),
+                         PoolRow(pool, layer, pages.v, t % c.page_size), 0};
+      });
   return absl::OkStatus();
 }
 

@@ -10,7 +10,7 @@
 // changes nothing.
 //
 // Complexity: linear in the bytes read and written; decode attention is
-// O(batch * num_q_heads * len * head_dim) with a gathered copy of the KV.
+// O(batch * num_q_heads * len * head_dim), reading the KV in place.
 // Thread safety: stateless functions.
 #ifndef KVBLOCK_LIB_DEVICE_KERNELS_REFERENCE_H_
 #define KVBLOCK_LIB_DEVICE_KERNELS_REFERENCE_H_
@@ -61,7 +61,8 @@ void DenseDecodeAttention(const DenseKv& kv, const DecodeQuery& query,
 
 // The references of CopyPages, WriteKv, GatherKv, PagedDecodeAttention and
 // ToCsr (kvblock/kernels.h has their contracts and errors); the decode
-// reference gathers the KV and calls DenseDecodeAttention.
+// reference computes what DenseDecodeAttention computes, bit for bit, over
+// the pages in place.
 absl::Status CopyPagesReference(const KvPool& pool, const PageId* copies,
                                 int64_t num_copies);
 

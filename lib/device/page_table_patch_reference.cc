@@ -25,7 +25,10 @@ void ApplyPageTablePatchReference(const PageTablePatch& patch) {
     const int32_t* const ids = patch.ids + range.ids_offset;
     for (int32_t i = 0; i < range.count; ++i) {
       k[i] = ids[i];
-      v[i] = ids[i] + patch.num_pages;
+      // Wrapped as int32 (as the CUDA kernel's sum is) for an id that is not
+      // a page id, which the caller must not send: defined, not UB.
+      v[i] = static_cast<int32_t>(static_cast<uint32_t>(ids[i]) +
+                                  static_cast<uint32_t>(patch.num_pages));
     }
     std::fill_n(k + range.count, range.clear, kNoPage);
     std::fill_n(v + range.count, range.clear, kNoPage);

@@ -76,6 +76,23 @@ TEST_CASE("copies to the device are counted exactly, other copies are not") {
   }
 }
 
+TEST_CASE("a host copy with a null pointer is an error, not a crash") {
+  const auto device = Device::Host();
+  int32_t value = 7;
+  for (const auto& [status, message] :
+       {std::pair{device->CopyToHost(nullptr, &value, 4, nullptr),
+                  "copy to host of 4 bytes with a null source"},
+        std::pair{device->CopyToHost(&value, nullptr, 4, nullptr),
+                  "with a null destination"},
+        std::pair{device->CopyDeviceToDevice(nullptr, &value, 4, nullptr),
+                  "copy device to device of 4 bytes with a null source"}}) {
+    REQUIRE_STATUS_IS(status, kInvalidArgument);
+    REQUIRE(status.message().find(message) != absl::string_view::npos);
+  }
+  REQUIRE(value == 7);
+  REQUIRE_OK(device->CopyToHost(nullptr, nullptr, 0, nullptr));
+}
+
 TEST_CASE("host events are complete before and after recording") {
   std::unique_ptr<Device> device = Device::Host();
   absl::StatusOr<DeviceEvent> event = device->CreateEvent();

@@ -445,6 +445,17 @@ TEST_CASE("bad writes are refused and change nothing") {
   SECTION("null pointer") { tokens.positions = nullptr; }
   SECTION("negative count") { tokens.num_tokens = -1; }
   SECTION("key not element-aligned") { tokens.key = key.data() + 1; }
+  // An int32 array read off its alignment is a fault on a GPU.
+  std::vector<int32_t> shifted(3);
+  SECTION("slots not 4-byte aligned") {
+    tokens.slots = reinterpret_cast<const SlotId*>(
+        reinterpret_cast<const char*>(shifted.data()) + 1);
+  }
+  SECTION("table not 4-byte aligned") {
+    table = DeviceTensor(
+        reinterpret_cast<int32_t*>(reinterpret_cast<char*>(table.data()) + 2),
+        table.shape());
+  }
   REQUIRE_STATUS_IS(
       WriteKv(kv.device(), kv.pool(), layer, table, tokens, nullptr),
       kInvalidArgument);
@@ -709,10 +720,48 @@ TEST_CASE("bad decodes are refused and write nothing") {
   SECTION("pool not 16-byte aligned") {
     pool.data = static_cast<uint8_t*>(pool.data) + 2;
   }
+  void* destination = out.data();
+  SECTION("out not element-aligned") { destination = out.data() + 1; }
+  std::vector<int32_t> shifted(3);
+  SECTION("seq_lens not 4-byte aligned") {
+    std::memcpy(reinterpret_cast<char*>(shifted.data()) + 1, seq_lens.data(),
+                8);
+    batch.seq_lens = reinterpret_cast<const int32_t*>(
+        reinterpret_cast<const char*>(shifted.data()) + 1);
+  }
   REQUIRE_STATUS_IS(PagedDecodeAttention(kv.device(), pool, 0, batch, decode,
-                                         nullptr, 0, out.data(), nullptr),
+                                         nullptr, 0, destination, nullptr),
                     kInvalidArgument);
   REQUIRE(out == untouched);
+}
+
+TEST_CASE("a decode whose workspace size overflows is refused") {
+  // Validate() takes this geometry; batch x heads x 65,536 partitions x
+  // (head_dim + 2) floats does not fit int64, and wrapped negative it
+  // passed for a workspace of 0 bytes.
+  PagedKvConfig config;
+  config.num_pages = 1;
+  config.max_batch = 1987;
+  config.max_pages_per_seq = 65535;
+  config.page_size = 32768;
+  config.num_kv_heads = 65535;
+  config.head_dim = 64;
+  config.dtype = DType::kF32;
+  REQUIRE_OK(config.Validate());
+  const auto device = Device::Host();
+  alignas(16) static float pool_data[4];
+  const KvPool pool{config, pool_data};
+  std::vector<int32_t> table(1);  // the check comes before any read.
+  const std::vector<int32_t> seq_lens(1987, 0);
+  const KvBatch batch{DeviceTensor(table.data(), {1987, 2, 65535}),
+                      seq_lens.data(), 1987};
+  alignas(16) static float query[4];
+  const DecodeQuery decode = {query, 2097120, 0.125f};
+  const absl::Status status = PagedDecodeAttention(
+      *device, pool, 0, batch, decode, nullptr, 0, query, nullptr);
+  REQUIRE_STATUS_IS(status, kInvalidArgument);
+  REQUIRE(status.message().find("overflows int64 bytes") !=
+          absl::string_view::npos);
 }
 
 TEST_CASE("ToCsr writes FlashInfer's indptr, indices and last page lengths") {
