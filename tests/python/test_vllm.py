@@ -796,16 +796,22 @@ def test_threads_get_correct_results_or_a_clear_error():
             except kvblock.FailedPreconditionError:
                 refused[t] += 1
 
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    # A loaded machine may run the threads one after another: a round that
+    # met no race runs again, up to five rounds.
     try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        for _ in range(5):
+            threads = [threading.Thread(target=work, args=(t,))
+                       for t in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            manager.check_invariants()
+            assert manager.usage == 0.0
+            if sum(refused.values()) > 0:
+                break
     finally:
         sys.setswitchinterval(switch)
-    manager.check_invariants()
-    assert manager.usage == 0.0
     assert sum(refused.values()) > 0  # the race was met, and refused.
 
 
