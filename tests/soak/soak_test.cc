@@ -33,6 +33,21 @@ TEST_CASE("a short soak finds no violation and counts what it did") {
   REQUIRE(refused == report->refused_steps);
 }
 
+TEST_CASE("a soak with a host tier and KV cache events finds no violation") {
+  SoakOptions options;
+  options.max_operations = 50'000;
+  options.host_pages = 48;
+  options.kv_events = true;
+  const absl::StatusOr<SoakReport> report = RunSoak(options);
+  REQUIRE_OK(report);
+  INFO(FormatReport(*report));
+  REQUIRE(report->violations == 0);
+  REQUIRE(report->host_copies > 100);
+  REQUIRE(report->kv_changes > 1000);
+  REQUIRE(report->peak_rss_kb >= report->peak_rss_kb_at_tenth);
+  REQUIRE(report->peak_rss_kb_at_tenth > 0);
+}
+
 TEST_CASE("a soak is deterministic for a seed") {
   SoakOptions options;
   options.max_operations = 20'000;

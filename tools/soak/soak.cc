@@ -2,6 +2,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "soak/soak.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -17,10 +19,18 @@
 #include "kvblock/batch_commit.h"
 #include "kvblock/block_manager.h"
 #include "kvblock/device.h"
+#include "kvblock/kv_events.h"
 #include "kvblock/page_table.h"
+#include "kvblock/status_macros.h"
 
 namespace kvblock::soak {
 namespace {
+
+int64_t PeakRssKb() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss;  // KB on Linux.
+}
 
 // Everything a refused step must leave as it was.
 struct State {
@@ -87,8 +97,15 @@ class Soaker {
            (options_.max_seconds == 0 || elapsed() < options_.max_seconds) &&
            report_.violations == 0) {
       if (absl::Status status = Step(); !status.ok()) return status;
+      if (report_.peak_rss_kb_at_tenth == 0 &&
+          (options_.max_seconds > 0
+               ? elapsed() >= options_.max_seconds / 10
+               : report_.operations >= options_.max_operations / 10)) {
+        report_.peak_rss_kb_at_tenth = PeakRssKb();
+      }
     }
     report_.seconds = elapsed();
+    report_.peak_rss_kb = PeakRssKb();
     return report_;
   }
 
@@ -245,6 +262,7 @@ class Soaker {
       absl::StatusOr<StepResult> result = commit_->Commit(plan.View());
       if (result.ok()) {
         report_.operations += plan.Operations();
+        report_.host_copies += static_cast<int64_t>(result->host_copies.size());
         return Committed(plan);
       }
       if (result.status().code() != absl::StatusCode::kResourceExhausted) {
@@ -310,6 +328,10 @@ class Soaker {
     const absl::StatusOr<bool> uploaded = table_->Upload(nullptr);
     if (!uploaded.ok()) return uploaded.status();
     CheckMirror();
+    if (options_.kv_events) {
+      KVBLOCK_RETURN_IF_ERROR(manager_->TakeKvEvents(events_));
+      report_.kv_changes += events_.num_changes();
+    }
     return absl::OkStatus();
   }
 
@@ -345,6 +367,7 @@ class Soaker {
   absl::flat_hash_map<SequenceId, int64_t> tokens_;  // by running sequence.
   std::vector<SequenceId> last_slots_;
   SequenceId next_id_ = 0;
+  KvEventBatch events_;  // reused: taking events allocates nothing.
   SoakReport report_;
 };
 
@@ -367,6 +390,8 @@ absl::StatusOr<SoakReport> RunSoak(const SoakOptions& options) {
   BlockManagerOptions manager_options;
   manager_options.enable_prefix_caching = options.prefix_caching;
   manager_options.hash_algorithm = options.hash;
+  manager_options.host_pages = options.host_pages;
+  manager_options.enable_kv_events = options.kv_events;
   absl::StatusOr<std::unique_ptr<BlockManager>> manager =
       BlockManager::Create(config, manager_options);
   if (!manager.ok()) return manager.status();
@@ -395,8 +420,14 @@ std::string FormatReport(const SoakReport& report) {
   }
   absl::StrAppendFormat(&text,
                         "invariant checks  %d\n"
+                        "host copies       %d\n"
+                        "kv cache changes  %d\n"
+                        "peak RSS          %d KB (%d KB after the first "
+                        "tenth)\n"
                         "violations        %d\n",
-                        report.invariant_checks, report.violations);
+                        report.invariant_checks, report.host_copies,
+                        report.kv_changes, report.peak_rss_kb,
+                        report.peak_rss_kb_at_tenth, report.violations);
   if (!report.first_violation.empty()) {
     absl::StrAppendFormat(&text, "first violation   %s\n",
                           report.first_violation);

@@ -20,6 +20,11 @@
 // step that runs out of pages is retried without its joins, then with the
 // latest running sequences preempted.
 //
+// Optionally with a host tier (its copy lists taken every step, as a
+// scheduler runs them) and KV cache events (taken every step). The report
+// gives the process's peak resident memory after the first tenth of the run
+// and at its end: a leak shows as growth between the two.
+//
 // An operation is one element of a plan (a leave, a join, an append) or one
 // refused invalid plan. Public API only.
 //
@@ -50,6 +55,8 @@ struct SoakOptions {
   int32_t max_pages_per_seq = 12;
   bool prefix_caching = true;
   HashAlgorithm hash = HashAlgorithm::kXxh3_128;
+  int32_t host_pages = 0;  // the host tier's pages (0: none).
+  bool kv_events = false;  // record KV cache events, taken every step.
 };
 
 struct SoakReport {
@@ -59,6 +66,12 @@ struct SoakReport {
   // Refused commits by status code name ("RESOURCE_EXHAUSTED", ...).
   std::map<std::string, int64_t> failures_by_code;
   int64_t invariant_checks = 0;
+  int64_t host_copies = 0;  // listed by the committed steps.
+  int64_t kv_changes = 0;  // the KV cache events' changes taken.
+  // Peak resident memory (getrusage), after the first tenth of the
+  // operations or seconds, and at the end.
+  int64_t peak_rss_kb_at_tenth = 0;
+  int64_t peak_rss_kb = 0;
   int64_t violations = 0;
   std::string first_violation;  // empty when none.
   double seconds = 0;

@@ -3,8 +3,8 @@
 //
 // kvblock-soak: random scheduler steps through the whole library for a number
 // of operations or seconds, checking invariants after every step (see
-// soak.h). Prints operations, steps, refusals by code, invariant checks and
-// violations.
+// soak.h). Prints operations, steps, refusals by code, invariant checks,
+// host copies, KV events, peak resident memory and violations.
 //
 // Exit codes: 0 no violation; 1 a violation or an unplanned library failure
 // (a finding: the message says which step); 2 bad input (a flag).
@@ -28,6 +28,9 @@ ABSL_FLAG(int32_t, max_batch, 16, "most sequences running at once");
 ABSL_FLAG(int32_t, max_pages_per_seq, 12, "most pages of one sequence");
 ABSL_FLAG(bool, prefix_caching, true, "share full pages of equal prefixes");
 ABSL_FLAG(std::string, hash, "xxh3", "prefix-cache hash: sha256 or xxh3");
+ABSL_FLAG(int32_t, host_pages, 0,
+          "pages of the host tier (0: none; needs prefix caching)");
+ABSL_FLAG(bool, kv_events, false, "record KV cache events, taken every step");
 
 int main(int argc, char** argv) {
   if (const std::optional<int> exit_code = kvblock::cli::ParseFlags(
@@ -50,6 +53,8 @@ int main(int argc, char** argv) {
   options.max_batch = absl::GetFlag(FLAGS_max_batch);
   options.max_pages_per_seq = absl::GetFlag(FLAGS_max_pages_per_seq);
   options.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
+  options.host_pages = absl::GetFlag(FLAGS_host_pages);
+  options.kv_events = absl::GetFlag(FLAGS_kv_events);
   const std::string hash = absl::GetFlag(FLAGS_hash);
   if (hash == "sha256") {
     options.hash = kvblock::HashAlgorithm::kSha256;
