@@ -228,7 +228,8 @@ struct BlockPoolSnapshot {
   // The host tier (all empty without one): its LRU list head to tail, its
   // cached pages with their keys by host page, its free stack bottom to
   // top, the host pages the open copy batch uses; the open batch's copies
-  // in order; the device pages cached in it and, of those, loaded in it;
+  // in order; the device pages it stamped (cached, loaded, or read by a
+  // copy on write in it) and, of those, loaded in it;
   // the pages parked until it is taken, and the pages waiting to be written
   // through, in order.
   std::vector<HostPageId> host_lru;

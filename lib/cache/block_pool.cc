@@ -456,6 +456,9 @@ absl::StatusOr<CopyOnWrite> BlockPool::Writable(PageId page) {
   --pages_[page].refcount;  // Stays > 0: it was above 1.
   Journal(UndoRecord::Op::kDropRef, page);
   // The copy runs after the batch's loads: none may load into the source.
+  // (Stamped, it counts as cached in the batch too, which matters only to
+  // an eviction's store, and it cannot be evicted in the batch: held, or
+  // parked once released.)
   if (host_ != nullptr) Stamp(page, kCopySource);
   ++stats_.cow_copies;
   return CopyOnWrite{CopyOnWrite::Kind::kCopy, destination, page};
