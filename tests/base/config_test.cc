@@ -83,17 +83,23 @@ TEST_CASE("config, pool and page table agree on the largest pool") {
 }
 
 TEST_CASE("pool sizes that overflow int64 are rejected") {
+  // Each value is accepted on its own: only the products overflow.
   PagedKvConfig config = SmallConfig();
-  config.num_pages = 1 << 30;
+  config.num_pages = kMaxNumPages;
   config.page_size = 1 << 20;
   config.num_kv_heads = 1 << 10;
   config.head_dim = 1 << 10;
-  REQUIRE_STATUS_IS(config.Validate(), kInvalidArgument);
-  config.page_size = 1;
-  config.num_kv_heads = 1;
+  const absl::Status pool = config.Validate();
+  REQUIRE_STATUS_IS(pool, kInvalidArgument);
+  REQUIRE(pool.message().find("overflows int64 bytes") !=
+          absl::string_view::npos);
+  config = SmallConfig();
   config.head_dim = 1 << 20;
   config.num_layers = std::numeric_limits<int32_t>::max();
-  REQUIRE_STATUS_IS(config.Validate(), kInvalidArgument);
+  const absl::Status layers = config.Validate();
+  REQUIRE_STATUS_IS(layers, kInvalidArgument);
+  REQUIRE(layers.message().find("num_layers 2147483647 x layer pool bytes") !=
+          absl::string_view::npos);
 }
 
 TEST_CASE("unknown dtype is rejected") {

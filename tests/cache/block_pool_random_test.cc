@@ -972,14 +972,11 @@ TEST_CASE("random operations match the reference model") {
   REQUIRE(totals.evictions > 100);
   REQUIRE(totals.cow_copies > 300);
   REQUIRE(totals.cache_revivals > 300);
-  int total = 0;
   for (const auto& [name, count] : counts) {
     if (name.front() == '(') continue;
     CAPTURE(name, count);
     REQUIRE(count > 1000);
-    total += count;
   }
-  REQUIRE(total == static_cast<int>(std::size(runs)) * kStepsPerRun);
   // Steps that left some hash cached on more than one page.
   CAPTURE(counts["(duplicates held)"]);
   REQUIRE(counts["(duplicates held)"] > 5000);

@@ -107,39 +107,46 @@ int64_t RefusedReservation(const PagedKvConfig& config,
 }
 
 TEST_CASE("the manager checks its memory and its pool's as one sum") {
-  // A host tier of 0.55 of the machine's memory and sequences of 0.55 fit
-  // apart, not together: refused before either is built (the pool used to
-  // be built first, and the manager's check then saw its own part alone).
+  // A host tier and sequences that each fit the machine's memory, and
+  // together exceed it by a twentieth: refused before either is built (the
+  // pool used to be built first, and the manager's check then saw its own
+  // part alone).
   const int64_t memory =
       int64_t{sysconf(_SC_PHYS_PAGES)} * int64_t{sysconf(_SC_PAGESIZE)};
-  const int64_t part = memory / 100 * 55;
-  const PagedKvConfig config = Config(64);
+  REQUIRE(memory > 0);
+  // Rows of 4,096 pages: a sequence's bytes are many, so that int32
+  // sequences reach any machine's memory.
+  const PagedKvConfig config = Config(64, 16, 4096);
+  const int64_t plain_pool = BlockPool::ReservedBytes(64);
   const int64_t host_page_bytes =
-      BlockPool::ReservedBytes(64, {.host_pages = 1 << 20}) / (1 << 20);
-  const int64_t host_pages = part / host_page_bytes;
-  if (memory <= 0 || host_pages > kMaxNumPages) {
-    WARN("skipped: " << memory << " bytes of memory is more than a host tier "
-                     << "of kMaxNumPages pages takes");
-    return;
-  }
-  // Two refused sizes, far past the machine, give a sequence's bytes.
-  constexpr int32_t kFar = 1 << 30;
+      (BlockPool::ReservedBytes(64, {.host_pages = 1 << 20}) - plain_pool) /
+      (1 << 20);
   BlockManagerOptions options;
-  options.max_sequences = kFar;
-  const int64_t far = RefusedReservation(config, options);
-  options.max_sequences = kFar / 2 * 3;
-  const int64_t sequence_bytes =
-      (RefusedReservation(config, options) - far) / (kFar / 2);
-  REQUIRE(sequence_bytes > 0);
-  options.max_sequences = static_cast<int32_t>(part / sequence_bytes);
-  options.host_pages = static_cast<int32_t>(host_pages);
-  INFO(memory << " bytes of memory, " << options.max_sequences
-              << " sequences, " << host_pages << " host pages");
-  REQUIRE(BlockPool::ReservedBytes(64, {.host_pages = options.host_pages}) <
-          memory);
-  const auto manager = BlockManager::Create(config, options);
-  REQUIRE_STATUS_IS(manager, kResourceExhausted);
-  REQUIRE(manager.status().message().find("block manager: reserving ") !=
+  options.host_pages = static_cast<int32_t>(std::min<int64_t>(
+      kMaxNumPages, memory / 100 * 55 / host_page_bytes));
+  const int64_t host_tier =
+      BlockPool::ReservedBytes(64, {.host_pages = options.host_pages}) -
+      plain_pool;
+  // Two refused sizes, far past the machine, give a sequence's bytes: the
+  // manager's reservation is fixed + per_sequence x max_sequences.
+  const auto refused = [&](int32_t sequences) {
+    BlockManagerOptions alone;
+    alone.max_sequences = sequences;
+    return RefusedReservation(config, alone);
+  };
+  constexpr int32_t kFar = 1 << 30;
+  const int64_t per_sequence = (refused(kFar) - refused(kFar / 2)) / (kFar / 2);
+  const int64_t fixed = refused(kFar) - per_sequence * kFar;
+  const int64_t manager = memory - host_tier + memory / 20;
+  options.max_sequences =
+      static_cast<int32_t>((manager - fixed) / per_sequence + 1);
+  INFO(memory << " bytes of memory; the host tier's " << host_tier
+              << ", the manager's " << manager);
+  REQUIRE(host_tier < memory);
+  REQUIRE(manager < memory);
+  const auto created = BlockManager::Create(config, options);
+  REQUIRE_STATUS_IS(created, kResourceExhausted);
+  REQUIRE(created.status().message().find("block manager: reserving ") !=
           absl::string_view::npos);
 }
 
