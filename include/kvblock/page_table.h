@@ -54,6 +54,7 @@
 #ifndef KVBLOCK_PAGE_TABLE_H_
 #define KVBLOCK_PAGE_TABLE_H_
 
+#include <atomic>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -249,7 +250,10 @@ class KVPageTable {
   explicit KVPageTable(std::unique_ptr<Impl> impl);
 
   std::unique_ptr<Impl> impl_;
-  bool in_commit_ = false;  // a BatchCommit writes its rows.
+  // A BatchCommit writes its rows. Atomic: BatchCommit::Create and the
+  // destructor of another commit over the table may run on two threads (two
+  // managers, the bindings' locks taken per manager).
+  std::atomic<bool> in_commit_ = false;
 };
 
 }  // namespace kvblock

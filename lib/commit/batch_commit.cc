@@ -186,7 +186,7 @@ absl::StatusOr<std::unique_ptr<BatchCommit>> BatchCommit::Create(
   auto commit =
       std::unique_ptr<BatchCommit>(new BatchCommit(std::make_unique<Impl>(
           internal::BlockManagerImpl::Of(manager), coordinator, table)));
-  table.in_commit_ = true;
+  table.in_commit_.store(true);
   return commit;
 }
 
@@ -898,7 +898,7 @@ absl::Status BatchCommit::Impl::CheckInvariants() const {
 
 BatchCommit::BatchCommit(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-BatchCommit::~BatchCommit() { impl_->table().in_commit_ = false; }
+BatchCommit::~BatchCommit() { impl_->table().in_commit_.store(false); }
 
 absl::StatusOr<StepResult> BatchCommit::Commit(const StepPlan& plan) {
   return impl_->Commit(plan);

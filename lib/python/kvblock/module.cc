@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -129,10 +130,14 @@ py::dict StatsDict(const BlockManagerStats& s) {
       "host_loads"_a = s.host_loads, "host_evictions"_a = s.host_evictions);
 }
 
-// A device and where DLPack says it is.
+// A device, where DLPack says it is, and the lock of its counters: tables
+// that share it upload from their own threads, and a Device serves one
+// thread at a time (device.h). Taken last, with the GIL released, and never
+// held while taking another.
 struct PyDevice {
   std::unique_ptr<Device> device;
   DLDevice dl_device;
+  std::unique_ptr<std::mutex> uploads = std::make_unique<std::mutex>();
 };
 
 // A manager and the lock its Python threads take (object_lock.h).
@@ -146,6 +151,7 @@ struct PyBlockManager {
 struct PyTable {
   std::unique_ptr<KVPageTable> table;
   Device* device = nullptr;  // kept alive by the Python table.
+  std::mutex* device_uploads = nullptr;  // PyDevice::uploads.
   DLDevice dl_device;
   // Recorded on the default stream, after the uploads, for a consumer's
   // stream to wait on (__dlpack__(stream=...)); made at the first need.
@@ -933,6 +939,7 @@ void BindTable(py::module_& m) {
              self->table = ValueOrThrow(KVPageTable::Create(
                  max_batch, max_pages_per_seq, num_pages, *device.device));
              self->device = device.device.get();
+             self->device_uploads = device.uploads.get();
              self->dl_device = device.dl_device;
              return self;
            }),
@@ -942,8 +949,10 @@ void BindTable(py::module_& m) {
           "upload",
           [](PyTable& t) {
             const ObjectLock lock(t.mutex, "KVPageTable");
-            return ValueOrThrow(
-                WithoutGil([&] { return t.table->Upload(nullptr); }));
+            return ValueOrThrow(WithoutGil([&] {
+              const std::lock_guard<std::mutex> device(*t.device_uploads);
+              return t.table->Upload(nullptr);
+            }));
           },
           "Uploads the entries written since the last upload; True when "
           "anything was copied.")
