@@ -54,8 +54,8 @@
 #ifndef KVBLOCK_PAGE_TABLE_H_
 #define KVBLOCK_PAGE_TABLE_H_
 
-#include <atomic>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>

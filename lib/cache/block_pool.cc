@@ -315,8 +315,7 @@ PageId BlockPool::AllocateUnchecked() {
 
 uint32_t BlockPool::StampFor(PageId page, uint32_t flags) const {
   const uint32_t old = pages_[page].batch;
-  const uint32_t kept =
-      (old & kBatchMask) == batch_ ? old & kFlags : 0;
+  const uint32_t kept = (old & kBatchMask) == batch_ ? old & kFlags : 0;
   return batch_ | kept | flags;
 }
 

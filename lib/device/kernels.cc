@@ -247,8 +247,8 @@ absl::Status WriteKv(Device& device, const KvPool& pool, int32_t layer,
       DTypeSize(pool.config.dtype),
       {{"tokens.key", tokens.key}, {"tokens.value", tokens.value}}));
   KVBLOCK_RETURN_IF_ERROR(RequireAligned(
-      sizeof(int32_t),
-      {{"tokens.slots", tokens.slots}, {"tokens.positions", tokens.positions}}));
+      sizeof(int32_t), {{"tokens.slots", tokens.slots},
+                        {"tokens.positions", tokens.positions}}));
   return Dispatch(
       device, "WriteKv",
       [&] {
@@ -305,8 +305,8 @@ bool DecodeWorkspaceFits(const PagedKvConfig& config, int32_t batch,
   const int64_t partitions = kernels::DecodePartitions(
       config.MaxTokensPerSeq(), num_q_heads / config.num_kv_heads);
   int64_t bytes = int64_t{sizeof(float)} * (int64_t{config.head_dim} + 2);
-  for (const int64_t factor : {int64_t{batch}, int64_t{num_q_heads},
-                               partitions}) {
+  for (const int64_t factor :
+       {int64_t{batch}, int64_t{num_q_heads}, partitions}) {
     if (__builtin_mul_overflow(bytes, factor, &bytes)) return false;
   }
   return true;
@@ -373,8 +373,7 @@ absl::Status PagedDecodeAttention(Device& device, const KvPool& pool,
   // The kernel reads the pool and the query as 16-byte vectors.
   KVBLOCK_RETURN_IF_ERROR(RequireAligned(
       16, {{"pool.data", pool.data}, {"query.query", query.query}}));
-  KVBLOCK_RETURN_IF_ERROR(
-      RequireAligned(DTypeSize(c.dtype), {{"out", out}}));
+  KVBLOCK_RETURN_IF_ERROR(RequireAligned(DTypeSize(c.dtype), {{"out", out}}));
   if (required > 0) {
     KVBLOCK_RETURN_IF_ERROR(RequireNonNull({{"workspace", workspace}}));
     KVBLOCK_RETURN_IF_ERROR(
@@ -414,11 +413,10 @@ absl::Status ToCsr(Device& device, const PagedKvConfig& config,
       RequireNonNull({{"csr.kv_indptr", csr.kv_indptr},
                       {"csr.kv_indices", csr.kv_indices},
                       {"csr.kv_last_page_len", csr.kv_last_page_len}}));
-  KVBLOCK_RETURN_IF_ERROR(
-      RequireAligned(sizeof(int32_t),
-                     {{"csr.kv_indptr", csr.kv_indptr},
-                      {"csr.kv_indices", csr.kv_indices},
-                      {"csr.kv_last_page_len", csr.kv_last_page_len}}));
+  KVBLOCK_RETURN_IF_ERROR(RequireAligned(
+      sizeof(int32_t), {{"csr.kv_indptr", csr.kv_indptr},
+                        {"csr.kv_indices", csr.kv_indices},
+                        {"csr.kv_last_page_len", csr.kv_last_page_len}}));
   return Dispatch(
       device, "ToCsr",
       [&] { return internal::ToCsrReference(config, batch, csr); },

@@ -218,11 +218,11 @@ void DecodeAttentionOver(DType dtype, int64_t batch, const int32_t* seq_lens,
 void DenseDecodeAttention(const DenseKv& kv, const DecodeQuery& query,
                           void* out) {
   const int64_t row = int64_t{kv.num_kv_heads} * kv.head_dim;
-  DecodeAttentionOver(kv.dtype, kv.batch, kv.seq_lens, kv.num_kv_heads,
-                      kv.head_dim, query, out, [&](int64_t b, int32_t t) {
-                        return TokenRows{kv.key, kv.value,
-                                         (b * kv.max_len + t) * row};
-                      });
+  DecodeAttentionOver(
+      kv.dtype, kv.batch, kv.seq_lens, kv.num_kv_heads, kv.head_dim, query, out,
+      [&](int64_t b, int32_t t) {
+        return TokenRows{kv.key, kv.value, (b * kv.max_len + t) * row};
+      });
 }
 
 absl::Status CopyPagesReference(const KvPool& pool, const PageId* copies,

@@ -757,10 +757,9 @@ absl::Status CheckTcpPort(absl::string_view option,
       (port >= 0 && port <= 65535)) {
     return absl::OkStatus();  // "*", or ZeroMQ's to refuse.
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("kv event publisher: cannot bind ", option, " ", endpoint,
-                   ": port ", endpoint.substr(colon + 1),
-                   " is outside [0, 65535]"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "kv event publisher: cannot bind ", option, " ", endpoint, ": port ",
+      endpoint.substr(colon + 1), " is outside [0, 65535]"));
 }
 
 // What Create reserves for reserved_changes at most.

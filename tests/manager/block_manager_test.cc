@@ -122,8 +122,8 @@ TEST_CASE("the manager checks its memory and its pool's as one sum") {
       (BlockPool::ReservedBytes(64, {.host_pages = 1 << 20}) - plain_pool) /
       (1 << 20);
   BlockManagerOptions options;
-  options.host_pages = static_cast<int32_t>(std::min<int64_t>(
-      kMaxNumPages, memory / 100 * 55 / host_page_bytes));
+  options.host_pages = static_cast<int32_t>(
+      std::min<int64_t>(kMaxNumPages, memory / 100 * 55 / host_page_bytes));
   const int64_t host_tier =
       BlockPool::ReservedBytes(64, {.host_pages = options.host_pages}) -
       plain_pool;

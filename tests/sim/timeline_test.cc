@@ -93,7 +93,8 @@ TEST_CASE("a title of bytes XML cannot hold is written as U+FFFD") {
   // and a cut character; well-formed UTF-8 stays.
   std::ostringstream out;
   WriteSvgChart({}, 16,
-                "r/bad\xffname \xc0\xaf \xed\xa0\x80 a\x01" "b \xc3\xa9 \xe2\x82",
+                "r/bad\xffname \xc0\xaf \xed\xa0\x80 a\x01"
+                "b \xc3\xa9 \xe2\x82",
                 out);
   const std::string replaced = "\xef\xbf\xbd";
   REQUIRE(out.str().find("r/bad" + replaced + "name " + replaced + replaced +

@@ -441,8 +441,8 @@ int Main() {
       if (!value.empty()) {
         return Fail(kExitBadInput,
                     absl::InvalidArgumentError(absl::StrCat(
-                        "--write_trace writes the trace without a run: ",
-                        flag, " would never be written")));
+                        "--write_trace writes the trace without a run: ", flag,
+                        " would never be written")));
       }
     }
     if (absl::Status status = CheckWritable(path); !status.ok()) {

@@ -96,9 +96,8 @@ std::string EscapeXml(absl::string_view text) {
   while (!text.empty()) {
     const size_t length = Utf8Length(text);
     const char c = text[0];
-    if (length == 0 ||
-        (length == 1 && static_cast<unsigned char>(c) < 0x20 && c != '\t' &&
-         c != '\n' && c != '\r')) {
+    if (length == 0 || (length == 1 && static_cast<unsigned char>(c) < 0x20 &&
+                        c != '\t' && c != '\n' && c != '\r')) {
       out += "\xef\xbf\xbd";
       text.remove_prefix(1);
       continue;

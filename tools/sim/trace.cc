@@ -55,8 +55,7 @@ absl::StatusOr<int64_t> ReadInteger(const json& value,
   if (!value.is_number_integer()) {
     // An integer past 64 bits is read as a float: it is absurd, not of the
     // wrong type.
-    if (value.is_number_float() &&
-        std::abs(value.get<double>()) >= 0x1p63 &&
+    if (value.is_number_float() && std::abs(value.get<double>()) >= 0x1p63 &&
         std::isfinite(value.get<double>()) &&
         std::floor(value.get<double>()) == value.get<double>()) {
       return absl::InvalidArgumentError(
@@ -287,15 +286,15 @@ absl::StatusOr<TraceLine> ParseTraceLine(absl::string_view line,
   // says two things, and is refused.
   absl::flat_hash_set<std::string> members;
   std::string repeated;
-  const json::parser_callback_t note_members =
-      [&](int depth, json::parse_event_t event, json& parsed) {
-        if (event == json::parse_event_t::key && depth == 1 &&
-            repeated.empty() &&
-            !members.insert(parsed.get_ref<const std::string&>()).second) {
-          repeated = parsed.get<std::string>();
-        }
-        return true;
-      };
+  const json::parser_callback_t note_members = [&](int depth,
+                                                   json::parse_event_t event,
+                                                   json& parsed) {
+    if (event == json::parse_event_t::key && depth == 1 && repeated.empty() &&
+        !members.insert(parsed.get_ref<const std::string&>()).second) {
+      repeated = parsed.get<std::string>();
+    }
+    return true;
+  };
   json object;
   try {
     object = json::parse(line.begin(), line.end(), note_members);

@@ -67,7 +67,7 @@ struct SoakReport {
   std::map<std::string, int64_t> failures_by_code;
   int64_t invariant_checks = 0;
   int64_t host_copies = 0;  // listed by the committed steps.
-  int64_t kv_changes = 0;  // the KV cache events' changes taken.
+  int64_t kv_changes = 0;   // the KV cache events' changes taken.
   // Peak resident memory (getrusage), after the first tenth of the
   // operations or seconds, and at the end.
   int64_t peak_rss_kb_at_tenth = 0;

@@ -150,7 +150,7 @@ struct PyBlockManager {
 // its lock.
 struct PyTable {
   std::unique_ptr<KVPageTable> table;
-  Device* device = nullptr;  // kept alive by the Python table.
+  Device* device = nullptr;              // kept alive by the Python table.
   std::mutex* device_uploads = nullptr;  // PyDevice::uploads.
   DLDevice dl_device;
   // Recorded on the default stream, after the uploads, for a consumer's

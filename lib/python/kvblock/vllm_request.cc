@@ -117,9 +117,9 @@ int64_t Fits64(PyObject* value, const char* what) {
 }
 
 [[noreturn]] void NotAnInt(PyObject* value, const char* what) {
-  throw py::type_error(absl::StrCat(
-      what, " must be an int, got ",
-      value == nullptr ? std::string("nothing") : Shown(value)));
+  throw py::type_error(
+      absl::StrCat(what, " must be an int, got ",
+                   value == nullptr ? std::string("nothing") : Shown(value)));
 }
 
 }  // namespace
