@@ -123,8 +123,6 @@ struct AppendResult {
   std::vector<GroupPageCopy> group_copies = {};
 };
 
-// What an AppendMany call did. The caller keeps one and reuses it, so that
-// steady-state calls allocate nothing.
 class BlockManager {
  public:
   // InvalidArgument when `config` fails Validate() or an option is negative.

@@ -132,7 +132,9 @@ int64_t NextSkipTokens(const KvCacheGroupSpec& group, int64_t pages);
 // whose window reaches back fewer pages than a unit holds caches only the
 // pages at the end of each unit, the ones a hit can use (vLLM's
 // _cache_block_mask; an EAGLE group's, one page more and one page later);
-// every other page is cached.
+// every other page is cached. A window of 1 reaches back no page: with
+// pages smaller than the unit such a group caches none, and so never hits,
+// as in vLLM (28be48fa), whose hit search also wants one cached page.
 bool CachesFullPage(const KvCacheGroupSpec& group, int64_t page,
                     int64_t alignment_tokens);
 

@@ -149,6 +149,26 @@ def test_a_step_through_batch_commit():
     table.check_invariants()
 
 
+def test_hash_prompt_with_groups_hashes_blocks_of_their_hash_page_size():
+    # The groups' greatest common page size, not the config's, in both
+    # directions: 8 of pages of 16 and 8; 32 of pages of 32.
+    window = kvblock.AttentionKind.SLIDING_WINDOW
+    for config_page, pages, blocks in ((16, (16, 8), 5), (16, (32, 32), 2)):
+        options = kvblock.BlockManagerOptions()
+        options.kv_cache_groups = [
+            kvblock.KvCacheGroupSpec(page_size=pages[0]),
+            kvblock.KvCacheGroupSpec(window, page_size=pages[1],
+                                     sliding_window=9)]
+        manager = kvblock.BlockManager(
+            make_config(num_pages=128, page_size=config_page), options)
+        prompt = np.arange(1, 41 if blocks == 5 else 71, dtype=np.int32)
+        hashes = manager.hash_prompt(prompt)
+        assert hashes.shape == (blocks, 32)
+        # What admit takes: its hashes are checked against the prompt.
+        assert manager.admit(1, prompt, prompt_hashes=hashes).hit_tokens == 0
+        manager.check_invariants()
+
+
 def test_kv_cache_groups_window_pages_and_one_table_of_both():
     # gpt-oss's shape: full attention and an 8-token sliding window.
     config = make_config(num_pages=64, max_pages_per_seq=16)

@@ -616,23 +616,32 @@ void BindManager(py::module_& m) {
              const std::string& cache_salt, int64_t adapter_id) {
             const ObjectLock lock(self.mutex, "BlockManager");
             const BlockManager& bm = *self.manager;
+            // With groups, blocks of their hash page size (HashPrompt).
+            const int32_t block_size =
+                bm.has_kv_cache_groups()
+                    ? HashPageSize(bm.options().kv_cache_groups)
+                    : bm.config().page_size;
             py::array_t<uint8_t> out(
-                {static_cast<py::ssize_t>(prompt.size() /
-                                          bm.config().page_size),
+                {static_cast<py::ssize_t>(prompt.size() / block_size),
                  py::ssize_t{32}});
             const absl::Span<BlockHash> hashes(
                 reinterpret_cast<BlockHash*>(out.mutable_data()),
                 static_cast<size_t>(out.shape(0)));
             const absl::Span<const TokenId> tokens = SpanOf(prompt);
-            ValueOrThrow(WithoutGil([&] {
+            const int64_t written = ValueOrThrow(WithoutGil([&] {
               return bm.HashPrompt(
                   tokens, {.cache_salt = cache_salt, .adapter_id = adapter_id},
                   hashes);
             }));
+            // Only what was written (never rows of uninitialized memory).
+            if (written != out.shape(0)) {
+              out.resize({static_cast<py::ssize_t>(written), py::ssize_t{32}});
+            }
             return out;
           },
           "prompt"_a, "cache_salt"_a = "", "adapter_id"_a = 0,
-          "The hashes of the prompt's full pages, (pages, 32) uint8.")
+          "The hashes of the prompt's full pages (with KV cache groups, "
+          "of its blocks of their hash page size), (pages, 32) uint8.")
       .def(
           "plan_admission",
           [](PyBlockManager& self, const Array<TokenId>& prompt,
