@@ -67,8 +67,8 @@ class GroupCoordinator {
   // `config`, and group 0's manager, which the BlockManager holds (the
   // others are the coordinator's). Errors: ValidateKvCacheGroups's; a
   // group's table or pool that does not fit (InvalidArgument naming it);
-  // ResourceExhausted as BlockManager::Create. With KV events on and pages
-  // of several sizes, the events' block size is the largest page size.
+  // ResourceExhausted as BlockManager::Create. With KV events on, the
+  // groups record into group 0's log, which reserves for the largest page.
   struct Created {
     std::unique_ptr<GroupCoordinator> coordinator;
     std::unique_ptr<BlockManagerImpl> first_group;
