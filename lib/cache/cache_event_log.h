@@ -64,6 +64,12 @@ class CacheEventLog {
                 absl::Span<const TokenId> tokens, absl::string_view cache_salt,
                 int64_t adapter_id, int32_t group);
   void EndRun() { open_run_ = -1; }
+  // The open run's next page is not registered (a window group caches only
+  // the pages a hit can use): the registrations after it are the pages
+  // after it.
+  void SkipInRun() {
+    if (open_run_ >= 0) ++run_cursor_;
+  }
 
   bool empty() const { return records_.empty(); }
   // Pages stored and removed, and resets.

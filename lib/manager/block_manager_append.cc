@@ -758,6 +758,7 @@ absl::Status BlockManagerImpl::RegisterPages(int32_t entry, int32_t first,
     if (skips_pages() &&
         !CachesFullPage(scope_.spec, first + static_cast<int64_t>(i),
                         scope_.alignment_tokens)) {
+      if (events_ != nullptr) events_->SkipInRun();
       continue;
     }
     KVBLOCK_RETURN_IF_ERROR(

@@ -155,6 +155,41 @@ TEST_CASE(
   REQUIRE_OK(manager->CheckInvariants());
 }
 
+TEST_CASE("a window group that caches some pages of a run names those") {
+  // Full attention on pages of 8 and a 4-token window on pages of 4: hits
+  // come in units of 8, and the window group caches the second page of
+  // each (the one a hit reads), pages 1, 3 and 5 of the prompt's 6. Their
+  // events used to name the run's first pages, 0, 1 and 2, whose removals
+  // then came for hashes never stored.
+  auto manager = MakeManager(Config(64), {Full(8), Window(4)},
+                             {.enable_kv_events = true});
+  const Tokens prompt = TokenRange(1, 25);
+  std::vector<BlockHash> chain(6);
+  REQUIRE(*manager->HashPrompt(prompt, {}, absl::MakeSpan(chain)) == 6);
+  REQUIRE_OK(manager->Admit(1, prompt));
+  std::vector<KvCacheEvent> events;
+  REQUIRE_OK(manager->TakeKvEvents(events));
+  std::vector<BlockHash> window_hashes;
+  for (const KvCacheEvent& event : events) {
+    if (event.group_idx != 1) continue;
+    REQUIRE(event.kind == KvCacheEvent::Kind::kBlockStored);
+    for (size_t i = 0; i < event.block_hashes.size(); ++i) {
+      const auto page = static_cast<size_t>(
+          std::find(chain.begin(), chain.end(), event.block_hashes[i]) -
+          chain.begin());
+      REQUIRE(page < chain.size());
+      // Each page's tokens are its own.
+      REQUIRE(std::equal(event.token_ids.begin() + 4 * i,
+                         event.token_ids.begin() + 4 * (i + 1),
+                         prompt.begin() + 4 * page));
+      window_hashes.push_back(event.block_hashes[i]);
+    }
+  }
+  REQUIRE(window_hashes ==
+          std::vector<BlockHash>{chain[1], chain[3], chain[5]});
+  REQUIRE_OK(manager->CheckInvariants());
+}
+
 TEST_CASE("KV cache events name each page's group, with vLLM's hashes") {
   auto manager =
       MakeManager(Config(24), {Full(), Window(8)}, {.enable_kv_events = true});
