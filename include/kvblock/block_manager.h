@@ -94,7 +94,7 @@ class GroupCoordinator;
 
 // One copy-on-write the KV copy kernel must run before the next attention:
 // copy page `source` to page `destination` (K and V, every layer). With a
-// host tier, `source` stays out of the pool's hands until its copy batch is
+// host tier, both stay out of the pool's hands until their copy batch is
 // taken (BlockPool::TakeHostCopies), so the copies of calls made between
 // two steps run as one batch. Without one, a source whose last holder
 // leaves is free at once: a later call may hand it out again, even as the

@@ -53,13 +53,13 @@
 //   - every kDeviceToHost copy first, then every kHostToDevice copy; within
 //     a direction in any order (one batched call): no two copies of a batch
 //     write the same page, and a device page a batch loads into, or that a
-//     copy on write made in the batch reads, is not handed out again before
-//     the batch is taken (released, it stays parked with a reference of the
-//     pool's until then), so that no load of the batch writes a page one of
-//     its copy-on-write copies reads. A host page a batch loads
-//     from may be one that a store of the same batch writes (a key evicted
-//     and hit again within the batch): the load reads what the store wrote
-//     only because the stores run first.
+//     copy on write made in the batch reads or writes, is not handed out
+//     again before the batch is taken (released, it stays parked with a
+//     reference of the pool's until then), so that no load of the batch
+//     writes a page one of its copy-on-write copies reads or writes. A host
+//     page a batch loads from may be one that a store of the same batch writes
+//     (a key evicted and hit again within the batch): the load reads what the
+//     store wrote only because the stores run first.
 // A page cached in the open batch may not hold all its KV yet (the batch's
 // forward pass computes it): evicted in that batch, it is not stored. A key
 // the host tier holds already is not stored again, nor moved in the host
@@ -560,28 +560,28 @@ class BlockPool {
   void StoreToHost(PageId page);
   // A page's copy batch stamp (PageState::batch): the batch that last
   // cached it, and three flags of that batch: the page was loaded in it, is
-  // the source of a copy on write made in it, and is parked (the pool holds
-  // its last reference until the batch is taken). Batch numbers start again
-  // at 1 after kBatchMask (2^29 - 1) batches; every stamp, device and host,
-  // is cleared then, so that none names the new batch 1 (a pool serving 100
-  // steps a second gets there in 62 days).
+  // the source or destination of a copy on write made in it, and is parked
+  // (the pool holds its last reference until the batch is taken). Batch
+  // numbers start again at 1 after kBatchMask (2^29 - 1) batches; every
+  // stamp, device and host, is cleared then, so that none names the new
+  // batch 1 (a pool serving 100 steps a second gets there in 62 days).
   static constexpr uint32_t kLoaded = 1u << 31;
   static constexpr uint32_t kParked = 1u << 30;
-  static constexpr uint32_t kCopySource = 1u << 29;
-  static constexpr uint32_t kBatchMask = kCopySource - 1;
-  static constexpr uint32_t kFlags = kLoaded | kParked | kCopySource;
+  static constexpr uint32_t kCopied = 1u << 29;
+  static constexpr uint32_t kBatchMask = kCopied - 1;
+  static constexpr uint32_t kFlags = kLoaded | kParked | kCopied;
   bool CachedInBatch(PageId page) const {
     return (pages_[page].batch & kBatchMask) == batch_;
   }
   bool LoadedInBatch(PageId page) const {
     return (pages_[page].batch & (kBatchMask | kLoaded)) == (batch_ | kLoaded);
   }
-  // Whether a copy of the open batch writes `page` (a load) or reads it
-  // after the batch's loads (a copy on write): handed out again before the
-  // batch is taken, a load into it would run before that copy.
+  // Whether a copy of the open batch writes `page` (a load) or reads or
+  // writes it after the batch's loads (a copy on write): handed out again
+  // before the batch is taken, a load into it would run before that copy.
   bool CopiedInBatch(PageId page) const {
     return CachedInBatch(page) &&
-           (pages_[page].batch & (kLoaded | kCopySource)) != 0;
+           (pages_[page].batch & (kLoaded | kCopied)) != 0;
   }
   // `page`'s stamp with the open batch and `flags`, keeping the flags it has
   // from that batch; Stamp sets it, journaled.
@@ -638,7 +638,8 @@ class BlockPool {
     uint8_t cached = 0;
     // The KV cache group `hash` is a key of (RegisterCached's), for events.
     uint8_t group = 0;
-    // With a host tier: its copy batch stamp (kLoaded, kParked below).
+    // With a host tier: its copy batch stamp (kLoaded, kCopied, kParked
+    // below).
     uint32_t batch = 0;
   };
   static_assert(sizeof(PageState) == 64);

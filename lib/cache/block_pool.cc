@@ -192,12 +192,12 @@ absl::Status BlockPool::RangeError(PageId page) const {
 
 absl::Status BlockPool::UnusedError(PageId page) const {
   if (!InRange(page)) return RangeError(page);
-  return absl::FailedPreconditionError(
-      absl::StrCat("block pool: page ", page, " is not in use (",
-                   pages_[page].refcount > 0 ? "parked until its load runs"
-                   : pages_[page].cached     ? "evictable"
-                                             : "free",
-                   ")"));
+  return absl::FailedPreconditionError(absl::StrCat(
+      "block pool: page ", page, " is not in use (",
+      pages_[page].refcount > 0 ? "parked until its copy batch is taken"
+      : pages_[page].cached     ? "evictable"
+                                : "free",
+      ")"));
 }
 
 inline void BlockPool::Journal(UndoRecord::Op op, PageId page, PageId prev,
@@ -454,11 +454,14 @@ absl::StatusOr<CopyOnWrite> BlockPool::Writable(PageId page) {
   }
   --pages_[page].refcount;  // Stays > 0: it was above 1.
   Journal(UndoRecord::Op::kDropRef, page);
-  // The copy runs after the batch's loads: none may load into the source.
-  // (Stamped, it counts as cached in the batch too, which matters only to
-  // an eviction's store, and it cannot be evicted in the batch: held, or
-  // parked once released.)
-  if (host_ != nullptr) Stamp(page, kCopySource);
+  // The copy runs after the batch's loads: none may load into its source or
+  // its destination. (Stamped, they count as cached in the batch too, which
+  // matters only to an eviction's store, and neither can be evicted in the
+  // batch: held, or parked once released.)
+  if (host_ != nullptr) {
+    Stamp(page, kCopied);
+    Stamp(destination, kCopied);
+  }
   ++stats_.cow_copies;
   return CopyOnWrite{CopyOnWrite::Kind::kCopy, destination, page};
 }

@@ -930,6 +930,27 @@ TEST_CASE("no load of a copy batch writes a page its copy on write reads") {
   REQUIRE(manager->pool().RefCount(source) == 0);
 }
 
+TEST_CASE("no load of a copy batch writes a page its copy on write writes") {
+  // The same, the other way: B's append copies the shared page into a new
+  // one, and B leaves, freeing that copy; C's loads must not take it, or
+  // the copy, run after them, would overwrite what one loaded.
+  auto manager = ManagerWithAInHost();
+  AdmitOk(*manager, 3, TokenRange(500, 2));
+  REQUIRE_OK(manager->Fork(3, 4));
+  TakeCopies(*manager);
+  auto appended = manager->Append(4, TokenRange(502, 1));
+  REQUIRE_OK(appended);
+  REQUIRE(appended->copy.has_value());
+  const PageId destination = appended->copy->destination;
+  REQUIRE_OK(manager->Free(4));
+  AdmitOk(*manager, 5, TokenRange(1, 17));
+  const std::vector<HostCopy> loads = Loads(TakeCopies(*manager));
+  REQUIRE(loads.size() == 4);
+  for (const HostCopy& load : loads) REQUIRE(load.device_page != destination);
+  REQUIRE_OK(manager->CheckInvariants());
+  REQUIRE(manager->pool().RefCount(destination) == 0);
+}
+
 TEST_CASE("an admission that cannot load its hits changes nothing") {
   auto manager = ManagerWithAInHost();
   AdmitOk(*manager, 3, TokenRange(500, 24));  // 6 of the 8 pages.
