@@ -171,11 +171,14 @@ absl::StatusOr<std::unique_ptr<BatchCommit>> BatchCommit::Create(
                                               config.max_batch, " rows each")
                                : ""));
   }
-  if (table.in_commit_) {
+  // Claimed here, given back if Create fails below: two Creates over one
+  // table cannot both pass.
+  if (table.in_commit_.exchange(true)) {
     return absl::FailedPreconditionError(
         "batch commit: the page table's rows are another BatchCommit's (one "
         "table serves one commit at a time)");
   }
+  absl::Cleanup give_back = [&table] { table.in_commit_.store(false); };
   // The batch starts empty: so do the rows (a commit before may have left
   // its sequences' pages there).
   for (SlotId row = 0; row < table.max_batch(); ++row) {
@@ -186,7 +189,7 @@ absl::StatusOr<std::unique_ptr<BatchCommit>> BatchCommit::Create(
   auto commit =
       std::unique_ptr<BatchCommit>(new BatchCommit(std::make_unique<Impl>(
           internal::BlockManagerImpl::Of(manager), coordinator, table)));
-  table.in_commit_.store(true);
+  std::move(give_back).Cancel();
   return commit;
 }
 

@@ -377,10 +377,7 @@ absl::StatusOr<std::unique_ptr<BlockManager>> BlockManager::Create(
   // together.
   internal::Reservation reservation("block manager");
   BlockManagerImpl::Reserve(config, options, reservation);
-  if (options.host_pages >= 0 && options.host_pages <= kMaxNumPages) {
-    reservation.Add(1,
-                    BlockPool::ReservedBytes(config.num_pages, pool_options));
-  }
+  reservation.Add(1, BlockPool::ReservedBytes(config.num_pages, pool_options));
   KVBLOCK_RETURN_IF_ERROR(reservation.Check());
   KVBLOCK_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool,
                            BlockPool::Create(config.num_pages, pool_options));

@@ -34,9 +34,9 @@ absl::StatusOr<std::unique_ptr<VllmKvCacheManager>> VllmKvCacheManager::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("vllm kv cache manager: ", parts...));
   };
-  if (options.num_blocks < 1) {
-    return bad("num_blocks must be positive (block 0 is the null block), got ",
-               options.num_blocks);
+  if (options.num_blocks < 1 || options.num_blocks > kMaxNumPages) {
+    return bad("num_blocks must be in [1, ", kMaxNumPages,
+               "] (block 0 is the null block), got ", options.num_blocks);
   }
   if (options.block_size < 1) {
     return bad("block_size must be positive, got ", options.block_size);
@@ -105,12 +105,9 @@ absl::StatusOr<std::unique_ptr<VllmKvCacheManager>> VllmKvCacheManager::Create(
   internal::Reservation reservation("vllm kv cache manager");
   reservation.Add(options.num_blocks,
                   (max_scale - 1) * static_cast<int64_t>(sizeof(BlockHash)));
-  // The pool's too, when Create would take its options: each part may fit
-  // where the sum does not.
-  if (options.host_pages >= 0 && options.host_pages <= kMaxNumPages) {
-    reservation.Add(1,
-                    BlockPool::ReservedBytes(options.num_blocks, pool_options));
-  }
+  // The pool's too: each part may fit where the sum does not.
+  reservation.Add(1,
+                  BlockPool::ReservedBytes(options.num_blocks, pool_options));
   KVBLOCK_RETURN_IF_ERROR(reservation.Check());
   KVBLOCK_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool,
                            BlockPool::Create(options.num_blocks, pool_options));

@@ -625,7 +625,9 @@ def test_a_call_that_does_not_fit_is_a_type_error_and_numpy_ints_fit():
             (lambda: manager.allocate_slots(request, True),
              "num_new_tokens must be an int, got True"),
             (lambda: manager.allocate_slots(request, np.float32(20)),
-             "num_new_tokens must be an int")]:
+             "num_new_tokens must be an int"),
+            (lambda: manager.free(types.SimpleNamespace(request_id=7)),
+             "request_id must be a str, got 7")]:
         with pytest.raises(TypeError, match=re.escape(message)):
             call()
     assert manager.get_block_ids("a") == before

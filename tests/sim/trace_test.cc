@@ -65,6 +65,8 @@ TEST_CASE("every malformed line is an error naming its line and field") {
   };
   const Case cases[] = {
       {R"({"id": "x", "prompt": [1], "max_tokens": 1)", "bad JSON at byte 43"},
+      {R"({"id": "x", "prompt": [1], "max_tokens": 1e400})",
+       "bad JSON: [json.exception.out_of_range.406] number overflow"},
       {R"({"id": "x", "prompt": [1], "max_tokens": 1, "id": "y"})",
        R"("id": the member is repeated)"},
       {R"({"id": "x", "prompt": [1], "max_tokens": 1, "max_tokens": 2})",

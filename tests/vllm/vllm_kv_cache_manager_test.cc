@@ -109,6 +109,18 @@ TEST_CASE("create refuses bad options") {
   REQUIRE_STATUS_IS(VllmKvCacheManager::Create(
                         {.num_blocks = 8, .block_size = 4, .max_model_len = 0}),
                     kInvalidArgument);
+  // Past the pool's limit: refused as such, on any machine (not as more
+  // memory than this one has).
+  for (const int32_t num_blocks :
+       {kMaxNumPages + 1, std::numeric_limits<int32_t>::max()}) {
+    const auto manager = VllmKvCacheManager::Create(
+        {.num_blocks = num_blocks, .block_size = 16, .max_model_len = 64});
+    REQUIRE_STATUS_IS(manager, kInvalidArgument);
+    REQUIRE(manager.status().message().find(absl::StrCat(
+                "num_blocks must be in [1, 1073741823] (block 0 is the null "
+                "block), got ",
+                num_blocks)) != absl::string_view::npos);
+  }
 }
 
 TEST_CASE("block 0 is the null block, never handed out") {

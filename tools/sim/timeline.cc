@@ -85,6 +85,8 @@ size_t Utf8Length(absl::string_view text) {
   for (size_t i = 2; i < length; ++i) {
     if (byte(i) < 0x80 || byte(i) > 0xbf) return 0;
   }
+  // U+FFFE and U+FFFF are UTF-8 but not XML characters.
+  if (lead == 0xef && byte(1) == 0xbf && byte(2) >= 0xbe) return 0;
   return length;
 }
 

@@ -301,6 +301,9 @@ absl::StatusOr<TraceLine> ParseTraceLine(absl::string_view line,
   } catch (const json::parse_error& error) {
     return absl::InvalidArgumentError(
         absl::StrCat("bad JSON at byte ", error.byte));
+  } catch (const json::exception& error) {
+    // A number no double holds (1e400) is out_of_range, not a parse error.
+    return absl::InvalidArgumentError(absl::StrCat("bad JSON: ", error.what()));
   }
   if (!repeated.empty()) {
     return absl::InvalidArgumentError(

@@ -97,10 +97,12 @@ class Soaker {
            (options_.max_seconds == 0 || elapsed() < options_.max_seconds) &&
            report_.violations == 0) {
       if (absl::Status status = Step(); !status.ok()) return status;
+      // A run without a limit has no tenth: only its end is measured.
       if (report_.peak_rss_kb_at_tenth == 0 &&
-          (options_.max_seconds > 0
-               ? elapsed() >= options_.max_seconds / 10
-               : report_.operations >= options_.max_operations / 10)) {
+          (options_.max_seconds > 0 ? elapsed() >= options_.max_seconds / 10
+           : options_.max_operations > 0
+               ? report_.operations >= options_.max_operations / 10
+               : false)) {
         report_.peak_rss_kb_at_tenth = PeakRssKb();
       }
     }

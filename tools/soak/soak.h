@@ -69,7 +69,7 @@ struct SoakReport {
   int64_t host_copies = 0;  // listed by the committed steps.
   int64_t kv_changes = 0;   // the KV cache events' changes taken.
   // Peak resident memory (getrusage), after the first tenth of the
-  // operations or seconds, and at the end.
+  // operations or seconds (0 for a run without a limit), and at the end.
   int64_t peak_rss_kb_at_tenth = 0;
   int64_t peak_rss_kb = 0;
   int64_t violations = 0;

@@ -130,10 +130,10 @@ py::dict StatsDict(const BlockManagerStats& s) {
       "host_loads"_a = s.host_loads, "host_evictions"_a = s.host_evictions);
 }
 
-// A device, where DLPack says it is, and the lock of its counters: tables
-// that share it upload from their own threads, and a Device serves one
-// thread at a time (device.h). Taken last, with the GIL released, and never
-// held while taking another.
+// A device, where DLPack says it is, and the lock of its copy counters
+// (Device::stats): tables that share it upload from their own threads. Taken
+// last, with the GIL released, and never held while taking another. (The
+// event calls of __dlpack__ touch no counter, and CUDA's are thread-safe.)
 struct PyDevice {
   std::unique_ptr<Device> device;
   DLDevice dl_device;

@@ -95,9 +95,9 @@ absl::string_view StrOf(PyObject* object, const char* what) {
                          : nullptr;
   if (data == nullptr) {
     PyErr_Clear();
-    Raise(absl::InvalidArgumentError(absl::StrCat(
+    throw py::type_error(absl::StrCat(
         what, " must be a str, got ",
-        object == nullptr ? std::string("nothing") : Shown(object))));
+        object == nullptr ? std::string("nothing") : Shown(object)));
   }
   return absl::string_view(data, static_cast<size_t>(size));
 }

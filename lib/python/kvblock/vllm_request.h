@@ -65,7 +65,7 @@ void SyncChain(const HeldChain& held, pybind11::handle request);
 // Both.
 HeldChain ChainOf(pybind11::handle request);
 
-// A str field (UTF-8, owned by the object); InvalidArgument naming `what`.
+// A str field (UTF-8, owned by the object); TypeError naming `what`.
 absl::string_view StrOf(PyObject* object, const char* what);
 // An int that fits 64 bits: TypeError (not an int, a bool included) or
 // OutOfRange naming `what`. For what vLLM hashes (token ids, extra keys),
