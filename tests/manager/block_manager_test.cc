@@ -907,48 +907,31 @@ TEST_CASE("loading a prompt's hits never drops a later one of them") {
   REQUIRE_OK(manager->CheckInvariants());
 }
 
-TEST_CASE("no load of a copy batch writes a page its copy on write reads") {
+TEST_CASE("no load of a copy batch writes a page its copy on write uses") {
   // Between two steps: A's partial page, shared with its fork B, is copied
-  // when A appends; B leaves; C's admission loads A's evicted prompt from
+  // when one of them appends; B leaves, freeing the shared page (A copied
+  // it) or B's copy (B did); C's admission loads A's evicted prompt from
   // the host tier. The batch's loads run before its copies on write, so
-  // none may load into the copy's source, which B's leaving freed.
+  // none may load into the copy's source or destination.
+  const bool fork_appends = GENERATE(false, true);
+  INFO((fork_appends ? "B" : "A") << " appends");
   auto manager = ManagerWithAInHost();
   AdmitOk(*manager, 3, TokenRange(500, 2));
   REQUIRE_OK(manager->Fork(3, 4));
   TakeCopies(*manager);
-  auto appended = manager->Append(3, TokenRange(502, 1));
+  auto appended = manager->Append(fork_appends ? 4 : 3, TokenRange(502, 1));
   REQUIRE_OK(appended);
   REQUIRE(appended->copy.has_value());
-  const PageId source = appended->copy->source;
+  const PageId freed =
+      fork_appends ? appended->copy->destination : appended->copy->source;
   REQUIRE_OK(manager->Free(4));
   AdmitOk(*manager, 5, TokenRange(1, 17));
   const std::vector<HostCopy> loads = Loads(TakeCopies(*manager));
   REQUIRE(loads.size() == 4);
-  for (const HostCopy& load : loads) REQUIRE(load.device_page != source);
+  for (const HostCopy& load : loads) REQUIRE(load.device_page != freed);
   REQUIRE_OK(manager->CheckInvariants());
   // Taken, the batch frees it.
-  REQUIRE(manager->pool().RefCount(source) == 0);
-}
-
-TEST_CASE("no load of a copy batch writes a page its copy on write writes") {
-  // The same, the other way: B's append copies the shared page into a new
-  // one, and B leaves, freeing that copy; C's loads must not take it, or
-  // the copy, run after them, would overwrite what one loaded.
-  auto manager = ManagerWithAInHost();
-  AdmitOk(*manager, 3, TokenRange(500, 2));
-  REQUIRE_OK(manager->Fork(3, 4));
-  TakeCopies(*manager);
-  auto appended = manager->Append(4, TokenRange(502, 1));
-  REQUIRE_OK(appended);
-  REQUIRE(appended->copy.has_value());
-  const PageId destination = appended->copy->destination;
-  REQUIRE_OK(manager->Free(4));
-  AdmitOk(*manager, 5, TokenRange(1, 17));
-  const std::vector<HostCopy> loads = Loads(TakeCopies(*manager));
-  REQUIRE(loads.size() == 4);
-  for (const HostCopy& load : loads) REQUIRE(load.device_page != destination);
-  REQUIRE_OK(manager->CheckInvariants());
-  REQUIRE(manager->pool().RefCount(destination) == 0);
+  REQUIRE(manager->pool().RefCount(freed) == 0);
 }
 
 TEST_CASE("an admission that cannot load its hits changes nothing") {
