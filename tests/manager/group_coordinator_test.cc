@@ -161,8 +161,8 @@ TEST_CASE("a window group that caches some pages of a run names those") {
   // each (the one a hit reads), pages 1, 3 and 5 of the prompt's 6. Their
   // events used to name the run's first pages, 0, 1 and 2, whose removals
   // then came for hashes never stored.
-  auto manager = MakeManager(Config(64), {Full(8), Window(4)},
-                             {.enable_kv_events = true});
+  auto manager =
+      MakeManager(Config(64), {Full(8), Window(4)}, {.enable_kv_events = true});
   const Tokens prompt = TokenRange(1, 25);
   std::vector<BlockHash> chain(6);
   REQUIRE(*manager->HashPrompt(prompt, {}, absl::MakeSpan(chain)) == 6);
