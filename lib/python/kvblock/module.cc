@@ -957,11 +957,15 @@ void BindTable(py::module_& m) {
       .def(
           "upload",
           [](PyTable& t) {
-            const ObjectLock lock(t.mutex, "KVPageTable");
-            return ValueOrThrow(WithoutGil([&] {
-              const std::lock_guard<std::mutex> device(*t.device_uploads);
-              return t.table->Upload(nullptr);
-            }));
+            absl::StatusOr<bool> uploaded;
+            {
+              const ObjectLock lock(t.mutex, "KVPageTable");
+              uploaded = WithoutGil([&] {
+                const std::lock_guard<std::mutex> device(*t.device_uploads);
+                return t.table->Upload(nullptr);
+              });
+            }
+            return ValueOrThrow(std::move(uploaded));  // after the lock.
           },
           "Uploads the entries written since the last upload; True when "
           "anything was copied.")
@@ -969,9 +973,13 @@ void BindTable(py::module_& m) {
           "host_row",
           [](const py::object& self, SlotId slot) {
             PyTable& t = self.cast<PyTable&>();
-            const ObjectLock lock(t.mutex, "KVPageTable");
-            return ItemsView<PageId>(ValueOrThrow(t.table->HostRow(slot)),
-                                     self);
+            absl::StatusOr<absl::Span<const PageId>> row;
+            {
+              const ObjectLock lock(t.mutex, "KVPageTable");
+              row = t.table->HostRow(slot);
+            }
+            // The view (a fixed address) is made after the lock.
+            return ItemsView<PageId>(ValueOrThrow(std::move(row)), self);
           },
           "slot"_a,
           "The K page ids of row `slot` on the host, a read-only view.")
@@ -986,11 +994,18 @@ void BindTable(py::module_& m) {
                   "stream=",
                   std::string(py::repr(stream)))));
             }
-            const ObjectLock lock(t.mutex, "KVPageTable");
-            if (t.dl_device.device_type == kDLCUDA) {
-              ThrowIfError(MakeStreamWaitForUploads(t, stream));
+            absl::Status waited;
+            DeviceTensor view;
+            {
+              const ObjectLock lock(t.mutex, "KVPageTable");
+              if (t.dl_device.device_type == kDLCUDA) {
+                waited = MakeStreamWaitForUploads(t, stream);
+              }
+              view = t.table->kernel_view();
             }
-            return ExportDlpack(t.table->kernel_view(), t.dl_device, self);
+            // The capsule (of a fixed address) is made after the lock.
+            ThrowIfError(waited);
+            return ExportDlpack(view, t.dl_device, self);
           },
           "stream"_a = py::none(),
           "The device table as a DLPack capsule (no copy): on the host device "

@@ -14,7 +14,10 @@
 // gets the GIL back. A re-entry from the thread that holds the lock (a
 // finalizer run inside a call) cannot wait for itself: it raises
 // FailedPreconditionError. Objects locked together are locked in one order:
-// the manager before the table.
+// the manager before the table. A call that holds a table's lock alone makes
+// no Python object (its result, an exception) until it lets go: a collection
+// there could run the finalizer of a commit over another table, which takes
+// that commit's manager's lock, the other order.
 #ifndef KVBLOCK_LIB_PYTHON_KVBLOCK_OBJECT_LOCK_H_
 #define KVBLOCK_LIB_PYTHON_KVBLOCK_OBJECT_LOCK_H_
 
