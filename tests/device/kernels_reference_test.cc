@@ -757,11 +757,15 @@ TEST_CASE("a decode whose workspace size overflows is refused") {
                       seq_lens.data(), 1987};
   alignas(16) static float query[4];
   const DecodeQuery decode = {query, 2097120, 0.125f};
+  alignas(16) static float out[4] = {1.f, 2.f, 3.f, 4.f};
   const absl::Status status = PagedDecodeAttention(
-      *device, pool, 0, batch, decode, nullptr, 0, query, nullptr);
+      *device, pool, 0, batch, decode, nullptr, 0, out, nullptr);
   REQUIRE_STATUS_IS(status, kInvalidArgument);
   REQUIRE(status.message().find("overflows int64 bytes") !=
           absl::string_view::npos);
+  // Refused before anything is written.
+  REQUIRE(std::vector<float>(out, out + 4) ==
+          std::vector<float>{1.f, 2.f, 3.f, 4.f});
 }
 
 TEST_CASE("ToCsr writes FlashInfer's indptr, indices and last page lengths") {
